@@ -1,0 +1,260 @@
+"""Symbolic checker: run every rank's Program on symbols and verify the collective.
+
+Each chunk slot holds a symbolic value: a leaf ``in(rank, chunk)`` or a reduction node
+``⊕(a, b)``. Nodes are interned with commutative children sorted, so two slots hold the
+same id exactly when they hold the same reduction *tree* — i.e. the same bits for any
+commutative operator (IEEE add and multiply are commutative, not associative). Checking
+ids, not just contribution sets, proves that every rank ends with bitwise-identical
+results (MSCCLang's checker, extended with reduction order).
+
+Also checked: messages match in size under the in-order rule per (sender, receiver,
+channel); no cyclic wait (with unbounded buffering, which is what the executor gives a
+sender: it never blocks on a send); nothing is double-counted; nothing undefined is read;
+no message is left unreceived; channels of one rank never write what another channel
+touches; in-place runs (input aliased into the output, as the API allows) stay correct.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ringtree.ir import Buf, Collective, Program, Ref, Step
+from ringtree.schedules import Options, generate_all
+
+
+class CheckError(AssertionError):
+    """A schedule violates its collective's postcondition or the IR's rules."""
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    collective: Collective
+    algo: str
+    nranks: int
+    messages: int          # point-to-point messages over all ranks
+    max_steps: int         # most steps on one rank
+    depth: int             # critical path, in dependent steps (the α term of the cost)
+    in_place: bool
+
+
+class _Values:
+    """Interning table for symbolic values: leaves and commutative reduction nodes."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple, int] = {}
+        self.contrib: list[frozenset] = []
+
+    def leaf(self, *key: object) -> int:
+        k = ("leaf", *key)
+        if k not in self.ids:
+            self.ids[k] = len(self.contrib)
+            self.contrib.append(frozenset([key]))
+        return self.ids[k]
+
+    def combine(self, a: int, b: int, allow_overlap: bool) -> int:
+        ca, cb = self.contrib[a], self.contrib[b]
+        if not allow_overlap and ca & cb:
+            raise CheckError(f"double counting: contributions {sorted(ca & cb)} reduced twice")
+        k = ("op", min(a, b), max(a, b))
+        if k not in self.ids:
+            self.ids[k] = len(self.contrib)
+            self.contrib.append(ca | cb)
+        return self.ids[k]
+
+
+def _signature(p: Program, ref: Ref) -> tuple[int, ...]:
+    """Size class of each chunk of a region: chunk j is sub-chunk j % chunks of a block."""
+    n = p.buffer_chunks(ref.buf)
+    if ref.index < 0 or ref.index + ref.count > n:
+        raise CheckError(f"rank {p.rank}: {ref} outside {ref.buf.name} ({n} chunks)")
+    return tuple(j % p.chunks for j in ref.chunks())
+
+
+def _channel_conflicts(p: Program, key) -> None:
+    touched: list[tuple[set, set]] = []
+    for ch in p.channels:
+        reads, writes = set(), set()
+        for s in ch:
+            if s.src is not None:
+                reads.update(key(s.src.buf, j) for j in s.src.chunks())
+            if s.dst is not None:
+                writes.update(key(s.dst.buf, j) for j in s.dst.chunks())
+        touched.append((reads, writes))
+    for a, (ra, wa) in enumerate(touched):
+        for b, (rb, wb) in enumerate(touched):
+            if a < b and (wa & (rb | wb) or wb & ra):
+                raise CheckError(f"rank {p.rank}: channels {a} and {b} touch the same chunks")
+
+
+def check_programs(programs: list[Program], in_place: bool = False) -> CheckReport:
+    """Symbolically execute one Program per rank and verify the collective's result."""
+    n = len(programs)
+    if n == 0:
+        raise CheckError("no programs")
+    coll, algo = programs[0].collective, programs[0].algo
+    for r, p in enumerate(programs):
+        if p.rank != r or p.nranks != n or p.collective is not coll:
+            raise CheckError(f"program {r} is for rank {p.rank}/{p.nranks} {p.collective}")
+    vals = _Values()
+    barrier = coll is Collective.BARRIER
+    keys = [p.storage_map(in_place) for p in programs]
+    mem: list[dict[tuple[Buf, int], int | None]] = []
+    for r, p in enumerate(programs):
+        m: dict[tuple[Buf, int], int | None] = {}
+        for j in range(p.buffer_chunks(Buf.INPUT)):
+            m[(Buf.INPUT, j)] = vals.leaf(r, j)
+        if barrier:
+            m[(Buf.SCRATCH, 0)] = vals.leaf(r, 0)
+        mem.append(m)
+        _channel_conflicts(p, keys[r])
+
+    queues: dict[tuple[int, int, int], deque] = {}
+    cursor = [[0] * len(p.channels) for p in programs]
+    clock = [[0] * len(p.channels) for p in programs]
+    messages = depth = 0
+
+    def read(r: int, ref: Ref) -> list[int]:
+        out = []
+        for j in ref.chunks():
+            v = mem[r].get(keys[r](ref.buf, j))
+            if v is None:
+                raise CheckError(f"rank {r} reads undefined {ref.buf.name}[{j}] in {algo}")
+            out.append(v)
+        return out
+
+    def run(r: int, c: int, s: Step) -> None:
+        nonlocal messages, depth
+        p = programs[r]
+        sig = _signature(p, s.ref)
+        if s.src is not None and s.dst is not None:
+            _signature(p, s.dst)
+        value = read(r, s.src) if s.src is not None else None
+        if s.reduce and not s.recv_from:  # local reduce: dst = dst ⊕ src
+            assert s.dst is not None and value is not None
+            value = [vals.combine(a, b, barrier) for a, b in zip(read(r, s.dst), value)]
+        t = clock[r][c]
+        for peer in s.recv_from:
+            msg, msig, mt = queues[(peer, r, c)].popleft()
+            t = max(t, mt)
+            if msig != sig:
+                raise CheckError(f"rank {r} channel {c}: receives {len(msig)} chunk(s) of "
+                                 f"shape {msig} from {peer} into {s.ref} of shape {sig}")
+            if value is None or not s.reduce:
+                value = list(msg)
+            else:
+                value = [vals.combine(a, b, barrier) for a, b in zip(value, msg)]
+        assert value is not None
+        t += 1
+        clock[r][c] = t
+        depth = max(depth, t)
+        if s.dst is not None:
+            for j, v in zip(s.dst.chunks(), value):
+                mem[r][keys[r](s.dst.buf, j)] = v
+        for peer in s.send_to:
+            if not 0 <= peer < n or peer == r:
+                raise CheckError(f"rank {r} sends to invalid peer {peer}")
+            queues.setdefault((r, peer, c), deque()).append((tuple(value), sig, t))
+            messages += 1
+
+    progress = True
+    while progress:
+        progress = False
+        for r, p in enumerate(programs):
+            for c, ch in enumerate(p.channels):
+                while cursor[r][c] < len(ch):
+                    s = ch[cursor[r][c]]
+                    for peer in s.recv_from:
+                        if not 0 <= peer < n or peer == r:
+                            raise CheckError(f"rank {r} receives from invalid peer {peer}")
+                    if any(not queues.get((q, r, c)) for q in s.recv_from):
+                        break
+                    run(r, c, s)
+                    cursor[r][c] += 1
+                    progress = True
+    stuck = [(r, c, programs[r].channels[c][cursor[r][c]])
+             for r in range(n) for c in range(len(programs[r].channels))
+             if cursor[r][c] < len(programs[r].channels[c])]
+    if stuck:
+        desc = "; ".join(f"rank {r} ch {c} waits at '{s}'" for r, c, s in stuck[:6])
+        raise CheckError(f"{algo} {coll.value} n={n} deadlocks: {desc}")
+    left = {k: len(q) for k, q in queues.items() if q}
+    if left:
+        raise CheckError(f"{algo} {coll.value} n={n}: unreceived messages {left}")
+
+    _postcondition(coll, programs, mem, keys, vals)
+    return CheckReport(coll, algo, n, messages, max(p.steps for p in programs), depth,
+                       in_place)
+
+
+def _postcondition(coll, programs, mem, keys, vals: _Values) -> None:
+    n = len(programs)
+    p0 = programs[0]
+    c, root = p0.chunks, p0.root
+
+    def got(r: int, j: int) -> int | None:
+        return mem[r].get(keys[r](Buf.OUTPUT, j))
+
+    def expect(r: int, j: int, want: set, same_as: int | None = None) -> int:
+        v = got(r, j)
+        if v is None:
+            raise CheckError(f"{p0.algo} {coll.value} n={n}: rank {r} output[{j}] never written")
+        if vals.contrib[v] != want:
+            raise CheckError(f"{p0.algo} {coll.value} n={n}: rank {r} output[{j}] holds "
+                             f"{sorted(vals.contrib[v])}, expected {sorted(want)}")
+        if same_as is not None and v != same_as:
+            raise CheckError(f"{p0.algo} {coll.value} n={n}: rank {r} output[{j}] reduced in "
+                             f"a different order than rank 0's (results would differ in bits)")
+        return v
+
+    if coll is Collective.ALL_REDUCE:
+        for j in range(c):
+            v0 = expect(0, j, {(q, j) for q in range(n)})
+            for r in range(1, n):
+                expect(r, j, {(q, j) for q in range(n)}, v0)
+    elif coll is Collective.REDUCE:
+        for j in range(c):
+            expect(root, j, {(q, j) for q in range(n)})
+    elif coll is Collective.BROADCAST:
+        for r in range(n):
+            for j in range(c):
+                expect(r, j, {(root, j)})
+    elif coll is Collective.ALL_GATHER:
+        for r in range(n):
+            for b in range(n):
+                for s in range(c):
+                    expect(r, b * c + s, {(b, s)})
+    elif coll is Collective.GATHER:
+        for b in range(n):
+            for s in range(c):
+                expect(root, b * c + s, {(b, s)})
+    elif coll is Collective.REDUCE_SCATTER:
+        for r in range(n):
+            for s in range(c):
+                expect(r, s, {(q, r * c + s) for q in range(n)})
+    elif coll is Collective.SCATTER:
+        for r in range(n):
+            for s in range(c):
+                expect(r, s, {(root, r * c + s)})
+    elif coll is Collective.ALL_TO_ALL:
+        for r in range(n):
+            for b in range(n):
+                for s in range(c):
+                    expect(r, b * c + s, {(b, r * c + s)})
+    elif coll is Collective.BARRIER:
+        everyone = {(q, 0) for q in range(n)}
+        for r in range(n):
+            v = mem[r].get((Buf.SCRATCH, 0))
+            if n > 1 and (v is None or vals.contrib[v] != everyone):
+                raise CheckError(f"barrier n={n}: rank {r} may leave before every rank arrived")
+
+
+def check(collective: Collective | str, algo: str, nranks: int,
+          opts: Options | None = None) -> list[CheckReport]:
+    """Check a registered algorithm out of place and (when it allows) in place."""
+    programs = generate_all(collective, algo, nranks, opts)
+    reports = [check_programs(programs, in_place=False)]
+    if all(p.in_place_ok for p in programs) and programs[0].collective not in (
+            Collective.GATHER, Collective.SCATTER, Collective.BARRIER):
+        reports.append(check_programs(programs, in_place=True))
+    return reports

@@ -1,0 +1,410 @@
+"""The Communicator's machinery: creation, transports, issuing calls, async work, groups,
+split, failure propagation and shutdown. The collective methods users call live in
+:mod:`ringtree.api` (a mixin), so this file stays about *how*, that one about *what*.
+
+Failure propagation: a rank that hits an error (a peer that died, a mismatch, a timeout)
+writes one line to the store under ``<prefix>/abort`` before closing its sockets. Every
+other rank notices — through EOF on its sockets, or by looking at the store once a second
+while it waits — and raises an error that carries that line, so each rank's message
+names the rank that started the failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import secrets
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
+from ringtree.executor import (
+    DEFAULT_SLICE_BYTES,
+    Call,
+    Desc,
+    Executor,
+    compile_program,
+)
+from ringtree.ir import Collective, Program
+from ringtree.schedules import Options, generate
+from ringtree.transports.tcp import make_listener
+from ringtree.tuner import choose, parse_algo_spec
+from ringtree.work import Work
+
+P2P_CHANNEL_BASE = 64
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What a rank published at rendezvous."""
+
+    rank: int
+    host: str
+    port: int
+    host_id: str
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw, 0)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+class CommCore:
+    """State and machinery shared by every Communicator method."""
+
+    def __init__(self, *, rank: int, size: int, store, prefix: str, secret: bytes,
+                 master_addr: str = "127.0.0.1", timeout: float | None = None,
+                 server=None, world_ranks: tuple[int, ...] | None = None,
+                 local_rank: int | None = None, owns_store: bool = False):
+        from ringtree.env import host_identity
+        from ringtree.netif import select_address
+        from ringtree.transports.select import build_fabric
+
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} out of range for {size} ranks")
+        self.rank, self.size = rank, size
+        self.store, self.prefix, self.secret = store, prefix, secret
+        self._server = server
+        self._owns_store = owns_store
+        self.world_ranks = world_ranks or tuple(range(size))
+        self.timeout = timeout if timeout is not None else _env_float("RINGTREE_TIMEOUT", 300.0)
+        self.nchannels = max(1, _env_int("RINGTREE_NCHANNELS", 1))
+        self.slice_bytes = max(4096, _env_int("RINGTREE_BUFFSIZE", 4 * DEFAULT_SLICE_BYTES) // 4)
+        self.algo_enabled = parse_algo_spec(os.environ.get("RINGTREE_ALGO", ""))
+        self.debug = os.environ.get("RINGTREE_DEBUG", "").upper()
+        self.comm_id = hashlib.sha256(secret + prefix.encode()).digest()[:16]
+        self.seq = 0
+        self._p2p_seq: dict[tuple[int, int, str], int] = {}
+        self._splits = 0
+        self._broken: BaseException | None = None
+        self._closed = False
+        self._plans: dict = {}
+        self._group: list[tuple[Call, Work | None, object]] | None = None
+        self._group_depth = 0
+        self._exec_lock = threading.RLock()
+        self._queue: queue.Queue = queue.Queue()
+        self._pending = 0
+        self._pending_cv = threading.Condition()
+        self._worker: threading.Thread | None = None
+
+        host = select_address(None, master_addr)
+        listener = make_listener(host)
+        self.host_id = host_identity()
+        me = f"{host}:{listener.getsockname()[1]}|{self.host_id}"
+        store.set(f"{prefix}/peer/{rank}", me.encode())
+        peers = []
+        for r in range(size):
+            raw = store.get(f"{prefix}/peer/{r}", timeout=self.timeout).decode()
+            addr, _, hid = raw.partition("|")
+            h, _, p = addr.rpartition(":")
+            peers.append(Peer(r, h, int(p), hid))
+        self.peers = peers
+        order: dict[str, int] = {}
+        self.nodes = tuple(order.setdefault(p.host_id, len(order)) for p in peers)
+        self.local_rank = local_rank if local_rank is not None else sum(
+            1 for p in peers[:rank] if p.host_id == self.host_id)
+        self.fabric = build_fabric(self, listener)
+        self.executor = Executor(rank, self.fabric, on_idle=self._check_abort,
+                                 slice_bytes=self.slice_bytes)
+
+    # ---- issuing ----------------------------------------------------------------------
+
+    def _choose_algo(self, coll: Collective, nbytes: int, algo: str | None) -> str:
+        if algo is not None:
+            return algo.lower()
+        return choose(coll, nbytes, self.size, self.algo_enabled.get(coll))
+
+    def _program(self, coll: Collective, algo: str, root: int) -> Program:
+        opts = Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)
+        return generate(coll, algo, self.size, self.rank, opts)
+
+    def _plan(self, prog: Program, in_blocks: tuple[int, ...], out_blocks: tuple[int, ...],
+              count: int, itemsize: int, in_place: bool):
+        key = (prog, in_blocks, out_blocks, count, itemsize, in_place)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 512:
+                self._plans.clear()
+            plan = self._plans[key] = compile_program(
+                prog, list(in_blocks), list(out_blocks), count, itemsize, self.slice_bytes,
+                in_place)
+        return plan
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _desc(self, coll: Collective, count: int, dtype, red, root: int, algo: str) -> Desc:
+        return Desc(coll.value, count, dtype.value if dtype else "-", dtype.code if dtype else 0,
+                    red.name if red else "-", red.code if red else 0, root, self._next_seq(),
+                    algo, list(Collective).index(coll))
+
+    def _issue(self, call: Call, async_op: bool, result: object, timeout: float | None):
+        """Run now, queue for the worker, or add to the open group."""
+        self._check_usable()
+        if self.debug in ("INFO", "TRACE") and call.desc.seq <= 10:
+            print(f"ringtree rank {self.rank}: {call.desc}", flush=True)
+        if self._group is not None:
+            work = Work(call.desc.name)
+            self._group.append((call, work, result))
+            return work if async_op else result
+        t = self.timeout if timeout is None else timeout
+        if async_op:
+            work = Work(call.desc.name)
+            self._enqueue([call], [work], [result], t)
+            return work
+        self._drain()
+        with self._exec_lock:
+            self._execute([call], t)
+        return result
+
+    def _execute(self, calls: list[Call], timeout: float) -> None:
+        self._check_usable()
+        try:
+            self.executor.run(calls, timeout)
+        except (PeerError, MismatchError, CollectiveTimeout, CommAborted) as e:
+            raise self._fail(e) from None
+
+    # ---- async work -------------------------------------------------------------------
+
+    def _enqueue(self, calls, works, results, timeout) -> None:
+        with self._pending_cv:
+            self._pending += 1
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work_loop, daemon=True,
+                                            name=f"ringtree-rank{self.rank}")
+            self._worker.start()
+        self._queue.put((calls, works, results, timeout))
+
+    def _work_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            calls, works, results, timeout = item
+            err: BaseException | None = None
+            try:
+                with self._exec_lock:
+                    self._execute(calls, timeout)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                err = e
+            for w, r in zip(works, results):
+                w._finish(r, err)
+            with self._pending_cv:
+                self._pending -= 1
+                self._pending_cv.notify_all()
+
+    def _drain(self) -> None:
+        """Wait for queued async work (issue order is execution order)."""
+        if self._pending:
+            with self._pending_cv:
+                self._pending_cv.wait_for(lambda: self._pending == 0)
+
+    def synchronize(self) -> None:
+        """Wait until every operation issued so far has completed."""
+        self._drain()
+
+    # ---- groups -----------------------------------------------------------------------
+
+    @contextmanager
+    def group(self):
+        """Issue the enclosed operations as one (``ncclGroupStart``/``ncclGroupEnd``).
+
+        Operations inside return at once; their results (and Works) are complete when the
+        block exits. Sends and receives inside one group cannot deadlock each other.
+        """
+        self._group_depth += 1
+        if self._group_depth == 1:
+            self._group = []
+        ok = False
+        try:
+            yield self
+            ok = True
+        finally:
+            self._group_depth -= 1
+            if self._group_depth == 0:
+                items, self._group = self._group or [], None
+                if ok and items:
+                    calls = [c for c, _, _ in items]
+                    works = [w for _, w, _ in items]
+                    results = [r for _, _, r in items]
+                    self._drain()
+                    err = None
+                    try:
+                        with self._exec_lock:
+                            self._execute(calls, max(self.timeout, 1e-3))
+                    except BaseException as e:
+                        err = e
+                    for w, r in zip(works, results):
+                        w._finish(r, err)  # type: ignore[union-attr]
+                    if err is not None:
+                        raise err
+
+    # ---- failure ----------------------------------------------------------------------
+
+    def _abort_key(self) -> str:
+        return f"{self.prefix}/abort"
+
+    def _check_abort(self) -> None:
+        """Called while waiting: raise if another rank has aborted the communicator."""
+        try:
+            why = self.store.try_get(self._abort_key())
+        except Exception:  # noqa: BLE001 - the store itself may be gone
+            return
+        if why:
+            raise CommAborted(why.decode())
+
+    def _fail(self, e: BaseException) -> BaseException:
+        """Record the failure for everyone, close the sockets, and say who started it."""
+        if isinstance(e, CommAborted):
+            err: BaseException = CommAborted(f"rank {self.rank}: communicator aborted by "
+                                             f"another rank: {e}")
+            self._broken = err
+            self.fabric.close()
+            return err
+        reason = str(e)
+        if isinstance(e, PeerError):
+            theirs = None
+            try:
+                theirs = self.store.try_get(self._abort_key())
+            except Exception:  # noqa: BLE001
+                pass
+            if theirs:
+                err = CommAborted(f"rank {self.rank}: rank {e.peer} aborted: "
+                                  f"{theirs.decode()}")
+                err.peer = e.peer  # type: ignore[attr-defined]
+                self._broken = err
+                self.fabric.close()
+                return err
+            reason = (f"rank {e.peer} died or closed its connection (seen by rank "
+                      f"{self.rank}): {e}")
+            err = PeerError(e.peer, reason)
+        else:
+            err = e
+        try:
+            self.store.compare_set(self._abort_key(), None, reason.encode())
+        except Exception:  # noqa: BLE001
+            pass
+        self._broken = err
+        self.fabric.close()
+        return err
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise CommAborted(f"rank {self.rank}: communicator is closed")
+        if self._broken is not None:
+            raise CommAborted(f"rank {self.rank}: communicator is unusable after an earlier "
+                              f"error: {self._broken}")
+
+    # ---- split / close ----------------------------------------------------------------
+
+    def split(self, color: int, key: int | None = None):
+        """NCCL ``ncclCommSplit``: ranks with the same ``color`` form a new communicator,
+        ordered by ``key`` (then by old rank); ``color < 0`` gets None. Collective."""
+        key = self.rank if key is None else int(key)
+        mine = np.array([int(color), key], dtype=np.int64)
+        table = self.all_gather(mine).reshape(self.size, 2)  # type: ignore[attr-defined]
+        self._splits += 1
+        if color < 0:
+            return None
+        members = sorted((int(table[r, 1]), r) for r in range(self.size)
+                         if table[r, 0] == color)
+        ranks = [r for _, r in members]
+        prefix = f"{self.prefix}/s{self._splits}c{int(color)}"
+        return type(self)(rank=ranks.index(self.rank), size=len(ranks), store=self.store,
+                          prefix=prefix, secret=self.secret, timeout=self.timeout,
+                          master_addr=self.peers[self.rank].host,
+                          world_ranks=tuple(self.world_ranks[r] for r in ranks))
+
+    def new_group(self, ranks: list[int]):
+        """Communicator over ``ranks`` (in that order); None on ranks not in it. Collective."""
+        ranks = [int(r) for r in ranks]
+        if len(set(ranks)) != len(ranks) or any(not 0 <= r < self.size for r in ranks):
+            raise ValueError(f"new_group: invalid ranks {ranks} for size {self.size}")
+        inside = self.rank in ranks
+        return self.split(0 if inside else -1, ranks.index(self.rank) if inside else 0)
+
+    def abort(self) -> None:
+        """Tear down at once (``ncclCommAbort``): peers blocked on us get an error."""
+        if self._closed:
+            return
+        try:
+            self.store.compare_set(self._abort_key(), None,
+                                   f"rank {self.rank} called abort()".encode())
+        except Exception:  # noqa: BLE001
+            pass
+        self._broken = self._broken or CommAborted(f"rank {self.rank} aborted")
+        self.fabric.close()
+        self._closed = True
+        self._stop_worker()
+
+    def close(self) -> None:
+        """Finish pending work and release sockets; rank 0's store outlives the others."""
+        if self._closed:
+            return
+        try:
+            self._drain()
+        finally:
+            self._closed = True
+            self._stop_worker()
+            self.fabric.close()
+            if self._owns_store:
+                try:
+                    self.store.add(f"{self.prefix}/closed", 1)
+                    if self._server is not None:
+                        self._wait_all_closed()
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
+                self.store.close()
+            if self._server is not None:
+                self._server.close()
+
+    def _wait_all_closed(self) -> None:
+        import time
+
+        deadline = time.monotonic() + min(self.timeout, 30.0)
+        while time.monotonic() < deadline:
+            raw = self.store.try_get(f"{self.prefix}/closed")
+            if raw is not None and int(raw) >= self.size:
+                return
+            time.sleep(0.02)
+
+    def _stop_worker(self) -> None:
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"<Communicator rank {self.rank}/{self.size} {self.prefix}>"
+
+
+def new_secret() -> bytes:
+    return secrets.token_bytes(16)

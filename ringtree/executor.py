@@ -1,0 +1,372 @@
+"""The executor: runs one rank's Programs over its transports.
+
+Compilation (cached) turns a Program plus buffer sizes into :class:`CStep` s with element
+offsets, slices and dependencies. Running follows three rules:
+
+1. *In-order issue*: within a channel, step i+1 is issued no earlier than step i, so the
+   messages of a (sender, receiver, channel) triple are posted in program order — the
+   IR's matching rule.
+2. *Out-of-order completion*: a step waits only for earlier steps that touch the same
+   memory (read-after-write, write-after-read, write-after-write). Sends never block a
+   channel, so a rank that sends to ``next`` and receives from ``prev`` makes progress
+   at any size.
+3. *Slicing*: each step's data is cut into slices of ``slice_bytes`` that flow
+   recv → reduce → send independently, which pipelines chains and trees (NCCL's
+   slices/chunkSteps).
+
+Each issued step is a generator that yields the request it waits for; the scheduler
+resumes steps whose requests completed and sleeps in the transports' ``wait`` when none
+can move. Several calls (a ``group()``) are run together by concatenating their channels.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ringtree.errors import CollectiveTimeout, MismatchError, PeerError
+from ringtree.dtypes import DType
+from ringtree.ir import Buf, Collective, Program, Step, split_even
+from ringtree.ops import Reducer, ReduceOp
+from ringtree.transports.base import HeaderMismatch, Request
+
+HEADER = struct.Struct("<QQIIBBBBi")  # nbytes, count, seq, algo crc, coll, dtype, op, flags, root
+DEFAULT_SLICE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    buf: int      # Buf value
+    off: int      # element offset
+    length: int   # elements
+
+
+@dataclass(slots=True)
+class CStep:
+    """A compiled step: where its data lives and what it must wait for."""
+
+    channel: int
+    step: Step
+    src: Region | None
+    dst: Region | None
+    length: int
+    slices: tuple[tuple[int, int], ...]
+    deps: tuple[int, ...]
+    gid: int = 0
+    skip_copy: bool = False
+
+
+@dataclass
+class Desc:
+    """What a call is, for headers (mismatch detection) and error messages."""
+
+    name: str
+    count: int
+    dtype: str
+    dtype_code: int
+    op: str
+    op_code: int
+    root: int
+    seq: int
+    algo: str
+    coll_code: int
+
+    def prefix(self) -> bytes:
+        crc = sum(self.algo.encode()) & 0xFFFFFFFF
+        return HEADER.pack(0, self.count, self.seq & 0xFFFFFFFF, crc, self.coll_code,
+                           self.dtype_code, self.op_code & 0xFF, 0, self.root)[8:]
+
+    def __str__(self) -> str:
+        root = f", root={self.root}" if self.root >= 0 else ""
+        return (f"{self.name}(count={self.count}, {self.dtype}, {self.op}{root}, "
+                f"algo={self.algo}) seq {self.seq}")
+
+
+@dataclass
+class Call:
+    """One collective (or p2p operation) ready to run."""
+
+    steps: list[list[CStep]]
+    bufs: list[np.ndarray | None]      # typed views: input, output, scratch
+    reducer: Reducer | None
+    desc: Desc
+    channel_base: int = 0
+    post: Callable[[], None] | None = None
+    prefix: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prefix = self.desc.prefix()
+
+
+def chunk_regions(block_sizes: list[int], chunks: int) -> list[tuple[int, int]]:
+    """(offset, length) of every chunk: block b's sub-chunk s is chunk b*chunks + s."""
+    regions = []
+    base = 0
+    for size in block_sizes:
+        for s in range(chunks):
+            off, ln = split_even(size, chunks, s)
+            regions.append((base + off, ln))
+        base += size
+    return regions
+
+
+def compile_program(p: Program, in_blocks: list[int], out_blocks: list[int], count: int,
+                    itemsize: int, slice_bytes: int, in_place: bool) -> list[list[CStep]]:
+    """Resolve chunk references to element regions, slices and dependencies."""
+    layout = {
+        Buf.INPUT: chunk_regions(in_blocks, p.chunks),
+        Buf.OUTPUT: chunk_regions(out_blocks, p.chunks),
+        Buf.SCRATCH: chunk_regions([count] * p.blocks(Buf.SCRATCH), p.chunks),
+    }
+    key = p.storage_map(in_place)
+    slice_elems = max(1, slice_bytes // max(1, itemsize))
+
+    def region(ref) -> Region:
+        regs = layout[ref.buf]
+        if ref.index + ref.count > len(regs):
+            raise ValueError(f"{p.algo}: {ref} outside the buffer")
+        first, last = regs[ref.index], regs[ref.index + ref.count - 1]
+        return Region(int(ref.buf), first[0], last[0] + last[1] - first[0])
+
+    out: list[list[CStep]] = []
+    gid = 0
+    last_writer: dict = {}
+    readers: dict = {}
+    for c, chan in enumerate(p.channels):
+        csteps = []
+        for s in chan:
+            src = region(s.src) if s.src is not None else None
+            dst = region(s.dst) if s.dst is not None else None
+            length = (dst or src).length  # type: ignore[union-attr]
+            nsl = -(-length // slice_elems) if length else 0
+            slices = tuple(split_even(length, nsl, k) for k in range(nsl))
+            rkeys = {key(s.src.buf, j) for j in s.src.chunks()} if s.src is not None else set()
+            wkeys = {key(s.dst.buf, j) for j in s.dst.chunks()} if s.dst is not None else set()
+            if s.reduce and not s.recv_from:
+                rkeys |= wkeys
+            deps = {last_writer[k] for k in rkeys | wkeys if k in last_writer}
+            for k in wkeys:
+                deps |= readers.get(k, set())
+            for k in rkeys:
+                readers.setdefault(k, set()).add(gid)
+            for k in wkeys:
+                last_writer[k] = gid
+                readers[k] = set()
+            skip = (s.src is not None and s.dst is not None and not s.recv_from
+                    and not s.reduce and rkeys == wkeys
+                    and [key(s.src.buf, j) for j in s.src.chunks()]
+                    == [key(s.dst.buf, j) for j in s.dst.chunks()])
+            csteps.append(CStep(c, s, src, dst, length, slices, tuple(sorted(deps)), gid, skip))
+            gid += 1
+        out.append(csteps)
+    return out
+
+
+class BufferPool:
+    """Reusable staging buffers (no per-call allocation of big buffers)."""
+
+    def __init__(self) -> None:
+        self.free: dict[int, list[np.ndarray]] = {}
+
+    def get(self, nbytes: int) -> np.ndarray:
+        size = 1 << max(6, (nbytes - 1).bit_length())
+        lst = self.free.get(size)
+        buf = lst.pop() if lst else np.empty(size, dtype=np.uint8)
+        return buf
+
+    def put(self, buf: np.ndarray) -> None:
+        lst = self.free.setdefault(buf.nbytes, [])
+        if len(lst) < 8:
+            lst.append(buf)
+
+
+class Executor:
+    """Runs calls of one rank over a fabric (``isend``/``irecv``/``poll``/``wait``)."""
+
+    def __init__(self, rank: int, fabric, *, on_idle: Callable[[], None] | None = None,
+                 slice_bytes: int = DEFAULT_SLICE_BYTES):
+        self.rank = rank
+        self.fabric = fabric
+        self.on_idle = on_idle
+        self.slice_bytes = slice_bytes
+        self.pool = BufferPool()
+        self.waiting: list[tuple[CStep, Call, Request]] = []
+
+    # ---- one step --------------------------------------------------------------------
+
+    def _step(self, cs: CStep, call: Call) -> Generator[Request, None, None]:
+        s, fabric = cs.step, self.fabric
+        if cs.length == 0:
+            return
+        bufs, red = call.bufs, call.reducer
+        ch = call.channel_base + cs.channel
+        src = bufs[cs.src.buf][cs.src.off:cs.src.off + cs.length] if cs.src else None
+        dst = bufs[cs.dst.buf][cs.dst.off:cs.dst.off + cs.length] if cs.dst else None
+        proto = src if src is not None else dst
+        assert proto is not None
+        itemsize = proto.itemsize
+        staged: list[np.ndarray] = []
+        tmps: list[np.ndarray] = []
+        recvs: list[list[Request]] = []
+        if s.recv_from:
+            direct = not s.reduce and dst is not None
+            for peer in s.recv_from:
+                if direct:
+                    target = dst
+                else:
+                    raw = self.pool.get(cs.length * itemsize)
+                    tmps.append(raw)
+                    target = raw[:cs.length * itemsize].view(proto.dtype)
+                    staged.append(target)
+                bview = target.view(np.uint8)
+                recvs.append([
+                    fabric.irecv(peer, ch, self._header(call, ln * itemsize),
+                                 bview[off * itemsize:(off + ln) * itemsize])
+                    for off, ln in cs.slices])
+        sends: list[Request] = []
+        try:
+            for k, (off, ln) in enumerate(cs.slices):
+                for reqs in recvs:
+                    req = reqs[k]
+                    while not req.done:
+                        yield req
+                    if req.error is not None:
+                        raise req.error
+                sl = slice(off, off + ln)
+                if s.reduce:
+                    assert red is not None
+                    parts = ([src[sl]] if src is not None else []) + [t[sl] for t in staged]
+                    if not s.recv_from:  # local reduce: dst = dst ⊕ src
+                        parts = [dst[sl], src[sl]]  # type: ignore[index]
+                    target = dst[sl] if dst is not None else staged[0][sl]
+                    red.combine(target, parts[0], parts[1])
+                    for extra in parts[2:]:
+                        red.combine(target, target, extra)
+                    value = target
+                elif s.recv_from:
+                    value = dst[sl] if dst is not None else staged[0][sl]  # type: ignore[index]
+                else:
+                    value = src[sl]  # type: ignore[index]
+                    if dst is not None and not cs.skip_copy:
+                        dst[sl] = value
+                if s.send_to:
+                    raw = value.view(np.uint8)
+                    hdr = self._header(call, raw.nbytes)
+                    for peer in s.send_to:
+                        sends.append(fabric.isend(peer, ch, hdr, raw))
+            for req in sends:
+                while not req.done:
+                    yield req
+                if req.error is not None:
+                    raise req.error
+        finally:
+            for t in tmps:
+                self.pool.put(t)
+
+    @staticmethod
+    def _header(call: Call, nbytes: int) -> bytes:
+        return struct.pack("<Q", nbytes) + call.prefix
+
+    # ---- the scheduler ----------------------------------------------------------------
+
+    def run(self, calls: list[Call], timeout: float) -> None:
+        """Run ``calls`` concurrently (channel-concatenated) until all complete."""
+        chans: dict[int, list[tuple[CStep, Call, int]]] = {}
+        ndone: list[bool] = []
+        base = 0
+        for call in calls:
+            count = sum(len(c) for c in call.steps)
+            for csteps in call.steps:
+                for cs in csteps:
+                    chans.setdefault(call.channel_base + cs.channel, []).append((cs, call, base))
+            base += count
+            ndone.extend([False] * count)
+        cursor = dict.fromkeys(chans, 0)
+        active: list[tuple[Generator, Request | None, int, CStep, Call]] = []
+        remaining = len(ndone)
+        deadline = time.monotonic() + timeout
+        next_idle = time.monotonic() + 1.0
+        fabric = self.fabric
+        while remaining:
+            moved = False
+            for chid, items in chans.items():
+                i = cursor[chid]
+                while i < len(items):
+                    cs, call, b = items[i]
+                    if any(not ndone[b + d] for d in cs.deps):
+                        break
+                    gen = self._step(cs, call)
+                    active.append((gen, None, b + cs.gid, cs, call))
+                    i += 1
+                    moved = True
+                cursor[chid] = i
+            still = []
+            for gen, req, gid, cs, call in active:
+                if req is not None and not req.done:
+                    still.append((gen, req, gid, cs, call))
+                    continue
+                try:
+                    req = next(gen)
+                    still.append((gen, req, gid, cs, call))
+                except StopIteration:
+                    ndone[gid] = True
+                    remaining -= 1
+                except HeaderMismatch as e:
+                    raise MismatchError(_describe_mismatch(self.rank, e, call)) from None
+                except PeerError as e:
+                    raise PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}") from None
+                moved = True
+            active = still
+            if moved or not remaining:
+                continue
+            if fabric.poll():
+                continue
+            now = time.monotonic()
+            if now > deadline:
+                raise CollectiveTimeout(_describe_timeout(self.rank, active, timeout))
+            if self.on_idle is not None and now > next_idle:
+                self.on_idle()
+                next_idle = now + 1.0
+            fabric.wait(min(0.25, max(0.0, deadline - now)))
+            fabric.poll()
+        for call in calls:
+            if call.post is not None:
+                call.post()
+
+
+def _describe_timeout(rank: int, active, timeout: float) -> str:
+    waits = []
+    descs = []
+    for _, req, _, cs, call in active:
+        if req is not None and not req.done:
+            what = "receive from" if not req.is_send else "send to"
+            waits.append(f"{what} rank {req.peer} (channel {cs.channel}, step '{cs.step}')")
+            if str(call.desc) not in descs:
+                descs.append(str(call.desc))
+    where = "; ".join(waits[:4]) or "no pending transfer"
+    return (f"rank {rank}: {', '.join(descs) or 'collective'} timed out after {timeout:g} s "
+            f"waiting to {where}")
+
+
+def _describe_mismatch(rank: int, e: HeaderMismatch, call: Call) -> str:
+    names = ["message bytes", "count", "sequence number", "algorithm", "collective",
+             "dtype", "op", "flags", "root"]
+    decode = {4: [c.value for c in Collective], 5: [d.value for d in DType],
+              6: [o.value for o in ReduceOp]}
+
+    def show(i: int, v: int) -> object:
+        table = decode.get(i)
+        return table[v] if table is not None and v < len(table) else v
+
+    mine, theirs = HEADER.unpack(e.expected), HEADER.unpack(e.got)
+    diffs = [f"{n}: rank {e.peer} has {show(i, t)}, rank {rank} has {show(i, m)}"
+             for i, (n, m, t) in enumerate(zip(names, mine, theirs)) if m != t]
+    if len(diffs) > 1:  # a different count explains a different message size
+        diffs = [d for d in diffs if not d.startswith("message bytes")]
+    return (f"rank {rank} and rank {e.peer} disagree on {call.desc}: " + "; ".join(diffs)
+            + " (ranks must call the same collectives in the same order with matching "
+              "count, dtype, op and root)")

@@ -1,0 +1,300 @@
+"""The schedule IR: one description of an algorithm, read by the executor, the checker,
+the simulator and the visualizer.
+
+A collective over ``nranks`` ranks is, for each rank, a :class:`Program`: one or more
+*channels*, each an ordered tuple of :class:`Step` s. Steps move *chunks*:
+
+* every buffer (``INPUT``, ``OUTPUT``, ``SCRATCH``) is a sequence of *blocks* (1 block for
+  an all-reduce buffer, ``nranks`` blocks for an all-gather output, ...), and every block
+  is cut into ``Program.chunks`` chunks. Chunk ``j`` of a buffer is sub-chunk ``j % chunks``
+  of block ``j // chunks``; a :class:`Ref` names a run of consecutive chunks.
+* a step is NCCL's primitive vocabulary decomposed into four verbs, applied in order:
+  take ``src`` (if any), receive from each of ``recv_from`` (reducing into the value when
+  ``reduce`` is set, otherwise replacing it), store the value in ``dst`` (if any), send the
+  value to each of ``send_to``. ``Step.name`` gives NCCL's name for the combination:
+  ``send``, ``recv``, ``recvReduceSend``, ``recvReduceCopySend``, ``recvCopySend`` ...
+
+Matching rule (the whole of it): messages between one (sender, receiver, channel) triple
+match in program order, like the FIFO of a NCCL connection. No tags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+
+
+class Buf(IntEnum):
+    """The three buffers a Program can name."""
+
+    INPUT = 0
+    OUTPUT = 1
+    SCRATCH = 2
+
+    @property
+    def letter(self) -> str:
+        return "ios"[self.value]
+
+
+class Collective(str, Enum):
+    """Collectives the IR can express. Values are the nccl-tests / NCCL names."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    GATHER = "gather"
+    SCATTER = "scatter"
+    ALL_TO_ALL = "all_to_all"
+    BARRIER = "barrier"
+
+    @property
+    def reduces(self) -> bool:
+        return self in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.REDUCE)
+
+    def blocks(self, nranks: int) -> tuple[int, int]:
+        """(input blocks, output blocks): how many ``count``-element blocks each buffer has."""
+        n = nranks
+        return {
+            Collective.ALL_REDUCE: (1, 1),
+            Collective.ALL_GATHER: (1, n),
+            Collective.REDUCE_SCATTER: (n, 1),
+            Collective.BROADCAST: (1, 1),
+            Collective.REDUCE: (1, 1),
+            Collective.GATHER: (1, n),
+            Collective.SCATTER: (n, 1),
+            Collective.ALL_TO_ALL: (n, n),
+            Collective.BARRIER: (0, 0),
+        }[self]
+
+
+COLLECTIVE_ALIASES = {
+    "allreduce": Collective.ALL_REDUCE,
+    "allgather": Collective.ALL_GATHER,
+    "reducescatter": Collective.REDUCE_SCATTER,
+    "alltoall": Collective.ALL_TO_ALL,
+    "bcast": Collective.BROADCAST,
+}
+
+
+def parse_collective(name: str | Collective) -> Collective:
+    """Accept ``all_reduce``, ``allreduce``, ``AllReduce`` ... ; raise ValueError otherwise."""
+    if isinstance(name, Collective):
+        return name
+    key = name.strip().lower().replace("-", "_")
+    try:
+        return Collective(key)
+    except ValueError:
+        pass
+    flat = key.replace("_", "")
+    if flat in COLLECTIVE_ALIASES:
+        return COLLECTIVE_ALIASES[flat]
+    for c in Collective:
+        if c.value.replace("_", "") == flat:
+            return c
+    raise ValueError(f"unknown collective {name!r}; expected one of {[c.value for c in Collective]}")
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """``count`` consecutive chunks of ``buf`` starting at chunk ``index``."""
+
+    buf: Buf
+    index: int
+    count: int = 1
+
+    def __str__(self) -> str:
+        span = f"{self.index}" if self.count == 1 else f"{self.index}:{self.index + self.count}"
+        return f"{self.buf.letter}[{span}]"
+
+    def chunks(self) -> range:
+        return range(self.index, self.index + self.count)
+
+
+def inp(index: int, count: int = 1) -> Ref:
+    return Ref(Buf.INPUT, index, count)
+
+
+def out(index: int, count: int = 1) -> Ref:
+    return Ref(Buf.OUTPUT, index, count)
+
+
+def scr(index: int, count: int = 1) -> Ref:
+    return Ref(Buf.SCRATCH, index, count)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One primitive: ``value = src; value (⊕|=) recv(p) for p in recv_from; dst = value;
+    send(value) to each of send_to``."""
+
+    src: Ref | None = None
+    dst: Ref | None = None
+    recv_from: tuple[int, ...] = ()
+    send_to: tuple[int, ...] = ()
+    reduce: bool = False
+
+    def __post_init__(self) -> None:
+        if self.src is None and not self.recv_from:
+            raise ValueError("step has no source of data (needs src or recv_from)")
+        if self.src is not None and self.recv_from and not self.reduce:
+            raise ValueError("a step that receives without reducing cannot also read src")
+        if len(self.recv_from) > 1 and not self.reduce:
+            raise ValueError("receiving from several peers requires reduce=True")
+        if self.reduce and self.src is None and len(self.recv_from) < 2:
+            raise ValueError("a reducing step needs src or several receives")
+        if self.dst is None and not self.send_to:
+            raise ValueError("step neither stores nor sends its value")
+        if self.src is None and self.dst is None:
+            raise ValueError("step names no chunk (needs src or dst)")
+        if self.src is not None and self.dst is not None and self.src.count != self.dst.count:
+            raise ValueError(f"src {self.src} and dst {self.dst} differ in length")
+
+    @property
+    def ref(self) -> Ref:
+        """The region this step moves (dst if it stores, else src)."""
+        return self.dst if self.dst is not None else self.src  # type: ignore[return-value]
+
+    @property
+    def name(self) -> str:
+        """NCCL's primitive name for this combination of verbs (``recvReduceCopySend`` ...)."""
+        if not self.recv_from:
+            base = "reduce" if self.reduce else ("copy" if self.dst is not None else "")
+            return (base + "Send" if base else "send") if self.send_to else base
+        name = "recv" + ("Reduce" if self.reduce else "")
+        if self.dst is not None and (self.send_to or self.reduce):
+            name += "Copy"
+        return name + ("Send" if self.send_to else "")
+
+    def __str__(self) -> str:
+        bits = [self.name]
+        if self.recv_from:
+            bits.append("from " + ",".join(map(str, self.recv_from)))
+        if self.send_to:
+            bits.append("to " + ",".join(map(str, self.send_to)))
+        if self.src is not None:
+            bits.append(f"src={self.src}")
+        if self.dst is not None:
+            bits.append(f"dst={self.dst}")
+        return " ".join(bits)
+
+
+# Constructors named after NCCL's primitives (src/device/prims_*.h). ``ref`` is both the
+# local operand and the destination where the primitive stores.
+
+
+def send(peer: int, ref: Ref) -> Step:
+    return Step(src=ref, send_to=(peer,))
+
+
+def recv(peer: int, ref: Ref) -> Step:
+    return Step(dst=ref, recv_from=(peer,))
+
+
+def copy(src: Ref, dst: Ref) -> Step:
+    return Step(src=src, dst=dst)
+
+
+def reduce(src: Ref, dst: Ref) -> Step:
+    """dst = dst ⊕ src (local)."""
+    return Step(src=src, dst=dst, reduce=True)
+
+
+def recv_reduce_copy(peer: int, src: Ref, dst: Ref | None = None) -> Step:
+    """dst = src ⊕ recv(peer)."""
+    return Step(src=src, dst=dst if dst is not None else src, recv_from=(peer,), reduce=True)
+
+
+def recv_reduce_send(prev: int, nxt: int, src: Ref) -> Step:
+    """send(src ⊕ recv(prev)) to nxt without storing."""
+    return Step(src=src, recv_from=(prev,), send_to=(nxt,), reduce=True)
+
+
+def recv_reduce_copy_send(prev: int, nxt: int, src: Ref, dst: Ref | None = None) -> Step:
+    """dst = src ⊕ recv(prev); send dst to nxt."""
+    return Step(src=src, dst=dst if dst is not None else src, recv_from=(prev,), send_to=(nxt,),
+                reduce=True)
+
+
+def recv_copy_send(prev: int, nxt: int, dst: Ref) -> Step:
+    """dst = recv(prev); send dst to nxt."""
+    return Step(dst=dst, recv_from=(prev,), send_to=(nxt,))
+
+
+@dataclass(frozen=True)
+class Program:
+    """One rank's part of a collective.
+
+    ``chunks`` is the number of chunks each ``count``-element block is cut into;
+    ``scratch`` the number of chunks of scratch space (laid out like blocks of ``count``
+    elements cut the same way). ``algo`` names the generator that produced it.
+    """
+
+    collective: Collective
+    algo: str
+    nranks: int
+    rank: int
+    chunks: int
+    channels: tuple[tuple[Step, ...], ...]
+    root: int = 0
+    scratch: int = 0
+    in_place_ok: bool = True
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def blocks(self, buf: Buf) -> int:
+        ib, ob = self.collective.blocks(self.nranks)
+        if buf is Buf.INPUT:
+            return ib
+        if buf is Buf.OUTPUT:
+            return ob
+        return -(-self.scratch // self.chunks) if self.chunks else 0
+
+    def buffer_chunks(self, buf: Buf) -> int:
+        if buf is Buf.SCRATCH:
+            return self.scratch
+        return self.blocks(buf) * self.chunks
+
+    @property
+    def steps(self) -> int:
+        return sum(len(c) for c in self.channels)
+
+    def storage_map(self, in_place: bool):
+        """Map a (buf, chunk) slot to the slot that stores it.
+
+        In place, the API aliases input and output the way torch and NCCL do: the same
+        array for all-reduce, broadcast, reduce and all-to-all; the input is this rank's
+        block of the output for all-gather; the output is this rank's block of the input
+        for reduce-scatter.
+        """
+        coll, c, r = self.collective, self.chunks, self.rank
+
+        def key(buf: Buf, j: int) -> tuple[Buf, int]:
+            if not in_place or buf is not Buf.OUTPUT:
+                return (buf, j)
+            if coll in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE,
+                        Collective.ALL_TO_ALL):
+                return (Buf.INPUT, j)
+            if coll is Collective.ALL_GATHER:
+                return (Buf.INPUT, j % c) if j // c == r else (buf, j)
+            if coll is Collective.REDUCE_SCATTER:
+                return (Buf.INPUT, r * c + j)
+            return (buf, j)
+
+        return key
+
+    def peers(self) -> set[int]:
+        ps: set[int] = set()
+        for ch in self.channels:
+            for s in ch:
+                ps.update(s.recv_from)
+                ps.update(s.send_to)
+        return ps
+
+
+def split_even(total: int, parts: int, index: int) -> tuple[int, int]:
+    """(offset, length) of part ``index`` when ``total`` items are cut into ``parts`` nearly
+    equal pieces, the larger ones first (as MPI and NCCL do for uneven counts)."""
+    base, extra = divmod(total, parts)
+    off = index * base + min(index, extra)
+    return off, base + (1 if index < extra else 0)

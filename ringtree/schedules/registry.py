@@ -1,0 +1,91 @@
+"""Registry of schedule generators: ``(collective, algorithm) -> generator``.
+
+A generator is a pure function ``gen(nranks, rank, opts) -> Program``. Adding an algorithm
+is one new module that decorates its generators with :func:`register` and one import line
+in ``ringtree/schedules/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ringtree.ir import Collective, Program, parse_collective
+
+
+@dataclass(frozen=True)
+class Options:
+    """Inputs a generator may use beyond (nranks, rank).
+
+    ``root``: root rank of rooted collectives. ``channels``: parallel channels to spread
+    data over. ``nodes``: node id of every rank (from the host identities published at
+    rendezvous), for hierarchical algorithms; ``None`` means one node. ``params``: extra
+    algorithm-specific knobs as sorted (key, value) pairs so Options stays hashable.
+    """
+
+    root: int = 0
+    channels: int = 1
+    nodes: tuple[int, ...] | None = None
+    params: tuple[tuple[str, object], ...] = field(default=())
+
+    def param(self, key: str, default: object = None) -> object:
+        return dict(self.params).get(key, default)
+
+
+Generator = Callable[[int, int, Options], Program]
+
+_REGISTRY: dict[tuple[Collective, str], Generator] = {}
+
+
+def register(collective: Collective | str, algo: str) -> Callable[[Generator], Generator]:
+    """Decorator: make ``gen`` the ``algo`` schedule for ``collective``."""
+    coll = parse_collective(collective)
+
+    def deco(gen: Generator) -> Generator:
+        key = (coll, algo.lower())
+        if key in _REGISTRY:
+            raise ValueError(f"algorithm {algo!r} registered twice for {coll.value}")
+        _REGISTRY[key] = gen
+        return gen
+
+    return deco
+
+
+def algorithms(collective: Collective | str | None = None) -> list[str]:
+    """Names of the algorithms registered for ``collective`` (all algorithms if None)."""
+    if collective is None:
+        return sorted({a for _, a in _REGISTRY})
+    coll = parse_collective(collective)
+    return sorted(a for c, a in _REGISTRY if c is coll)
+
+
+def has(collective: Collective | str, algo: str) -> bool:
+    return (parse_collective(collective), algo.lower()) in _REGISTRY
+
+
+@lru_cache(maxsize=4096)
+def _generate(coll: Collective, algo: str, nranks: int, rank: int, opts: Options) -> Program:
+    return _REGISTRY[(coll, algo)](nranks, rank, opts)
+
+
+def generate(collective: Collective | str, algo: str, nranks: int, rank: int,
+             opts: Options | None = None) -> Program:
+    """The Program of ``rank`` for ``collective`` run with ``algo`` over ``nranks`` ranks."""
+    coll = parse_collective(collective)
+    key = (coll, algo.lower())
+    if key not in _REGISTRY:
+        known = ", ".join(algorithms(coll)) or "none"
+        raise ValueError(f"no algorithm {algo!r} for {coll.value} (known: {known})")
+    if nranks < 1 or not 0 <= rank < nranks:
+        raise ValueError(f"rank {rank} out of range for {nranks} ranks")
+    opts = opts or Options()
+    if not 0 <= opts.root < nranks:
+        raise ValueError(f"root {opts.root} out of range for {nranks} ranks")
+    return _generate(coll, key[1], nranks, rank, opts)
+
+
+def generate_all(collective: Collective | str, algo: str, nranks: int,
+                 opts: Options | None = None) -> list[Program]:
+    """Programs of every rank (what the checker, simulator and visualizer read)."""
+    return [generate(collective, algo, nranks, r, opts) for r in range(nranks)]

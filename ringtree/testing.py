@@ -1,0 +1,239 @@
+"""Run a function on N ranks as real processes (the harness of ringtree's own tests).
+
+- :func:`run_ranks` starts N fresh processes, calls ``fn(comm, *args)`` on each, and
+  returns each rank's result or exception. If the group hangs it is killed and
+  :class:`HangError` names the ranks that did not finish.
+- :class:`RankPool` keeps N processes (and their communicator) alive across many calls,
+  so a test matrix of hundreds of cases pays for process start-up once.
+
+Functions must be importable by reference (module-level), as with multiprocessing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import secrets
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+class HangError(AssertionError):
+    """Ranks that did not finish within the timeout."""
+
+    def __init__(self, ranks: list[int], timeout: float):
+        super().__init__(f"rank(s) {ranks} did not finish within {timeout:g} s (killed)")
+        self.ranks = ranks
+
+
+class RemoteError(Exception):
+    """An exception raised on a rank that could not be sent back as itself."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ctx():
+    return mp.get_context("fork")
+
+
+def _rank_env(rank: int, n: int, port: int, token: str, extra: dict | None) -> None:
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+              "SLURM_PROCID", "RINGTREE_STORE_EXTERNAL"):
+        os.environ.pop(k, None)
+    os.environ.update({
+        "RINGTREE_RANK": str(rank), "RINGTREE_WORLD_SIZE": str(n),
+        "RINGTREE_LOCAL_RANK": str(rank), "RINGTREE_LOCAL_WORLD_SIZE": str(n),
+        "RINGTREE_MASTER_ADDR": "127.0.0.1", "RINGTREE_MASTER_PORT": str(port),
+        "RINGTREE_TOKEN": token,
+    })
+    for k, v in (extra or {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = str(v)
+
+
+def _pack_error(e: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(e))
+        e.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
+        return e
+    except Exception:  # noqa: BLE001
+        return RemoteError(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+
+
+def _entry(rank: int, n: int, port: int, token: str, env: dict | None, conn,
+           fn: Callable | None) -> None:
+    _rank_env(rank, n, port, token, env)
+    try:
+        import ringtree
+
+        comm = ringtree.init(timeout=float(os.environ.get("RINGTREE_TIMEOUT", 60)))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("err", _pack_error(e)))
+        return
+    if fn is not None:  # one-shot
+        try:
+            conn.send(("ok", fn(comm)))
+        except BaseException as e:  # noqa: BLE001
+            conn.send(("err", _pack_error(e)))
+        finally:
+            try:
+                comm.close()
+            except BaseException:  # noqa: BLE001
+                pass
+        return
+    conn.send(("ok", "ready"))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        f, args, kwargs = msg
+        try:
+            conn.send(("ok", f(comm, *args, **kwargs)))
+        except BaseException as e:  # noqa: BLE001
+            conn.send(("err", _pack_error(e)))
+    try:
+        comm.close()
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+def _collect(conns, procs, timeout: float) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    results: list[Any] = [None] * len(conns)
+    pending = set(range(len(conns)))
+    while pending:
+        for r in list(pending):
+            if conns[r].poll(0):
+                try:
+                    status, value = conns[r].recv()
+                except EOFError:
+                    status, value = "err", RemoteError(
+                        f"rank {r} exited (code {procs[r].exitcode}) without a result")
+                results[r] = value if status == "ok" else value
+                pending.discard(r)
+            elif not procs[r].is_alive() and not conns[r].poll(0.01):
+                results[r] = RemoteError(f"rank {r} exited (code {procs[r].exitcode}) "
+                                         f"without a result")
+                pending.discard(r)
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            raise HangError(sorted(pending), timeout)
+        mp.connection.wait([conns[r] for r in pending], timeout=0.05)
+    return results
+
+
+def run_ranks(fn: Callable, nranks: int, *args: Any, timeout: float = 60.0,
+              env: dict | None = None, **kwargs: Any) -> list[Any]:
+    """Run ``fn(comm, *args, **kwargs)`` on ``nranks`` fresh processes; results per rank
+    (an exception instance where a rank raised)."""
+    import functools
+
+    ctx = _ctx()
+    port, token = free_port(), secrets.token_hex(8)
+    call = functools.partial(fn, *[], **{}) if not (args or kwargs) else \
+        _Bound(fn, args, kwargs)
+    conns, procs = [], []
+    for r in range(nranks):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_entry, args=(r, nranks, port, token, env, child, call),
+                        daemon=True)
+        p.start()
+        child.close()
+        conns.append(parent)
+        procs.append(p)
+    try:
+        return _collect(conns, procs, timeout)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+
+
+class _Bound:
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def __call__(self, comm):
+        return self.fn(comm, *self.args, **self.kwargs)
+
+
+def raise_first(results: list[Any]) -> list[Any]:
+    """Re-raise the first exception among per-rank results (tests' shorthand)."""
+    for r, v in enumerate(results):
+        if isinstance(v, BaseException):
+            raise AssertionError(f"rank {r} raised {type(v).__name__}: {v}\n"
+                                 f"{getattr(v, '__traceback_text__', '')}") from v
+    return results
+
+
+class RankPool:
+    """N long-lived ranks with one communicator; ``run`` executes a function on all."""
+
+    def __init__(self, nranks: int, env: dict | None = None, timeout: float = 120.0):
+        ctx = _ctx()
+        self.nranks = nranks
+        self.timeout = timeout
+        port, token = free_port(), secrets.token_hex(8)
+        self.conns, self.procs = [], []
+        for r in range(nranks):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_entry, args=(r, nranks, port, token, env, child, None),
+                            daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        raise_first(_collect(self.conns, self.procs, timeout))
+        self.alive = True
+
+    def run(self, fn: Callable, *args: Any, timeout: float | None = None,
+            **kwargs: Any) -> list[Any]:
+        if not self.alive:
+            raise RuntimeError("rank pool was killed by an earlier hang")
+        for c in self.conns:
+            c.send((fn, args, kwargs))
+        try:
+            return _collect(self.conns, self.procs, timeout or self.timeout)
+        except HangError:
+            self.alive = False
+            raise
+
+    def run_ok(self, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+        return raise_first(self.run(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        self.alive = False
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

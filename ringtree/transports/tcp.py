@@ -1,0 +1,342 @@
+"""TCP transport: one socket per (peer, channel), opened lazily, full duplex, zero-copy.
+
+- The lower rank connects, the higher rank accepts (so two ranks that need each other at
+  the same moment never open two sockets). A connection introduces itself with a hello:
+  magic, communicator id, rank, channel and an HMAC of them under the job token; an
+  accepted socket that fails it is closed without being read further.
+- Messages are framed as a 32-byte header followed by the payload. ``sendmsg`` gathers
+  header and payload into one system call; receives land straight in the caller's NumPy
+  memory (``recv_into``).
+- Everything is nonblocking; :meth:`TcpTransport.wait` sleeps in ``poll(2)`` on exactly
+  the sockets that have work, so ranks that outnumber cores do not burn CPU.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import select
+import socket
+import struct
+import time
+from collections import deque
+
+import numpy as np
+
+from ringtree.errors import PeerError
+from ringtree.transports.base import HEADER_BYTES, HeaderMismatch, Request, Transport
+
+_MAGIC = b"RTc1"
+_HELLO = struct.Struct("<4s16sII16s")
+SOCKET_BUFFER = 4 << 20
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        except OSError:
+            pass
+
+
+def make_listener(host: str) -> socket.socket:
+    """A nonblocking listening socket on ``host`` (any free port)."""
+    lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _tune(lst)
+    lst.bind((host, 0))
+    lst.listen(4096)
+    lst.setblocking(False)
+    return lst
+
+
+class _Conn:
+    __slots__ = ("peer", "channel", "sock", "sendq", "recvq", "hdr", "hpos", "dead")
+
+    def __init__(self, peer: int, channel: int):
+        self.peer = peer
+        self.channel = channel
+        self.sock: socket.socket | None = None
+        self.sendq: deque[Request] = deque()
+        self.recvq: deque[Request] = deque()
+        self.hdr = bytearray(HEADER_BYTES)
+        self.hpos = 0
+        self.dead: BaseException | None = None
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+
+    def __init__(self, rank: int, addresses: list[tuple[str, int]], listener: socket.socket,
+                 comm_id: bytes, secret: bytes, connect_timeout: float = 60.0):
+        self.rank = rank
+        self.addresses = addresses
+        self.listener = listener
+        self.comm_id = comm_id
+        self.secret = secret
+        self.connect_timeout = connect_timeout
+        self.conns: dict[tuple[int, int], _Conn] = {}
+        self.active: set[_Conn] = set()
+        self.hellos: list[tuple[socket.socket, bytearray]] = []
+        self.closed = False
+
+    # ---- connection management -------------------------------------------------------
+
+    def _mac(self, rank: int, channel: int) -> bytes:
+        msg = self.comm_id + struct.pack("<II", rank, channel)
+        return hmac.new(self.secret, msg, hashlib.sha256).digest()[:16]
+
+    def _conn(self, peer: int, channel: int) -> _Conn:
+        key = (peer, channel)
+        conn = self.conns.get(key)
+        if conn is None:
+            conn = self.conns[key] = _Conn(peer, channel)
+            if self.rank < peer:
+                self._connect(conn)
+        return conn
+
+    def _connect(self, conn: _Conn) -> None:
+        host, port = self.addresses[conn.peer]
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            _tune(sock)
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                sock.connect((host, port))
+                sock.sendall(_HELLO.pack(_MAGIC, self.comm_id, self.rank, conn.channel,
+                                         self._mac(self.rank, conn.channel)))
+                break
+            except OSError as e:
+                sock.close()
+                if time.monotonic() > deadline:
+                    conn.dead = PeerError(conn.peer, f"cannot connect to rank {conn.peer} at "
+                                                     f"{host}:{port}: {e}")
+                    return
+                time.sleep(0.05)
+        sock.setblocking(False)
+        conn.sock = sock
+
+    def _accept(self) -> bool:
+        moved = False
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            sock.setblocking(False)
+            _tune(sock)
+            self.hellos.append((sock, bytearray()))
+            moved = True
+        keep = []
+        for sock, buf in self.hellos:
+            try:
+                data = sock.recv(_HELLO.size - len(buf))
+            except (BlockingIOError, InterruptedError):
+                keep.append((sock, buf))
+                continue
+            except OSError:
+                sock.close()
+                continue
+            if not data:
+                sock.close()
+                continue
+            buf += data
+            moved = True
+            if len(buf) < _HELLO.size:
+                keep.append((sock, buf))
+                continue
+            magic, cid, peer, channel, mac = _HELLO.unpack(bytes(buf))
+            if (magic != _MAGIC or cid != self.comm_id or peer >= len(self.addresses)
+                    or not hmac.compare_digest(mac, self._mac(peer, channel))):
+                sock.close()  # not one of ours: drop without acting on anything it sent
+                continue
+            conn = self.conns.get((peer, channel))
+            if conn is None:
+                conn = self.conns[(peer, channel)] = _Conn(peer, channel)
+            if conn.sock is not None:
+                sock.close()
+                continue
+            conn.sock = sock
+            if conn.sendq or conn.recvq:
+                self.active.add(conn)
+        self.hellos = keep
+        return moved
+
+    # ---- the Transport interface ------------------------------------------------------
+
+    def isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:
+        req = Request(peer, channel, header, payload, True)
+        conn = self._conn(peer, channel)
+        if conn.dead is not None:
+            req.fail(conn.dead)
+            return req
+        conn.sendq.append(req)
+        if conn.sock is not None:
+            if len(conn.sendq) == 1:
+                self._pump_send(conn)
+            if conn.sendq:
+                self.active.add(conn)
+        return req
+
+    def irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
+        req = Request(peer, channel, header, into, False)
+        conn = self._conn(peer, channel)
+        if conn.dead is not None:
+            req.fail(conn.dead)
+            return req
+        conn.recvq.append(req)
+        if conn.sock is not None:
+            if len(conn.recvq) == 1:
+                self._pump_recv(conn)
+            if conn.recvq:
+                self.active.add(conn)
+        return req
+
+    def poll(self) -> bool:
+        moved = self._accept() if (self.hellos or self._awaiting_accept()) else False
+        for conn in list(self.active):
+            if conn.sock is None:
+                continue
+            if conn.sendq:
+                moved |= self._pump_send(conn)
+            if conn.recvq:
+                moved |= self._pump_recv(conn)
+            if not conn.sendq and not conn.recvq:
+                self.active.discard(conn)
+        return moved
+
+    def _awaiting_accept(self) -> bool:
+        return any(c.sock is None and c.dead is None for c in self.conns.values())
+
+    def wait(self, timeout: float) -> None:
+        p = select.poll()
+        n = 0
+        if self.hellos or self._awaiting_accept():
+            p.register(self.listener, select.POLLIN)
+            for sock, _ in self.hellos:
+                p.register(sock, select.POLLIN)
+            n += 1
+        for conn in self.active:
+            if conn.sock is None:
+                continue
+            mask = (select.POLLIN if conn.recvq else 0) | (select.POLLOUT if conn.sendq else 0)
+            if mask:
+                p.register(conn.sock, mask)
+                n += 1
+        if n == 0:
+            time.sleep(min(timeout, 0.001))
+            return
+        try:
+            p.poll(max(0, int(timeout * 1000)))
+        except InterruptedError:
+            pass
+
+    def pending(self) -> bool:
+        return bool(self.active) or bool(self.hellos)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self.conns.values():
+            if conn.sock is not None:
+                try:
+                    conn.sock.close()
+                except OSError:
+                    pass
+        for sock, _ in self.hellos:
+            sock.close()
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+
+    # ---- byte pumps -------------------------------------------------------------------
+
+    def _die(self, conn: _Conn, how: str) -> None:
+        err = PeerError(conn.peer, f"rank {conn.peer} {how} (tcp channel {conn.channel})")
+        conn.dead = err
+        for q in (conn.sendq, conn.recvq):
+            while q:
+                q.popleft().fail(err)
+        self.active.discard(conn)
+        if conn.sock is not None:
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+
+    def _pump_send(self, conn: _Conn) -> bool:
+        moved = False
+        sock = conn.sock
+        assert sock is not None
+        while conn.sendq:
+            req = conn.sendq[0]
+            total = HEADER_BYTES + req.buf.nbytes
+            try:
+                if req.pos < HEADER_BYTES:
+                    parts = [memoryview(req.header)[req.pos:]]
+                    if req.buf.nbytes:
+                        parts.append(req.buf)
+                    n = sock.sendmsg(parts)
+                else:
+                    n = sock.send(memoryview(req.buf)[req.pos - HEADER_BYTES:])
+            except (BlockingIOError, InterruptedError):
+                return moved
+            except OSError as e:
+                reset = e.errno in (errno.EPIPE, errno.ECONNRESET)
+                self._die(conn, "reset the connection" if reset else f"failed: {e}")
+                return True
+            moved = True
+            req.pos += n
+            if req.pos < total:
+                return moved
+            req.done = True
+            conn.sendq.popleft()
+        return moved
+
+    def _pump_recv(self, conn: _Conn) -> bool:
+        moved = False
+        sock = conn.sock
+        assert sock is not None
+        while conn.recvq:
+            req = conn.recvq[0]
+            try:
+                if conn.hpos < HEADER_BYTES:
+                    n = sock.recv_into(memoryview(conn.hdr)[conn.hpos:])
+                    if n == 0:
+                        self._die(conn, "closed the connection")
+                        return True
+                    moved = True
+                    conn.hpos += n
+                    if conn.hpos < HEADER_BYTES:
+                        return moved
+                    if bytes(conn.hdr) != req.header:
+                        err = HeaderMismatch(conn.peer, req.header, bytes(conn.hdr))
+                        conn.recvq.popleft().fail(err)
+                        self._die(conn, "sent a message that does not match")
+                        return True
+                size = req.buf.nbytes
+                if req.pos < size:
+                    n = sock.recv_into(memoryview(req.buf)[req.pos:])
+                    if n == 0:
+                        self._die(conn, "closed the connection")
+                        return True
+                    moved = True
+                    req.pos += n
+                    if req.pos < size:
+                        return moved
+            except (BlockingIOError, InterruptedError):
+                return moved
+            except OSError as e:
+                self._die(conn, f"reset the connection ({e.strerror})")
+                return True
+            req.done = True
+            conn.hpos = 0
+            conn.recvq.popleft()
+        return moved

@@ -1,0 +1,64 @@
+"""``Work``: the handle of an asynchronous operation (``torch.distributed.Work`` names)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class Work:
+    """Completes when its operation has finished on this rank.
+
+    ``wait(timeout)`` blocks (raising the operation's error, or TimeoutError if it is not
+    done in time), ``is_completed()`` never blocks, ``result()`` is what the synchronous
+    call would have returned.
+    """
+
+    def __init__(self, name: str = "op"):
+        self.name = name
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        self._result: Any = None
+        self._callbacks: list[Callable[[Work], None]] = []
+        self._lock = threading.Lock()
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._result, self._error = result, error
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def add_done_callback(self, cb: Callable[[Work], None]) -> None:
+        """Call ``cb(work)`` when done (immediately if already done)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"{self.name} did not complete within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "pending"
+        return f"<Work {self.name} {state}>"

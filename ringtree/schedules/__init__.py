@@ -1,0 +1,21 @@
+"""Schedule generators, one algorithm per module. Importing this package registers all."""
+
+from ringtree.schedules import (  # noqa: F401  (registration side effects)
+    basic,
+    bruck,
+    direct,
+    halving_doubling,
+    hierarchical,
+    ring,
+    tree,
+)
+from ringtree.schedules.registry import (
+    Options,
+    algorithms,
+    generate,
+    generate_all,
+    has,
+    register,
+)
+
+__all__ = ["Options", "algorithms", "generate", "generate_all", "has", "register"]

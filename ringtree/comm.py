@@ -105,6 +105,9 @@ class CommCore:
         self._pending = 0
         self._pending_cv = threading.Condition()
         self._worker: threading.Thread | None = None
+        # An external progress engine (ringtree.torch) may take over running calls:
+        # ``submit(call, result, timeout) -> Work``. None: this class runs them.
+        self.submit = None
 
         host = select_address(None, master_addr)
         listener = make_listener(host)
@@ -168,6 +171,9 @@ class CommCore:
             self._group.append((call, work, result))
             return work if async_op else result
         t = self.timeout if timeout is None else timeout
+        if self.submit is not None:
+            work = self.submit(call, result, t)
+            return work if async_op else work.result()
         if async_op:
             work = Work(call.desc.name)
             self._enqueue([call], [work], [result], t)
@@ -289,8 +295,8 @@ class CommCore:
             except Exception:  # noqa: BLE001
                 pass
             if theirs:
-                err = CommAborted(f"rank {self.rank}: rank {e.peer} aborted: "
-                                  f"{theirs.decode()}")
+                err = CommAborted(f"rank {self.rank}: lost the connection to rank {e.peer}; "
+                                  f"the communicator was aborted because {theirs.decode()}")
                 err.peer = e.peer  # type: ignore[attr-defined]
                 self._broken = err
                 self.fabric.close()

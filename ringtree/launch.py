@@ -1,0 +1,471 @@
+"""``ringtree run``: start N ranks per node, torchrun/mpirun style.
+
+::
+
+    ringtree run -n N [--nnodes M --node-rank R --master HOST:PORT] [--tag-output]
+                 [--timeout S] [--grace S] [--] CMD ARGS...
+
+The launcher of node 0 hosts the job's :class:`~ringtree.store.StoreServer` (so rank 0 does
+not: ``RINGTREE_STORE_EXTERNAL=1``), authenticated by ``RINGTREE_TOKEN`` (random for one node;
+multi-node jobs must export the same token on every node). Each rank gets::
+
+    RINGTREE_RANK RINGTREE_WORLD_SIZE RINGTREE_LOCAL_RANK RINGTREE_LOCAL_WORLD_SIZE
+    RINGTREE_NODE_RANK RINGTREE_MASTER_ADDR RINGTREE_MASTER_PORT RINGTREE_TOKEN
+    RINGTREE_STORE_EXTERNAL=1
+    RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT
+
+The torchrun-compatible ``MASTER_PORT`` is a different port from the ringtree store's (a free
+one on a single node, the store port + 1 across nodes), so a ``torch.distributed`` script runs
+unchanged: its rank 0 hosts its own TCPStore there.
+
+Process handling follows mpirun/torchrun:
+
+- every rank runs in its own process group with stdin from ``/dev/null``; SIGINT/SIGTERM sent
+  to the launcher (e.g. Ctrl-C) are forwarded once to each rank's group, and the launcher exits
+  with 128+signal when they are gone (a second signal kills them with SIGKILL). If the
+  launcher itself dies, Linux kills the ranks (``PR_SET_PDEATHSIG``);
+- the first rank to fail (non-zero exit or killed by a signal) stops the job: the others get
+  SIGTERM, then SIGKILL after ``--grace`` seconds, and the launcher exits with that rank's code
+  (128+signal for a signal) after one summary line on stderr;
+- ``--timeout S`` stops the job after S seconds and exits with 124, naming the ranks that were
+  still running;
+- ``--tag-output`` prefixes every line with ``[rank]`` (and sets ``PYTHONUNBUFFERED=1`` unless
+  it is set, so lines appear as they are printed); otherwise ranks inherit stdout/stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import ipaddress
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO
+
+from ringtree.store import StoreError, StoreServer
+
+__all__ = ["main"]
+
+PROG = "ringtree run"
+_FORWARDED = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1
+
+
+class _UsageError(Exception):
+    pass
+
+
+@dataclass
+class _Options:
+    nproc: int
+    nnodes: int
+    node_rank: int
+    master: tuple[str, int] | None
+    tag_output: bool
+    timeout: float | None
+    grace: float
+    command: list[str]
+
+
+@dataclass
+class _Rank:
+    rank: int
+    local_rank: int
+    proc: subprocess.Popen
+    code: int | None = None
+    readers: list[threading.Thread] = field(default_factory=list)
+
+
+def main(argv: list[str]) -> int:
+    """Run ``ringtree run`` with ``argv`` (the arguments after ``run``); return the exit code."""
+    try:
+        opts = _parse(argv)
+    except SystemExit as e:  # --help, or an argparse error already printed
+        return int(e.code or 0) if isinstance(e.code, int) else 2
+    except _UsageError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+
+    token = os.environ.get("RINGTREE_TOKEN") or ""
+    if not token:
+        if opts.nnodes > 1:
+            print(
+                f"{PROG}: --nnodes {opts.nnodes} needs one job token shared by every node; "
+                "export the same RINGTREE_TOKEN on each node, e.g. "
+                "export RINGTREE_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(16))')",
+                file=sys.stderr,
+            )
+            return 2
+        token = secrets.token_hex(16)
+
+    server: StoreServer | None = None
+    try:
+        if opts.master is None:  # single node, nothing given: a free loopback port
+            server = StoreServer("127.0.0.1", 0, token)
+            addr, port = "127.0.0.1", server.port
+        else:
+            addr, port = opts.master
+            if opts.node_rank == 0:
+                server = StoreServer(_bind_host(addr), port, token)
+    except StoreError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    try:
+        torch_port = _free_port(addr) if opts.nnodes == 1 else port + 1
+        if not 1 <= torch_port <= 65535:
+            print(f"{PROG}: --master port must be below 65535 (port+1 is MASTER_PORT)",
+                  file=sys.stderr)
+            return 2
+        return _Job(opts, addr, port, torch_port, token).run()
+    finally:
+        if server is not None:
+            server.close()
+
+
+# ---------------------------------------------------------------------------- arguments
+
+
+def _parse(argv: list[str]) -> _Options:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Start N ranks of CMD on this node (see `python -m pydoc ringtree.launch`).",
+    )
+    parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
+                        required=True, help="ranks to start on this node")
+    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                        help="this node's index in 0..nnodes-1 (default 0)")
+    parser.add_argument("--master", metavar="HOST:PORT",
+                        help="node 0's address for the store (required with --nnodes > 1)")
+    parser.add_argument("--tag-output", action="store_true",
+                        help="prefix each output line with [rank]")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="stop the job after S seconds (exit code 124)")
+    parser.add_argument("--grace", type=float, default=3.0, metavar="S",
+                        help="seconds between SIGTERM and SIGKILL when stopping ranks (default 3)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+
+    if "--" in argv:  # the first "--" ends our options unless it belongs to the command
+        i = argv.index("--")
+        ns = parser.parse_args(argv[:i])
+        command = ns.command + argv[i:] if ns.command else argv[i + 1 :]
+    else:
+        ns = parser.parse_args(argv)
+        command = ns.command
+
+    if not command:
+        raise _UsageError("no command given; usage: ringtree run -n N [options] [--] CMD ARGS...")
+    if ns.nproc < 1:
+        raise _UsageError(f"-n must be >= 1, got {ns.nproc}")
+    if ns.nnodes < 1:
+        raise _UsageError(f"--nnodes must be >= 1, got {ns.nnodes}")
+    if not 0 <= ns.node_rank < ns.nnodes:
+        raise _UsageError(f"--node-rank {ns.node_rank} is outside 0..{ns.nnodes - 1}")
+    if ns.timeout is not None and not ns.timeout > 0:
+        raise _UsageError(f"--timeout must be > 0 seconds, got {ns.timeout}")
+    if not ns.grace >= 0:
+        raise _UsageError(f"--grace must be >= 0 seconds, got {ns.grace}")
+    master = _parse_master(ns.master) if ns.master else None
+    if master is None and ns.nnodes > 1:
+        raise _UsageError(
+            "--master HOST:PORT is required with --nnodes > 1: node 0's address, reachable "
+            "from every node, and a free port for the store"
+        )
+    return _Options(ns.nproc, ns.nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
+                    ns.grace, command)
+
+
+def _parse_master(text: str) -> tuple[str, int]:
+    host, sep, port_s = text.rpartition(":")
+    if not sep or not host:
+        raise _UsageError(f"--master {text!r} is not HOST:PORT")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise _UsageError(f"--master {text!r}: port {port_s!r} is not an integer") from None
+    if not 1 <= port <= 65535:
+        raise _UsageError(f"--master {text!r}: port must be in 1..65535")
+    return host, port
+
+
+def _bind_host(master_host: str) -> str:
+    """Listen on loopback for a loopback master, else on every interface."""
+    try:
+        ip = ipaddress.ip_address(master_host)
+    except ValueError:
+        return "127.0.0.1" if master_host == "localhost" else "0.0.0.0"
+    if ip.is_loopback:
+        return str(ip)
+    return "::" if ip.version == 6 else "0.0.0.0"
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------- the job
+
+
+class _Job:
+    def __init__(self, opts: _Options, addr: str, port: int, torch_port: int, token: str):
+        self.opts = opts
+        self.addr, self.port, self.torch_port, self.token = addr, port, torch_port, token
+        self.ranks: list[_Rank] = []
+        self.pending_signals: list[int] = []
+        self.out_lock = threading.Lock()
+        self.start = time.monotonic()
+
+    def env_for(self, local_rank: int) -> dict[str, str]:
+        o = self.opts
+        rank, world = o.node_rank * o.nproc + local_rank, o.nnodes * o.nproc
+        env = dict(os.environ)
+        env.update({
+            "RINGTREE_RANK": str(rank),
+            "RINGTREE_WORLD_SIZE": str(world),
+            "RINGTREE_LOCAL_RANK": str(local_rank),
+            "RINGTREE_LOCAL_WORLD_SIZE": str(o.nproc),
+            "RINGTREE_NODE_RANK": str(o.node_rank),
+            "RINGTREE_MASTER_ADDR": self.addr,
+            "RINGTREE_MASTER_PORT": str(self.port),
+            "RINGTREE_TOKEN": self.token,
+            "RINGTREE_STORE_EXTERNAL": "1",
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(o.nproc),
+            "GROUP_RANK": str(o.node_rank),
+            "MASTER_ADDR": self.addr,
+            "MASTER_PORT": str(self.torch_port),
+        })
+        if o.tag_output:
+            env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def run(self) -> int:
+        with self._signals() as wait_fd:
+            try:
+                self._spawn_all()
+            except OSError as e:
+                cmd = " ".join(self.opts.command)
+                print(f"{PROG}: cannot start {cmd!r}: {e}", file=sys.stderr)
+                self._stop(self._alive(), signal.SIGKILL)
+                self._reap_all_blocking()
+                return 127 if isinstance(e, FileNotFoundError) else 126
+            code, summary = self._supervise(wait_fd)
+        self._join_readers()  # let tagged output drain before the summary line
+        if summary:
+            print(f"{PROG}: {summary}", file=sys.stderr, flush=True)
+        return code
+
+    # -- starting ------------------------------------------------------------------------
+
+    def _spawn_all(self) -> None:
+        setup = _child_setup(os.getpid())
+        pipe = subprocess.PIPE if self.opts.tag_output else None
+        for local in range(self.opts.nproc):
+            proc = subprocess.Popen(
+                self.opts.command,
+                env=self.env_for(local),
+                stdin=subprocess.DEVNULL,
+                stdout=pipe,
+                stderr=pipe,
+                preexec_fn=setup,  # only setpgid + prctl, see _child_setup
+            )
+            r = _Rank(self.opts.node_rank * self.opts.nproc + local, local, proc)
+            self.ranks.append(r)
+            if self.opts.tag_output:
+                prefix = f"[{r.rank}] ".encode()
+                for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                    t = threading.Thread(target=self._pump, args=(src, dst, prefix), daemon=True)
+                    t.start()
+                    r.readers.append(t)
+
+    def _pump(self, src: IO[bytes], dst: IO[str], prefix: bytes) -> None:
+        """Copy ``src`` to ``dst`` line by line with ``prefix``; keep draining if dst breaks."""
+        out = getattr(dst, "buffer", None)
+        broken = False
+        for line in iter(src.readline, b""):
+            if broken:
+                continue
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            try:
+                with self.out_lock:
+                    if out is not None:
+                        out.write(prefix + line)
+                    else:
+                        dst.write((prefix + line).decode("utf-8", "replace"))
+                    dst.flush()
+            except (OSError, ValueError):
+                broken = True  # e.g. `ringtree run ... | head`
+        src.close()
+
+    def _join_readers(self) -> None:
+        deadline = time.monotonic() + 2.0  # a rank's orphaned children may hold the pipe open
+        for r in self.ranks:
+            for t in r.readers:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    # -- supervising ---------------------------------------------------------------------
+
+    def _supervise(self, wait_fd: int | None) -> tuple[int, str]:
+        """Wait for the ranks; return the exit code and the summary line (or "")."""
+        o = self.opts
+        deadline = self.start + o.timeout if o.timeout is not None else None
+        failure: tuple[_Rank, int] | None = None  # first failing rank, and how many we stopped
+        got_signal: int | None = None
+        timed_out: list[_Rank] | None = None
+        kill_at: float | None = None
+
+        while True:
+            now = time.monotonic()
+            exited = []
+            for r in self._alive():
+                r.code = r.proc.poll()
+                if r.code is not None:
+                    exited.append(r)
+            alive = self._alive()
+            bad = [r for r in exited if r.code != 0]
+            if bad and failure is None and got_signal is None and timed_out is None:
+                failure = (bad[0], len(alive))
+                self._stop(alive, signal.SIGTERM)
+                kill_at = now + o.grace
+            if not alive:
+                break
+
+            while self.pending_signals:
+                sig = self.pending_signals.pop(0)
+                if got_signal is None and failure is None and timed_out is None:
+                    got_signal = sig
+                    with self.out_lock:
+                        print(f"{PROG}: got {signal.Signals(sig).name}, forwarded it to "
+                              f"{_plural(len(alive), 'rank')} (send it again to kill them)",
+                              file=sys.stderr, flush=True)
+                    self._stop(alive, sig)
+                else:  # impatient user, or already stopping: no more waiting
+                    self._stop(alive, signal.SIGKILL)
+
+            if deadline is not None and now >= deadline and timed_out is None and failure is None \
+                    and got_signal is None:
+                timed_out = alive
+                self._stop(alive, signal.SIGTERM)
+                kill_at = now + o.grace
+            if kill_at is not None and now >= kill_at:
+                self._stop(alive, signal.SIGKILL)
+                kill_at = None
+
+            wake = [1.0]
+            if kill_at is not None:
+                wake.append(kill_at - now)
+            if deadline is not None and timed_out is None:
+                wake.append(deadline - now)
+            self._sleep(wait_fd, max(0.0, min(wake)))
+
+        if failure is not None:
+            r, stopped = failure
+            rc = r.code if r.code is not None else 1
+            if rc < 0:
+                name = _signame(-rc)
+                what, code = f"was killed by signal {-rc} ({name})", 128 - rc
+            else:
+                what, code = f"exited with code {rc}", rc
+            tail = f"; stopped the other {_plural(stopped, 'rank')}" if stopped else ""
+            return code, f"rank {r.rank} (pid {r.proc.pid}) {what}{tail}"
+        if timed_out is not None:
+            names = ", ".join(str(r.rank) for r in timed_out)
+            return 124, f"timed out after {o.timeout:g}s; stopped the ranks still running: {names}"
+        if got_signal is not None:
+            return 128 + got_signal, ""
+        return 0, ""
+
+    def _alive(self) -> list[_Rank]:
+        return [r for r in self.ranks if r.code is None]
+
+    def _stop(self, ranks: list[_Rank], sig: int) -> None:
+        """Signal each rank's process group (the rank and anything it started)."""
+        for r in ranks:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(r.proc.pid, sig)
+
+    def _reap_all_blocking(self) -> None:
+        for r in self.ranks:
+            if r.code is None:
+                r.code = r.proc.wait()
+
+    def _sleep(self, wait_fd: int | None, seconds: float) -> None:
+        """Block until a child exits or a signal arrives (both write to wait_fd), or timeout."""
+        if wait_fd is None:  # not the main thread: no signal wakeups, poll gently
+            time.sleep(min(seconds, 0.1))
+            return
+        ready, _, _ = select.select([wait_fd], [], [], seconds)
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wait_fd, 512):
+                    pass
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[int | None]:
+        """Route SIGINT/SIGTERM to ``pending_signals`` and make SIGCHLD wake ``_sleep``."""
+        if threading.current_thread() is not threading.main_thread():
+            yield None
+            return
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        old = {s: signal.getsignal(s) for s in (*_FORWARDED, signal.SIGCHLD)}
+        try:
+            for s in _FORWARDED:
+                signal.signal(s, lambda signum, _frame: self.pending_signals.append(signum))
+            signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+            yield r
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+            signal.set_wakeup_fd(old_fd)
+            os.close(r)
+            os.close(w)
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    """Runs in each rank between fork and exec: own process group, die with the launcher."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+                os._exit(1)
+
+    return setup
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -95,7 +95,11 @@ class Reducer:
             return
         uf = _UFUNC[self.op]  # type: ignore[index]
         if self.dtype is DType.BFLOAT16:
-            f32_to_bf16(uf(bf16_to_f32(a), bf16_to_f32(b)), out=out)
+            with np.errstate(over="ignore", invalid="ignore"):
+                f32_to_bf16(uf(bf16_to_f32(a), bf16_to_f32(b)), out=out)
+        elif self.dtype.is_float:
+            with np.errstate(over="ignore", invalid="ignore"):  # inf/nan, silently, as NCCL
+                uf(a, b, out=out)
         else:
             uf(a, b, out=out)
 

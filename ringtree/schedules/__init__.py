@@ -3,6 +3,7 @@
 from ringtree.schedules import (  # noqa: F401  (registration side effects)
     basic,
     bruck,
+    collnet,
     direct,
     halving_doubling,
     hierarchical,

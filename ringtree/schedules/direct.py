@@ -1,0 +1,105 @@
+"""Direct (one-shot and two-shot) algorithms: every rank exchanges with every rank at once.
+One round of messages, so the latency is one α however many ranks there are — what small
+messages over shared memory reward (NCCL's one-shot/two-shot all-reduce for NVLS and
+TensorRT-LLM's custom all-reduce follow the same idea).
+
+Determinism: a reduction happens on several ranks only in ``direct`` all-reduce, and there
+every rank reduces in rank order ((x0 ⊕ x1) ⊕ x2) ⊕ …, so all ranks get the same bits.
+In place, the output is (part of) the input: the all-reduce sums in scratch and copies
+out last; two-shot and reduce-scatter save the rank's own block in scratch first.
+
+Costs, p ranks, n bytes:
+- all-reduce, ``direct`` (one-shot: everyone sends everything to everyone, each rank
+  reduces all p inputs): α + (p−1)·n·β + (p−1)·n·γ.
+- all-reduce, ``direct2`` (two-shot: direct reduce-scatter, then direct all-gather):
+  2α + 2(p−1)/p·n·β + (p−1)/p·n·γ.
+- all-gather, ``direct``: α + (p−1)/p·n·β (n = gathered bytes).
+- reduce-scatter, ``direct``: α + (p−1)/p·n·β + (p−1)/p·n·γ (n = input bytes).
+The β terms assume a rank can drive all its p − 1 connections at full rate; over one link
+per rank they become (p−1) times the per-message cost.
+"""
+
+from __future__ import annotations
+
+from ringtree import ir
+from ringtree.ir import Collective, Program, Ref, Step, copy, inp, out, scr
+from ringtree.schedules.registry import Options, register
+
+
+def _others(n: int, r: int) -> list[int]:
+    """Every other rank, starting after r (so that not everybody hits rank 0 first)."""
+    return [(r + i) % n for i in range(1, n)]
+
+
+def _reduce_in_rank_order(n: int, r: int, mine: Ref, save: Ref, dst: Ref) -> list[Step]:
+    """dst = ((x0 ⊕ x1) ⊕ x2) ⊕ … where x_q arrives from q and x_r is ``mine``.
+    Rank r ≠ 0 first copies ``mine`` to ``save``: ``dst`` may alias it (in place)."""
+    steps: list[Step] = []
+    if r != 0:
+        steps.append(copy(mine, save))
+        mine = save
+    steps.append(copy(mine, dst) if r == 0 else ir.recv(0, dst))
+    for q in range(1, n):
+        steps.append(ir.reduce(mine, dst) if q == r else ir.recv_reduce_copy(q, dst))
+    return steps
+
+
+@register(Collective.ALL_REDUCE, "direct")
+def all_reduce(n: int, r: int, opts: Options) -> Program:
+    """One-shot: send the input to every rank, reduce all inputs in rank order.
+
+    The sum is built in scratch and copied out last: in place, the output is the input
+    being sent, and a receive into it would wait for every send to drain first."""
+    k = opts.channels
+    channels = []
+    for c in range(k):
+        acc = scr(c)
+        steps = [ir.send(q, inp(c)) for q in _others(n, r)]
+        steps.append(copy(inp(c), acc) if r == 0 else ir.recv(0, acc))
+        for q in range(1, n):
+            steps.append(ir.reduce(inp(c), acc) if q == r else ir.recv_reduce_copy(q, acc))
+        steps.append(copy(acc, out(c)))
+        channels.append(tuple(steps))
+    return Program(Collective.ALL_REDUCE, "direct", n, r, k, tuple(channels), scratch=k)
+
+
+@register(Collective.ALL_REDUCE, "direct2")
+def all_reduce_two_shot(n: int, r: int, opts: Options) -> Program:
+    """Two-shot: rank r reduces chunk r of everybody's input, then sends it to everybody."""
+    k = opts.channels
+    channels = []
+    for c in range(k):
+        base = c * n
+        mine = base + r
+        steps = [ir.send(q, inp(base + q)) for q in _others(n, r)]
+        steps += _reduce_in_rank_order(n, r, inp(mine), scr(mine), out(mine))
+        steps += [ir.send(q, out(mine)) for q in _others(n, r)]
+        steps += [ir.recv(q, out(base + q)) for q in _others(n, r)]
+        channels.append(tuple(steps))
+    return Program(Collective.ALL_REDUCE, "direct2", n, r, n * k, tuple(channels),
+                   scratch=n * k)
+
+
+@register(Collective.ALL_GATHER, "direct")
+def all_gather(n: int, r: int, opts: Options) -> Program:
+    """Send the input to every rank; receive every rank's block into its place."""
+    k = opts.channels
+    channels = []
+    for c in range(k):
+        steps: list[Step] = [copy(inp(c), out(r * k + c))]
+        steps += [ir.send(q, inp(c)) for q in _others(n, r)]
+        steps += [ir.recv(q, out(q * k + c)) for q in _others(n, r)]
+        channels.append(tuple(steps))
+    return Program(Collective.ALL_GATHER, "direct", n, r, k, tuple(channels))
+
+
+@register(Collective.REDUCE_SCATTER, "direct")
+def reduce_scatter(n: int, r: int, opts: Options) -> Program:
+    """Send block q to rank q; reduce the p copies of block r in rank order."""
+    k = opts.channels
+    channels = []
+    for c in range(k):
+        steps = [ir.send(q, inp(q * k + c)) for q in _others(n, r)]
+        steps += _reduce_in_rank_order(n, r, inp(r * k + c), scr(c), out(c))
+        channels.append(tuple(steps))
+    return Program(Collective.REDUCE_SCATTER, "direct", n, r, k, tuple(channels), scratch=k)

@@ -1,0 +1,283 @@
+"""Hierarchical (two-level) algorithms: an intra-node phase, an inter-node phase among one
+leader per node, and a second intra-node phase (Sack & Gropp; MPICH's SMP-aware
+collectives, ``MPIR_*_intra_smp``; Horovod's hierarchical all-reduce).
+
+Nodes come from ``Options.nodes`` (the host identities published at rendezvous; tests may
+fake them). Each node's leader is its lowest rank (for broadcast: the root on the root's
+node). The inter-node phase is any registered flat algorithm, ``params["inter"]`` (default
+``ring``), generated over the L leaders and embedded into the leaders' programs with its
+peers and buffers remapped; other params pass through to it. Intra-node phases are
+pipelined chains (reduce, broadcast) or direct sends to the leader (gather, scatter).
+
+- all-reduce: chain-reduce to the leader, inter-node all-reduce, chain-broadcast.
+- broadcast: inter-node broadcast from the root, chain-broadcast in each node.
+- all-gather: gather to the leader, inter-node all-gather of node "superblocks" of M
+  blocks (M = largest node), chain-broadcast of the whole output.
+- reduce-scatter: chain-reduce the whole input to the leader (in superblock order),
+  inter-node reduce-scatter of superblocks, scatter to the node's ranks.
+Nodes need not be contiguous or equal: superblocks live in scratch and are padded to M;
+when nodes are contiguous and equal the all-gather runs in the output directly. With
+``nodes=None`` (one node) only the intra-node phases remain; with one rank per node this
+is exactly the flat ``inter`` algorithm.
+
+Costs, p ranks on L nodes of m = p/L ranks, n bytes, intra (α_i, β_i) vs inter (α_e, β_e)
+links, T_inter = the flat algorithm's cost over L ranks:
+- all-reduce, ``hierarchical``: 2(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n).
+- broadcast, ``hierarchical``: T_inter(n) + (m−1+s−1)(α_i + n/s·β_i).
+- all-gather, ``hierarchical``: (m−1)(α_i + n/p·β_i) + T_inter(n) + (m−1+s−1)(α_i + n/s·β_i).
+- reduce-scatter, ``hierarchical``: (m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n)
+  + (m−1)(α_i + n/p·β_i).
+Only L − 1 … 2(L−1) messages cross the network per leader instead of p − 1 … 2(p−1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ringtree import ir
+from ringtree.ir import Buf, Collective, Program, Ref, Step, copy, inp, out, scr
+from ringtree.schedules.registry import Options, generate, register
+from ringtree.schedules.trees import node_groups
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where one buffer of the inter-node program lives in the rank's own buffers."""
+
+    buf: Buf
+    offset: int = 0
+    scale: int = 1   # outer chunks per inter-node chunk
+
+    def ref(self, r: Ref) -> Ref:
+        return Ref(self.buf, self.offset + r.index * self.scale, r.count * self.scale)
+
+
+def _embed(sub: Program, leaders: list[int], where: dict[Buf, _Place]) -> list[list[Step]]:
+    """The inter-node program's channels with peers and chunk references remapped."""
+    chans = []
+    for ch in sub.channels:
+        steps = []
+        for s in ch:
+            src = where[s.src.buf].ref(s.src) if s.src is not None else None
+            dst = where[s.dst.buf].ref(s.dst) if s.dst is not None else None
+            if not s.recv_from and not s.send_to and src == dst and not s.reduce:
+                continue                           # a copy that aliasing made a no-op
+            steps.append(Step(src=src, dst=dst, reduce=s.reduce,
+                              recv_from=tuple(leaders[p] for p in s.recv_from),
+                              send_to=tuple(leaders[p] for p in s.send_to)))
+        chans.append(steps)
+    return chans
+
+
+def _runs(chunks: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for j in sorted(chunks):
+        if runs and sum(runs[-1]) == j:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((j, 1))
+    return runs
+
+
+def _touched(ch: list[Step] | tuple[Step, ...]) -> list[tuple[int, int]]:
+    """Runs of input/output chunks a channel of a one-block collective touches."""
+    js = {j for s in ch for x in (s.src, s.dst) if x is not None and x.buf is not Buf.SCRATCH
+          for j in x.chunks()}
+    return _runs(list(js))
+
+
+class _Layout:
+    """Nodes, leaders and the position of each rank in its node's chain."""
+
+    def __init__(self, n: int, r: int, opts: Options, root: int | None = None) -> None:
+        inter = str(opts.param("inter", "ring")).lower()
+        if inter == "hierarchical":
+            raise ValueError("hierarchical cannot be its own inter-node algorithm")
+        self.inter = inter
+        self.groups = node_groups(n, opts.nodes)
+        if root is not None:                       # the root leads its node
+            self.groups = [[root] + [q for q in g if q != root] if root in g else g
+                           for g in self.groups]
+        self.leaders = [g[0] for g in self.groups]
+        self.node = next(i for i, g in enumerate(self.groups) if r in g)
+        self.chain = self.groups[self.node]
+        self.pos = self.chain.index(r)
+        self.M = max(len(g) for g in self.groups)
+        self.L = len(self.groups)
+        params = tuple((k, v) for k, v in opts.params if k != "inter")
+        self.sub_params = params
+
+    def sub(self, coll: Collective, channels: int, sub_root: int = 0) -> Program:
+        """The leader of this rank's node's inter-node program."""
+        o = Options(root=sub_root, channels=channels, nodes=tuple(range(self.L)),
+                    params=self.sub_params)
+        return generate(coll, self.inter, self.L, self.node, o)
+
+    def chain_down(self, ref_at: Ref) -> Step | None:
+        """One step of a pipelined chain broadcast leader → … → last, of ``ref_at``."""
+        c, i = self.chain, self.pos
+        if len(c) == 1:
+            return None
+        if i == 0:
+            return ir.send(c[1], ref_at)
+        if i == len(c) - 1:
+            return ir.recv(c[i - 1], ref_at)
+        return ir.recv_copy_send(c[i - 1], c[i + 1], ref_at)
+
+    def chain_up(self, src: Ref, dst: Ref) -> Step | None:
+        """One step of a pipelined chain reduce last → … → leader; the leader stores in dst."""
+        c, i = self.chain, self.pos
+        if len(c) == 1:
+            return copy(src, dst) if src != dst else None
+        if i == 0:
+            return ir.recv_reduce_copy(c[1], src, dst)
+        if i == len(c) - 1:
+            return ir.send(c[i - 1], src)
+        return ir.recv_reduce_send(c[i + 1], c[i - 1], src)
+
+    def slot(self, q: int) -> int:
+        """Position of rank q's block in the superblock layout (node-major, M per node)."""
+        for node, g in enumerate(self.groups):
+            if q in g:
+                return node * self.M + g.index(q)
+        raise ValueError(q)
+
+    def identity(self, n: int) -> bool:
+        return self.L * self.M == n and all(self.slot(q) == q for q in range(n))
+
+
+def _program(coll: Collective, n: int, r: int, chunks: int, chans: list[list[Step]],
+             lay: _Layout, root: int = 0, scratch: int = 0) -> Program:
+    return Program(coll, "hierarchical", n, r, chunks, tuple(tuple(c) for c in chans),
+                   root=root, scratch=scratch, meta={"inter": lay.inter})
+
+
+@register(Collective.ALL_REDUCE, "hierarchical")
+def all_reduce(n: int, r: int, opts: Options) -> Program:
+    """Chain-reduce to the leader, inter-node all-reduce, chain-broadcast."""
+    lay = _Layout(n, r, opts)
+    sub = lay.sub(Collective.ALL_REDUCE, opts.channels)
+    C, alone, leader = sub.chunks, len(lay.chain) == 1, lay.pos == 0
+    scratch, stage = sub.scratch, Buf.OUTPUT
+    if alone:
+        stage = Buf.INPUT
+    elif not sub.in_place_ok:                      # stage the node's sum in scratch
+        stage, scratch = Buf.SCRATCH, -(-sub.scratch // C) * C + C
+    stage_off = scratch - C if stage is Buf.SCRATCH else 0
+    where = {Buf.INPUT: _Place(stage, stage_off), Buf.OUTPUT: _Place(Buf.OUTPUT),
+             Buf.SCRATCH: _Place(Buf.SCRATCH)}
+    inter = _embed(sub, lay.leaders, where) if leader else [[] for _ in sub.channels]
+    chans = []
+    for ch, steps in zip(sub.channels, inter):
+        runs = _touched(ch)
+        up = [lay.chain_up(inp(a, c), Ref(stage, stage_off + a, c)) for a, c in runs]
+        down = [lay.chain_down(out(a, c)) for a, c in runs]
+        chans.append([s for s in up if s is not None] + steps + [s for s in down if s is not None])
+    return _program(Collective.ALL_REDUCE, n, r, C, chans, lay, scratch=scratch)
+
+
+@register(Collective.BROADCAST, "hierarchical")
+def broadcast(n: int, r: int, opts: Options) -> Program:
+    """Inter-node broadcast among leaders (the root leads its node), then chains."""
+    lay = _Layout(n, r, opts, root=opts.root)
+    root_node = next(i for i, g in enumerate(lay.groups) if opts.root in g)
+    sub = lay.sub(Collective.BROADCAST, opts.channels, root_node)
+    where = {b: _Place(b) for b in Buf}
+    inter = _embed(sub, lay.leaders, where) if lay.pos == 0 else [[] for _ in sub.channels]
+    chans = []
+    for ch, steps in zip(sub.channels, inter):
+        down = [lay.chain_down(out(a, c)) for a, c in _touched(ch)]
+        chans.append(steps + [s for s in down if s is not None])
+    return _program(Collective.BROADCAST, n, r, sub.chunks, chans, lay, root=opts.root,
+                    scratch=sub.scratch)
+
+
+def _one_chunk_sub(lay: _Layout, coll: Collective) -> Program:
+    sub = lay.sub(coll, 1)
+    if sub.chunks != 1:
+        raise ValueError(f"hierarchical {coll.value} needs a one-chunk inter-node algorithm; "
+                         f"{lay.inter!r} uses {sub.chunks} chunks per block")
+    return sub
+
+
+@register(Collective.ALL_GATHER, "hierarchical")
+def all_gather(n: int, r: int, opts: Options) -> Program:
+    """Gather to the leader, inter-node all-gather of superblocks, chain-broadcast."""
+    lay = _Layout(n, r, opts)
+    if lay.M == 1:                                 # one rank per node: the flat algorithm
+        sub = _one_chunk_sub(lay, Collective.ALL_GATHER)
+        chans = _embed(sub, lay.leaders, {b: _Place(b) for b in Buf})
+        return _program(Collective.ALL_GATHER, n, r, 1, chans, lay, scratch=sub.scratch)
+    sub = _one_chunk_sub(lay, Collective.ALL_GATHER)
+    M, L, leader = lay.M, lay.L, lay.pos == 0
+    steps: list[Step] = []
+    scratch = 0
+    if not leader:
+        steps.append(ir.send(lay.chain[0], inp(0)))
+    else:
+        direct = lay.identity(n) and sub.in_place_ok
+        if direct:   # superblocks are the output itself
+            blocks, stage, scratch = _Place(Buf.OUTPUT, 0, M), lay.node * M, 0
+            where = {Buf.INPUT: _Place(Buf.OUTPUT, stage, M), Buf.OUTPUT: blocks,
+                     Buf.SCRATCH: _Place(Buf.SCRATCH, 0, M)}
+            home = Buf.OUTPUT
+        else:        # superblocks in scratch [0, LM), own staged at [LM, LM+M)
+            stage, scratch = L * M, L * M + M + sub.scratch * M
+            where = {Buf.INPUT: _Place(Buf.SCRATCH, stage, M),
+                     Buf.OUTPUT: _Place(Buf.SCRATCH, 0, M),
+                     Buf.SCRATCH: _Place(Buf.SCRATCH, L * M + M, M)}
+            home = Buf.SCRATCH
+        steps.append(copy(inp(0), Ref(home, stage)))
+        steps += [ir.recv(q, Ref(home, stage + i)) for i, q in enumerate(lay.chain) if i]
+        steps += [copy(inp(0), Ref(home, stage + i)) for i in range(len(lay.chain), M)]
+        steps += _embed(sub, lay.leaders, where)[0]
+        if not direct:
+            pairs = [(q, lay.slot(q)) for q in range(n)]
+            i = 0
+            while i < n:                           # unpack runs of consecutive slots
+                j = i + 1
+                while j < n and pairs[j][1] == pairs[i][1] + (j - i):
+                    j += 1
+                steps.append(copy(scr(pairs[i][1], j - i), out(i, j - i)))
+                i = j
+    down = lay.chain_down(out(0, n))
+    if down is not None:
+        steps.append(down)
+    return _program(Collective.ALL_GATHER, n, r, 1, [steps], lay, scratch=scratch)
+
+
+@register(Collective.REDUCE_SCATTER, "hierarchical")
+def reduce_scatter(n: int, r: int, opts: Options) -> Program:
+    """Chain-reduce the input to the leader, inter-node reduce-scatter of superblocks,
+    scatter the node's blocks from the leader."""
+    lay = _Layout(n, r, opts)
+    sub = _one_chunk_sub(lay, Collective.REDUCE_SCATTER)
+    if lay.M == 1:
+        chans = _embed(sub, lay.leaders, {b: _Place(b) for b in Buf})
+        return _program(Collective.REDUCE_SCATTER, n, r, 1, chans, lay, scratch=sub.scratch)
+    M, L, leader = lay.M, lay.L, lay.pos == 0
+    res = L * M                                    # scratch: [0, LM) superblocks, then result
+    scratch = res + M + sub.scratch * M
+    steps: list[Step] = []
+    slots = sorted((lay.slot(q), q) for q in range(n))
+    i = 0
+    while i < n:                                   # chain-reduce runs of consecutive ranks
+        j = i + 1
+        while j < n and slots[j] == (slots[i][0] + j - i, slots[i][1] + j - i):
+            j += 1
+        s = lay.chain_up(inp(slots[i][1], j - i), scr(slots[i][0], j - i))
+        if s is not None:
+            steps.append(s)
+        i = j
+    if leader:
+        used = {sl for sl, _ in slots}
+        steps += [copy(inp(0), scr(sl)) for sl in range(L * M) if sl not in used]  # padding
+        where = {Buf.INPUT: _Place(Buf.SCRATCH, 0, M), Buf.OUTPUT: _Place(Buf.SCRATCH, res, M),
+                 Buf.SCRATCH: _Place(Buf.SCRATCH, res + M, M)}
+        steps += _embed(sub, lay.leaders, where)[0]
+        steps.append(copy(scr(res), out(0)))
+        steps += [ir.send(q, scr(res + i)) for i, q in enumerate(lay.chain) if i]
+    else:
+        steps.append(ir.recv(lay.chain[0], out(0)))
+    return _program(Collective.REDUCE_SCATTER, n, r, 1, [steps], lay,
+                    scratch=scratch if leader else 0)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ringtree import store as store_mod
+from ringtree.store import client as store_client
 from ringtree.store import (
     MAGIC,
     Op,
@@ -453,7 +454,7 @@ def test_client_retries_until_the_server_is_up(monkeypatch):
         attempts.append(1)
         return real_connect(*args, **kwargs)
 
-    monkeypatch.setattr(store_mod.socket, "create_connection", counting_connect)
+    monkeypatch.setattr(store_client.socket, "create_connection", counting_connect)
     result: list[bytes] = []
 
     def client() -> None:
@@ -495,7 +496,7 @@ def test_limits_and_types(connect, monkeypatch):
         c.set("k", 123)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=">= 0"):
         c.get("k", timeout=-1)
-    monkeypatch.setattr(store_mod, "MAX_VALUE_BYTES", 10)
+    monkeypatch.setattr(store_client, "MAX_VALUE_BYTES", 10)
     with pytest.raises(ValueError, match="exceeds the limit of 10"):
         c.set("k", b"x" * 11)
 

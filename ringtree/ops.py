@@ -119,8 +119,12 @@ class Reducer:
         elif self.dtype.is_float:
             np.divide(x, x.dtype.type(nranks), out=x)
         elif np.issubdtype(x.dtype, np.signedinteger):
-            q = np.abs(x) // x.dtype.type(nranks)
-            np.copyto(x, np.where(x < 0, -q, q).astype(x.dtype))
+            # C division truncates toward zero; floor division plus a correction does it
+            # without abs(), which overflows at the most negative value.
+            n = x.dtype.type(nranks)
+            q = np.floor_divide(x, n)
+            q += ((x - q * n) != 0) & (x < 0)
+            np.copyto(x, q)
         else:
             np.floor_divide(x, x.dtype.type(nranks), out=x)
 

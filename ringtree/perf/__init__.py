@@ -1,0 +1,20 @@
+"""``ringtree perf``: nccl-tests for ringtree and its peers (gloo, MPI).
+
+- :mod:`ringtree.perf.cli`      flags, self-launch, and the TimeTest/BenchTime harness
+- :mod:`ringtree.perf.bw`       buffer counts and algbw/busbw of each collective
+- :mod:`ringtree.perf.format`   the preamble, table and footer text; the ``-J`` JSON file
+- :mod:`ringtree.perf.verify`   inputs whose reductions are exact; ``#wrong`` counting
+- :mod:`ringtree.perf.backends` ringtree, torch.distributed gloo and mpi4py behind one API
+- :mod:`ringtree.perf.plot`     busbw/time against size from ``-J`` files (matplotlib)
+"""
+
+from __future__ import annotations
+
+__all__ = ["main"]
+
+
+def main(argv: list[str]) -> int:
+    """``ringtree perf ...`` (see :func:`ringtree.perf.cli.main`)."""
+    from ringtree.perf.cli import main as _main
+
+    return _main(argv)

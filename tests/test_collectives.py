@@ -40,7 +40,7 @@ def _check(failures: list, label: str, got: np.ndarray, want: np.ndarray) -> Non
 
 
 def reduction_cases(comm, coll: str, dtypes: list[str], sizes: list[int], algo=None):
-    n, r = comm.size, comm.rank
+    n = comm.size
     failures: list[str] = []
     for dname in dtypes:
         dt = DType(dname)
@@ -102,7 +102,7 @@ def _one_reduction(comm, coll, dt, op, count, in_place, root, algo, failures, la
 
 
 def movement_cases(comm, coll: str, dtypes: list[str], sizes: list[int], algo=None):
-    n, r = comm.size, comm.rank
+    n = comm.size
     failures: list[str] = []
     for dname in dtypes:
         dt = DType(dname)

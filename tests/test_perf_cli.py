@@ -7,8 +7,8 @@ import io
 import pytest
 
 from ringtree.dtypes import DType
-from ringtree.perf import cli
-from ringtree.perf.cli import Options, UsageError, parse_args, parse_size, sizes
+from ringtree.perf import cli, console, launch
+from ringtree.perf.flags import Options, UsageError, parse_args, parse_size, sizes
 
 
 @pytest.mark.parametrize("text,value", [
@@ -112,7 +112,7 @@ def test_sweeps():
 
 
 def test_strip_nranks():
-    assert cli._strip_nranks(["all_reduce", "--nranks", "4", "-b", "8", "--nranks=2"]) == \
+    assert launch._strip_nranks(["all_reduce", "--nranks", "4", "-b", "8", "--nranks=2"]) == \
         ["all_reduce", "-b", "8"]
 
 
@@ -136,7 +136,7 @@ def test_builtin_progress_bar(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_tqdm)
     out = io.StringIO()
-    bar = cli.Progress(4, "all_reduce_perf", out, delay=0.0)
+    bar = console.Progress(4, "all_reduce_perf", out, delay=0.0)
     bar.update()
     bar.update()
     text = out.getvalue()
@@ -148,11 +148,11 @@ def test_builtin_progress_bar(monkeypatch):
 
 def test_printer_writes_whole_lines_only():
     out = io.StringIO()
-    p = cli.Printer(True, out)
+    p = console.Printer(True, out)
     p.write("  8  2")
     assert out.getvalue() == ""
     p.write("  rest\n")
     assert out.getvalue() == "  8  2  rest\n"
-    quiet = cli.Printer(False, out)
+    quiet = console.Printer(False, out)
     quiet.line("not rank 0")
     assert "not rank 0" not in out.getvalue()

@@ -14,7 +14,8 @@ import pytest
 
 from ringtree.perf import format as fmt
 from ringtree.perf.backends import RingtreeBackend
-from ringtree.perf.cli import Harness, parse_args
+from ringtree.perf.bench import Harness
+from ringtree.perf.flags import parse_args
 from ringtree.testing import RankPool, raise_first
 
 

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ringtree import store as store_mod
-from ringtree.store import client as store_client
 from ringtree.store import (
     MAGIC,
     Op,
@@ -26,6 +25,7 @@ from ringtree.store import (
     _mac,
     _recv_frame,
 )
+from ringtree.store import client as store_client
 
 TOKEN = "s3cret-token"
 

@@ -38,7 +38,10 @@ def _alloc_like(x: object, shape: tuple[int, ...], dt: DType):
 
 
 def _shape(x: object) -> tuple[int, ...]:
-    return tuple(getattr(x, "shape", (len(memoryview(x).cast("B")),)))  # type: ignore[arg-type]
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        shape = memoryview(x).shape  # type: ignore[arg-type]
+    return tuple(shape)
 
 
 class CollectivesMixin:

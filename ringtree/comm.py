@@ -128,6 +128,10 @@ class CommCore:
         self.fabric = build_fabric(self, listener)
         self.executor = Executor(rank, self.fabric, on_idle=self._check_abort,
                                  slice_bytes=self.slice_bytes)
+        self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
+        from ringtree.prof import attach
+
+        attach(self)  # flight recorder, SIGUSR1 dump, doctor watcher, RINGTREE_PROFILE
 
     # ---- issuing ----------------------------------------------------------------------
 
@@ -164,6 +168,8 @@ class CommCore:
     def _issue(self, call: Call, async_op: bool, result: object, timeout: float | None):
         """Run now, queue for the worker, or add to the open group."""
         self._check_usable()
+        if self.flight is not None:
+            self.flight.scheduled(call)
         if self.debug in ("INFO", "TRACE") and call.desc.seq <= 10:
             print(f"ringtree rank {self.rank}: {call.desc}", flush=True)
         if self._group is not None:
@@ -185,10 +191,22 @@ class CommCore:
 
     def _execute(self, calls: list[Call], timeout: float) -> None:
         self._check_usable()
+        fr = self.flight
+        if fr is not None:
+            fr.started(calls)
         try:
             self.executor.run(calls, timeout)
         except (PeerError, MismatchError, CollectiveTimeout, CommAborted) as e:
-            raise self._fail(e) from None
+            err = self._fail(e)  # the doctor in _fail still sees these calls as started
+            if fr is not None:
+                fr.finished(calls, err)
+            raise err from None
+        except BaseException as e:
+            if fr is not None:
+                fr.finished(calls, e)
+            raise
+        if fr is not None:
+            fr.finished(calls)
 
     # ---- async work -------------------------------------------------------------------
 
@@ -306,6 +324,11 @@ class CommCore:
             err = PeerError(e.peer, reason)
         else:
             err = e
+        if isinstance(err, (CollectiveTimeout, PeerError)):  # ask every rank; name the culprit
+            from ringtree.prof.watch import with_diagnosis
+
+            err = with_diagnosis(self, err)
+            reason = str(err)
         try:
             self.store.compare_set(self._abort_key(), None, reason.encode())
         except Exception:  # noqa: BLE001
@@ -313,6 +336,14 @@ class CommCore:
         self._broken = err
         self.fabric.close()
         return err
+
+    def monitored_barrier(self, timeout: float | None = None,
+                          wait_all_ranks: bool = True) -> None:
+        """Barrier through the store that names the ranks that did not arrive
+        (``torch.distributed.monitored_barrier``); see :mod:`ringtree.prof.watch`."""
+        from ringtree.prof.watch import monitored_barrier
+
+        monitored_barrier(self, timeout, wait_all_ranks)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -360,6 +391,9 @@ class CommCore:
             pass
         self._broken = self._broken or CommAborted(f"rank {self.rank} aborted")
         self.fabric.close()
+        from ringtree.prof import detach
+
+        detach(self)
         self._closed = True
         self._stop_worker()
 
@@ -370,6 +404,9 @@ class CommCore:
         try:
             self._drain()
         finally:
+            from ringtree.prof import detach
+
+            detach(self)  # last status for the doctor; RINGTREE_PROFILE files
             self._closed = True
             self._stop_worker()
             self.fabric.close()

@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ringtree.errors import CollectiveTimeout, MismatchError, PeerError
 from ringtree.dtypes import DType
+from ringtree.errors import CollectiveTimeout, MismatchError, PeerError
 from ringtree.ir import Buf, Collective, Program, Step, split_even
-from ringtree.ops import Reducer, ReduceOp
+from ringtree.ops import ReduceOp, Reducer
+from ringtree.prof.recorder import Ev, prim_code
+from ringtree.prof.recorder import now as ns_now
 from ringtree.transports.base import HeaderMismatch, Request
 
 HEADER = struct.Struct("<QQIIBBBBi")  # nbytes, count, seq, algo crc, coll, dtype, op, flags, root
@@ -97,6 +99,7 @@ class Call:
     channel_base: int = 0
     post: Callable[[], None] | None = None
     prefix: bytes = field(init=False)
+    fr: list | None = field(default=None, repr=False)  # its flight-recorder entry
 
     def __post_init__(self) -> None:
         self.prefix = self.desc.prefix()
@@ -195,6 +198,8 @@ class Executor:
         self.slice_bytes = slice_bytes
         self.pool = BufferPool()
         self.waiting: list[tuple[CStep, Call, Request]] = []
+        self.rec = None      # ringtree.prof.recorder.Recorder while profiling
+        self.blocked: list | None = None  # active steps as of the last wait (for the doctor)
 
     # ---- one step --------------------------------------------------------------------
 
@@ -209,12 +214,31 @@ class Executor:
         proto = src if src is not None else dst
         assert proto is not None
         itemsize = proto.itemsize
+        rec = self.rec
+        if rec is not None:  # profiling: the step's start, message indices of its receives
+            t_step, seq, gid, prim = ns_now(), call.desc.seq, cs.gid, prim_code(s)
+            rbase = rec.claim_recvs(s.recv_from, ch, seq, len(cs.slices))
         staged: list[np.ndarray] = []
         tmps: list[np.ndarray] = []
         recvs: list[list[Request]] = []
+        acc = None
         if s.recv_from:
             direct = not s.reduce and dst is not None
+            # Zero-copy (shm): reduce straight out of the peer's slot, then release it.
+            # Only for single-receive steps, so holding a slot never waits on another peer.
+            can_view = getattr(fabric, "can_view", None) \
+                if s.reduce and len(s.recv_from) == 1 else None
             for peer in s.recv_from:
+                if can_view is not None and can_view(peer, max(ln for _, ln in cs.slices)
+                                                     * itemsize):
+                    staged.append(None)  # type: ignore[arg-type]
+                    recvs.append([fabric.irecv_view(peer, ch, self._header(call, ln * itemsize),
+                                                    ln * itemsize) for _, ln in cs.slices])
+                    if dst is None:  # the value must outlive the slot: keep it here
+                        raw = self.pool.get(cs.length * itemsize)
+                        tmps.append(raw)
+                        acc = raw[:cs.length * itemsize].view(proto.dtype)
+                    continue
                 if direct:
                     target = dst
                 else:
@@ -230,23 +254,37 @@ class Executor:
         sends: list[Request] = []
         try:
             for k, (off, ln) in enumerate(cs.slices):
-                for reqs in recvs:
+                for j, reqs in enumerate(recvs):
                     req = reqs[k]
+                    if rec is not None:
+                        t_wait = ns_now()
                     while not req.done:
                         yield req
                     if req.error is not None:
                         raise req.error
+                    if rec is not None:
+                        rec.span(Ev.RECV_WAIT, t_wait, ch, req.peer, seq, gid, prim,
+                                 ln * itemsize, rbase[j] + k)
                 sl = slice(off, off + ln)
                 if s.reduce:
                     assert red is not None
-                    parts = ([src[sl]] if src is not None else []) + [t[sl] for t in staged]
+                    if rec is not None:
+                        t_red = ns_now()
+                    got = [t[sl] if t is not None else rq[k].buf.view(proto.dtype)
+                           for t, rq in zip(staged, recvs)]
+                    parts = ([src[sl]] if src is not None else []) + got
                     if not s.recv_from:  # local reduce: dst = dst ⊕ src
                         parts = [dst[sl], src[sl]]  # type: ignore[index]
-                    target = dst[sl] if dst is not None else staged[0][sl]
+                    target = dst[sl] if dst is not None else \
+                        acc[sl] if acc is not None else got[0]
                     red.combine(target, parts[0], parts[1])
                     for extra in parts[2:]:
                         red.combine(target, target, extra)
                     value = target
+                    if rec is not None:
+                        rec.span(Ev.REDUCE, t_red, ch, -1, seq, gid, prim, ln * itemsize, 0)
+                    if staged and staged[0] is None:
+                        fabric.release(recvs[0][k])
                 elif s.recv_from:
                     value = dst[sl] if dst is not None else staged[0][sl]  # type: ignore[index]
                 else:
@@ -257,13 +295,27 @@ class Executor:
                     raw = value.view(np.uint8)
                     hdr = self._header(call, raw.nbytes)
                     for peer in s.send_to:
+                        if rec is not None:
+                            rec.send(ch, peer, seq, gid, prim, raw.nbytes)
                         sends.append(fabric.isend(peer, ch, hdr, raw))
+            if rec is not None:
+                t_wait = ns_now() if sends and not sends[-1].done else 0
             for req in sends:
                 while not req.done:
                     yield req
                 if req.error is not None:
                     raise req.error
+            if rec is not None:
+                speer = s.send_to[0] if s.send_to else -1
+                if t_wait:
+                    rec.span(Ev.SEND_WAIT, t_wait, ch, speer, seq, gid, prim, 0, 0)
+                rec.span(Ev.STEP, t_step, ch, s.recv_from[0] if s.recv_from else -1, seq, gid,
+                         prim, cs.length * itemsize, speer)
         finally:
+            if staged and staged[0] is None:  # views not given back (after an error)
+                for req in recvs[0]:
+                    if req.done and req.error is None:
+                        fabric.release(req)
             for t in tmps:
                 self.pool.put(t)
 
@@ -291,6 +343,11 @@ class Executor:
         deadline = time.monotonic() + timeout
         next_idle = time.monotonic() + 1.0
         fabric = self.fabric
+        self.blocked = None
+        rec = self.rec
+        if rec is not None:
+            rec.run_begin(calls)
+            base_ch, seq0 = calls[0].channel_base, calls[0].desc.seq
         while remaining:
             moved = False
             for chid, items in chans.items():
@@ -318,6 +375,7 @@ class Executor:
                 except HeaderMismatch as e:
                     raise MismatchError(_describe_mismatch(self.rank, e, call)) from None
                 except PeerError as e:
+                    self.blocked = active  # for the doctor: what every step waited on
                     raise PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}") from None
                 moved = True
             active = still
@@ -327,15 +385,23 @@ class Executor:
                 continue
             now = time.monotonic()
             if now > deadline:
+                self.blocked = active
                 raise CollectiveTimeout(_describe_timeout(self.rank, active, timeout))
             if self.on_idle is not None and now > next_idle:
                 self.on_idle()
                 next_idle = now + 1.0
+            self.blocked = active  # what the flight recorder reports as "current step"
+            if rec is not None:
+                t_idle = ns_now()
             fabric.wait(min(0.25, max(0.0, deadline - now)))
+            if rec is not None:
+                rec.span(Ev.IDLE, t_idle, base_ch, -1, seq0, -1, 0, 0, 0)
             fabric.poll()
         for call in calls:
             if call.post is not None:
                 call.post()
+        if rec is not None:
+            rec.run_end(calls)
 
 
 def _describe_timeout(rank: int, active, timeout: float) -> str:

@@ -1,0 +1,257 @@
+"""The flight recorder: the last N operations of every communicator, always on.
+
+Modelled on torch's flight recorder (``TORCH_FR_BUFFER_SIZE``; entries with
+``collective_seq_id``, ``profiling_name``, sizes, dtypes, ``state`` scheduled → started →
+completed and their timestamps), so the mental model carries over. Costs about a
+microsecond per operation: one small list per call in a ring, three timestamps.
+
+What a rank is doing *right now* comes from three places, read only when someone asks:
+the ring (last enqueued / started / completed sequence numbers), the executor's list of
+requests it is blocked on (refreshed once a second while it waits: which step of which
+channel, waiting to receive from or send to which peer, how many bytes have moved), and
+the main thread's Python stack (a rank that never called the collective is somewhere
+else: that place is named).
+
+Dumps (one JSON file per process, ``fr_rank<R>.json``) are written on timeout, on
+``SIGUSR1``, when another rank's doctor asks for them, or on demand
+(:func:`ringtree.prof.dump_flight_recorder`). ``ringtree doctor DIR`` reads them.
+
+Environment: ``RINGTREE_FR_BUFFER_SIZE`` (entries per communicator, default 1024, 0 turns
+the recorder off), ``RINGTREE_FR_DUMP_DIR`` (default: ``RINGTREE_PROFILE`` if set, else
+``$TMPDIR/ringtree-fr-<job>``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import weakref
+
+DEFAULT_SIZE = 1024
+VERSION = 1
+STATES = ("scheduled", "started", "completed", "failed")
+
+# Every live communicator of this process (for process-wide dumps and the watcher).
+COMMS: weakref.WeakSet = weakref.WeakSet()
+
+_dump_lock = threading.RLock()  # re-entrant: SIGUSR1 may land inside a dump
+_PROF_DIR = os.path.dirname(os.path.abspath(__file__))
+_PKG_DIR = os.path.dirname(_PROF_DIR)
+
+
+class FlightRecorder:
+    """Ring of ``[desc, state, created_ns, started_ns, completed_ns, error, peer]``."""
+
+    def __init__(self, size: int = DEFAULT_SIZE):
+        self.size = max(1, int(size))
+        self.ring: list[list | None] = [None] * self.size
+        self.count = 0
+        self.last_enqueued = 0
+        self.last_started = 0
+        self.last_completed = 0
+
+    # ---- hooks (CommCore._issue / _execute) ----------------------------------------------
+
+    def scheduled(self, call) -> list:
+        d = call.desc
+        peer = -1
+        if d.algo == "p2p":
+            st = call.steps[0][0].step
+            peer = (st.send_to or st.recv_from)[0]
+        else:
+            self.last_enqueued = d.seq
+        e = [d, 0, time.time_ns(), 0, 0, None, peer]
+        self.ring[self.count % self.size] = e
+        self.count += 1
+        call.fr = e
+        return e
+
+    def started(self, calls) -> None:
+        t = time.time_ns()
+        for call in calls:
+            e = call.fr if call.fr is not None else self.scheduled(call)
+            e[1] = 1
+            e[3] = t
+            if e[6] < 0:
+                self.last_started = max(self.last_started, e[0].seq)
+
+    def finished(self, calls, error: BaseException | None = None) -> None:
+        t = time.time_ns()
+        for call in calls:
+            e = call.fr
+            if e is None:
+                continue
+            if error is None:
+                e[1] = 2
+                e[4] = t
+                if e[6] < 0:
+                    self.last_completed = max(self.last_completed, e[0].seq)
+            else:
+                e[1] = 3
+                e[5] = f"{type(error).__name__}: {error}".split("\n")[0][:300]
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def entries(self, last: int | None = None) -> list[dict]:
+        n = min(self.count, self.size)
+        if last is not None:
+            n = min(n, last)
+        out = []
+        for i in range(self.count - n, self.count):
+            e = self.ring[i % self.size]
+            if e is not None:
+                out.append(entry_dict(e, i))
+        return out
+
+    def current(self) -> list | None:
+        """The operation a hang is in: the oldest one started and not finished, else the
+        newest one if it failed (the communicator broke inside it)."""
+        n = min(self.count, self.size)
+        for i in range(self.count - n, self.count):
+            e = self.ring[i % self.size]
+            if e is not None and e[1] == 1:
+                return e
+        last = self.ring[(self.count - 1) % self.size] if self.count else None
+        return last if last is not None and last[1] == 3 else None
+
+
+def entry_dict(e: list, record_id: int) -> dict:
+    d = e[0]
+    p2p = e[6] >= 0
+    return {
+        "record_id": record_id,
+        "collective_seq_id": 0 if p2p else d.seq,
+        "p2p_seq_id": d.seq if p2p else 0,
+        "profiling_name": f"ringtree:{d.name}",
+        "name": d.name, "algo": d.algo, "count": d.count, "dtype": d.dtype, "op": d.op,
+        "root": d.root, "peer": e[6] if p2p else None, "is_p2p": p2p,
+        "state": STATES[e[1]],
+        "time_created_ns": e[2], "time_discovered_started_ns": e[3],
+        "time_discovered_completed_ns": e[4], "error": e[5],
+    }
+
+
+# ---- a rank's status (what the doctor gathers) ------------------------------------------
+
+def where_main_thread() -> str:
+    """``file:line in func`` of the main thread's innermost frame outside ringtree (and
+    the innermost ringtree frame, profiler frames aside, if it is inside ringtree)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    inner = None
+    while frame is not None:
+        fn = os.path.abspath(frame.f_code.co_filename)
+        here = f"{os.path.basename(fn)}:{frame.f_lineno} in {frame.f_code.co_name}"
+        if not fn.startswith(_PKG_DIR):
+            return f"{here} (inside ringtree: {inner})" if inner else here
+        if inner is None and not fn.startswith(_PROF_DIR):
+            inner = here
+        frame = frame.f_back
+    return inner or "unknown"
+
+
+def _waiting(comm, cur: list | None) -> list[dict]:
+    blocked = getattr(comm.executor, "blocked", None)
+    if cur is None or not blocked:
+        return []
+    out = []
+    for _gen, req, _gid, cs, call in sorted(list(blocked), key=lambda a: a[2]):
+        if call.desc is not cur[0] or req is None or (req.done and req.error is None):
+            continue
+        nbytes = int.from_bytes(bytes(req.header[:8]), "little")  # header: payload size
+        out.append({
+            "error": str(req.error).split("\n")[0][:200] if req.error is not None else None,
+            "seq": call.desc.seq, "name": call.desc.name,
+            "channel": call.channel_base + cs.channel, "step": cs.gid,
+            "nsteps": sum(len(c) for c in call.steps), "prim": cs.step.name,
+            "peer": req.peer, "op": "send" if req.is_send else "recv",
+            "bytes_done": max(0, min(req.pos, nbytes)), "bytes": nbytes,
+        })
+    return out
+
+
+def status(comm, entries: int | None = 8, closed: bool = False) -> dict:
+    """What this rank of ``comm`` is doing, as a JSON-able dict."""
+    fr: FlightRecorder | None = getattr(comm, "flight", None)
+    cur = fr.current() if fr is not None else None
+    broken = getattr(comm, "_broken", None)
+    state = "closed" if closed else "broken" if broken is not None else \
+        "in_operation" if cur is not None else "idle"
+    return {
+        "version": VERSION,
+        "rank": comm.rank, "size": comm.size, "comm": comm.prefix,
+        "world_rank": comm.world_ranks[comm.rank], "host": socket.gethostname(),
+        "pid": os.getpid(), "time_ns": time.time_ns(), "state": state,
+        "last_enqueued": fr.last_enqueued if fr else None,
+        "last_started": fr.last_started if fr else None,
+        "last_completed": fr.last_completed if fr else None,
+        "current": entry_dict(cur, -1) if cur is not None else None,
+        "waiting": _waiting(comm, cur),
+        "where": where_main_thread(),
+        "error": str(broken).split("\n")[0][:300] if broken is not None else None,
+        "timeout_s": comm.timeout,
+        "entries": fr.entries(entries) if fr is not None else [],
+    }
+
+
+# ---- dumps -----------------------------------------------------------------------------
+
+def job_id(comm) -> str:
+    return hashlib.sha256(comm.secret).hexdigest()[:8]
+
+
+def dump_dir(comm=None) -> str:
+    d = os.environ.get("RINGTREE_FR_DUMP_DIR") or os.environ.get("RINGTREE_PROFILE")
+    if d:
+        return d
+    comm = comm if comm is not None else next(iter(list(COMMS)), None)
+    job = job_id(comm) if comm is not None else str(os.getpid())
+    return os.path.join(tempfile.gettempdir(), f"ringtree-fr-{job}")
+
+
+def dump(directory: str | None = None, reason: str = "on demand", comms=None) -> str | None:
+    """Write ``fr_rank<R>.json`` (every live communicator of this process); its path."""
+    comms = [c for c in (comms if comms is not None else list(COMMS))]
+    if not comms:
+        return None
+    directory = directory or dump_dir(comms[0])
+    os.makedirs(directory, exist_ok=True)
+    world = min(comms, key=lambda c: len(c.prefix))
+    wr = world.world_ranks[world.rank]
+    doc = {"version": VERSION, "world_rank": wr, "pid": os.getpid(),
+           "host": socket.gethostname(), "reason": reason, "time_ns": time.time_ns(),
+           "comms": [status(c, entries=None) for c in comms]}
+    path = os.path.join(directory, f"fr_rank{wr}.json")
+    with _dump_lock:  # the watcher thread and the main thread may dump at once
+        fd, tmp = tempfile.mkstemp(prefix=f".fr_rank{wr}.", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        os.replace(tmp, path)
+    return path
+
+
+def _on_sigusr1(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    try:
+        path = dump(reason="SIGUSR1")
+        print(f"ringtree: flight recorder written to {path}", file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001 - never kill the process from a handler
+        print(f"ringtree: flight recorder dump failed: {e}", file=sys.stderr, flush=True)
+
+
+def install_sigusr1() -> bool:
+    """Dump on SIGUSR1, unless the program handles that signal itself (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None, _on_sigusr1):
+            return False
+        signal.signal(signal.SIGUSR1, _on_sigusr1)
+        return True
+    except (ValueError, OSError, AttributeError):
+        return False

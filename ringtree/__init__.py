@@ -19,14 +19,15 @@ from ringtree.errors import (
     RingtreeError,
 )
 from ringtree.ops import PremulSum, ReduceOp, UserOp, premul_sum
+from ringtree.prof import dump_flight_recorder, profile
 from ringtree.work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CollectiveTimeout", "CommAborted", "Communicator", "DType", "MismatchError", "PeerError",
-    "PremulSum", "ReduceOp", "RingtreeError", "UserOp", "Work", "init", "premul_sum",
-    "world",
+    "PremulSum", "ReduceOp", "RingtreeError", "UserOp", "Work", "dump_flight_recorder", "init",
+    "premul_sum", "profile", "world",
 ]
 
 

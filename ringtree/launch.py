@@ -349,6 +349,11 @@ class _Job:
 
             while self.pending_signals:
                 sig = self.pending_signals.pop(0)
+                if sig == signal.SIGUSR1:  # "dump your flight recorders": pass it on
+                    for r in alive:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(r.proc.pid, sig)
+                    continue
                 if got_signal is None and failure is None and timed_out is None:
                     got_signal = sig
                     with self.out_lock:
@@ -419,7 +424,7 @@ class _Job:
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[int | None]:
-        """Route SIGINT/SIGTERM to ``pending_signals`` and make SIGCHLD wake ``_sleep``."""
+        """Route SIGINT/SIGTERM/SIGUSR1 to ``pending_signals``; SIGCHLD wakes ``_sleep``."""
         if threading.current_thread() is not threading.main_thread():
             yield None
             return
@@ -427,9 +432,9 @@ class _Job:
         os.set_blocking(r, False)
         os.set_blocking(w, False)
         old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        old = {s: signal.getsignal(s) for s in (*_FORWARDED, signal.SIGCHLD)}
+        old = {s: signal.getsignal(s) for s in (*_FORWARDED, signal.SIGUSR1, signal.SIGCHLD)}
         try:
-            for s in _FORWARDED:
+            for s in (*_FORWARDED, signal.SIGUSR1):
                 signal.signal(s, lambda signum, _frame: self.pending_signals.append(signum))
             signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
             yield r

@@ -323,3 +323,31 @@ def test_main_in_process_restores_signal_handlers():
     assert main(["-n", "1", "--", sys.executable, "-c", "raise SystemExit(5)"]) == 5
     after = {s: signal.getsignal(s) for s in before}
     assert after == before
+
+
+USR1_SCRIPT = """
+import os, time, ringtree
+comm = ringtree.init()
+comm.barrier()
+os.write(1, b"READY\\n")
+path = os.path.join(os.environ["RINGTREE_FR_DUMP_DIR"], f"fr_rank{comm.rank}.json")
+deadline = time.time() + 30
+while time.time() < deadline and not os.path.exists(path):
+    time.sleep(0.05)
+comm.close()
+"""
+
+
+def test_sigusr1_is_forwarded_so_every_rank_dumps_its_flight_recorder(tmp_path):
+    env = dict(os.environ, RINGTREE_FR_DUMP_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "ringtree.cli", "run", "-n", "2", "--",
+                             sys.executable, "-c", USR1_SCRIPT], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ready = 0
+    while ready < 2:
+        line = proc.stdout.readline()
+        assert line, "ranks exited before becoming ready"
+        ready += line.strip() == b"READY"
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=60) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fr_rank0.json", "fr_rank1.json"]

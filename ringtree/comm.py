@@ -32,7 +32,7 @@ from ringtree.executor import (
 from ringtree.ir import Collective, Program
 from ringtree.schedules import Options, generate
 from ringtree.transports.tcp import make_listener
-from ringtree.tuner import choose, parse_algo_spec
+from ringtree.tuner import MODELS, choose, parse_algo_spec
 from ringtree.work import Work
 
 P2P_CHANNEL_BASE = 64
@@ -98,6 +98,7 @@ class CommCore:
         self._broken: BaseException | None = None
         self._closed = False
         self._plans: dict = {}
+        self._choices: dict = {}
         self._group: list[tuple[Call, Work | None, object]] | None = None
         self._group_depth = 0
         self._exec_lock = threading.RLock()
@@ -138,7 +139,23 @@ class CommCore:
     def _choose_algo(self, coll: Collective, nbytes: int, algo: str | None) -> str:
         if algo is not None:
             return algo.lower()
-        return choose(coll, nbytes, self.size, self.algo_enabled.get(coll))
+        key = (coll, nbytes)
+        cached = self._choices.get(key)
+        if cached is None:
+            opts = Options(channels=self.nchannels, nodes=self.nodes)
+            cached = choose(coll, nbytes, self.size, self.algo_enabled.get(coll),
+                            MODELS[self._link_kind()], opts)
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            self._choices[key] = cached
+        return cached
+
+    def _link_kind(self) -> str:
+        """The cost model every rank agrees on: shm when the whole job is on one host
+        (and shm is not disabled), else tcp."""
+        same_host = len(set(self.nodes)) == 1
+        return "shm" if same_host and os.environ.get("RINGTREE_TRANSPORT", "auto").strip()\
+            .lower() in ("", "auto", "shm") else "tcp"
 
     def _program(self, coll: Collective, algo: str, root: int) -> Program:
         opts = Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 
 from ringtree.ir import Collective, parse_collective
-from ringtree.schedules import algorithms
+from ringtree.schedules import Options, algorithms
+from ringtree.schedules.stats import schedule_stats
 
 # The default algorithm of each collective, used when the cost model has no opinion.
 DEFAULTS: dict[Collective, str] = {
@@ -62,40 +63,52 @@ def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:
 
 @dataclass(frozen=True)
 class LinkModel:
-    """α (s per message), β (s per byte), γ (s per byte reduced): defaults for loopback TCP
-    between Python processes on one host, measured with ``ringtree perf``."""
+    """LogP/α-β-γ coefficients of one transport (seconds, seconds per byte).
 
-    alpha: float = 40e-6
-    beta: float = 1 / 1.5e9
-    gamma: float = 1 / 4e9
+    ``alpha``: latency of one dependent step; ``overhead``: CPU cost of posting and
+    completing one message (large in Python: this is what makes log-step algorithms win
+    small sizes); ``beta``: per byte a rank sends; ``gamma``: per byte a rank reduces.
+    The defaults were fitted to ``ringtree perf`` on a 2-core host (``docs/tuning.md``).
+    """
+
+    alpha: float
+    overhead: float
+    beta: float
+    gamma: float
+
+
+MODELS = {
+    "tcp": LinkModel(alpha=40e-6, overhead=25e-6, beta=1 / 1.5e9, gamma=1 / 3e9),
+    "shm": LinkModel(alpha=8e-6, overhead=12e-6, beta=1 / 4e9, gamma=1 / 3e9),
+}
 
 
 def estimate(coll: Collective, algo: str, nbytes: int, n: int,
-             m: LinkModel = LinkModel()) -> float:
-    """Predicted seconds for ``algo`` (Thakur, Rabenseifner & Gropp 2005 formulas)."""
+             model: LinkModel = MODELS["tcp"], opts: Options | None = None) -> float:
+    """Predicted seconds for ``algo`` on ``nbytes`` per block: α·depth + o·messages +
+    β·sent + γ·reduced, with depth, messages and volumes read off the schedule itself
+    (:mod:`ringtree.schedules.stats`). Infinite for what the executor cannot run."""
     if n == 1:
         return 0.0
-    lg = math.ceil(math.log2(n))
-    a, b, g = m.alpha, m.beta, m.gamma
-    frac = (n - 1) / n
-    if coll is Collective.ALL_REDUCE:
-        return {
-            "ring": 2 * (n - 1) * a + 2 * frac * nbytes * b + frac * nbytes * g,
-            "recursive_doubling": lg * (a + nbytes * b + nbytes * g),
-            "rabenseifner": 2 * lg * a + 2 * frac * nbytes * b + frac * nbytes * g,
-            "direct": 2 * a + (n - 1) * nbytes * b + (n - 1) * nbytes * g,
-            "tree": 2 * lg * a + 2 * nbytes * b + nbytes * g,
-        }.get(algo, math.inf)
-    return math.inf
+    try:
+        st = schedule_stats(coll, algo, n, opts)
+    except ValueError:
+        return math.inf
+    m = model
+    return (m.alpha * st.depth + m.overhead * st.messages + m.beta * st.send * nbytes
+            + m.gamma * st.reduce * nbytes)
 
 
-def choose(coll: Collective, nbytes: int, n: int, enabled: set[str] | None) -> str:
-    """The algorithm to run: the cheapest enabled one, else the collective's default."""
+def choose(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
+           model: LinkModel = MODELS["tcp"], opts: Options | None = None) -> str:
+    """The enabled algorithm with the lowest estimate (ties: the collective's default)."""
     cands = set(algorithms(coll)) if enabled is None else set(enabled)
     if not cands:
         raise ValueError(f"RINGTREE_ALGO leaves no algorithm enabled for {coll.value}")
-    best = min(sorted(cands), key=lambda a: estimate(coll, a, nbytes, n))
-    if math.isinf(estimate(coll, best, nbytes, n)):
-        default = DEFAULTS.get(coll)
-        return default if default in cands else sorted(cands)[0]
-    return best
+    default = DEFAULTS.get(coll)
+    ranked = sorted(cands, key=lambda a: (estimate(coll, a, nbytes, n, model, opts),
+                                          a != default, a))
+    if math.isinf(estimate(coll, ranked[0], nbytes, n, model, opts)):
+        raise ValueError(f"no enabled algorithm for {coll.value} can run here "
+                         f"(enabled: {sorted(cands)})")
+    return ranked[0]

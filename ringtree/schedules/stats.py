@@ -1,0 +1,97 @@
+"""What a schedule costs, read off its Programs: the tuner's input.
+
+For one (collective, algorithm, nranks) this walks the Programs like the checker does —
+messages matched in order per (sender, receiver, channel), a step finishing one unit of
+time after its inputs arrive — and reports, in units of the collective's ``count``:
+
+- ``depth``: the critical path in dependent steps (how many α a run pays),
+- ``send``: the most data any rank sends (the β term: a rank's link or copy engine),
+- ``reduce``: the most data any rank reduces (the γ term).
+
+So a new algorithm gets a cost model for free: α·depth + β·send·n + γ·reduce·n, the
+Hockney/α-β-γ form of Thakur, Rabenseifner & Gropp (2005), with its coefficients taken
+from the schedule instead of written by hand.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ringtree.ir import Collective
+from ringtree.schedules.registry import Options, generate_all
+
+
+@dataclass(frozen=True)
+class ScheduleStats:
+    depth: int
+    send: float     # × count elements, the most any rank sends
+    reduce: float   # × count elements, the most any rank reduces
+    messages: int   # per rank, at most
+
+
+@lru_cache(maxsize=1024)
+def schedule_stats(collective: Collective, algo: str, nranks: int,
+                   opts: Options | None = None) -> ScheduleStats:
+    programs = generate_all(collective, algo, nranks, opts)
+    if any(p.meta.get("virtual_programs") for p in programs):
+        raise ValueError(f"{algo} needs in-network aggregation switches (simulator only)")
+    n = nranks
+    queues: dict[tuple[int, int, int], deque] = {}
+    cursor = [[0] * len(p.channels) for p in programs]
+    deps = [_memory_deps(p) for p in programs]
+    finish: list[dict[tuple[int, int], int]] = [{} for _ in programs]
+    sent = [0.0] * n
+    reduced = [0.0] * n
+    msgs = [0] * n
+    depth = 0
+    progress = True
+    while progress:
+        progress = False
+        for r, p in enumerate(programs):
+            for c, ch in enumerate(p.channels):
+                while cursor[r][c] < len(ch):
+                    i = cursor[r][c]
+                    s = ch[i]
+                    if any(not queues.get((q, r, c)) for q in s.recv_from):
+                        break
+                    # like the executor: a step waits for the steps whose memory it
+                    # touches and for its messages, not for its predecessor in the channel
+                    t = max((finish[r][d] for d in deps[r][(c, i)]), default=0)
+                    for q in s.recv_from:
+                        t = max(t, queues[(q, r, c)].popleft())
+                    t += 1
+                    finish[r][(c, i)] = t
+                    depth = max(depth, t)
+                    size = s.ref.count / p.chunks  # chunks of a block: equal ±1 element
+                    if s.reduce:
+                        reduced[r] += size * max(1, len(s.recv_from))
+                    for q in s.send_to:
+                        queues.setdefault((r, q, c), deque()).append(t)
+                        sent[r] += size
+                        msgs[r] += 1
+                    cursor[r][c] += 1
+                    progress = True
+    return ScheduleStats(depth, max(sent), max(reduced), max(msgs))
+
+
+def _memory_deps(p) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Earlier steps each step must wait for (RAW, WAR, WAW on its chunks), out of place."""
+    key = p.storage_map(False)
+    last_writer: dict = {}
+    readers: dict = {}
+    deps: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for c, ch in enumerate(p.channels):
+        for i, s in enumerate(ch):
+            rk = {key(s.src.buf, j) for j in s.src.chunks()} if s.src is not None else set()
+            wk = {key(s.dst.buf, j) for j in s.dst.chunks()} if s.dst is not None else set()
+            d = {last_writer[k] for k in rk | wk if k in last_writer}
+            for k in wk:
+                d |= readers.get(k, set())
+            for k in rk:
+                readers.setdefault(k, set()).add((c, i))
+            for k in wk:
+                last_writer[k], readers[k] = (c, i), set()
+            deps[(c, i)] = sorted(d)
+    return deps

@@ -1,0 +1,69 @@
+"""RINGTREE_ALGO parsing (NCCL_ALGO syntax) and the schedule-derived cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringtree.ir import Collective as C
+from ringtree.schedules import Options, algorithms
+from ringtree.schedules.stats import schedule_stats
+from ringtree.tuner import MODELS, choose, estimate, parse_algo_spec
+
+
+def test_empty_spec_enables_everything():
+    enabled = parse_algo_spec("")
+    assert enabled[C.ALL_REDUCE] == set(algorithms(C.ALL_REDUCE))
+
+
+def test_first_entry_without_prefix_and_per_collective_negation():
+    enabled = parse_algo_spec("ring,tree;allreduce:^tree")
+    assert enabled[C.ALL_REDUCE] == set(algorithms(C.ALL_REDUCE)) - {"tree"}
+    assert enabled[C.ALL_GATHER] == {"ring"}
+    assert enabled[C.BROADCAST] == {"ring", "tree"}
+    # a prefix-less list leaves collectives that have none of its algorithms alone
+    assert enabled[C.GATHER] == set(algorithms(C.GATHER))
+
+
+def test_nccl_style_prefix_only():
+    enabled = parse_algo_spec("allreduce:^tree")
+    assert "tree" not in enabled[C.ALL_REDUCE] and "ring" in enabled[C.ALL_REDUCE]
+    assert enabled[C.BROADCAST] == set(algorithms(C.BROADCAST))
+
+
+@pytest.mark.parametrize("spec,word", [("rnig", "unknown algorithm"),
+                                       ("ring;tree", "must have a 'collective:' prefix"),
+                                       ("allreduc:ring", "unknown collective")])
+def test_bad_specs_are_errors(spec, word):
+    with pytest.raises(ValueError, match=word):
+        parse_algo_spec(spec)
+
+
+def test_choose_respects_the_enabled_set():
+    assert choose(C.ALL_REDUCE, 8, 4, {"ring"}) == "ring"
+    with pytest.raises(ValueError, match="no algorithm enabled"):
+        choose(C.ALL_REDUCE, 8, 4, set())
+
+
+def test_stats_read_off_the_ring_schedule():
+    # ring all-reduce: 2(n-1) sends of 1/n of the data, 2(n-1) dependent steps + 1
+    for n in (2, 4, 8):
+        st = schedule_stats(C.ALL_REDUCE, "ring", n, Options())
+        assert st.messages == 2 * (n - 1)
+        assert st.send == pytest.approx(2 * (n - 1) / n)
+        assert st.reduce == pytest.approx((n - 1) / n)
+        assert st.depth == 2 * (n - 1) + 1
+
+
+def test_stats_of_recursive_doubling_are_logarithmic():
+    for n in (2, 4, 8, 16):
+        st = schedule_stats(C.ALL_REDUCE, "recursive_doubling", n, Options())
+        assert st.messages == n.bit_length() - 1  # lg n exchanges of the whole buffer
+
+
+def test_model_prefers_log_steps_small_and_bandwidth_optimal_large():
+    small = {a: estimate(C.ALL_REDUCE, a, 8, 8, MODELS["tcp"]) for a in
+             ("ring", "recursive_doubling")}
+    large = {a: estimate(C.ALL_REDUCE, a, 64 << 20, 8, MODELS["tcp"]) for a in
+             ("ring", "recursive_doubling")}
+    assert small["recursive_doubling"] < small["ring"]
+    assert large["ring"] < large["recursive_doubling"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 Links = tuple[int, int, int]  # (up, down0, down1); -1 = none
 
@@ -121,6 +122,7 @@ def node_groups(n: int, nodes: Sequence[int] | None) -> list[list[int]]:
     return list(groups.values())
 
 
+@lru_cache(maxsize=64)
 def nccl_trees(n: int, nodes: Sequence[int] | None = None,
                pattern: Pattern | str = Pattern.BALANCED_TREE
                ) -> tuple[list[TreeRank], list[TreeRank]]:
@@ -128,7 +130,8 @@ def nccl_trees(n: int, nodes: Sequence[int] | None = None,
     per node (``ncclTopoPreset``) joined by the inter-node double binary tree
     (``connectTrees`` over ``ncclGetDtree(nNodes, node)``), attached per ``pattern``.
 
-    Returns, for tree 0 and tree 1, the :class:`TreeRank` of every rank.
+    Returns, for tree 0 and tree 1, the :class:`TreeRank` of every rank. Cached (every
+    rank's generator asks for the same trees), so callers must not modify the result.
     """
     pat = Pattern.parse(pattern)
     groups = node_groups(n, nodes)

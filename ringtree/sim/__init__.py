@@ -1,0 +1,165 @@
+"""``ringtree.sim``: run ringtree's own schedules on modeled clusters.
+
+>>> from ringtree.sim import simulate, presets
+>>> r = simulate("all_reduce", "ring", presets.get("dgx_h100", nodes=2), 1 << 30)
+>>> r.time_ns, r.busbw          # doctest: +SKIP
+
+The same Programs the executor runs (``ringtree.schedules.generate_all``) are executed on a
+:class:`~ringtree.sim.topology.Topology` by the event engine (:mod:`.engine`) under a
+congestion-aware or -unaware network model (:mod:`.model`), or by the vectorised α-β fast
+path (:mod:`.fast`). CollNet Programs bring *virtual ranks* (in-network reduction
+switches, see ``ringtree.schedules.collnet``) which are placed on the topology's
+reduction-capable switches.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ringtree.ir import Collective, Program, parse_collective
+from ringtree.schedules import Options, generate_all
+from ringtree.sim import engine, fast
+from ringtree.sim.model import Aware, Unaware, parse_model
+from ringtree.sim.topology import Topology
+
+__all__ = ["SimRun", "simulate", "programs_for", "place", "count_for", "busbw_factor",
+           "Aware", "Unaware", "Topology"]
+
+
+def count_for(coll: Collective, nbytes: int, nranks: int, itemsize: int = 4) -> int:
+    """Elements per block for a test of ``nbytes`` total, as nccl-tests counts them
+    (all-gather / reduce-scatter / all-to-all / gather / scatter split the total)."""
+    per = nbytes // itemsize
+    if coll in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL,
+                Collective.GATHER, Collective.SCATTER):
+        return per // nranks
+    return per
+
+
+def busbw_factor(coll: Collective, n: int) -> float:
+    """nccl-tests' bus bandwidth factor (``src/*.cu::*GetBw``)."""
+    if n <= 1:
+        return 1.0 if coll not in (Collective.ALL_REDUCE,) else 0.0
+    if coll is Collective.ALL_REDUCE:
+        return 2 * (n - 1) / n
+    if coll in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL,
+                Collective.GATHER, Collective.SCATTER):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """One simulated collective: time in ns, nccl-tests bandwidths in GB/s (1e9)."""
+
+    collective: Collective
+    algo: str
+    nranks: int
+    nbytes: int
+    time_ns: float
+    result: engine.Result | None
+
+    @property
+    def algbw(self) -> float:
+        return self.nbytes / self.time_ns if self.time_ns > 0 else 0.0
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * busbw_factor(self.collective, self.nranks)
+
+
+def programs_for(coll: Collective | str, algo: str, topo: Topology, *, root: int = 0,
+                 channels: int | None = None, params: tuple = ()) -> list[Program]:
+    """Programs of every real rank, then of every virtual rank (CollNet switches)."""
+    coll = parse_collective(coll)
+    opts = Options(root=root, channels=channels or topo.channels, nodes=topo.nodes(),
+                   params=tuple(sorted(dict(topo.params + tuple(params)).items())))
+    progs = generate_all(coll, algo, topo.nranks, opts)
+    virtual = progs[0].meta.get("virtual_programs", ()) if progs else ()
+    return list(progs) + list(virtual)
+
+
+def place(programs: list[Program], topo: Topology) -> list[int]:
+    """Device of every rank: real ranks where the topology puts them; a virtual rank on
+    the reduction-capable switch closest to its members (lowest common ancestor for
+    hierarchical networks; ties broken by the virtual rank's ``meta['tree']``)."""
+    n = topo.nranks
+    devices = list(topo.ranks)
+    cands = [i for i, d in enumerate(topo.devices) if d.reduce]
+    for p in programs[n:]:
+        if not cands:
+            raise ValueError(f"{topo.name} has no in-network reduction switch "
+                             f"(algorithm {p.algo} needs one; try a *_sharp preset)")
+        members = [devices[m] for m in p.meta.get("members", ())]
+        tie = int(p.meta.get("tree", 0))
+        if topo.routing == "updown":
+            common = set(cands)
+            for d in members:
+                common &= topo.ancestors(d) | {d}
+            if common:
+                lo = min(topo.devices[c].level for c in common)
+                best = sorted(c for c in common if topo.devices[c].level == lo)
+                devices.append(best[tie % len(best)])
+                continue
+        sample = members[:: max(1, len(members) // 16)]
+        score = {c: sum(len(topo.route(d, c)) for d in sample) for c in cands}
+        lo = min(score.values())
+        best = [c for c in cands if score[c] == lo]
+        devices.append(best[tie % len(best)])
+    return devices
+
+
+def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
+             model: str | Aware | Unaware = "aware", itemsize: int = 4, root: int = 0,
+             channels: int | None = None, slice_bytes: int = engine.DEFAULT_SLICE_BYTES,
+             in_place: bool = False, trace: bool = False, params: tuple = (),
+             symmetry: bool = True, programs: list[Program] | None = None) -> SimRun:
+    """Simulate ``coll`` with ``algo`` moving ``nbytes`` (nccl-tests size) on ``topo``.
+
+    ``model``: ``aware`` / ``unaware`` (event engine) or ``fast`` (vectorised α-β, same
+    result as ``unaware``). ``trace`` keeps every transfer for :mod:`.trace`.
+    ``symmetry``: simulate one representative per class of ranks when the run is exactly
+    symmetric (:func:`ringtree.sim.fast.period`); the answer is the same, only faster.
+    """
+    coll = parse_collective(coll)
+    with _no_gc():
+        return _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels,
+                         slice_bytes, in_place, trace, params, symmetry, programs)
+
+
+@contextmanager
+def _no_gc():
+    """Millions of small acyclic objects: the cyclic collector only costs time here."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_bytes,
+              in_place, trace, params, symmetry, programs) -> SimRun:
+    progs = programs if programs is not None else programs_for(
+        coll, algo, topo, root=root, channels=channels, params=params)
+    devices = place(progs, topo)
+    count = count_for(coll, nbytes, topo.nranks, itemsize)
+    m = model if model == "fast" else parse_model(model)
+    g = fast.period(progs, topo, devices, count, isinstance(m, Aware), in_place) \
+        if symmetry and not trace else 0
+    if g:
+        cp = engine.compile_programs(progs[:g], count, itemsize, slice_bytes, in_place, fold=g)
+    else:
+        cp = engine.compile_programs(progs, count, itemsize, slice_bytes, in_place)
+    if model == "fast":
+        t = fast.run(cp, topo, devices)
+        return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None)
+    res = engine.run(cp, topo, devices, m, trace=trace)  # type: ignore[arg-type]
+    res.time_ns += topo.launch_ns
+    if trace:
+        res.compiled = cp  # type: ignore[attr-defined]
+        res.devices = devices  # type: ignore[attr-defined]
+    return SimRun(coll, algo, topo.nranks, nbytes, res.time_ns, res)

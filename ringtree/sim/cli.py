@@ -1,0 +1,172 @@
+"""``ringtree sim``: nccl-tests style tables of simulated collectives.
+
+    ringtree sim all_reduce --topology dgx_h100 --nodes 128 --algo ring,tree -b 8 -e 1G -f 4
+
+prints, per algorithm, the nccl-tests columns (size, count, type, redop, root, time,
+algbw, busbw — busbw with nccl-tests' factors) with a ``*`` on the rows where that
+algorithm is the fastest, then a side-by-side summary. ``--plot`` draws busbw against
+size (needs matplotlib), ``--trace`` writes a Chrome/Perfetto trace of each algorithm's
+largest size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ringtree.ir import Collective, parse_collective
+from ringtree.schedules import algorithms
+from ringtree.sim import SimRun, count_for, presets, simulate
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+DTYPES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "int32": 4,
+          "int64": 8, "uint8": 1}
+
+
+def parse_size(text: str) -> int:
+    """``8``, ``64K``, ``1M``, ``1G`` (powers of 1024, as nccl-tests reads them)."""
+    t = text.strip().upper().rstrip("B")
+    unit = t[-1] if t and t[-1] in UNITS else ""
+    return int(float(t[: len(t) - len(unit)]) * UNITS[unit])
+
+
+def sizes(lo: int, hi: int, factor: int, incr: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s = s * factor if factor > 1 else s + max(1, incr)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ringtree sim", description=__doc__.split("\n\n")[0])
+    p.add_argument("collective", help="all_reduce, all_gather, reduce_scatter, broadcast, ...")
+    p.add_argument("--topology", "-t", default="dgx_h100",
+                   help=f"preset ({', '.join(presets.PRESETS)}) or a JSON/YAML file")
+    p.add_argument("--nodes", "-N", type=int, default=None,
+                   help="hosts (NPUs for ring/torus/switch presets)")
+    p.add_argument("--algo", "-a", default="all", help="comma-separated algorithms, or all")
+    p.add_argument("-b", "--minbytes", default="8")
+    p.add_argument("-e", "--maxbytes", default="128M")
+    p.add_argument("-f", "--stepfactor", type=int, default=2)
+    p.add_argument("-i", "--stepbytes", default="1M")
+    p.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
+    p.add_argument("-r", "--root", type=int, default=0)
+    p.add_argument("--channels", "-c", type=int, default=None,
+                   help="channels per schedule (default: the topology's, e.g. its NICs)")
+    p.add_argument("--model", "-m", default="aware", choices=["aware", "unaware", "fast"])
+    p.add_argument("--slice", default="1M", help="executor slice size (default 1M)")
+    p.add_argument("--plot", help="write busbw vs size to this PNG (needs matplotlib)")
+    p.add_argument("--trace", help="write a Chrome/Perfetto trace of the largest size")
+    return p
+
+
+def _row(run: SimRun, count: int, dtype: str, root: int, best: bool) -> str:
+    us = run.time_ns / 1e3
+    return (f"{run.nbytes:12d}  {count:12d}  {dtype:>8}  {'sum':>6}  {root:6d}  "
+            f"{us:9.2f}  {run.algbw:7.2f}  {run.busbw:7.2f}{'  *' if best else ''}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        coll = parse_collective(args.collective)
+        topo = presets.get(args.topology, args.nodes)
+    except ValueError as e:
+        print(f"ringtree sim: {e}", file=sys.stderr)
+        return 2
+    known = algorithms(coll)
+    algos = known if args.algo == "all" else [a.strip().lower() for a in args.algo.split(",")]
+    bad = [a for a in algos if a not in known]
+    if bad:
+        print(f"ringtree sim: no algorithm {', '.join(bad)} for {coll.value} "
+              f"(known: {', '.join(known)})", file=sys.stderr)
+        return 2
+    itemsize = DTYPES[args.datatype]
+    todo = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
+                 parse_size(args.stepbytes))
+    root = args.root if coll in (Collective.BROADCAST, Collective.REDUCE, Collective.GATHER,
+                                 Collective.SCATTER) else -1
+    print(f"# ringtree sim {coll.value} on {topo.name}: {topo.nranks} ranks, "
+          f"model {args.model}, channels {args.channels or topo.channels}, "
+          f"slice {parse_size(args.slice)} B")
+    results: dict[str, dict[int, SimRun]] = {}
+    walls: dict[str, float] = {}
+    for algo in algos:
+        t0 = time.perf_counter()
+        try:
+            results[algo] = {
+                s: simulate(coll, algo, topo, s, model=args.model, itemsize=itemsize,
+                            root=max(root, 0), channels=args.channels,
+                            slice_bytes=parse_size(args.slice)) for s in todo}
+        except (ValueError, RuntimeError) as e:
+            print(f"# {algo}: skipped ({e})")
+            continue
+        walls[algo] = time.perf_counter() - t0
+    best = {s: min((r[s].time_ns, a) for a, r in results.items())[1] for s in todo} \
+        if results else {}
+    for algo, runs in results.items():
+        print(f"#\n# algo: {algo}   (simulated in {walls[algo]:.2f} s)")
+        print("#       size         count      type   redop    root      time   algbw   busbw")
+        print("#        (B)    (elements)                                (us)  (GB/s)  (GB/s)")
+        for s in todo:
+            print(_row(runs[s], count_for(coll, s, topo.nranks, itemsize), args.datatype, root,
+                       best[s] == algo and len(results) > 1))
+    if len(results) > 1:
+        names = list(results)
+        print("#\n# time (us) per algorithm; * = fastest")
+        print("#       size  " + "".join(f"{a:>16}" for a in names))
+        for s in todo:
+            cells = "".join(f"{results[a][s].time_ns / 1e3:15.2f}{'*' if best[s] == a else ' '}"
+                            for a in names)
+            print(f"{s:12d}  {cells}")
+    if args.plot and results:
+        _plot(args.plot, results, todo, coll, topo.name)
+    if args.trace and results:
+        _trace(args.trace, results, coll, topo, todo[-1], args, itemsize)
+    return 0
+
+
+def _plot(path: str, results: dict, todo: list[int], coll: Collective, name: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("# --plot needs matplotlib (pip install ringtree[plot])", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for algo, runs in results.items():
+        ax.plot(todo, [runs[s].busbw for s in todo], marker="o", label=algo)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (B)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"{coll.value} on {name} (simulated)")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"# plot written to {path}")
+
+
+def _trace(path: str, results: dict, coll: Collective, topo, size: int, args,
+           itemsize: int) -> None:
+    from ringtree.sim import trace
+
+    for algo in results:
+        out = Path(path)
+        if len(results) > 1:
+            out = out.with_name(f"{out.stem}.{algo}{out.suffix or '.json'}")
+        run = simulate(coll, algo, topo, size, model="aware" if args.model == "fast" else
+                       args.model, itemsize=itemsize, root=max(args.root, 0),
+                       channels=args.channels, slice_bytes=parse_size(args.slice), trace=True)
+        res = run.result
+        trace.write(out, res, res.compiled, topo, res.devices)  # type: ignore[union-attr]
+        print(f"# trace of {algo} at {size} B written to {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""The α-β fast path: the congestion-unaware model as one longest-path problem in numpy.
+
+Under the congestion-unaware model (Hockney α-β; ASTRA-sim's ``congestion_unaware``
+backend) no two transfers interact, so the whole run is a max-plus recurrence over a DAG
+whose nodes are the times of the engine (:mod:`.engine`), with the same rules:
+
+- ``start(s)   = max(start(prev in channel), done(conflicting steps))``
+- ``R(s, i)    = max(R(s, i−1) | start(s), A(m, i) for m received) + γ(s, i)``
+- ``I(m, i)    = max(R(sender, i), I(m, i−1) + b/B)`` (one slice at a time per connection,
+  connections in program order)
+- ``A(m, i)    = max(I(m, i) + o + Σlat + b/B, A(m, i−1))`` (FIFO delivery)
+- ``done(s)    = max(R(s, last), I(m, i) + b/B_first)``
+
+Evaluating it level by level (Kahn's algorithm, one vectorised relaxation per level) gives
+exactly the engine's ``unaware`` answer — the tests check equality — at a fraction of
+the per-event cost, which is what makes sweeps over sizes and thousands of ranks cheap.
+This is the "aggregation where exact" of the simulator: all slices and all ranks of a
+level are one numpy operation.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+from ringtree.ir import Buf, Program
+from ringtree.sim.engine import Compiled, _regions, routes
+from ringtree.sim.model import path
+from ringtree.sim.topology import Topology
+
+
+def _edges(cp: Compiled, topo: Topology, devices: list[int], integer_ns: bool
+           ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    NS, NM = cp.nsteps, cp.nmsgs
+    nsl = np.fromiter((len(x) for x in cp.step_slices), np.int64, NS)
+    rbase = np.zeros(NS + 1, np.int64)
+    np.cumsum(nsl, out=rbase[1:])
+    TR = int(rbase[-1])
+    sbytes = np.fromiter(chain.from_iterable(cp.step_slices), np.float64, TR)
+    sstep = np.asarray(cp.msg_sstep, np.int64)
+    rstep = np.asarray(cp.msg_rstep, np.int64)
+    conn = np.asarray(cp.msg_conn, np.int64)
+    mnsl = nsl[sstep] if NM else np.zeros(0, np.int64)
+    ibase = np.zeros(NM + 1, np.int64)
+    np.cumsum(mnsl, out=ibase[1:])
+    TI = int(ibase[-1])
+    START, DONE, R0 = 0, NS, 2 * NS
+    I0, A0 = R0 + TR, R0 + TR + TI
+    N = A0 + TI
+
+    red = np.array([topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9
+                    for r in range(len(devices))])
+    ops = np.asarray(cp.step_ops, np.float64)
+    srank = np.asarray(cp.step_rank, np.int64)
+    nw = np.zeros(N)
+    step_of_slice = np.repeat(np.arange(NS), nsl)
+    slice_idx = np.arange(TR) - rbase[step_of_slice]
+    rate = red[srank][step_of_slice]
+    o = ops[step_of_slice]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gam = np.where((rate > 0) & (o > 0), o * sbytes / np.where(rate > 0, rate, 1), 0.0)
+    nw[R0:R0 + TR] = gam
+
+    src: list[np.ndarray] = []
+    dst: list[np.ndarray] = []
+    wt: list[np.ndarray] = []
+
+    def add(a, b, w=0.0) -> None:
+        a = np.asarray(a, np.int64)
+        src.append(a)
+        dst.append(np.asarray(b, np.int64))
+        wt.append(np.broadcast_to(np.asarray(w, np.float64), a.shape).copy())
+
+    prev = np.asarray(cp.step_prev, np.int64)
+    has = prev >= 0
+    add(START + prev[has], START + np.nonzero(has)[0])
+    dl = [len(d) for d in cp.step_deps]
+    if sum(dl):
+        add(DONE + np.fromiter(chain.from_iterable(cp.step_deps), np.int64),
+            START + np.repeat(np.arange(NS), dl))
+    steps = np.arange(NS)
+    add(START + steps, DONE + steps)
+    first = nsl > 0
+    add(START + steps[first], R0 + rbase[:-1][first])
+    later = slice_idx > 0
+    rid = R0 + np.arange(TR)
+    add(rid[later] - 1, rid[later])
+    add(R0 + rbase[1:][first] - 1, DONE + steps[first])
+
+    if NM:
+        paths = routes(cp, topo, devices)
+        lat = np.array([p.latency for p in paths])[conn]
+        bott = np.array([p.bottleneck for p in paths])[conn]
+        frst = np.array([p.first for p in paths])[conn]
+        msg_of = np.repeat(np.arange(NM), mnsl)
+        mi = np.arange(TI) - ibase[msg_of]
+        b = sbytes[rbase[sstep][msg_of] + mi]
+        iid, aid = I0 + np.arange(TI), A0 + np.arange(TI)
+        add(aid, R0 + rbase[rstep][msg_of] + mi)                 # arrival → receiver slice
+        add(R0 + rbase[sstep][msg_of] + mi, iid)                 # sender slice → injection
+        pipe = np.where(b > 0, b / bott[msg_of], 0.0)
+        inner = mi > 0
+        add(iid[inner] - 1, iid[inner], pipe[np.nonzero(inner)[0] - 1])
+        add(aid[inner] - 1, aid[inner])
+        delay = topo.overhead_ns + lat[msg_of] + pipe
+        if integer_ns:
+            delay = np.floor(delay)
+        add(iid, aid, delay)
+        fin = np.where((b > 0) & np.isfinite(frst[msg_of]), b / frst[msg_of], 0.0)
+        add(iid, DONE + sstep[msg_of], fin)
+        same = np.nonzero(conn[1:] == conn[:-1])[0] + 1           # m with a previous message
+        same = same[mnsl[same] > 0]
+        lastp = ibase[same] - 1                                   # last slice of m−1
+        add(I0 + lastp, I0 + ibase[same], pipe[lastp])
+        add(A0 + lastp, A0 + ibase[same])
+    return N, np.concatenate(src), np.concatenate(dst), np.concatenate(wt), nw, srank
+
+
+def longest_path(N: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
+                 nw: np.ndarray) -> np.ndarray:
+    """t(v) = max over edges (t(u) + w) + nw(v), level by level (vectorised Kahn)."""
+    order = np.argsort(src, kind="stable")
+    src, dst, w = src[order], dst[order], w[order]
+    eptr = np.zeros(N + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=N), out=eptr[1:])
+    indeg = np.bincount(dst, minlength=N)
+    acc = np.zeros(N)
+    t = np.zeros(N)
+    frontier = np.nonzero(indeg == 0)[0]
+    seen = 0
+    while frontier.size:
+        seen += frontier.size
+        t[frontier] = acc[frontier] + nw[frontier]
+        lo, hi = eptr[frontier], eptr[frontier + 1]
+        cnt = hi - lo
+        total = int(cnt.sum())
+        if not total:
+            break
+        off = np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(total)
+        d = dst[off]
+        np.maximum.at(acc, d, t[src[off]] + w[off])
+        ud, c = np.unique(d, return_counts=True)
+        indeg[ud] -= c
+        frontier = ud[indeg[ud] == 0]
+    if seen != N:
+        raise RuntimeError("simulation deadlocked (cyclic wait in the Programs)")
+    return t
+
+
+def run(cp: Compiled, topo: Topology, devices: list[int], integer_ns: bool = False) -> float:
+    """Completion time (ns) of the last real rank under the congestion-unaware model."""
+    N, src, dst, w, nw, srank = _edges(cp, topo, devices, integer_ns)
+    t = longest_path(N, src, dst, w, nw)
+    done = t[cp.nsteps:2 * cp.nsteps]
+    real = srank < cp.nranks
+    return float(done[real].max()) if real.any() else 0.0
+
+
+# ---- symmetry ---------------------------------------------------------------------------
+
+
+def _same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, fwd: dict, bwd: dict,
+                kp, kq) -> bool:
+    """Is Program p (rank r) Program q (rank r − dr) with peers shifted by dr and chunks
+    renamed by a size-preserving bijection (so every dependency and size is the same)?"""
+    if (len(p.channels) != len(q.channels) or p.chunks != q.chunks
+            or p.scratch != q.scratch):
+        return False
+    for cp_, cq in zip(p.channels, q.channels):
+        if len(cp_) != len(cq):
+            return False
+        for s, t in zip(cp_, cq):
+            if s.reduce != t.reduce or len(s.recv_from) != len(t.recv_from) \
+                    or len(s.send_to) != len(t.send_to):
+                return False
+            for a, b in zip(s.recv_from, t.recv_from):
+                if (a - b - dr) % n:
+                    return False
+            for a, b in zip(s.send_to, t.send_to):
+                if (a - b - dr) % n:
+                    return False
+            for x, y in ((s.src, t.src), (s.dst, t.dst)):
+                if (x is None) != (y is None):
+                    return False
+                if x is None:
+                    continue
+                if x.buf != y.buf or x.count != y.count:
+                    return False
+                rg = regs[x.buf]
+                for j, k in zip(range(x.index, x.index + x.count),
+                                range(y.index, y.index + y.count)):
+                    if rg[j] != rg[k]:
+                        return False
+                    a, b = kp(x.buf, j), kq(y.buf, k)
+                    if fwd.setdefault(a, b) != b or bwd.setdefault(b, a) != a:
+                        return False
+    return True
+
+
+def period(programs: list[Program], topo: Topology, devices: list[int], count: int,
+           aware: bool, in_place: bool = False) -> int:
+    """The smallest shift g (a multiple of the ranks per node) under which the run is
+    exactly symmetric, or 0.
+
+    Rank r + g then does at the same times what rank r does, so simulating ranks
+    0..g−1 (``compile_programs(fold=g)``) gives the exact answer. Checked, not assumed:
+    every connection's route must have the same latency and bandwidths as the connection
+    g ranks earlier; devices must compute at the same speed; in the congestion-aware
+    model no link may carry two connections (no contention); and every Program must be
+    the one g ranks earlier with peers shifted and chunks renamed by a size-preserving
+    bijection (so sizes and memory dependencies are the same).
+    """
+    n = topo.nranks
+    if len(programs) != n or n < 2:
+        return 0
+    nodes = topo.nodes()
+    g0 = 1
+    while g0 < n and nodes[g0] == nodes[0]:
+        g0 += 1
+    if n % g0 or any(nodes[r] != nodes[r - g0] + nodes[g0] - nodes[0] for r in range(g0, n)):
+        return 0
+    red = [topo.devices[devices[r]].reduce_gbps for r in range(n)]
+    conns = sorted({(r, q, c) for r, p in enumerate(programs)
+                    for c, ch in enumerate(p.channels) for s in ch for q in s.send_to})
+    paths = {k: path(topo, topo.route(devices[k[0]], devices[k[1]], k[2])) for k in conns}
+    if aware:
+        used: dict[int, tuple[int, int, int]] = {}
+        for k, pth in paths.items():
+            for li in pth.links:
+                if used.setdefault(li, k) != k:
+                    return 0
+    summary = {k: (p.latency, p.bottleneck, p.first) for k, p in paths.items()}
+    g = next((g for g in range(g0, n // 2 + 1, g0) if n % g == 0 and all(
+        red[r] == red[r - g] for r in range(g, n)) and all(
+        summary.get((r - g, (q - g) % n, c)) == v for (r, q, c), v in summary.items()
+        if r >= g)), 0)
+    if not g:
+        return 0
+    for a in range(g):                       # peers must stay distinct modulo g
+        for ch in programs[a].channels:
+            cls: dict[int, int] = {}
+            for s in ch:
+                for q in s.send_to + s.recv_from:
+                    if cls.setdefault(q % g, q) != q:
+                        return 0
+    p0 = programs[0]
+    ib, ob = p0.collective.blocks(n)
+    regs = {Buf.INPUT: _regions([count] * ib, p0.chunks),
+            Buf.OUTPUT: _regions([count] * ob, p0.chunks),
+            Buf.SCRATCH: _regions([count] * p0.blocks(Buf.SCRATCH), p0.chunks)}
+    for r in range(g, n):
+        if not _same_shape(programs[r], programs[r - g], g, n, regs, {}, {},
+                           programs[r].storage_map(in_place),
+                           programs[r - g].storage_map(in_place)):
+            return 0
+    return g

@@ -1,0 +1,103 @@
+"""Network and compute models: what a transfer and a reduction cost.
+
+Two fidelities, after astra-network-analytical (ASTRA-sim 2.0, ISPASS'23):
+
+- :class:`Unaware` — congestion-unaware closed form per message (``BasicTopology``):
+  ``t = o + Σ latency(hop) + bytes / min bandwidth(hop)`` — Hockney's α-β model with
+  α = o + hops·latency. Transfers of different connections never interact; one
+  connection is a pipe that carries one slice at a time, so a message cut into k slices
+  still costs α + n/B (not α + n/(k·B)).
+- :class:`Aware` — congestion-aware: every directed link is a FIFO. A chunk occupies a
+  link for ``bytes/B`` and reaches the next device ``latency + bytes/B`` after it started
+  (``Link::schedule_chunk_transmission``), store-and-forward at every hop.
+
+Compute (the γ of the α-β-γ model, Thakur et al. 2005): a reduction of k inputs into one
+costs ``(k−1)·bytes/R`` and a local copy ``bytes/R`` on the device doing it, R its
+``reduce_gbps`` (0 = free). Receiving straight into the destination costs nothing (the
+executor receives in place).
+
+A transfer also costs the topology's ``overhead_ns`` o at the sender (software/proxy cost
+per step, NCCL's per-step ``hwLat`` beyond the wire). ``integer_ns`` truncates every
+transfer delay to whole ns, as ASTRA-sim's integer event clock does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ringtree.sim.topology import Topology
+
+
+@dataclass(frozen=True)
+class Unaware:
+    """Congestion-unaware α-β model: hops·α + bytes/B per message."""
+
+    integer_ns: bool = False
+    name: str = "unaware"
+
+
+@dataclass(frozen=True)
+class Aware:
+    """Congestion-aware model: FIFO links, store-and-forward per hop."""
+
+    integer_ns: bool = False
+    name: str = "aware"
+
+
+MODELS = {"unaware": Unaware, "aware": Aware}
+
+
+def parse_model(model: str | Unaware | Aware) -> Unaware | Aware:
+    if isinstance(model, (Unaware, Aware)):
+        return model
+    try:
+        return MODELS[model.lower()]()
+    except KeyError:
+        raise ValueError(f"unknown model {model!r}; expected one of {sorted(MODELS)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Path:
+    """A route summarised for the closed form: Σ latency, bottleneck and first-hop rate
+    (bytes/ns), and the link ids."""
+
+    latency: float
+    bottleneck: float
+    first: float
+    links: tuple[int, ...]
+
+
+def path(topo: Topology, links: tuple[int, ...]) -> Path:
+    if not links:
+        return Path(0.0, math.inf, math.inf, ())
+    lat = sum(topo.links[i].latency for i in links)
+    rates = [topo.bytes_per_ns(i) for i in links]
+    return Path(lat, min(rates), rates[0], links)
+
+
+def unaware_delay(p: Path, nbytes: int, overhead: float, integer_ns: bool) -> float:
+    """ASTRA-sim ``comms_delay = hops·latency + size/bandwidth`` (+ sender overhead)."""
+    d = overhead + p.latency + (nbytes / p.bottleneck if nbytes else 0.0)
+    return float(int(d)) if integer_ns else d
+
+
+def compute_ns(nbytes: int, ops: int, reduce_bpns: float) -> float:
+    """γ cost: ``ops`` passes over ``nbytes`` at ``reduce_bpns`` bytes/ns (0 = free)."""
+    if not ops or not reduce_bpns:
+        return 0.0
+    return ops * nbytes / reduce_bpns
+
+
+# ---- closed forms (Thakur, Rabenseifner & Gropp 2005; NCCL tuning.cc) ------------------
+
+
+def ring_all_reduce(p: int, nbytes: float, alpha: float, beta: float, gamma: float = 0.0
+                    ) -> float:
+    """2(p−1)·α + 2(p−1)/p·n·β + (p−1)/p·n·γ (unpipelined ring, one slice per step)."""
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta + (p - 1) / p * nbytes * gamma
+
+
+def tree_all_reduce_latency(nodes: int, ppn: int, alpha: float) -> float:
+    """Latency term of NCCL's tree all-reduce: 2·((ppn−1) + log2(nodes))·α."""
+    return 2 * ((ppn - 1) + math.log2(max(1, nodes))) * alpha

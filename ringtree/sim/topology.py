@@ -1,0 +1,478 @@
+"""Modeled clusters as data: devices, directed links, rank placement and routing.
+
+A :class:`Topology` is a graph of :class:`Device` s (GPUs, NICs, NVSwitches, network
+switches) joined by directed :class:`Link` s with a latency (ns) and a bandwidth (GB/s,
+``gb`` bytes per GB: 1e9 for ringtree, 2**30 to reproduce ASTRA-sim). Ranks live on
+devices (``ranks[r]`` is the device of rank r). Switches flagged ``reduce`` can aggregate
+in the network (SHArP / NVLS); CollNet schedules place their virtual ranks on them.
+
+Routing is deterministic, as in astra-network-analytical's fixed routes:
+
+- ``updown``: hierarchical networks (fat-trees, DGX nodes). Every device has a ``level``;
+  a message climbs to the lowest device that is an ancestor of the destination and comes
+  down. Where several uplinks qualify, node-local devices (an NVSwitch choosing a NIC)
+  pick by channel — channel c leaves through rail c, NCCL's PXN — and network switches
+  pick by a hash of (source, destination, channel), i.e. ECMP.
+- ``dor``: multi-dimensional networks (ASTRA-sim's ``MultiDimTopology``): ring, fully
+  connected and switch dimensions, traversed in dimension order; a ring takes the shorter
+  way round when bidirectional.
+- ``shortest``: breadth-first search, for hand-written graphs.
+
+Constructors: :func:`switch`, :func:`fully_connected`, :func:`ring`, :func:`torus`,
+:func:`multidim`, :func:`fat_tree` (nodes of GPUs on an NVSwitch, NICs, a two- or
+three-level fat-tree with oversubscription and optional in-network reduction). Files:
+:func:`save` / :func:`load` (JSON always, YAML when PyYAML is installed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A vertex. ``kind``: gpu, nic, nvswitch, switch. ``node``: host index (-1 for
+    network gear). ``reduce``: can reduce in the network. ``reduce_gbps``: throughput of
+    reductions and copies done on this device (0 = free)."""
+
+    name: str
+    kind: str = "gpu"
+    node: int = -1
+    level: int = 0
+    reduce: bool = False
+    reduce_gbps: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A directed link: ``bandwidth`` in GB/s, ``latency`` in ns."""
+
+    src: int
+    dst: int
+    bandwidth: float
+    latency: float
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A modeled cluster. ``overhead_ns`` is a per-transfer software cost paid at the
+    sender (NCCL's per-step latency beyond the wire); ``channels`` the default number of
+    channels for schedules run on it; ``dims`` describes ``dor`` networks as
+    ``(kind, size, bandwidth, latency)`` per dimension; ``launch_ns`` a fixed cost per
+    collective call (NCCL's ``baseLat``; the Python API's call overhead on ``local``)."""
+
+    name: str
+    devices: tuple[Device, ...]
+    links: tuple[Link, ...]
+    ranks: tuple[int, ...]
+    routing: str = "shortest"
+    gb: float = GB
+    overhead_ns: float = 0.0
+    channels: int = 1
+    dims: tuple[tuple[str, int, float, float], ...] = ()
+    params: tuple[tuple[str, object], ...] = field(default=())
+    launch_ns: float = 0.0
+
+    @property
+    def nranks(self) -> int:
+        return len(self.ranks)
+
+    def nodes(self) -> tuple[int, ...]:
+        """Node (host) of every rank, as ``Options.nodes`` expects."""
+        return tuple(self.devices[d].node for d in self.ranks)
+
+    def bytes_per_ns(self, link: int) -> float:
+        return self.links[link].bandwidth * self.gb / 1e9
+
+    @cached_property
+    def _router(self) -> _Router:
+        return _Router(self)
+
+    def route(self, a: int, b: int, channel: int = 0) -> tuple[int, ...]:
+        """Link ids of the fixed route from device ``a`` to device ``b``."""
+        return self._router.route(a, b, channel)
+
+    def ancestors(self, d: int) -> frozenset[int]:
+        """Devices reachable upward from ``d`` (``updown`` routing only)."""
+        return self._router.reach(d)
+
+
+class _Router:
+    def __init__(self, t: Topology) -> None:
+        self.t = t
+        self.link_of = {(lk.src, lk.dst): i for i, lk in enumerate(t.links)}
+        self.out: list[list[int]] = [[] for _ in t.devices]
+        for i, lk in enumerate(t.links):
+            self.out[lk.src].append(i)
+        lv = [d.level for d in t.devices]
+        self.ups = [[i for i in o if lv[t.links[i].dst] > lv[t.links[i].src]] for o in self.out]
+        self.memo: dict[int, frozenset[int]] = {}
+        self.cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
+        self.bfs: dict[int, list[int]] = {}
+        if t.routing == "dor":
+            self.index = {d.name: i for i, d in enumerate(t.devices)}
+
+    def reach(self, d: int) -> frozenset[int]:
+        got = self.memo.get(d)
+        if got is None:
+            acc: set[int] = set()
+            for li in self.ups[d]:
+                u = self.t.links[li].dst
+                acc.add(u)
+                acc |= self.reach(u)
+            got = frozenset(acc)
+            if self.t.devices[d].kind != "gpu":
+                self.memo[d] = got
+        return got
+
+    def route(self, a: int, b: int, ch: int) -> tuple[int, ...]:
+        key = (a, b, ch)
+        r = self.cache.get(key)
+        if r is None:
+            if a == b:
+                r = ()
+            elif self.t.routing == "updown":
+                r = self._updown(a, b, ch)
+            elif self.t.routing == "dor":
+                r = self._dor(a, b)
+            else:
+                r = self._shortest(a, b)
+            self.cache[key] = r
+        return r
+
+    def _pick(self, d: int, cands: list[int], a: int, b: int, ch: int) -> int:
+        if self.t.devices[d].node >= 0:
+            return cands[ch % len(cands)]
+        h = (a * 2654435761 ^ b * 40503 ^ (ch + 1) * 97) & 0x7FFFFFFF
+        return cands[h % len(cands)]
+
+    def _climb(self, a: int, goal: int, a0: int, b0: int, ch: int) -> list[int]:
+        """Links of an upward path from ``a`` to its ancestor ``goal``."""
+        path, d = [], a
+        while d != goal:
+            cands = [li for li in self.ups[d] if self.t.links[li].dst == goal
+                     or goal in self.reach(self.t.links[li].dst)]
+            if not cands:
+                raise ValueError(f"{self.t.name}: no upward path from {a} to {goal}")
+            li = self._pick(d, cands, a0, b0, ch)
+            path.append(li)
+            d = self.t.links[li].dst
+        return path
+
+    def _updown(self, a: int, b: int, ch: int) -> tuple[int, ...]:
+        links = self.t.links
+        up, d = [], a
+        rb = self.reach(b)
+        while d != b and d not in rb:
+            ups = self.ups[d]
+            if not ups:
+                return self._shortest(a, b)
+            good = [li for li in ups if links[li].dst == b or links[li].dst in rb]
+            li = self._pick(d, good or ups, a, b, ch)
+            up.append(li)
+            d = links[li].dst
+        down = [self.link_of[(links[li].dst, links[li].src)]
+                for li in reversed(self._climb(b, d, a, b, ch))] if d != b else []
+        return tuple(up + down)
+
+    def _dor(self, a: int, b: int) -> tuple[int, ...]:
+        path: list[int] = []
+        ca, cb = _coords(a, self.t.dims), _coords(b, self.t.dims)
+        cur = list(ca)
+        for dim, (kind, size, _, _) in enumerate(self.t.dims):
+            if cur[dim] == cb[dim]:
+                continue
+            here = _index(cur, self.t.dims)
+            if kind == "switch":
+                group = _index([0 if i == dim else c for i, c in enumerate(cur)], self.t.dims)
+                sw = self.index[f"sw{dim}.{group}"]
+                cur[dim] = cb[dim]
+                path += [self.link_of[(here, sw)], self.link_of[(sw, _index(cur, self.t.dims))]]
+                continue
+            if kind == "fc":
+                cur[dim] = cb[dim]
+                path.append(self.link_of[(here, _index(cur, self.t.dims))])
+                continue
+            fwd = (cb[dim] - cur[dim]) % size
+            step = 1 if kind == "uring" or fwd <= size - fwd else -1
+            while cur[dim] != cb[dim]:
+                prev = _index(cur, self.t.dims)
+                cur[dim] = (cur[dim] + step) % size
+                path.append(self.link_of[(prev, _index(cur, self.t.dims))])
+        return tuple(path)
+
+    def _shortest(self, a: int, b: int) -> tuple[int, ...]:
+        parent = self.bfs.get(a)
+        if parent is None:
+            parent = [-1] * len(self.t.devices)
+            parent[a] = a
+            q = deque([a])
+            while q:
+                u = q.popleft()
+                for li in self.out[u]:
+                    v = self.t.links[li].dst
+                    if parent[v] == -1:
+                        parent[v] = li
+                        q.append(v)
+            if len(self.bfs) > 256:
+                self.bfs.clear()
+            self.bfs[a] = parent
+        if parent[b] == -1:
+            raise ValueError(f"{self.t.name}: device {b} unreachable from {a}")
+        path, d = [], b
+        while d != a:
+            li = parent[d]
+            path.append(li)
+            d = self.t.links[li].src
+        return tuple(reversed(path))
+
+
+def _coords(i: int, dims) -> list[int]:
+    out = []
+    for _, size, _, _ in dims:
+        out.append(i % size)
+        i //= size
+    return out
+
+
+def _index(coords, dims) -> int:
+    i, mul = 0, 1
+    for c, (_, size, _, _) in zip(coords, dims):
+        i += c * mul
+        mul *= size
+    return i
+
+
+# ---- constructors ----------------------------------------------------------------------
+
+
+def _both(links: list[Link], a: int, b: int, bw: float, lat: float) -> None:
+    links.append(Link(a, b, bw, lat))
+    links.append(Link(b, a, bw, lat))
+
+
+def multidim(dims: list[tuple[str, int, float, float]], *, name: str = "multidim",
+             gb: float = GB, overhead_ns: float = 0.0, reduce_gbps: float = 0.0,
+             sharp: bool = False) -> Topology:
+    """ASTRA-sim style multi-dimensional network of ``prod(size)`` NPUs.
+
+    Each dimension is ``(kind, size, bandwidth GB/s, latency ns)`` with kind ``ring``
+    (bidirectional), ``uring`` (unidirectional), ``fc`` (fully connected) or ``switch``.
+    NPU i has mixed-radix coordinates, dimension 0 fastest.
+    """
+    dims = [(k, int(s), float(bw), float(lat)) for k, s, bw, lat in dims]
+    n = math.prod(s for _, s, _, _ in dims)
+    devices = [Device(f"npu{i}", "gpu", node=i, reduce_gbps=reduce_gbps) for i in range(n)]
+    links: list[Link] = []
+    for dim, (kind, size, bw, lat) in enumerate(dims):
+        if size < 2:
+            continue
+        for i in range(n):
+            c = _coords(i, dims)
+            if c[dim] != 0:
+                continue
+            members = [_index(c[:dim] + [k] + c[dim + 1:], dims) for k in range(size)]
+            if kind == "switch":
+                devices.append(Device(f"sw{dim}.{i}", "switch", level=1, reduce=sharp))
+                sw = len(devices) - 1
+                for m in members:
+                    _both(links, m, sw, bw, lat)
+            elif kind == "fc":
+                for x in members:
+                    for y in members:
+                        if x != y:
+                            links.append(Link(x, y, bw, lat))
+            elif kind in ("ring", "uring"):
+                pairs = size if size > 2 else 1
+                for k in range(pairs):
+                    x, y = members[k], members[(k + 1) % size]
+                    if kind == "ring" or size == 2:
+                        _both(links, x, y, bw, lat)
+                    else:
+                        links.append(Link(x, y, bw, lat))
+            else:
+                raise ValueError(f"unknown dimension kind {kind!r}")
+    return Topology(name, tuple(devices), tuple(links), tuple(range(n)), "dor", gb,
+                    overhead_ns, 1, tuple(dims))
+
+
+def switch(n: int, bandwidth: float, latency: float, **kw) -> Topology:
+    """n NPUs on one switch (2 hops between any two)."""
+    return multidim([("switch", n, bandwidth, latency)], name=kw.pop("name", f"switch{n}"), **kw)
+
+
+def fully_connected(n: int, bandwidth: float, latency: float, **kw) -> Topology:
+    """n NPUs, a direct link between every pair (1 hop)."""
+    return multidim([("fc", n, bandwidth, latency)], name=kw.pop("name", f"fc{n}"), **kw)
+
+
+def ring(n: int, bandwidth: float, latency: float, bidirectional: bool = True,
+         **kw) -> Topology:
+    """n NPUs on a ring; a bidirectional ring routes the shorter way."""
+    kind = "ring" if bidirectional else "uring"
+    return multidim([(kind, n, bandwidth, latency)], name=kw.pop("name", f"ring{n}"), **kw)
+
+
+def torus(shape: tuple[int, ...], bandwidth: float, latency: float, **kw) -> Topology:
+    """A torus (bidirectional ring in every dimension), dimension-order routed."""
+    name = kw.pop("name", "torus" + "x".join(map(str, shape)))
+    return multidim([("ring", s, bandwidth, latency) for s in shape], name=name, **kw)
+
+
+def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
+             nvlink_gbps: float = 300.0, nvlink_ns: float = 300.0,
+             pcie_gbps: float = 50.0, pcie_ns: float = 200.0,
+             nic_gbps: float = 25.0, nic_ns: float = 600.0, switch_ns: float = 300.0,
+             leaf_ports: int = 32, levels: int = 2, pod_leaves: int = 8,
+             oversubscription: float = 1.0, rail_optimized: bool = True,
+             sharp: bool = False, gpu_reduce_gbps: float = 0.0, overhead_ns: float = 0.0,
+             channels: int = 0, name: str = "fat_tree") -> Topology:
+    """Hosts of GPUs on an NVSwitch, NICs, and a two- or three-level fat-tree.
+
+    Per node: GPUs ↔ NVSwitch (``nvlink_gbps`` each way per GPU), NVSwitch ↔ each NIC
+    (``pcie_gbps``), NIC ↔ leaf (``nic_gbps``, ``nic_ns``). Leaves have ``leaf_ports``
+    host ports and ``leaf_ports / oversubscription`` uplinks. ``rail_optimized`` puts NIC
+    r of ``leaf_ports`` consecutive nodes on one leaf (DGX SuperPOD rails); otherwise NIC
+    ports fill leaves in order. Two levels: every leaf reaches every spine. Three levels:
+    pods of ``pod_leaves`` leaves with one aggregation switch per leaf uplink, each
+    with ``pod_leaves / oversubscription`` core uplinks. ``sharp`` makes every network
+    switch an in-network reduction switch. Switch latency is ``switch_ns`` per hop.
+    """
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError("need at least one node with one GPU")
+    devices: list[Device] = []
+    links: list[Link] = []
+    ranks: list[int] = []
+    nics: list[list[int]] = []
+    for n in range(nodes):
+        gpus = []
+        for g in range(gpus_per_node):
+            devices.append(Device(f"n{n}.gpu{g}", "gpu", n, 0, False, gpu_reduce_gbps))
+            gpus.append(len(devices) - 1)
+        ranks += gpus
+        devices.append(Device(f"n{n}.nvswitch", "nvswitch", n, 1))
+        nvs = len(devices) - 1
+        for g in gpus:
+            _both(links, g, nvs, nvlink_gbps, nvlink_ns)
+        row = []
+        for k in range(nics_per_node if nodes > 1 else 0):
+            devices.append(Device(f"n{n}.nic{k}", "nic", n, 2))
+            row.append(len(devices) - 1)
+            _both(links, nvs, row[-1], pcie_gbps, pcie_ns)
+        nics.append(row)
+    if nodes > 1 and nics_per_node > 0:
+        up = max(1, round(leaf_ports / oversubscription))
+        nleaf = -(-nodes // leaf_ports) * nics_per_node if rail_optimized else \
+            -(-nodes * nics_per_node // leaf_ports)
+        base = len(devices)
+        for i in range(nleaf):
+            devices.append(Device(f"leaf{i}", "switch", -1, 3, sharp))
+        for n in range(nodes):
+            for k, nic in enumerate(nics[n]):
+                leaf = (n // leaf_ports) * nics_per_node + k if rail_optimized else \
+                    (n * nics_per_node + k) // leaf_ports
+                _both(links, nic, base + leaf, nic_gbps, nic_ns)
+        if nleaf > 1 and levels <= 2:
+            sbase = len(devices)
+            for s in range(up):
+                devices.append(Device(f"spine{s}", "switch", -1, 4, sharp))
+            for i in range(nleaf):
+                for s in range(up):
+                    _both(links, base + i, sbase + s, nic_gbps, switch_ns)
+        elif nleaf > 1:
+            pods = -(-nleaf // pod_leaves)
+            core_up = max(1, round(pod_leaves / oversubscription))
+            abase = len(devices)
+            for p in range(pods):
+                for a in range(up):
+                    devices.append(Device(f"agg{p}.{a}", "switch", -1, 4, sharp))
+            cbase = len(devices)
+            for a in range(up):
+                for c in range(core_up):
+                    devices.append(Device(f"core{a}.{c}", "switch", -1, 5, sharp))
+            for i in range(nleaf):
+                p = i // pod_leaves
+                for a in range(up):
+                    _both(links, base + i, abase + p * up + a, nic_gbps, switch_ns)
+            for p in range(pods):
+                for a in range(up):
+                    for c in range(core_up):
+                        _both(links, abase + p * up + a, cbase + a * core_up + c, nic_gbps,
+                              switch_ns)
+    fanin = leaf_ports if rail_optimized else max(1, leaf_ports // max(1, nics_per_node))
+    return Topology(name, tuple(devices), tuple(links), tuple(ranks), "updown", GB,
+                    overhead_ns, channels or max(1, nics_per_node),
+                    params=(("collnet_fanin", fanin),))
+
+
+# ---- files -----------------------------------------------------------------------------
+
+
+def to_dict(t: Topology) -> dict:
+    """A JSON-able description (devices and links listed explicitly)."""
+    return {
+        "name": t.name, "routing": t.routing, "gb": t.gb, "overhead_ns": t.overhead_ns,
+        "channels": t.channels, "launch_ns": t.launch_ns, "dims": [list(d) for d in t.dims],
+        "params": [list(p) for p in t.params],
+        "devices": [asdict(d) for d in t.devices],
+        "links": [[lk.src, lk.dst, lk.bandwidth, lk.latency] for lk in t.links],
+        "ranks": list(t.ranks),
+    }
+
+
+def from_dict(d: dict) -> Topology:
+    """Inverse of :func:`to_dict`. A dict ``{"generator": NAME, "args": {...}}`` instead
+    calls a constructor of this module (or a preset) with those arguments."""
+    if "generator" in d:
+        from ringtree.sim import presets
+
+        gen = d["generator"]
+        fn = presets.PRESETS.get(gen) or globals().get(gen)
+        if fn is None or gen.startswith("_"):
+            raise ValueError(f"unknown topology generator {gen!r}")
+        return fn(**d.get("args", {}))
+    return Topology(
+        name=d.get("name", "topology"),
+        devices=tuple(Device(**x) for x in d["devices"]),
+        links=tuple(Link(int(a), int(b), float(bw), float(lat)) for a, b, bw, lat in d["links"]),
+        ranks=tuple(d["ranks"]),
+        routing=d.get("routing", "shortest"),
+        gb=float(d.get("gb", GB)),
+        overhead_ns=float(d.get("overhead_ns", 0.0)),
+        channels=int(d.get("channels", 1)),
+        dims=tuple((str(k), int(s), float(bw), float(lat)) for k, s, bw, lat in d.get("dims", ())),
+        params=tuple((str(k), v) for k, v in d.get("params", ())),
+        launch_ns=float(d.get("launch_ns", 0.0)),
+    )
+
+
+def save(t: Topology, path: str | Path) -> None:
+    """Write ``t`` as JSON, or YAML if the suffix is .yaml/.yml (needs PyYAML)."""
+    path = Path(path)
+    data = to_dict(t)
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    else:
+        path.write_text(json.dumps(data))
+
+
+def load(path: str | Path) -> Topology:
+    """Read a topology file written by :func:`save` or by hand."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise RuntimeError("YAML topologies need PyYAML (pip install ringtree[yaml])") from e
+        return from_dict(yaml.safe_load(text))
+    return from_dict(json.loads(text))

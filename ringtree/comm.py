@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import secrets
 import threading
 from contextlib import contextmanager
@@ -101,11 +100,9 @@ class CommCore:
         self._choices: dict = {}
         self._group: list[tuple[Call, Work | None, object]] | None = None
         self._group_depth = 0
-        self._exec_lock = threading.RLock()
-        self._queue: queue.Queue = queue.Queue()
-        self._pending = 0
-        self._pending_cv = threading.Condition()
-        self._worker: threading.Thread | None = None
+        self._cv = threading.Condition()       # guards the executor's state
+        self._driver: threading.Thread | None = None  # the thread making progress now
+        self._worker: threading.Thread | None = None  # drives async work nobody waits on
         # An external progress engine (ringtree.torch) may take over running calls:
         # ``submit(call, result, timeout) -> Work``. None: this class runs them.
         self.submit = None
@@ -129,6 +126,7 @@ class CommCore:
         self.fabric = build_fabric(self, listener)
         self.executor = Executor(rank, self.fabric, on_idle=self._check_abort,
                                  slice_bytes=self.slice_bytes)
+        self.executor.on_error = self._on_error
         self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
         from ringtree.prof import attach
 
@@ -183,7 +181,7 @@ class CommCore:
                     algo, list(Collective).index(coll))
 
     def _issue(self, call: Call, async_op: bool, result: object, timeout: float | None):
-        """Run now, queue for the worker, or add to the open group."""
+        """Run now, hand to the progress thread, or add to the open group."""
         self._check_usable()
         if self.flight is not None:
             self.flight.scheduled(call)
@@ -197,72 +195,98 @@ class CommCore:
         if self.submit is not None:
             work = self.submit(call, result, t)
             return work if async_op else work.result()
+        work = Work(call.desc.name) if async_op else None
+        batch = self._submit([call], [work], [result], t)
         if async_op:
-            work = Work(call.desc.name)
-            self._enqueue([call], [work], [result], t)
             return work
-        self._drain()
-        with self._exec_lock:
-            self._execute([call], t)
+        self._wait(batch)
         return result
 
-    def _execute(self, calls: list[Call], timeout: float) -> None:
+    def _submit(self, calls: list[Call], works: list, results: list, timeout: float):
+        """Queue calls as one batch: their steps join the channels in issue order, so
+        they may overlap with anything still in flight."""
         self._check_usable()
         fr = self.flight
-        if fr is not None:
-            fr.started(calls)
-        try:
-            self.executor.run(calls, timeout)
-        except (PeerError, MismatchError, CollectiveTimeout, CommAborted) as e:
-            err = self._fail(e)  # the doctor in _fail still sees these calls as started
+
+        def done(batch) -> None:  # runs on the driving thread, under the lock
             if fr is not None:
-                fr.finished(calls, err)
-            raise err from None
-        except BaseException as e:
+                fr.finished(calls, batch.error)
+            for w, r in zip(works, results):
+                if w is not None:
+                    w._finish(r, batch.error)
+
+        with self._cv:
             if fr is not None:
-                fr.finished(calls, e)
-            raise
-        if fr is not None:
-            fr.finished(calls)
+                fr.started(calls)
+            batch = self.executor.submit(calls, timeout, done)
+            if any(w is not None for w in works):
+                self._start_worker()
+                self._cv.notify_all()
+        return batch
+
+    def _wait(self, batch) -> None:
+        """Block until ``batch`` completes, driving progress if no other thread is."""
+        with self._cv:
+            while not batch.done:
+                if self._driver is None:
+                    self._driver = threading.current_thread()
+                    try:
+                        self.executor.drive(lambda: batch.done, self._cv)
+                    finally:
+                        self._driver = None
+                        self._cv.notify_all()
+                else:
+                    self._cv.wait(0.1)
+        if batch.error is not None:
+            raise batch.error
+
+    def _on_error(self, e: BaseException) -> BaseException:
+        """The executor failed: record it for every rank and say who started it."""
+        if isinstance(e, (PeerError, MismatchError, CollectiveTimeout, CommAborted)):
+            return self._fail(e)
+        return e
 
     # ---- async work -------------------------------------------------------------------
 
-    def _enqueue(self, calls, works, results, timeout) -> None:
-        with self._pending_cv:
-            self._pending += 1
+    def _start_worker(self) -> None:
         if self._worker is None:
             self._worker = threading.Thread(target=self._work_loop, daemon=True,
                                             name=f"ringtree-rank{self.rank}")
             self._worker.start()
-        self._queue.put((calls, works, results, timeout))
 
     def _work_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            calls, works, results, timeout = item
-            err: BaseException | None = None
-            try:
-                with self._exec_lock:
-                    self._execute(calls, timeout)
-            except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                err = e
-            for w, r in zip(works, results):
-                w._finish(r, err)
-            with self._pending_cv:
-                self._pending -= 1
-                self._pending_cv.notify_all()
-
-    def _drain(self) -> None:
-        """Wait for queued async work (issue order is execution order)."""
-        if self._pending:
-            with self._pending_cv:
-                self._pending_cv.wait_for(lambda: self._pending == 0)
+        """Drive the executor whenever it has work and no caller is driving it."""
+        me = threading.current_thread()
+        with self._cv:
+            while self._worker is me:
+                if self.executor.busy and self._driver is None:
+                    self._driver = me
+                    try:
+                        self.executor.drive(
+                            lambda: not self.executor.busy or self._worker is not me, self._cv)
+                    except BaseException:  # noqa: BLE001 - errors reach the Works
+                        pass
+                    finally:
+                        self._driver = None
+                        self._cv.notify_all()
+                else:
+                    self._cv.wait(0.5)
 
     def synchronize(self) -> None:
         """Wait until every operation issued so far has completed."""
-        self._drain()
+        with self._cv:
+            while self.executor.busy:
+                if self._driver is None:
+                    self._driver = threading.current_thread()
+                    try:
+                        self.executor.drive(lambda: not self.executor.busy, self._cv)
+                    finally:
+                        self._driver = None
+                        self._cv.notify_all()
+                else:
+                    self._cv.wait(0.1)
+
+    _drain = synchronize
 
     # ---- groups -----------------------------------------------------------------------
 
@@ -288,17 +312,7 @@ class CommCore:
                     calls = [c for c, _, _ in items]
                     works = [w for _, w, _ in items]
                     results = [r for _, _, r in items]
-                    self._drain()
-                    err = None
-                    try:
-                        with self._exec_lock:
-                            self._execute(calls, max(self.timeout, 1e-3))
-                    except BaseException as e:
-                        err = e
-                    for w, r in zip(works, results):
-                        w._finish(r, err)  # type: ignore[union-attr]
-                    if err is not None:
-                        raise err
+                    self._wait(self._submit(calls, works, results, max(self.timeout, 1e-3)))
 
     # ---- failure ----------------------------------------------------------------------
 
@@ -449,9 +463,9 @@ class CommCore:
             time.sleep(0.02)
 
     def _stop_worker(self) -> None:
-        if self._worker is not None:
-            self._queue.put(None)
+        with self._cv:
             self._worker = None
+            self._cv.notify_all()
 
     def __enter__(self):
         return self

@@ -22,14 +22,16 @@ can move. Several calls (a ``group()``) are run together by concatenating their 
 from __future__ import annotations
 
 import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ringtree.dtypes import DType
-from ringtree.errors import CollectiveTimeout, MismatchError, PeerError
+from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
 from ringtree.ir import Buf, Collective, Program, Step, split_even
 from ringtree.ops import ReduceOp, Reducer
 from ringtree.prof.recorder import Ev, prim_code
@@ -100,6 +102,7 @@ class Call:
     post: Callable[[], None] | None = None
     prefix: bytes = field(init=False)
     fr: list | None = field(default=None, repr=False)  # its flight-recorder entry
+    steps_done: list[bool] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.prefix = self.desc.prefix()
@@ -197,7 +200,11 @@ class Executor:
         self.on_idle = on_idle
         self.slice_bytes = slice_bytes
         self.pool = BufferPool()
-        self.waiting: list[tuple[CStep, Call, Request]] = []
+        self.on_error: Callable[[BaseException], BaseException] | None = None
+        self._chans: dict[int, deque] = {}       # channel -> steps not yet issued, in order
+        self._turns: dict[tuple[int, int], deque] = {}  # (peer, channel) -> senders in order
+        self._active: list[list] = []            # [generator, awaited, step, call, batch]
+        self._batches: list[Batch] = []
         self.rec = None      # ringtree.prof.recorder.Recorder while profiling
         self.blocked: list | None = None  # active steps as of the last wait (for the doctor)
 
@@ -252,6 +259,7 @@ class Executor:
                                  bview[off * itemsize:(off + ln) * itemsize])
                     for off, ln in cs.slices])
         sends: list[Request] = []
+        last = len(cs.slices) - 1
         try:
             for k, (off, ln) in enumerate(cs.slices):
                 for j, reqs in enumerate(recvs):
@@ -295,9 +303,18 @@ class Executor:
                     raw = value.view(np.uint8)
                     hdr = self._header(call, raw.nbytes)
                     for peer in s.send_to:
+                        # sends to one (peer, channel) leave in program order, even when a
+                        # later step has its data first (the IR's matching rule)
+                        q = self._turns.get((peer, ch))
+                        if q is not None and q[0] is not cs:
+                            turn = _Turn(q, cs, peer)
+                            while not turn.done:
+                                yield turn  # type: ignore[misc]
                         if rec is not None:
                             rec.send(ch, peer, seq, gid, prim, raw.nbytes)
                         sends.append(fabric.isend(peer, ch, hdr, raw))
+                        if k == last and q is not None:
+                            q.popleft()
             if rec is not None:
                 t_wait = ns_now() if sends and not sends[-1].done else 0
             for req in sends:
@@ -324,84 +341,191 @@ class Executor:
         return struct.pack("<Q", nbytes) + call.prefix
 
     # ---- the scheduler ----------------------------------------------------------------
+    #
+    # Calls are *submitted* (their steps appended to per-channel queues, in issue order)
+    # and *driven* by whichever thread holds the driver role, one round at a time. New
+    # calls can be submitted while earlier ones are in flight, so an ``isend`` followed
+    # by a blocking ``recv`` progresses both, as MPI programs expect.
 
-    def run(self, calls: list[Call], timeout: float) -> None:
-        """Run ``calls`` concurrently (channel-concatenated) until all complete."""
-        chans: dict[int, list[tuple[CStep, Call, int]]] = {}
-        ndone: list[bool] = []
-        base = 0
+    def submit(self, calls: list[Call], timeout: float,
+               on_done: Callable[[Batch], None] | None = None) -> Batch:
+        """Queue ``calls`` as one batch (a group). Caller holds the communicator's lock."""
+        batch = Batch(calls, time.monotonic() + timeout, timeout, on_done)
         for call in calls:
-            count = sum(len(c) for c in call.steps)
+            call.steps_done = [False] * sum(len(c) for c in call.steps)
             for csteps in call.steps:
                 for cs in csteps:
-                    chans.setdefault(call.channel_base + cs.channel, []).append((cs, call, base))
-            base += count
-            ndone.extend([False] * count)
-        cursor = dict.fromkeys(chans, 0)
-        active: list[tuple[Generator, Request | None, int, CStep, Call]] = []
-        remaining = len(ndone)
-        deadline = time.monotonic() + timeout
-        next_idle = time.monotonic() + 1.0
-        fabric = self.fabric
-        self.blocked = None
-        rec = self.rec
-        if rec is not None:
-            rec.run_begin(calls)
-            base_ch, seq0 = calls[0].channel_base, calls[0].desc.seq
-        while remaining:
-            moved = False
-            for chid, items in chans.items():
-                i = cursor[chid]
-                while i < len(items):
-                    cs, call, b = items[i]
-                    if any(not ndone[b + d] for d in cs.deps):
-                        break
-                    gen = self._step(cs, call)
-                    active.append((gen, None, b + cs.gid, cs, call))
-                    i += 1
-                    moved = True
-                cursor[chid] = i
-            still = []
-            for gen, req, gid, cs, call in active:
-                if req is not None and not req.done:
-                    still.append((gen, req, gid, cs, call))
-                    continue
-                try:
-                    req = next(gen)
-                    still.append((gen, req, gid, cs, call))
-                except StopIteration:
-                    ndone[gid] = True
-                    remaining -= 1
-                except HeaderMismatch as e:
-                    raise MismatchError(_describe_mismatch(self.rank, e, call)) from None
-                except PeerError as e:
-                    self.blocked = active  # for the doctor: what every step waited on
-                    raise PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}") from None
+                    self._chans.setdefault(call.channel_base + cs.channel, deque()).append(
+                        (cs, call, batch))
+            batch.remaining += len(call.steps_done)
+        self._batches.append(batch)
+        if self.rec is not None:
+            self.rec.run_begin(calls)
+        if batch.remaining == 0:
+            self._complete(batch)
+        return batch
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._batches)
+
+    def _round(self) -> tuple[bool, bool]:
+        """Issue what may start, resume what may continue: (moved, a batch completed)."""
+        moved = finished = False
+        for chid in list(self._chans):
+            q = self._chans[chid]
+            while q:
+                cs, call, batch = q[0]
+                done = call.steps_done
+                if any(not done[d] for d in cs.deps):
+                    break
+                q.popleft()
+                if cs.length and cs.step.send_to:
+                    for peer in cs.step.send_to:  # claim this step's place in line
+                        self._turns.setdefault((peer, chid), deque()).append(cs)
+                self._active.append([self._step(cs, call), None, cs, call, batch])
                 moved = True
-            active = still
-            if moved or not remaining:
+            if not q:
+                del self._chans[chid]
+        still = []
+        active = self._active
+        for i, item in enumerate(active):
+            gen, req, cs, call, batch = item
+            if req is not None and not req.done:
+                still.append(item)
                 continue
-            if fabric.poll():
+            moved = True
+            try:
+                item[1] = next(gen)
+                still.append(item)
+            except StopIteration:
+                call.steps_done[cs.gid] = True
+                batch.remaining -= 1
+                if batch.remaining == 0:
+                    self._complete(batch)
+                    finished = True
+            except (HeaderMismatch, PeerError) as e:
+                self._active = still + active[i + 1:]
+                if isinstance(e, HeaderMismatch):
+                    err: BaseException = MismatchError(_describe_mismatch(self.rank, e, call))
+                else:
+                    self._publish_blocked()
+                    err = PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}")
+                self._abort(err)
+                return True, True
+        self._active = still
+        return moved, finished
+
+    def _publish_blocked(self) -> None:
+        """What every step waits on, as (generator, request, step id, step, call): read by
+        the flight recorder and the doctor."""
+        self.blocked = [(g, r, cs.gid, cs, call) for g, r, cs, call, _ in self._active]
+
+    def _complete(self, batch: Batch) -> None:
+        if batch.error is None:
+            for call in batch.calls:
+                if call.post is not None:
+                    call.post()
+        if self.rec is not None:
+            self.rec.run_end(batch.calls)
+        batch.done = True
+        self._batches.remove(batch)
+        if batch.on_done is not None:
+            batch.on_done(batch)
+
+    def _abort(self, err: BaseException) -> None:
+        """Fail every batch in flight with ``err`` (after ``on_error`` has recorded it)."""
+        if self.on_error is not None:
+            err = self.on_error(err)
+        for item in self._active:
+            item[0].close()  # runs the steps' finally: staging buffers, shm slots
+        self._active, self._chans, self._turns = [], {}, {}
+        for batch in list(self._batches):
+            batch.error = err
+            self._complete(batch)
+
+    def drive(self, until: Callable[[], bool], lock) -> None:
+        """Make progress until ``until()``; ``lock`` (held by the caller) is released
+        while sleeping in the transports, so other threads can submit meanwhile."""
+        fabric = self.fabric
+        next_idle = time.monotonic() + 1.0
+        rec = self.rec
+        while not until():
+            moved, finished = self._round()
+            if finished:
+                lock.notify_all()
+            if moved or fabric.poll():
                 continue
             now = time.monotonic()
-            if now > deadline:
-                self.blocked = active
-                raise CollectiveTimeout(_describe_timeout(self.rank, active, timeout))
+            late = [b for b in self._batches if now > b.deadline]
+            if late:
+                self._publish_blocked()
+                self._abort(CollectiveTimeout(_describe_timeout(
+                    self.rank, [a for a in self.blocked if any(a[4] is c for c in late[0].calls)],
+                    late[0].timeout)))
+                lock.notify_all()
+                continue
             if self.on_idle is not None and now > next_idle:
-                self.on_idle()
                 next_idle = now + 1.0
-            self.blocked = active  # what the flight recorder reports as "current step"
+                try:
+                    self.on_idle()
+                except CommAborted as e:
+                    self._abort(e)
+                    lock.notify_all()
+                    continue
+            self._publish_blocked()  # what the flight recorder reports as "current step"
+            nearest = min((b.deadline for b in self._batches), default=now + 0.25)
             if rec is not None:
                 t_idle = ns_now()
-            fabric.wait(min(0.25, max(0.0, deadline - now)))
-            if rec is not None:
-                rec.span(Ev.IDLE, t_idle, base_ch, -1, seq0, -1, 0, 0, 0)
+            lock.release()
+            try:
+                fabric.wait(min(0.25, max(0.0, nearest - now)))
+            finally:
+                lock.acquire()
+            if rec is not None and self._batches:
+                c0 = self._batches[0].calls[0]
+                rec.span(Ev.IDLE, t_idle, c0.channel_base, -1, c0.desc.seq, -1, 0, 0, 0)
             fabric.poll()
-        for call in calls:
-            if call.post is not None:
-                call.post()
-        if rec is not None:
-            rec.run_end(calls)
+
+    def run(self, calls: list[Call], timeout: float) -> None:
+        """Submit ``calls`` as one batch and drive until it completes (single-threaded)."""
+        lock = threading.Condition()
+        with lock:
+            batch = self.submit(calls, timeout)
+            self.drive(lambda: batch.done, lock)
+        if batch.error is not None:
+            raise batch.error
+
+
+class Batch:
+    """Calls submitted together; complete when all their steps are."""
+
+    __slots__ = ("calls", "deadline", "timeout", "on_done", "remaining", "done", "error")
+
+    def __init__(self, calls: list[Call], deadline: float, timeout: float,
+                 on_done: Callable[[Batch], None] | None):
+        self.calls, self.deadline, self.timeout, self.on_done = calls, deadline, timeout, on_done
+        self.remaining = 0
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class _Turn:
+    """Waitable: a step's turn to post its sends to one (peer, channel)."""
+
+    __slots__ = ("queue", "step", "peer")
+    is_send = True
+    header = bytes(8)
+    pos = 0
+
+    def __init__(self, queue: deque, step: CStep, peer: int):
+        self.queue, self.step, self.peer = queue, step, peer
+
+    @property
+    def done(self) -> bool:
+        return self.queue[0] is self.step
+
+    error = None
 
 
 def _describe_timeout(rank: int, active, timeout: float) -> str:

@@ -164,7 +164,6 @@ class Recorder:
     # ---- executor hooks (once per run, not per step) ---------------------------------
 
     def run_begin(self, calls) -> None:
-        self._ords.clear()
         for call in calls:
             b0, b1 = call.bufs[0], call.bufs[1]
             nbytes = max(0 if b0 is None else b0.nbytes, 0 if b1 is None else b1.nbytes)
@@ -173,10 +172,14 @@ class Recorder:
                     self.call_id(d, nbytes))
 
     def run_end(self, calls) -> None:
+        seqs = set()
         for call in reversed(calls):
             d = call.desc
             self.ev(Ev.COLL_EXIT, call.channel_base, -1, d.seq, -1, d.coll_code, 0, 0)
-        self._ords.clear()
+            seqs.add(d.seq)
+        # batches overlap: forget only this batch's message counters
+        for key in [k for k in self._ords if k[3] in seqs]:
+            del self._ords[key]
 
     # ---- reading ------------------------------------------------------------------------
 

@@ -1,0 +1,33 @@
+"""ringtree as a ``torch.distributed`` backend.
+
+    import torch.distributed as dist
+    import ringtree.torch  # registers backend "ringtree" for CPU tensors
+
+    dist.init_process_group("ringtree")  # under torchrun, ringtree run, mpirun ...
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Importing this package registers the backend and, under ``mpirun``/``srun`` (which do
+not export torch's ``RANK``/``WORLD_SIZE``/``MASTER_*``), fills those in
+(:func:`fill_torch_env`). :class:`RingtreeProcessGroup` is the process group torch gets;
+:func:`register` registers again (e.g. after torch's backend registry was reset).
+"""
+
+from __future__ import annotations
+
+try:
+    import torch.distributed as _dist
+except ImportError as e:  # pragma: no cover - torch is an optional extra
+    raise ImportError("ringtree.torch needs PyTorch: pip install 'ringtree[torch]'") from e
+
+if not _dist.is_available():  # pragma: no cover
+    raise ImportError("ringtree.torch needs a PyTorch build with torch.distributed")
+
+from ringtree.torch.backend import BACKEND, RingtreeProcessGroup, create_backend, register
+from ringtree.torch.env import fill_torch_env
+from ringtree.torch.work import RingtreeWork
+
+register()
+fill_torch_env()  # mpirun / srun: give env:// its RANK, WORLD_SIZE, MASTER_ADDR/PORT
+
+__all__ = ["BACKEND", "RingtreeProcessGroup", "RingtreeWork", "create_backend",
+           "fill_torch_env", "register"]

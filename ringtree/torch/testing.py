@@ -1,0 +1,179 @@
+"""Run functions on N ``torch.distributed`` ranks (ringtree's torch tests and benchmarks).
+
+:class:`TorchRankPool` starts N long-lived processes once. Each initialises
+``torch.distributed`` with env:// rendezvous — backend ``"ringtree"`` by default — and,
+when asked, a gloo group over the same ranks, so one function can run the same
+operation on both and compare. ``pool.run(fn, *args)`` calls ``fn(ctx, *args)`` on every
+rank and returns the per-rank results (exceptions come back as values; ``run_ok``
+re-raises the first). A run that does not finish in time kills the pool and raises
+:class:`~ringtree.testing.HangError` naming the ranks that hung.
+
+Processes come from a ``forkserver`` that has imported torch once, so starting ranks is
+cheap and no rank inherits a parent's OpenMP threads. Functions must be importable by
+reference (module level), as with multiprocessing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ringtree.testing import HangError, RemoteError, _collect, free_port, raise_first
+
+__all__ = ["HangError", "RankContext", "TorchRankPool", "raise_first"]
+
+
+@dataclass
+class RankContext:
+    """What a function run by :class:`TorchRankPool` gets on each rank."""
+
+    rank: int
+    size: int
+    backend: str
+    group: Any = None            # the default (WORLD) group
+    gloo: Any = None             # a gloo group over the same ranks, if requested
+    scratch: dict = field(default_factory=dict)  # kept across runs on this rank
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "numpy"])
+    return ctx
+
+
+def _pack(e: BaseException) -> BaseException:
+    import pickle
+
+    text = traceback.format_exc()
+    try:
+        pickle.loads(pickle.dumps(e))
+        e.__traceback_text__ = text  # type: ignore[attr-defined]
+        return e
+    except Exception:  # noqa: BLE001
+        return RemoteError(f"{type(e).__name__}: {e}\n{text}")
+
+
+def _worker(rank: int, size: int, port: int, backend: str, gloo: bool, timeout: float,
+            env: dict | None, threads: int, conn) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "RANK": str(rank), "WORLD_SIZE": str(size),
+                       "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(size)})
+    for k, v in (env or {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = str(v)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import ringtree.torch  # noqa: F401 - registers the backend
+
+        torch.set_num_threads(threads)
+        ctx = RankContext(rank, size, backend or "")
+        if backend:
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+            ctx.group = dist.group.WORLD
+        if gloo and backend:
+            ctx.gloo = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("err", _pack(e)))
+        return
+    conn.send(("ok", "ready"))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        fn, args, kwargs = msg
+        try:
+            conn.send(("ok", fn(ctx, *args, **kwargs)))
+        except BaseException as e:  # noqa: BLE001
+            conn.send(("err", _pack(e)))
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - best effort at exit
+        pass
+
+
+class TorchRankPool:
+    """N processes with ``torch.distributed`` initialised; ``run`` a function on all.
+
+    ``backend=None`` leaves initialisation to the functions (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` are set for env://).
+    """
+
+    def __init__(self, nranks: int, backend: str | None = "ringtree", *, gloo: bool = True,
+                 timeout: float = 120.0, pg_timeout: float = 60.0, env: dict | None = None,
+                 threads: int = 1):
+        ctx = _context()
+        self.nranks, self.timeout = nranks, timeout
+        port = free_port()
+        self.conns, self.procs = [], []
+        for r in range(nranks):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(r, nranks, port, backend, gloo, pg_timeout,
+                                                  env, threads, child), daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self.alive = True
+        try:
+            raise_first(_collect(self.conns, self.procs, timeout))
+        except BaseException:
+            self.kill()
+            raise
+
+    def run(self, fn: Callable, *args: Any, timeout: float | None = None,
+            **kwargs: Any) -> list[Any]:
+        """``fn(ctx, *args, **kwargs)`` on every rank; results (or exceptions) per rank."""
+        if not self.alive:
+            raise RuntimeError("the rank pool is gone (an earlier run hung or it was closed)")
+        for c in self.conns:
+            c.send((fn, args, kwargs))
+        try:
+            return _collect(self.conns, self.procs, timeout or self.timeout)
+        except HangError:
+            self.kill()
+            raise
+
+    def run_ok(self, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+        return raise_first(self.run(fn, *args, **kwargs))
+
+    def kill(self) -> None:
+        self.alive = False
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=5)
+
+    def close(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for p in self.procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+    def __enter__(self) -> TorchRankPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

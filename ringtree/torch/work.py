@@ -1,0 +1,146 @@
+"""``torch.distributed.Work`` for ringtree operations.
+
+What torch and DDP need from a Work, and how this one provides it:
+
+- ``get_future()`` returns a ``torch.futures.Future`` whose value is the list of output
+  tensors (DDP copies the reduced bucket out of it; a future resolving to None crashes
+  ``loss.backward()``). The future is completed on a small completion pool, never on the
+  thread that moves bytes, so callbacks chained with ``then`` — DDP's, or a comm hook's
+  that blocks on another collective (PowerSGD does) — can neither stall the engine nor
+  deadlock it.
+- Errors reach C++ callers as real future errors: a Python future's ``set_exception``
+  only stores the exception as a value for C++ readers, so the future handed out is a
+  ``then`` of a private one, and the callback re-raises the error.
+- ``wait(timeout)`` raises the operation's error (ringtree's timeout, dead peer, mismatch)
+  — ``_create_work_from_future`` would return True even when the future failed.
+  ``is_completed()`` and ``is_success()`` tell the truth without blocking.
+- ``_source_rank()`` gives the sender of a receive from any source.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringtree.errors import CollectiveTimeout
+
+
+def _unwrap(fut: torch.futures.Future) -> Any:
+    ok, value = fut.value()
+    if not ok:
+        raise value
+    return value
+
+
+def _seconds(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    timeout = float(timeout)
+    return None if timeout <= 0 else timeout
+
+
+class RingtreeWork(dist.Work):
+    """The handle torch gets back from every ringtree process-group operation."""
+
+    def __init__(self, name: str, value: Any,
+                 dispatch: Callable[[Callable[[], None]], None] | None = None):
+        super().__init__()
+        self.name = name
+        self._value = value
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        self._source = -1
+        self._callbacks: list = []
+        self._lock = threading.Lock()
+        # The future exists only once asked for (a plain ``wait()`` never pays for it);
+        # ``dispatch`` runs its completion elsewhere than on the engine thread.
+        self._dispatch = dispatch
+        self._inner: torch.futures.Future | None = None
+        self._future: torch.futures.Future | None = None
+
+    # ---- completion (called by the process group) -------------------------------------
+
+    def _mark(self, error: BaseException | None) -> None:
+        """The operation is over: waiters wake now; a future, if any, follows."""
+        with self._lock:
+            self._error = error
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+            resolve = self._inner is not None
+        if resolve:
+            if self._dispatch is not None:
+                self._dispatch(self._resolve)
+            else:
+                self._resolve()
+        for cb in callbacks:
+            cb(self)
+
+    def add_done_callback(self, cb) -> None:
+        """Call ``cb(work)`` once the operation is over (at once if it is)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+    def _resolve(self) -> None:
+        assert self._inner is not None
+        if self._error is None:
+            self._inner.set_result((True, self._value))
+        else:
+            self._inner.set_result((False, self._error))
+
+    # ---- torch.distributed.Work --------------------------------------------------------
+
+    def wait(self, timeout: Any = None) -> bool:
+        t = _seconds(timeout)
+        if not self._event.wait(t):
+            raise CollectiveTimeout(f"{self.name}: not complete after waiting {t:g} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        with self._lock:
+            if self._future is None:
+                self._inner = torch.futures.Future()
+                self._future = self._inner.then(_unwrap)
+                done = self._event.is_set()
+            else:
+                return self._future
+        if done:  # nobody can have chained a callback yet: complete it here
+            self._resolve()
+        return self._future
+
+    def result(self) -> Any:
+        self.wait()
+        return self._value
+
+    def synchronize(self) -> None:
+        """CPU work has no stream to join."""
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def source_rank(self) -> int:
+        return self._source
+
+    def __repr__(self) -> str:
+        state = "done" if self._event.is_set() else "pending"
+        return f"<RingtreeWork {self.name} {state}>"

@@ -1,0 +1,65 @@
+"""The streaming executor: overlapping calls, message order per connection, async work."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ringtree.testing import RankPool
+
+
+@pytest.fixture(scope="module")
+def pool3():
+    with RankPool(3) as p:
+        yield p
+
+
+def isend_then_recv(comm, nbytes):
+    """Both neighbours isend first, then block in recv: MPI's classic exchange."""
+    n, r = comm.size, comm.rank
+    out = np.full(nbytes // 8, r, dtype=np.int64)
+    got = np.empty_like(out)
+    w = comm.isend(out, (r + 1) % n)
+    comm.recv(got, (r - 1) % n)
+    w.wait(timeout=60)
+    return bool((got == (r - 1) % n).all())
+
+
+@pytest.mark.parametrize("nbytes", [8, 1 << 20, 32 << 20])
+def test_isend_then_blocking_recv_does_not_deadlock(pool3, nbytes):
+    assert all(pool3.run_ok(isend_then_recv, nbytes))
+
+
+def grouped_rings(comm):
+    """Several ring all-reduces in one group share channel 0: a later call's first send
+    (which needs no data) must not overtake an earlier call's sends to the same peer."""
+    n = comm.size
+    xs = [np.full(300_000 + i, comm.rank + 10 * i, dtype=np.int64) for i in range(4)]
+    with comm.group():
+        for x in xs:
+            comm.all_reduce(x, algo="ring")
+    base = n * (n - 1) // 2
+    return [bool((x == base + 10 * i * n).all()) for i, x in enumerate(xs)]
+
+
+def test_grouped_collectives_keep_message_order(pool3):
+    for r, ok in enumerate(pool3.run_ok(grouped_rings)):
+        assert all(ok), f"rank {r}: {ok}"
+
+
+def async_overlap(comm):
+    """Async all-reduces in flight while the caller runs synchronous ones."""
+    n = comm.size
+    xs = [np.full(200_000, comm.rank + i, dtype=np.int64) for i in range(6)]
+    works = [comm.all_reduce(x, async_op=True, algo="ring") for x in xs[:3]]
+    y = comm.all_reduce(np.ones(5, dtype=np.int64))
+    works += [comm.all_reduce(x, async_op=True) for x in xs[3:]]
+    for w in works:
+        w.wait(timeout=60)
+    comm.synchronize()
+    base = n * (n - 1) // 2
+    return all(int(x[0]) == base + i * n for i, x in enumerate(xs)) and int(y[0]) == n
+
+
+def test_async_collectives_overlap_with_synchronous_ones(pool3):
+    assert all(pool3.run_ok(async_overlap))

@@ -253,6 +253,10 @@ class _Job:
         })
         if o.tag_output:
             env.setdefault("PYTHONUNBUFFERED", "1")
+        if o.nproc > 1:
+            # as torchrun does: N ranks each spawning one OpenMP thread per core would
+            # oversubscribe the host many times over (torch and BLAS read this)
+            env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
     def run(self) -> int:

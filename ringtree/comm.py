@@ -240,6 +240,18 @@ class CommCore:
         if batch.error is not None:
             raise batch.error
 
+    def _probe(self, channel: int, peers: list[int], test, work: Work, timeout: float):
+        """A receive from any source, first half (:meth:`Executor.probe`): ``work``
+        finishes with the first of ``peers`` whose message waits on ``channel``. It does
+        so on the driving thread, under the lock: post the receive from another thread."""
+        self._check_usable()
+        with self._cv:
+            batch = self.executor.probe(channel, peers, test, timeout,
+                                        lambda b: work._finish(b.probe.peer, b.error))
+            self._start_worker()
+            self._cv.notify_all()
+        return batch
+
     def _on_error(self, e: BaseException) -> BaseException:
         """The executor failed: record it for every rank and say who started it."""
         if isinstance(e, (PeerError, MismatchError, CollectiveTimeout, CommAborted)):
@@ -272,21 +284,38 @@ class CommCore:
                 else:
                     self._cv.wait(0.5)
 
-    def synchronize(self) -> None:
-        """Wait until every operation issued so far has completed."""
+    def synchronize(self, timeout: float | None = None) -> bool:
+        """Wait until every operation issued so far has completed; False if ``timeout``
+        seconds passed first (the operations go on)."""
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+
+        def over() -> bool:
+            return end is not None and time.monotonic() >= end
+
         with self._cv:
             while self.executor.busy:
+                if over():
+                    return False
                 if self._driver is None:
                     self._driver = threading.current_thread()
                     try:
-                        self.executor.drive(lambda: not self.executor.busy, self._cv)
+                        self.executor.drive(lambda: not self.executor.busy or over(), self._cv)
                     finally:
                         self._driver = None
                         self._cv.notify_all()
                 else:
                     self._cv.wait(0.1)
+        return True
 
     _drain = synchronize
+
+    def _fail_pending(self, err: BaseException) -> None:
+        """Fail every operation in flight with ``err`` (an abort: nothing is recorded)."""
+        with self._cv:
+            self.executor.cancel(err)
+            self._cv.notify_all()
 
     # ---- groups -----------------------------------------------------------------------
 
@@ -422,6 +451,7 @@ class CommCore:
             pass
         self._broken = self._broken or CommAborted(f"rank {self.rank} aborted")
         self.fabric.close()
+        self._fail_pending(self._broken)  # Works in flight raise instead of hanging
         from ringtree.prof import detach
 
         detach(self)

@@ -205,6 +205,11 @@ class Executor:
         self._turns: dict[tuple[int, int], deque] = {}  # (peer, channel) -> senders in order
         self._active: list[list] = []            # [generator, awaited, step, call, batch]
         self._batches: list[Batch] = []
+        self._probes: list[Probe] = []           # receives from any source, not matched yet
+        self._claims: set[tuple[int, int]] = set()  # (peer, channel) a probe has matched
+        # Longest sleep in the transports: calls submitted meanwhile wait for the wake-up
+        # (the transports offer no wake-up descriptor), so latency-bound users lower it.
+        self.wait_cap = 0.25
         self.rec = None      # ringtree.prof.recorder.Recorder while profiling
         self.blocked: list | None = None  # active steps as of the last wait (for the doctor)
 
@@ -349,15 +354,31 @@ class Executor:
 
     def submit(self, calls: list[Call], timeout: float,
                on_done: Callable[[Batch], None] | None = None) -> Batch:
-        """Queue ``calls`` as one batch (a group). Caller holds the communicator's lock."""
+        """Queue ``calls`` as one batch (a group). Caller holds the communicator's lock.
+
+        Memory order: the batch starts only once every batch in flight whose buffers
+        overlap its own (where either writes) has completed, as on one NCCL stream."""
         batch = Batch(calls, time.monotonic() + timeout, timeout, on_done)
+        reads: list[tuple[int, int]] = []
+        writes: list[tuple[int, int]] = []
         for call in calls:
             call.steps_done = [False] * sum(len(c) for c in call.steps)
+            rd = wr = 0  # bit masks of the buffers the steps read and write
             for csteps in call.steps:
                 for cs in csteps:
                     self._chans.setdefault(call.channel_base + cs.channel, deque()).append(
                         (cs, call, batch))
+                    if cs.src is not None:
+                        rd |= 1 << cs.src.buf
+                    if cs.dst is not None:
+                        wr |= 1 << cs.dst.buf
             batch.remaining += len(call.steps_done)
+            for b in (Buf.INPUT, Buf.OUTPUT):  # scratch is the call's own
+                span = _span(call.bufs[b]) if (rd | wr) >> b & 1 else None
+                if span is not None:
+                    (writes if wr >> b & 1 else reads).append(span)
+        batch.reads, batch.writes = reads, writes
+        batch.after = [b for b in self._batches if b.conflicts(batch)]
         self._batches.append(batch)
         if self.rec is not None:
             self.rec.run_begin(calls)
@@ -376,10 +397,16 @@ class Executor:
             q = self._chans[chid]
             while q:
                 cs, call, batch = q[0]
+                if batch.after:  # an earlier batch touching the same memory is running
+                    if not all(b.done for b in batch.after):
+                        break
+                    batch.after = []
                 done = call.steps_done
                 if any(not done[d] for d in cs.deps):
                     break
                 q.popleft()
+                if self._claims and cs.step.recv_from:  # this receive takes a probed message
+                    self._claims.difference_update((p, chid) for p in cs.step.recv_from)
                 if cs.length and cs.step.send_to:
                     for peer in cs.step.send_to:  # claim this step's place in line
                         self._turns.setdefault((peer, chid), deque()).append(cs)
@@ -414,7 +441,45 @@ class Executor:
                 self._abort(err)
                 return True, True
         self._active = still
+        if self._probes and self._match_probes():
+            return True, True
         return moved, finished
+
+    # ---- receives from any source --------------------------------------------------------
+
+    def probe(self, channel: int, peers: list[int], test: Callable[[int, int], bool],
+              timeout: float, on_done: Callable[[Batch], None] | None = None) -> Batch:
+        """A receive from any source, first half: a batch (no calls) that completes once
+        ``test(peer, channel)`` — a message from ``peer`` waits on ``channel`` with no
+        receive posted for it — holds for one of ``peers``; ``batch.probe.peer`` names
+        it. The caller then posts the receive; until a receive from that peer on that
+        channel is issued, other probes leave its message alone. Caller holds the lock."""
+        batch = Batch([], time.monotonic() + timeout, timeout, on_done)
+        batch.probe = Probe(channel, list(peers), test, batch)
+        self._batches.append(batch)
+        self._probes.append(batch.probe)
+        return batch
+
+    def _match_probes(self) -> bool:
+        """Complete the probes that find a message (in the order they were made)."""
+        hit = False
+        for p in list(self._probes):
+            for peer in p.peers:
+                if (peer, p.channel) in self._claims:
+                    continue
+                try:
+                    found = p.test(peer, p.channel)
+                except Exception as e:  # noqa: BLE001 - e.g. no connection to a dead peer
+                    self._abort(e)  # every batch fails with it, as for a step's error
+                    return True
+                if found:
+                    self._claims.add((peer, p.channel))
+                    p.peer = peer
+                    self._probes.remove(p)
+                    self._complete(p.batch)
+                    hit = True
+                    break
+        return hit
 
     def _publish_blocked(self) -> None:
         """What every step waits on, as (generator, request, step id, step, call): read by
@@ -437,9 +502,15 @@ class Executor:
         """Fail every batch in flight with ``err`` (after ``on_error`` has recorded it)."""
         if self.on_error is not None:
             err = self.on_error(err)
+        self.cancel(err)
+
+    def cancel(self, err: BaseException) -> None:
+        """Fail every batch in flight with ``err``, recording nothing (the caller says
+        why: an abort). Caller holds the lock."""
         for item in self._active:
             item[0].close()  # runs the steps' finally: staging buffers, shm slots
         self._active, self._chans, self._turns = [], {}, {}
+        self._probes, self._claims = [], set()
         for batch in list(self._batches):
             batch.error = err
             self._complete(batch)
@@ -460,9 +531,14 @@ class Executor:
             late = [b for b in self._batches if now > b.deadline]
             if late:
                 self._publish_blocked()
-                self._abort(CollectiveTimeout(_describe_timeout(
-                    self.rank, [a for a in self.blocked if any(a[4] is c for c in late[0].calls)],
-                    late[0].timeout)))
+                p = late[0].probe
+                self._abort(CollectiveTimeout(
+                    f"rank {self.rank}: recv from any source (channel {p.channel}) timed out "
+                    f"after {late[0].timeout:g} s: no message from ranks {p.peers}"
+                    if p is not None else _describe_timeout(
+                        self.rank, [a for a in self.blocked
+                                    if any(a[4] is c for c in late[0].calls)],
+                        late[0].timeout)))
                 lock.notify_all()
                 continue
             if self.on_idle is not None and now > next_idle:
@@ -479,10 +555,10 @@ class Executor:
                 t_idle = ns_now()
             lock.release()
             try:
-                fabric.wait(min(0.25, max(0.0, nearest - now)))
+                fabric.wait(min(self.wait_cap, max(0.0, nearest - now)))
             finally:
                 lock.acquire()
-            if rec is not None and self._batches:
+            if rec is not None and self._batches and self._batches[0].calls:
                 c0 = self._batches[0].calls[0]
                 rec.span(Ev.IDLE, t_idle, c0.channel_base, -1, c0.desc.seq, -1, 0, 0, 0)
             fabric.poll()
@@ -500,7 +576,8 @@ class Executor:
 class Batch:
     """Calls submitted together; complete when all their steps are."""
 
-    __slots__ = ("calls", "deadline", "timeout", "on_done", "remaining", "done", "error")
+    __slots__ = ("calls", "deadline", "timeout", "on_done", "remaining", "done", "error",
+                 "reads", "writes", "after", "probe")
 
     def __init__(self, calls: list[Call], deadline: float, timeout: float,
                  on_done: Callable[[Batch], None] | None):
@@ -508,6 +585,37 @@ class Batch:
         self.remaining = 0
         self.done = False
         self.error: BaseException | None = None
+        self.reads: list[tuple[int, int]] = []   # byte ranges of its calls' buffers
+        self.writes: list[tuple[int, int]] = []
+        self.after: list[Batch] = []             # earlier batches it must wait for
+        self.probe: Probe | None = None          # set for a receive from any source
+
+    def conflicts(self, later: Batch) -> bool:
+        """Must ``later`` wait for this batch (its memory is written by either)?"""
+        return _overlap(self.writes, later.writes) or _overlap(self.writes, later.reads) \
+            or _overlap(self.reads, later.writes)
+
+
+class Probe:
+    """A receive from any source waiting for a message (see :meth:`Executor.probe`)."""
+
+    __slots__ = ("channel", "peers", "test", "batch", "peer")
+
+    def __init__(self, channel: int, peers: list[int], test: Callable[[int, int], bool],
+                 batch: Batch):
+        self.channel, self.peers, self.test, self.batch = channel, peers, test, batch
+        self.peer: int | None = None
+
+
+def _span(a: np.ndarray | None) -> tuple[int, int] | None:
+    if a is None or a.nbytes == 0:
+        return None
+    start = a.__array_interface__["data"][0]
+    return (start, start + a.nbytes)
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    return any(x0 < y1 and y0 < x1 for x0, x1 in a for y0, y1 in b)
 
 
 class _Turn:

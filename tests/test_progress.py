@@ -63,3 +63,42 @@ def async_overlap(comm):
 
 def test_async_collectives_overlap_with_synchronous_ones(pool3):
     assert all(pool3.run_ok(async_overlap))
+
+
+def same_buffer_in_order(comm):
+    """Async calls on one buffer run in issue order (memory order between batches): the
+    broadcast must not send ``x`` before the all-reduce ahead of it has written it."""
+    n = comm.size
+    ok = []
+    for k in range(4):
+        x = np.full(300_000, comm.rank + 1, dtype=np.float32)
+        works = [comm.all_reduce(x, async_op=True), comm.broadcast(x, k % n, async_op=True),
+                 comm.all_reduce(x, async_op=True)]
+        for w in works:
+            w.wait(timeout=60)
+        ok.append(bool((x == n * n * (n + 1) / 2).all()))
+    return all(ok)
+
+
+def test_async_calls_on_one_buffer_keep_memory_order(pool3):
+    assert all(pool3.run_ok(same_buffer_in_order))
+
+
+def abort_fails_pending_work(comm):
+    """abort() makes an operation that can never complete raise instead of hanging."""
+    if comm.rank == 0:
+        w = comm.irecv(np.empty(4, dtype=np.int64), 1, tag=7)  # rank 1 never sends
+        comm.abort()
+        try:
+            w.wait(timeout=30)
+        except Exception as e:  # noqa: BLE001
+            return type(e).__name__
+        return "completed"
+    return "idle"
+
+
+def test_abort_fails_pending_work():
+    from ringtree.testing import run_ranks
+
+    res = run_ranks(abort_fails_pending_work, 2, timeout=60)
+    assert res[0] == "CommAborted", res

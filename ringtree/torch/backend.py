@@ -3,10 +3,11 @@
 torch 2.13 accepts a pure-Python ``ProcessGroup`` subclass from a backend creator and
 calls its methods — from Python for ``dist.*`` and through the pybind trampoline from C++
 (DDP's Reducer, functional collectives). Every operation (:mod:`ringtree.torch.collectives`)
-builds the ringtree call on the caller's thread (checks raise at once), hands it to the
-group's :class:`~ringtree.torch.engine.ProgressEngine` and returns a
+builds the ringtree call on the caller's thread (checks raise at once), submits it to the
+communicator's streaming executor (through :class:`~ringtree.torch.engine.ProgressEngine`,
+a thin adapter; the core's worker thread drives it) and returns a
 :class:`~ringtree.torch.work.RingtreeWork` at once; the autograd thread that issues
-DDP's bucket all-reduces is never blocked by communication. This module holds the
+DDP's bucket all-reduces never waits for communication. This module holds the
 group's identity, the plumbing from ringtree Works to torch Works, its lifetime, and the
 backend creator torch calls.
 
@@ -52,9 +53,9 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
         self.timeout = float(timeout if timeout is not None else comm.timeout)
-        self.engine = ProgressEngine(comm, name=f"ringtree-pg-rank{comm.rank}")
+        self.engine = ProgressEngine(comm)
         self._lock = threading.RLock()
-        # Futures are completed here, not on the engine thread: ``then`` callbacks may
+        # Futures are completed here, not on the driving thread: ``then`` callbacks may
         # block on further collectives (PowerSGD waits inside one). Threads are added only
         # while all existing ones are blocked, so the cap is a deadlock guard, not a cost.
         self._completer = ThreadPoolExecutor(max_workers=64,

@@ -272,7 +272,7 @@ class CollectiveOps:
         work = RingtreeWork("recv_anysource", tensors, self._dispatch)
         peers = [r for r in range(self.size()) if r != self.rank()]
 
-        def on_match(peer: int) -> None:  # on the engine thread
+        def on_match(peer: int) -> None:  # on a thread of the engine's, not the driver
             with self._lock:
                 part = self.comm.irecv(st.obj, peer, tag)
             work._source = peer

@@ -60,7 +60,7 @@ class RingtreeWork(dist.Work):
         self._callbacks: list = []
         self._lock = threading.Lock()
         # The future exists only once asked for (a plain ``wait()`` never pays for it);
-        # ``dispatch`` runs its completion elsewhere than on the engine thread.
+        # ``dispatch`` runs its completion elsewhere than on the driving thread.
         self._dispatch = dispatch
         self._inner: torch.futures.Future | None = None
         self._future: torch.futures.Future | None = None

@@ -1,14 +1,24 @@
 """The fabric: one object the executor talks to, routing each peer to its transport.
 
-Waiting across several transports: when only one transport has work, sleep in its own
-``wait``; when several do, alternate short waits so neither starves.
+Waiting. The fabric is the one place a rank sleeps, and it sleeps in a *single*
+``poll(2)`` over every busy transport's descriptors — TCP's sockets, the shm doorbell pipe
+(which a peer writes only while we announce that we sleep) — plus the fabric's own wake-up
+pipe. So a mixed job (shm to co-located ranks, TCP to the rest) neither spins nor starves
+one side: whichever moves first wakes us. Shared memory first gets its short spin (none
+when the cores are oversubscribed). Another thread can cut a sleep short with
+:meth:`Fabric.interrupt` (e.g. when it submits new work to the executor).
 """
 
 from __future__ import annotations
 
+import os
+import select
+
 import numpy as np
 
 from ringtree.transports.base import Request, Transport
+
+IDLE_NAP = 0.001  # nothing in flight: how long to sleep unless interrupted
 
 
 class Fabric:
@@ -18,6 +28,7 @@ class Fabric:
         for t in routes.values():
             if all(t is not u for u in self.transports):
                 self.transports.append(t)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def transport_for(self, peer: int) -> Transport:
         try:
@@ -31,20 +42,95 @@ class Fabric:
     def irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
         return self.transport_for(peer).irecv(peer, channel, header, into)
 
+    # ---- zero-copy receives (shared memory) ------------------------------------------
+
+    def can_view(self, peer: int, nbytes: int) -> bool:
+        """True if a message of ``nbytes`` from ``peer`` can be read in place."""
+        t = self.routes.get(peer)
+        return t is not None and getattr(t, "can_view", None) is not None and \
+            t.can_view(peer, nbytes)  # type: ignore[attr-defined]
+
+    def irecv_view(self, peer: int, channel: int, header: bytes, nbytes: int) -> Request:
+        """Like ``irecv``, but ``req.buf`` becomes the transport's own memory (uint8);
+        give it back with :meth:`release` once read."""
+        return self.routes[peer].irecv_view(peer, channel, header, nbytes)  # type: ignore
+
+    def release(self, req: Request) -> None:
+        self.routes[req.peer].release(req)  # type: ignore[attr-defined]
+
+    # ---- progress ---------------------------------------------------------------------
+
     def poll(self) -> bool:
         moved = False
         for t in self.transports:
             moved |= t.poll()
         return moved
 
+    def interrupt(self) -> None:
+        """Wake a thread sleeping in :meth:`wait` (callable from any thread)."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # full: a wake-up is pending anyway; closed: nobody sleeps
+
     def wait(self, timeout: float) -> None:
+        """Sleep until some transport may progress, :meth:`interrupt`, or ``timeout``."""
         busy = [t for t in self.transports if getattr(t, "pending", lambda: True)()]
-        if len(busy) <= 1:
-            (busy or self.transports)[0].wait(timeout) if self.transports else None
+        sleepers = [t for t in busy if hasattr(t, "prepare_sleep")]
+        others = [t for t in busy if not hasattr(t, "prepare_sleep")]
+        if any(not hasattr(t, "wait_fds") for t in others):  # cannot poll it jointly
+            if len(busy) == 1:
+                busy[0].wait(timeout)
+            else:
+                for t in busy:  # take turns
+                    t.wait(min(timeout, 0.0005))
             return
-        for t in busy:
-            t.wait(min(timeout, 0.0005))
+        for t in sleepers:
+            if t.spin_phase():  # type: ignore[attr-defined]
+                return
+        ready = []
+        try:
+            for t in sleepers:
+                if not t.prepare_sleep():  # type: ignore[attr-defined]
+                    return
+                ready.append(t)
+            p = select.poll()
+            if self._wake_r >= 0:
+                p.register(self._wake_r, select.POLLIN)
+            n = 0
+            fds = [fd for t in sleepers for fd in t.sleep_fds()]  # type: ignore[attr-defined]
+            fds += [fd for t in others for fd in t.wait_fds()]  # type: ignore[attr-defined]
+            for fd, mask in fds:
+                if fd >= 0:  # a socket closed under us (abort) has no descriptor
+                    p.register(fd, mask)
+                    n += 1
+            if n == 0:  # nothing that could wake us but another thread
+                timeout = min(timeout, IDLE_NAP)
+            elif sleepers:  # shm checks its peers' liveness between naps
+                timeout = min(timeout, 0.1)
+            try:
+                events = p.poll(max(0, int(timeout * 1000)))
+            except InterruptedError:
+                events = []
+            if any(fd == self._wake_r for fd, _ in events):
+                self._drain_wake()
+        finally:
+            for t in ready:
+                t.finish_sleep()  # type: ignore[attr-defined]
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     def close(self) -> None:
         for t in self.transports:
             t.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1

@@ -1,6 +1,13 @@
-"""Which transport carries each peer: ``RINGTREE_TRANSPORT`` = ``auto`` (default) | ``tcp``.
+"""Which transport carries each peer: ``RINGTREE_TRANSPORT`` = ``auto`` (default) | ``shm`` |
+``tcp``.
 
-``auto`` and ``tcp`` both use TCP today for every peer.
+- ``auto``: peers that published the same host identity (hostname and boot id, see
+  :func:`ringtree.env.host_identity`) talk over shared memory, the others over TCP — a
+  job spread over several hosts uses both at once.
+- ``shm``: every peer over shared memory; an error if some peer is on another host.
+- ``tcp``: every peer over TCP.
+
+Every rank must make the same choice (set the variable for the whole job).
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import os
 from ringtree.transports.fabric import Fabric
 from ringtree.transports.tcp import TcpTransport
 
-CHOICES = ("auto", "tcp")
+CHOICES = ("auto", "shm", "tcp")
 
 
 def transport_choice() -> str:
@@ -20,10 +27,47 @@ def transport_choice() -> str:
     return choice
 
 
+def shm_supported() -> bool:
+    from ringtree.transports.shm_segment import SHM_DIR
+
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and hasattr(os, "mkfifo")
+
+
+def plan_routes(choice: str, host_ids: list[str], rank: int) -> tuple[list[int], list[int]]:
+    """(shm peers, tcp peers) of ``rank`` given every rank's host identity."""
+    others = [r for r in range(len(host_ids)) if r != rank]
+    if choice == "tcp":
+        return [], others
+    if choice == "shm":
+        far = [r for r in others if host_ids[r] != host_ids[rank]]
+        if far:
+            raise ValueError(f"RINGTREE_TRANSPORT=shm, but rank {far[0]} is on another host "
+                             f"({host_ids[far[0]]!r}, rank {rank} is on "
+                             f"{host_ids[rank]!r}); use auto or tcp")
+        return others, []
+    near = [r for r in others if host_ids[r] == host_ids[rank]]
+    return near, [r for r in others if r not in near]
+
+
 def build_fabric(core, listener) -> Fabric:
     """Connect ``core`` (a CommCore) to its peers."""
-    transport_choice()
-    addresses = [(p.host, p.port) for p in core.peers]
-    tcp = TcpTransport(core.rank, addresses, listener, core.comm_id, core.secret,
-                       connect_timeout=min(core.timeout, 60.0))
-    return Fabric({p: tcp for p in range(core.size) if p != core.rank})
+    choice = transport_choice()
+    host_ids = [p.host_id for p in core.peers]
+    near, far = plan_routes(choice, host_ids, core.rank)
+    if near and not shm_supported():
+        if choice == "shm":
+            raise RuntimeError("RINGTREE_TRANSPORT=shm, but /dev/shm is not usable here")
+        near, far = [], sorted(near + far)
+    routes = {}
+    if far:
+        addresses = [(p.host, p.port) for p in core.peers]
+        tcp = TcpTransport(core.rank, addresses, listener, core.comm_id, core.secret,
+                           connect_timeout=min(core.timeout, 60.0))
+        routes.update(dict.fromkeys(far, tcp))
+    else:
+        listener.close()
+    if near:
+        from ringtree.transports.shm_setup import open_shm
+
+        routes.update(dict.fromkeys(near, open_shm(core, near)))
+    return Fabric(routes)

@@ -213,21 +213,27 @@ class TcpTransport(Transport):
     def _awaiting_accept(self) -> bool:
         return any(c.sock is None and c.dead is None for c in self.conns.values())
 
-    def wait(self, timeout: float) -> None:
-        p = select.poll()
-        n = 0
+    def wait_fds(self) -> list[tuple[int, int]]:
+        """(fd, poll mask) of everything whose readiness means progress (for a fabric
+        that sleeps on several transports at once)."""
+        fds = []
         if self.hellos or self._awaiting_accept():
-            p.register(self.listener, select.POLLIN)
-            for sock, _ in self.hellos:
-                p.register(sock, select.POLLIN)
-            n += 1
+            fds.append((self.listener.fileno(), select.POLLIN))
+            fds += [(sock.fileno(), select.POLLIN) for sock, _ in self.hellos]
         for conn in self.active:
             if conn.sock is None:
                 continue
             mask = (select.POLLIN if conn.recvq else 0) | (select.POLLOUT if conn.sendq else 0)
             if mask:
-                p.register(conn.sock, mask)
-                n += 1
+                fds.append((conn.sock.fileno(), mask))
+        return fds
+
+    def wait(self, timeout: float) -> None:
+        p = select.poll()
+        n = 0
+        for fd, mask in self.wait_fds():
+            p.register(fd, mask)
+            n += 1
         if n == 0:
             time.sleep(min(timeout, 0.001))
             return

@@ -1,0 +1,101 @@
+"""Cross-memory attach: read a peer's memory in place (``process_vm_readv(2)``).
+
+This is how a rank reads a co-located peer's *user buffer* directly — NCCL's "direct"
+(P2P read) primitive on a CPU, and what Open MPI's ``smsc/cma`` does for large messages:
+one copy from the sender's array into the receiver's, instead of sender → shared slot →
+receiver. The kernel pins the pages on both sides, so it can only pay off for large
+messages; small ones stay in the shared-memory slots.
+
+Measured on the 2-core development VM (all-reduce of 16 / 64 MiB, medians): with 2 ranks
+direct reads were 1.3–1.4× *slower* than slots — a 1 MiB ``process_vm_readv`` moves
+6–14 GB/s against 30–60 GB/s for a warm ``memcpy``, and with a core per rank the sender's
+copy-in runs in parallel with the receiver's work anyway. With 4 ranks on the 2 cores
+they were 1.45–1.5× *faster*: when the cores are oversubscribed, total CPU time is what
+counts, and one copy beats two. Hence the transport's default: direct reads for
+messages ≥ 1 MiB only when the host's ranks outnumber its cores
+(``RINGTREE_SHM_DIRECT_MIN`` overrides).
+
+It needs ptrace permission over the peer (same user; Yama ``ptrace_scope`` ≤ 1 with
+``PR_SET_PTRACER``; not blocked by seccomp). :func:`allow_readers` opts this process in and
+the transport probes every peer once, falling back to slots where a read is refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+
+import numpy as np
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = None
+
+
+def _lib():
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        lib.process_vm_readv.restype = ctypes.c_ssize_t
+        lib.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                                         ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                                         ctypes.c_ulong]
+        _libc = lib
+    return _libc
+
+
+def supported() -> bool:
+    if not os.path.exists("/proc/self/ns/pid"):
+        return False
+    try:
+        return hasattr(_lib(), "process_vm_readv")
+    except OSError:
+        return False
+
+
+def allow_readers() -> None:
+    """Let any process of ours read this one (Yama ``PR_SET_PTRACER_ANY``; no-op without
+    Yama)."""
+    try:
+        _lib().prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def read_into(pid: int, into: np.ndarray, remote: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``remote`` in process ``pid`` into the contiguous ``into``.
+    Raises OSError (ESRCH: the process is gone; EPERM: not allowed; EFAULT: bad address)."""
+    lib = _lib()
+    local = address(into)
+    done = 0
+    while done < nbytes:
+        lv = _Iovec(local + done, nbytes - done)
+        rv = _Iovec(remote + done, nbytes - done)
+        n = lib.process_vm_readv(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
+        if n < 0:
+            e = ctypes.get_errno()
+            if e == errno.EINTR:
+                continue
+            raise OSError(e, os.strerror(e))
+        if n == 0:
+            raise OSError(errno.EFAULT, "process_vm_readv read nothing")
+        done += n
+
+
+def probe(pid: int, remote: int, expect: bytes) -> bool:
+    """True if we may read ``pid`` (it holds ``expect`` at ``remote``)."""
+    buf = np.zeros(len(expect), np.uint8)
+    try:
+        read_into(pid, buf, remote, len(expect))
+    except OSError:
+        return False
+    return buf.tobytes() == expect

@@ -1,0 +1,69 @@
+"""Setting up the shared-memory transport: a collective over the ranks of one host.
+
+Each rank creates its doorbell (a small segment and a named pipe), publishes its pid
+through the store, maps every co-located peer's doorbell (and probes whether it may read
+their memory directly), and, once all have done so (a store barrier), unlinks its names:
+from then on nothing of the communicator is visible in ``/dev/shm`` except rings being
+created, and a killed job leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+from ringtree.transports import shm_segment as seg
+from ringtree.transports.shm import ShmTransport
+from ringtree.transports.shm_segment import PeerInfo
+
+
+def _env_num(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+def open_shm(core, ranks: list[int]) -> ShmTransport:
+    """Collective over this rank and ``ranks`` (its shared-memory peers): create our
+    doorbell, learn theirs through the store, map them, then unlink the names.
+
+    Env: ``RINGTREE_SHM_SLOTS`` (slots per ring, default 4), ``RINGTREE_SHM_SPIN_US``
+    (spin before sleeping; default 50 µs, 0 when the host's ranks outnumber its cores),
+    ``RINGTREE_SHM_DIRECT_MIN`` (messages of at least this many bytes are read straight
+    from the sender's memory with :mod:`shm_cma`, 0 = never; default 1 MiB when the
+    host's ranks outnumber its cores, else 0 — see :mod:`shm_cma` for the measurements).
+    """
+    seg.clean_stale()
+    store, prefix = core.store, core.prefix
+    nonce = store.compare_set(f"{prefix}/shm/nonce", None, secrets.token_hex(4).encode())
+    tag = core.comm_id[:4].hex() + nonce.decode()
+    pid = os.getpid()
+    me = PeerInfo(core.rank, pid, seg.start_time(pid), seg.pid_namespace())
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    crowded = len(ranks) + 1 > cores
+    spin = _env_num("RINGTREE_SHM_SPIN_US", 0.0 if crowded else 50.0)
+    t = ShmTransport(core.rank, tag, me, {}, slot_bytes=core.slice_bytes,
+                     nslots=int(_env_num("RINGTREE_SHM_SLOTS", 4)), spin_us=spin, cores=cores,
+                     direct_min=int(_env_num("RINGTREE_SHM_DIRECT_MIN",
+                                             1 << 20 if crowded else 0)))
+    try:
+        store.set(f"{prefix}/shm/info/{core.rank}", f"{pid},{me.start},{me.ns}".encode())
+        for r in ranks:
+            raw = store.get(f"{prefix}/shm/info/{r}", timeout=core.timeout).decode()
+            p, st, ns = raw.split(",")
+            t.peers[r] = PeerInfo(r, int(p), None if st == "None" else int(st), ns)
+        t.attach_peers()
+        store.set(f"{prefix}/shm/ready/{core.rank}", b"1")
+        store.wait([f"{prefix}/shm/ready/{r}" for r in ranks], timeout=core.timeout)
+        t.unlink_names()
+    except BaseException:
+        t.close()
+        raise
+    return t

@@ -65,16 +65,18 @@ class CollectivesMixin:
         itemsize = dt.itemsize
         nbytes = count * itemsize * max(len(in_blocks), len(out_blocks), 1)
         algo = self._choose_algo(coll, nbytes, algo)  # type: ignore[attr-defined]
-        prog = self._program(coll, algo, root)  # type: ignore[attr-defined]
-        temps: list[np.ndarray] = []
+        prog, steps = self._plan(coll, algo, root, in_blocks, out_blocks,  # type: ignore
+                                 count, itemsize, in_place)
         if red is not None and red.op is ReduceOp.PREMUL_SUM and inp is not None:
             scaled = np.empty_like(inp)
             red.premultiply(inp, scaled)
             inp, in_place = scaled, False
-        if in_place and not prog.in_place_ok and inp is not None:
+            prog, steps = self._plan(coll, algo, root, in_blocks,  # type: ignore[attr-defined]
+                                     out_blocks, count, itemsize, False)
+        elif steps is None and inp is not None:  # the algorithm cannot run in place
             inp, in_place = inp.copy(), False
-        steps = self._plan(prog, in_blocks, out_blocks, count, itemsize,  # type: ignore
-                           in_place)
+            prog, steps = self._plan(coll, algo, root, in_blocks,  # type: ignore[attr-defined]
+                                     out_blocks, count, itemsize, False)
         scratch = None
         if prog.scratch:
             scratch = np.zeros(prog.blocks(Buf.SCRATCH) * count, dtype=dt.storage)
@@ -86,7 +88,6 @@ class CollectivesMixin:
 
             def post() -> None:
                 red.postdivide(outp, n)
-        del temps
         return Call(steps, [inp, outp, scratch], red, desc, post=post)
 
     def _run(self, call: Call, async_op: bool, result: object, timeout: float | None):

@@ -160,16 +160,21 @@ class CommCore:
         opts = Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)
         return generate(coll, algo, self.size, self.rank, opts)
 
-    def _plan(self, prog: Program, in_blocks: tuple[int, ...], out_blocks: tuple[int, ...],
-              count: int, itemsize: int, in_place: bool):
-        key = (prog, in_blocks, out_blocks, count, itemsize, in_place)
+    def _plan(self, coll: Collective, algo: str, root: int, in_blocks: tuple[int, ...],
+              out_blocks: tuple[int, ...], count: int, itemsize: int, in_place: bool):
+        """(Program, compiled steps), cached on cheap keys: hashing a Program (every step
+        of every channel) on each call would cost more than a small collective."""
+        key = (coll, algo, root, in_blocks, out_blocks, count, itemsize, in_place)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) > 512:
                 self._plans.clear()
-            plan = self._plans[key] = compile_program(
+            prog = self._program(coll, algo, root)
+            if in_place and not prog.in_place_ok:
+                return prog, None
+            plan = self._plans[key] = (prog, compile_program(
                 prog, list(in_blocks), list(out_blocks), count, itemsize, self.slice_bytes,
-                in_place)
+                in_place))
         return plan
 
     def _next_seq(self) -> int:
@@ -179,7 +184,7 @@ class CommCore:
     def _desc(self, coll: Collective, count: int, dtype, red, root: int, algo: str) -> Desc:
         return Desc(coll.value, count, dtype.value if dtype else "-", dtype.code if dtype else 0,
                     red.name if red else "-", red.code if red else 0, root, self._next_seq(),
-                    algo, list(Collective).index(coll))
+                    algo, coll.code)
 
     def _issue(self, call: Call, async_op: bool, result: object, timeout: float | None):
         """Run now, hand to the progress thread, or add to the open group."""

@@ -38,7 +38,7 @@ class DType(str, Enum):
 
     @property
     def code(self) -> int:
-        return list(DType).index(self)
+        return _DTYPE_CODES[self]
 
     @property
     def nccl_name(self) -> str:
@@ -50,6 +50,9 @@ class DType(str, Enum):
             DType.FLOAT64: "double",
         }[self]
 
+
+_DTYPE_CODES = {d: i for i, d in enumerate(DType)}
+_FROM_NUMPY = {np.dtype(d.value): d for d in DType if d is not DType.BFLOAT16}
 
 _ALIASES = {
     "float": DType.FLOAT32, "half": DType.FLOAT16, "double": DType.FLOAT64,
@@ -63,6 +66,8 @@ def parse_dtype(d: object) -> DType:
     """DType from a DType, a name (NumPy or nccl-tests spelling), a NumPy or torch dtype."""
     if isinstance(d, DType):
         return d
+    if isinstance(d, np.dtype) and d in _FROM_NUMPY:
+        return _FROM_NUMPY[d]
     name = str(d).lower()
     if name.startswith("torch."):
         name = name[len("torch."):]

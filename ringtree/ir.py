@@ -50,6 +50,11 @@ class Collective(str, Enum):
     BARRIER = "barrier"
 
     @property
+    def code(self) -> int:
+        """Position in the enumeration (the wire code in message headers)."""
+        return _COLLECTIVE_CODES[self]
+
+    @property
     def reduces(self) -> bool:
         return self in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.REDUCE)
 
@@ -68,6 +73,8 @@ class Collective(str, Enum):
             Collective.BARRIER: (0, 0),
         }[self]
 
+
+_COLLECTIVE_CODES = {c: i for i, c in enumerate(Collective)}
 
 COLLECTIVE_ALIASES = {
     "allreduce": Collective.ALL_REDUCE,

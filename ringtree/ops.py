@@ -34,7 +34,10 @@ class ReduceOp(Enum):
 
     @property
     def code(self) -> int:
-        return list(ReduceOp).index(self)
+        return _OP_CODES[self]
+
+
+_OP_CODES = {o: i for i, o in enumerate(ReduceOp)}
 
 
 @dataclass(frozen=True)

@@ -282,8 +282,8 @@ class CommCore:
                     try:
                         self.executor.drive(
                             lambda: not self.executor.busy or self._worker is not me, self._cv)
-                    except BaseException:  # noqa: BLE001 - errors reach the Works
-                        pass
+                    except BaseException as e:  # noqa: BLE001 - an unexpected failure:
+                        self.executor.cancel(e)  # every Work in flight raises it
                     finally:
                         self._driver = None
                         self._cv.notify_all()
@@ -468,8 +468,8 @@ class CommCore:
         except Exception:  # noqa: BLE001
             pass
         self._broken = self._broken or CommAborted(f"rank {self.rank} aborted")
-        self.fabric.close()
         self._fail_pending(self._broken)  # Works in flight raise instead of hanging
+        self.fabric.close()
         from ringtree.prof import detach
 
         detach(self)

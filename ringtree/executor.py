@@ -205,6 +205,7 @@ class Executor:
         self._turns: dict[tuple[int, int], deque] = {}  # (peer, channel) -> senders in order
         self._active: list[list] = []            # [generator, awaited, step, call, batch]
         self._batches: list[Batch] = []
+        self._epoch = 0  # bumped by cancel(): a round in progress must stop
         self._probes: list[Probe] = []           # receives from any source, not matched yet
         self._claims: set[tuple[int, int]] = set()  # (peer, channel) a probe has matched
         # Longest sleep in the transports: calls submitted meanwhile wait for the wake-up
@@ -429,8 +430,11 @@ class Executor:
                 call.steps_done[cs.gid] = True
                 batch.remaining -= 1
                 if batch.remaining == 0:
+                    epoch = self._epoch
                     self._complete(batch)
                     finished = True
+                    if self._epoch != epoch:  # a completion callback cancelled everything
+                        return True, True
             except (HeaderMismatch, PeerError) as e:
                 self._active = still + active[i + 1:]
                 if isinstance(e, HeaderMismatch):
@@ -507,6 +511,7 @@ class Executor:
     def cancel(self, err: BaseException) -> None:
         """Fail every batch in flight with ``err``, recording nothing (the caller says
         why: an abort). Caller holds the lock."""
+        self._epoch += 1
         for item in self._active:
             item[0].close()  # runs the steps' finally: staging buffers, shm slots
         self._active, self._chans, self._turns = [], {}, {}

@@ -111,9 +111,13 @@ class TcpTransport(Transport):
                 break
             except OSError as e:
                 sock.close()
-                if time.monotonic() > deadline:
-                    conn.dead = PeerError(conn.peer, f"cannot connect to rank {conn.peer} at "
-                                                     f"{host}:{port}: {e}")
+                # The peer listened before it published its address, so a refusal means
+                # its listener is gone: it closed or died. Only silence is worth a retry.
+                if isinstance(e, ConnectionRefusedError) or time.monotonic() > deadline:
+                    how = "is not accepting connections (closed or died)" if isinstance(
+                        e, ConnectionRefusedError) else "cannot be reached"
+                    conn.dead = PeerError(conn.peer, f"rank {conn.peer} at {host}:{port} "
+                                                     f"{how}: {e}")
                     return
                 time.sleep(0.05)
         sock.setblocking(False)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ringtree.envvars import env_float, env_int
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
 from ringtree.executor import (
     DEFAULT_SLICE_BYTES,
@@ -48,26 +49,6 @@ class Peer:
     host_id: str
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return int(raw, 0)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-
-
 class CommCore:
     """State and machinery shared by every Communicator method."""
 
@@ -86,9 +67,9 @@ class CommCore:
         self._server = server
         self._owns_store = owns_store
         self.world_ranks = world_ranks or tuple(range(size))
-        self.timeout = timeout if timeout is not None else _env_float("RINGTREE_TIMEOUT", 300.0)
-        self.nchannels = max(1, _env_int("RINGTREE_NCHANNELS", 1))
-        self.slice_bytes = max(4096, _env_int("RINGTREE_BUFFSIZE", 4 * DEFAULT_SLICE_BYTES) // 4)
+        self.timeout = timeout if timeout is not None else env_float("RINGTREE_TIMEOUT", 300.0)
+        self.nchannels = max(1, env_int("RINGTREE_NCHANNELS", 1))
+        self.slice_bytes = max(4096, env_int("RINGTREE_BUFFSIZE", 4 * DEFAULT_SLICE_BYTES) // 4)
         self.algo_enabled = parse_algo_spec(os.environ.get("RINGTREE_ALGO", ""))
         self.debug = os.environ.get("RINGTREE_DEBUG", "").upper()
         self.comm_id = hashlib.sha256(secret + prefix.encode()).digest()[:16]

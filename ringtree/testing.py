@@ -92,23 +92,30 @@ def _entry(rank: int, n: int, port: int, token: str, env: dict | None, conn,
             except BaseException:  # noqa: BLE001
                 pass
         return
+    serve(conn, comm)
+    try:
+        comm.close()
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+def serve(conn, target: Any, pack: Callable[[BaseException], BaseException] = _pack_error
+          ) -> None:
+    """In a rank process: say ready, then answer ``(fn, args, kwargs)`` requests with
+    ``fn(target, *args, **kwargs)`` (or the exception) until the parent sends None."""
     conn.send(("ok", "ready"))
     while True:
         try:
             msg = conn.recv()
         except EOFError:
-            break
+            return
         if msg is None:
-            break
+            return
         f, args, kwargs = msg
         try:
-            conn.send(("ok", f(comm, *args, **kwargs)))
+            conn.send(("ok", f(target, *args, **kwargs)))
         except BaseException as e:  # noqa: BLE001
-            conn.send(("err", _pack_error(e)))
-    try:
-        comm.close()
-    except BaseException:  # noqa: BLE001
-        pass
+            conn.send(("err", pack(e)))
 
 
 def _collect(conns, procs, timeout: float) -> list[Any]:

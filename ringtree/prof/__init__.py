@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ringtree.envvars import env_int
 from ringtree.prof import flight
 from ringtree.prof.recorder import DEFAULT_CAPACITY, EVENT_DTYPE, PRIMS, Ev, Recorder
 
@@ -36,19 +37,11 @@ _env_lock = threading.Lock()
 _atexit_done = False
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    try:
-        return int(raw, 0) if raw else default
-    except ValueError:
-        return default
-
-
 # ---- core hooks ---------------------------------------------------------------------------
 
 def attach(comm) -> None:
     """Called at the end of communicator creation (collective)."""
-    size = _env_int("RINGTREE_FR_BUFFER_SIZE", flight.DEFAULT_SIZE)
+    size = env_int("RINGTREE_FR_BUFFER_SIZE", flight.DEFAULT_SIZE)
     comm.flight = flight.FlightRecorder(size) if size > 0 else None
     flight.COMMS.add(comm)
     flight.install_sigusr1()
@@ -91,7 +84,7 @@ def start(comm, capacity: int | None = None) -> dict:
         sync = clock.estimate(comm)
     finally:
         comm.flight = fr
-    rec = Recorder(capacity or _env_int("RINGTREE_PROFILE_EVENTS", DEFAULT_CAPACITY))
+    rec = Recorder(capacity or env_int("RINGTREE_PROFILE_EVENTS", DEFAULT_CAPACITY))
     comm.executor.rec = rec
     return {"comm": weakref.ref(comm), "rec": rec, "clock": sync, "meta": _comm_meta(comm)}
 

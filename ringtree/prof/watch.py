@@ -31,15 +31,9 @@ import threading
 import time
 import weakref
 
+from ringtree.envvars import env_float
 from ringtree.errors import CollectiveTimeout, PeerError
 from ringtree.prof import doctor, flight
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
 
 
 def enabled() -> bool:
@@ -79,7 +73,7 @@ def publish_closed(comm) -> None:
 
 
 def _watch_loop() -> None:
-    poll = max(0.05, _env_float("RINGTREE_DOCTOR_POLL", 0.5))
+    poll = max(0.05, env_float("RINGTREE_DOCTOR_POLL", 0.5))
     while True:
         time.sleep(poll)
         for comm in list(flight.COMMS):
@@ -118,7 +112,7 @@ def gather(comm, exclude: tuple[int, ...] = (), wait: float | None = None) -> li
     out[me] = flight.status(comm)
     if not enabled() or n == 1:
         return out
-    wait = _env_float("RINGTREE_DOCTOR_WAIT", 2.0) if wait is None else wait
+    wait = env_float("RINGTREE_DOCTOR_WAIT", 2.0) if wait is None else wait
     store = comm.store
     gen = store.add(_key(comm, "gen"), 1)
     publish(comm, gen)

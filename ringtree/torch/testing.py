@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ringtree.testing import HangError, RemoteError, _collect, free_port, raise_first
+from ringtree.testing import HangError, RemoteError, _collect, free_port, raise_first, serve
 
 __all__ = ["HangError", "RankContext", "TorchRankPool", "raise_first"]
 
@@ -84,19 +84,7 @@ def _worker(rank: int, size: int, port: int, backend: str, gloo: bool, timeout: 
     except BaseException as e:  # noqa: BLE001
         conn.send(("err", _pack(e)))
         return
-    conn.send(("ok", "ready"))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            break
-        if msg is None:
-            break
-        fn, args, kwargs = msg
-        try:
-            conn.send(("ok", fn(ctx, *args, **kwargs)))
-        except BaseException as e:  # noqa: BLE001
-            conn.send(("err", _pack(e)))
+    serve(conn, ctx, _pack)
     try:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -12,19 +12,10 @@ from __future__ import annotations
 import os
 import secrets
 
+from ringtree.envvars import env_float
 from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm import ShmTransport
 from ringtree.transports.shm_segment import PeerInfo
-
-
-def _env_num(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
 
 
 def open_shm(core, ranks: list[int]) -> ShmTransport:
@@ -48,10 +39,10 @@ def open_shm(core, ranks: list[int]) -> ShmTransport:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     crowded = len(ranks) + 1 > cores
-    spin = _env_num("RINGTREE_SHM_SPIN_US", 0.0 if crowded else 50.0)
+    spin = env_float("RINGTREE_SHM_SPIN_US", 0.0 if crowded else 50.0)
     t = ShmTransport(core.rank, tag, me, {}, slot_bytes=core.slice_bytes,
-                     nslots=int(_env_num("RINGTREE_SHM_SLOTS", 4)), spin_us=spin, cores=cores,
-                     direct_min=int(_env_num("RINGTREE_SHM_DIRECT_MIN",
+                     nslots=int(env_float("RINGTREE_SHM_SLOTS", 4)), spin_us=spin, cores=cores,
+                     direct_min=int(env_float("RINGTREE_SHM_DIRECT_MIN",
                                              1 << 20 if crowded else 0)))
     try:
         store.set(f"{prefix}/shm/info/{core.rank}", f"{pid},{me.start},{me.ns}".encode())

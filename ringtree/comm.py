@@ -132,10 +132,12 @@ class CommCore:
 
     def _link_kind(self) -> str:
         """The cost model every rank agrees on: shm when the whole job is on one host
-        (and shm is not disabled), else tcp."""
+        (and shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
         same_host = len(set(self.nodes)) == 1
-        return "shm" if same_host and os.environ.get("RINGTREE_TRANSPORT", "auto").strip()\
-            .lower() in ("", "auto", "shm") else "tcp"
+        if not same_host or os.environ.get("RINGTREE_TRANSPORT", "auto").strip().lower() \
+                not in ("", "auto", "shm"):
+            return "tcp"
+        return "shm_crowded" if self.size > (os.cpu_count() or 1) else "shm"
 
     def _program(self, coll: Collective, algo: str, root: int) -> Program:
         opts = Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)

@@ -80,6 +80,9 @@ class LinkModel:
 MODELS = {
     "tcp": LinkModel(alpha=40e-6, overhead=25e-6, beta=1 / 1.5e9, gamma=1 / 3e9),
     "shm": LinkModel(alpha=8e-6, overhead=12e-6, beta=1 / 4e9, gamma=1 / 3e9),
+    # more ranks than cores on the host: every message costs context switches, so fewer,
+    # larger messages win (measured with benchmarks/algorithms.py, 4 ranks on 2 cores)
+    "shm_crowded": LinkModel(alpha=20e-6, overhead=60e-6, beta=1 / 2.5e9, gamma=1 / 3e9),
 }
 
 

@@ -22,14 +22,9 @@ import numpy as np
 
 from ringtree.envvars import env_float, env_int
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
-from ringtree.executor import (
-    DEFAULT_SLICE_BYTES,
-    Call,
-    Desc,
-    Executor,
-    compile_program,
-)
+from ringtree.executor import Executor
 from ringtree.ir import Collective, Program
+from ringtree.plan import DEFAULT_SLICE_BYTES, Call, Desc, compile_program
 from ringtree.schedules import Options, generate
 from ringtree.transports.tcp import make_listener
 from ringtree.tuner import MODELS, choose, parse_algo_spec

@@ -79,7 +79,7 @@ def compile_programs(programs: list[Program], count: int, itemsize: int,
                      fold: int = 0) -> Compiled:
     """Flatten Programs (real ranks first, then virtual ranks) for the engine.
 
-    Slices and memory dependencies follow ``executor.compile_program`` exactly. With
+    Slices and memory dependencies follow ``ringtree.plan.compile_program`` exactly. With
     ``fold = g`` the Programs are the representatives 0..g−1 of a symmetric run
     (:func:`ringtree.sim.fast.period`): a peer q stands for its class q mod g, while
     the connection keeps the route to the real peer.

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ringtree.errors import CommAborted
-from ringtree.executor import Call
+from ringtree.plan import Call
 from ringtree.work import Work
 
 WAIT_CAP = 0.002

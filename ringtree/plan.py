@@ -1,0 +1,151 @@
+"""Compiling a Program for one call: chunk references become element regions, each step's
+data is cut into slices, and every step learns which earlier steps it must wait for.
+
+Also the records a call carries through the executor (:class:`Call`, :class:`Desc`) and
+the 32-byte message header that fingerprints it, so two ranks that disagree on a call
+find out from its first message.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ringtree.ir import Buf, Program, Step, split_even
+from ringtree.ops import Reducer
+
+HEADER = struct.Struct("<QQIIBBBBi")  # nbytes, count, seq, algo crc, coll, dtype, op, flags, root
+DEFAULT_SLICE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    buf: int      # Buf value
+    off: int      # element offset
+    length: int   # elements
+
+
+@dataclass(slots=True)
+class CStep:
+    """A compiled step: where its data lives and what it must wait for."""
+
+    channel: int
+    step: Step
+    src: Region | None
+    dst: Region | None
+    length: int
+    slices: tuple[tuple[int, int], ...]
+    deps: tuple[int, ...]
+    gid: int = 0
+    skip_copy: bool = False
+
+
+@dataclass
+class Desc:
+    """What a call is, for headers (mismatch detection) and error messages."""
+
+    name: str
+    count: int
+    dtype: str
+    dtype_code: int
+    op: str
+    op_code: int
+    root: int
+    seq: int
+    algo: str
+    coll_code: int
+
+    def prefix(self) -> bytes:
+        crc = sum(self.algo.encode()) & 0xFFFFFFFF
+        return HEADER.pack(0, self.count, self.seq & 0xFFFFFFFF, crc, self.coll_code,
+                           self.dtype_code, self.op_code & 0xFF, 0, self.root)[8:]
+
+    def __str__(self) -> str:
+        root = f", root={self.root}" if self.root >= 0 else ""
+        return (f"{self.name}(count={self.count}, {self.dtype}, {self.op}{root}, "
+                f"algo={self.algo}) seq {self.seq}")
+
+
+@dataclass
+class Call:
+    """One collective (or p2p operation) ready to run."""
+
+    steps: list[list[CStep]]
+    bufs: list[np.ndarray | None]      # typed views: input, output, scratch
+    reducer: Reducer | None
+    desc: Desc
+    channel_base: int = 0
+    post: Callable[[], None] | None = None
+    prefix: bytes = field(init=False)
+    fr: list | None = field(default=None, repr=False)  # its flight-recorder entry
+    steps_done: list[bool] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prefix = self.desc.prefix()
+
+
+def chunk_regions(block_sizes: list[int], chunks: int) -> list[tuple[int, int]]:
+    """(offset, length) of every chunk: block b's sub-chunk s is chunk b*chunks + s."""
+    regions = []
+    base = 0
+    for size in block_sizes:
+        for s in range(chunks):
+            off, ln = split_even(size, chunks, s)
+            regions.append((base + off, ln))
+        base += size
+    return regions
+
+
+def compile_program(p: Program, in_blocks: list[int], out_blocks: list[int], count: int,
+                    itemsize: int, slice_bytes: int, in_place: bool) -> list[list[CStep]]:
+    """Resolve chunk references to element regions, slices and dependencies."""
+    layout = {
+        Buf.INPUT: chunk_regions(in_blocks, p.chunks),
+        Buf.OUTPUT: chunk_regions(out_blocks, p.chunks),
+        Buf.SCRATCH: chunk_regions([count] * p.blocks(Buf.SCRATCH), p.chunks),
+    }
+    key = p.storage_map(in_place)
+    slice_elems = max(1, slice_bytes // max(1, itemsize))
+
+    def region(ref) -> Region:
+        regs = layout[ref.buf]
+        if ref.index + ref.count > len(regs):
+            raise ValueError(f"{p.algo}: {ref} outside the buffer")
+        first, last = regs[ref.index], regs[ref.index + ref.count - 1]
+        return Region(int(ref.buf), first[0], last[0] + last[1] - first[0])
+
+    out: list[list[CStep]] = []
+    gid = 0
+    last_writer: dict = {}
+    readers: dict = {}
+    for c, chan in enumerate(p.channels):
+        csteps = []
+        for s in chan:
+            src = region(s.src) if s.src is not None else None
+            dst = region(s.dst) if s.dst is not None else None
+            length = (dst or src).length  # type: ignore[union-attr]
+            nsl = -(-length // slice_elems) if length else 0
+            slices = tuple(split_even(length, nsl, k) for k in range(nsl))
+            rkeys = {key(s.src.buf, j) for j in s.src.chunks()} if s.src is not None else set()
+            wkeys = {key(s.dst.buf, j) for j in s.dst.chunks()} if s.dst is not None else set()
+            if s.reduce and not s.recv_from:
+                rkeys |= wkeys
+            deps = {last_writer[k] for k in rkeys | wkeys if k in last_writer}
+            for k in wkeys:
+                deps |= readers.get(k, set())
+            for k in rkeys:
+                readers.setdefault(k, set()).add(gid)
+            for k in wkeys:
+                last_writer[k] = gid
+                readers[k] = set()
+            skip = (s.src is not None and s.dst is not None and not s.recv_from
+                    and not s.reduce and rkeys == wkeys
+                    and [key(s.src.buf, j) for j in s.src.chunks()]
+                    == [key(s.dst.buf, j) for j in s.dst.chunks()])
+            csteps.append(CStep(c, s, src, dst, length, slices, tuple(sorted(deps)), gid, skip))
+            gid += 1
+        out.append(csteps)
+    return out

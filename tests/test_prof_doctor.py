@@ -19,9 +19,12 @@ N = 4
 CULPRIT = 2
 
 
-def _wait_for_abort(comm, limit: float = 30.0) -> None:
+def _wait_for_reports(comm, limit: float = 60.0) -> None:
+    """Stay busy until every other rank has its error (so each one's doctor finds this
+    rank still alive, not yet closed)."""
     deadline = time.monotonic() + limit
-    while time.monotonic() < deadline and comm.store.try_get(f"{comm.prefix}/abort") is None:
+    others = [f"test/reported/{r}" for r in range(comm.size) if r != comm.rank]
+    while time.monotonic() < deadline and not comm.store.check(others):
         time.sleep(0.05)
 
 
@@ -29,12 +32,14 @@ def _skipper(comm) -> str:
     x = np.ones(1024, np.float32)
     comm.all_reduce(x, algo="ring")                      # seq 1: everyone
     if comm.rank == CULPRIT:                             # skips seq 2: busy elsewhere
-        _wait_for_abort(comm)
+        _wait_for_reports(comm)
         return "skipped"
     try:
         comm.all_reduce(x, algo="ring", timeout=2.0)     # seq 2
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
+    finally:
+        comm.store.set(f"test/reported/{comm.rank}", b"1")
     return "no error"
 
 
@@ -48,7 +53,7 @@ def test_skipped_collective_names_culprit_and_seq(tmp_path):
         msg = res[r]
         assert "culprit: rank 2" in msg, msg
         assert "has not called all_reduce seq 2" in msg, msg
-        assert "in _wait_for_abort" in msg               # where its main thread was
+        assert "in _wait_for_reports" in msg             # where its main thread was
     # the flight recorders were dumped by every rank: the offline doctor agrees
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"fr_rank{r}.json" for r in range(N)]
     reports = [doctor.analyze(st, c, doctor.OFFLINE_MISSING)

@@ -196,48 +196,67 @@ class RankPool:
     """N long-lived ranks with one communicator; ``run`` executes a function on all."""
 
     def __init__(self, nranks: int, env: dict | None = None, timeout: float = 120.0):
-        ctx = _ctx()
-        self.nranks = nranks
-        self.timeout = timeout
         port, token = free_port(), secrets.token_hex(8)
+        self._start(_ctx(), nranks, timeout, _entry,
+                    lambda r, child: (r, nranks, port, token, env, child, None))
+
+    def _start(self, ctx, nranks: int, timeout: float, target: Callable,
+               args: Callable[[int, Any], tuple]) -> None:
+        """Start ``target(*args(rank, pipe))`` per rank and wait until all are ready."""
+        self.nranks, self.timeout = nranks, timeout
         self.conns, self.procs = [], []
         for r in range(nranks):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_entry, args=(r, nranks, port, token, env, child, None),
-                            daemon=True)
+            p = ctx.Process(target=target, args=args(r, child), daemon=True)
             p.start()
             child.close()
             self.conns.append(parent)
             self.procs.append(p)
-        raise_first(_collect(self.conns, self.procs, timeout))
         self.alive = True
+        try:
+            raise_first(_collect(self.conns, self.procs, timeout))
+        except BaseException:
+            self.kill()
+            raise
 
     def run(self, fn: Callable, *args: Any, timeout: float | None = None,
             **kwargs: Any) -> list[Any]:
+        """``fn(target, *args, **kwargs)`` on every rank; results (or exceptions) per rank."""
         if not self.alive:
-            raise RuntimeError("rank pool was killed by an earlier hang")
+            raise RuntimeError("the rank pool is gone (an earlier run hung or it was closed)")
         for c in self.conns:
             c.send((fn, args, kwargs))
         try:
             return _collect(self.conns, self.procs, timeout or self.timeout)
         except HangError:
-            self.alive = False
+            self.kill()
             raise
 
     def run_ok(self, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
         return raise_first(self.run(fn, *args, **kwargs))
 
+    def kill(self) -> None:
+        self.alive = False
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=5)
+
     def close(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
         for c in self.conns:
             try:
                 c.send(None)
             except (OSError, BrokenPipeError):
                 pass
         for p in self.procs:
-            p.join(timeout=10)
+            p.join(timeout=20)
             if p.is_alive():
                 p.kill()
-        self.alive = False
+                p.join(timeout=5)
 
     def __enter__(self) -> RankPool:
         return self

@@ -18,12 +18,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ringtree.testing import HangError, RemoteError, _collect, free_port, raise_first, serve
+from ringtree.testing import HangError, RankPool, RemoteError, free_port, raise_first, serve
 
 __all__ = ["HangError", "RankContext", "TorchRankPool", "raise_first"]
 
@@ -92,7 +91,7 @@ def _worker(rank: int, size: int, port: int, backend: str, gloo: bool, timeout: 
         pass
 
 
-class TorchRankPool:
+class TorchRankPool(RankPool):
     """N processes with ``torch.distributed`` initialised; ``run`` a function on all.
 
     ``backend=None`` leaves initialisation to the functions (``MASTER_ADDR``,
@@ -102,66 +101,7 @@ class TorchRankPool:
     def __init__(self, nranks: int, backend: str | None = "ringtree", *, gloo: bool = True,
                  timeout: float = 120.0, pg_timeout: float = 60.0, env: dict | None = None,
                  threads: int = 1):
-        ctx = _context()
-        self.nranks, self.timeout = nranks, timeout
         port = free_port()
-        self.conns, self.procs = [], []
-        for r in range(nranks):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(r, nranks, port, backend, gloo, pg_timeout,
-                                                  env, threads, child), daemon=True)
-            p.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(p)
-        self.alive = True
-        try:
-            raise_first(_collect(self.conns, self.procs, timeout))
-        except BaseException:
-            self.kill()
-            raise
-
-    def run(self, fn: Callable, *args: Any, timeout: float | None = None,
-            **kwargs: Any) -> list[Any]:
-        """``fn(ctx, *args, **kwargs)`` on every rank; results (or exceptions) per rank."""
-        if not self.alive:
-            raise RuntimeError("the rank pool is gone (an earlier run hung or it was closed)")
-        for c in self.conns:
-            c.send((fn, args, kwargs))
-        try:
-            return _collect(self.conns, self.procs, timeout or self.timeout)
-        except HangError:
-            self.kill()
-            raise
-
-    def run_ok(self, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
-        return raise_first(self.run(fn, *args, **kwargs))
-
-    def kill(self) -> None:
-        self.alive = False
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-        for p in self.procs:
-            p.join(timeout=5)
-
-    def close(self) -> None:
-        if not self.alive:
-            return
-        self.alive = False
-        for c in self.conns:
-            try:
-                c.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-        for p in self.procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-
-    def __enter__(self) -> TorchRankPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._start(_context(), nranks, timeout, _worker,
+                    lambda r, child: (r, nranks, port, backend, gloo, pg_timeout, env,
+                                      threads, child))

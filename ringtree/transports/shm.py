@@ -190,19 +190,7 @@ class ShmTransport(Transport):
 
     def isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:
         req = Request(peer, channel, header, payload.reshape(-1).view(np.uint8), True)
-        if self.closed:
-            req.fail(self._closed_error(peer))
-            return req
-        r = self._ring(peer, channel, True)
-        if r.dead is not None:
-            req.fail(r.dead)
-            return req
-        r.q.append(req)
-        if len(r.q) == 1:
-            self._push(r)
-        if r.busy:
-            self.active.add(r)
-        return req
+        return self._post(req, sending=True)
 
     def irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
         req = Request(peer, channel, header, into.reshape(-1).view(np.uint8), False)
@@ -231,17 +219,21 @@ class ShmTransport(Transport):
             self._wake(r, SEND_WAITS)
 
     def _post_recv(self, req: Request) -> Request:
+        return self._post(req, sending=False)
+
+    def _post(self, req: Request, sending: bool) -> Request:
+        """Queue ``req`` on its ring and move what can move now."""
         if self.closed:
             req.fail(self._closed_error(req.peer))
             return req
-        r = self._ring(req.peer, req.channel, False)
+        r = self._ring(req.peer, req.channel, sending)
         if r.dead is not None:
             req.fail(r.dead)
             return req
         r.q.append(req)
         if len(r.q) == 1:
-            self._pull(r)
-        if r.q:
+            (self._push if sending else self._pull)(r)
+        if (r.busy if sending else r.q):
             self.active.add(r)
         return req
 

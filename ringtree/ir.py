@@ -290,6 +290,33 @@ class Program:
 
         return key
 
+    def memory_deps(self, in_place: bool) -> list[tuple[int, ...]]:
+        """For every step, numbered channel by channel, the earlier steps it must wait
+        for because they touch the same storage (read-after-write, write-after-read,
+        write-after-write). A local reduce also reads its destination. This is the
+        executor's dependency rule; the compiler, the tuner's stats and the tests read it
+        from here."""
+        key = self.storage_map(in_place)
+        last_writer: dict = {}
+        readers: dict = {}
+        deps: list[tuple[int, ...]] = []
+        for ch in self.channels:
+            for s in ch:
+                gid = len(deps)
+                rk = {key(s.src.buf, j) for j in s.src.chunks()} if s.src is not None else set()
+                wk = {key(s.dst.buf, j) for j in s.dst.chunks()} if s.dst is not None else set()
+                if s.reduce and not s.recv_from:
+                    rk |= wk
+                d = {last_writer[k] for k in rk | wk if k in last_writer}
+                for k in wk:
+                    d |= readers.get(k, set())
+                for k in rk:
+                    readers.setdefault(k, set()).add(gid)
+                for k in wk:
+                    last_writer[k], readers[k] = gid, set()
+                deps.append(tuple(sorted(d)))
+        return deps
+
     def peers(self) -> set[int]:
         ps: set[int] = set()
         for ch in self.channels:

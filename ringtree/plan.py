@@ -117,10 +117,9 @@ def compile_program(p: Program, in_blocks: list[int], out_blocks: list[int], cou
         first, last = regs[ref.index], regs[ref.index + ref.count - 1]
         return Region(int(ref.buf), first[0], last[0] + last[1] - first[0])
 
+    all_deps = p.memory_deps(in_place)
     out: list[list[CStep]] = []
     gid = 0
-    last_writer: dict = {}
-    readers: dict = {}
     for c, chan in enumerate(p.channels):
         csteps = []
         for s in chan:
@@ -129,23 +128,12 @@ def compile_program(p: Program, in_blocks: list[int], out_blocks: list[int], cou
             length = (dst or src).length  # type: ignore[union-attr]
             nsl = -(-length // slice_elems) if length else 0
             slices = tuple(split_even(length, nsl, k) for k in range(nsl))
-            rkeys = {key(s.src.buf, j) for j in s.src.chunks()} if s.src is not None else set()
-            wkeys = {key(s.dst.buf, j) for j in s.dst.chunks()} if s.dst is not None else set()
-            if s.reduce and not s.recv_from:
-                rkeys |= wkeys
-            deps = {last_writer[k] for k in rkeys | wkeys if k in last_writer}
-            for k in wkeys:
-                deps |= readers.get(k, set())
-            for k in rkeys:
-                readers.setdefault(k, set()).add(gid)
-            for k in wkeys:
-                last_writer[k] = gid
-                readers[k] = set()
+            # a plain copy onto its own storage (in place) moves nothing
             skip = (s.src is not None and s.dst is not None and not s.recv_from
-                    and not s.reduce and rkeys == wkeys
+                    and not s.reduce
                     and [key(s.src.buf, j) for j in s.src.chunks()]
                     == [key(s.dst.buf, j) for j in s.dst.chunks()])
-            csteps.append(CStep(c, s, src, dst, length, slices, tuple(sorted(deps)), gid, skip))
+            csteps.append(CStep(c, s, src, dst, length, slices, all_deps[gid], gid, skip))
             gid += 1
         out.append(csteps)
     return out

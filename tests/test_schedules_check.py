@@ -93,24 +93,8 @@ def rendezvous_deadlock(programs: list[Program], in_place: bool) -> str | None:
     steps: list[list[tuple[int, Step]]] = []          # per rank, (channel, step) by gid
     deps: list[list[set[int]]] = []
     for p in programs:
-        key = p.storage_map(in_place)
-        flat, dl, last_writer, readers = [], [], {}, {}
-        for c, ch in enumerate(p.channels):
-            for s in ch:
-                g = len(flat)
-                rk = {key(s.src.buf, j) for j in s.src.chunks()} if s.src else set()
-                wk = {key(s.dst.buf, j) for j in s.dst.chunks()} if s.dst else set()
-                if s.reduce and not s.recv_from:
-                    rk |= wk
-                d = {last_writer[k] for k in rk | wk if k in last_writer}
-                for k in wk:
-                    d |= readers.get(k, set())
-                for k in rk:
-                    readers.setdefault(k, set()).add(g)
-                for k in wk:
-                    last_writer[k], readers[k] = g, set()
-                flat.append((c, s))
-                dl.append(d)
+        flat = [(c, s) for c, ch in enumerate(p.channels) for s in ch]
+        dl = [set(d) for d in p.memory_deps(in_place)]
         steps.append(flat)
         deps.append(dl)
     # pair the k-th send on (a, b, c) with the k-th receive on (a, b, c)

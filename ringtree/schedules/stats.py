@@ -40,7 +40,7 @@ def schedule_stats(collective: Collective, algo: str, nranks: int,
     n = nranks
     queues: dict[tuple[int, int, int], deque] = {}
     cursor = [[0] * len(p.channels) for p in programs]
-    deps = [_memory_deps(p) for p in programs]
+    deps = [_deps_by_position(p) for p in programs]
     finish: list[dict[tuple[int, int], int]] = [{} for _ in programs]
     sent = [0.0] * n
     reduced = [0.0] * n
@@ -76,22 +76,7 @@ def schedule_stats(collective: Collective, algo: str, nranks: int,
     return ScheduleStats(depth, max(sent), max(reduced), max(msgs))
 
 
-def _memory_deps(p) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """Earlier steps each step must wait for (RAW, WAR, WAW on its chunks), out of place."""
-    key = p.storage_map(False)
-    last_writer: dict = {}
-    readers: dict = {}
-    deps: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for c, ch in enumerate(p.channels):
-        for i, s in enumerate(ch):
-            rk = {key(s.src.buf, j) for j in s.src.chunks()} if s.src is not None else set()
-            wk = {key(s.dst.buf, j) for j in s.dst.chunks()} if s.dst is not None else set()
-            d = {last_writer[k] for k in rk | wk if k in last_writer}
-            for k in wk:
-                d |= readers.get(k, set())
-            for k in rk:
-                readers.setdefault(k, set()).add((c, i))
-            for k in wk:
-                last_writer[k], readers[k] = (c, i), set()
-            deps[(c, i)] = sorted(d)
-    return deps
+def _deps_by_position(p) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """:meth:`Program.memory_deps` (out of place), keyed by (channel, index)."""
+    pos = [(c, i) for c, ch in enumerate(p.channels) for i in range(len(ch))]
+    return {pos[g]: [pos[d] for d in ds] for g, ds in enumerate(p.memory_deps(False))}

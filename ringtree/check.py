@@ -16,10 +16,9 @@ touches; in-place runs (input aliased into the output, as the API allows) stay c
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
-from ringtree.ir import Buf, Collective, Program, Ref, Step
+from ringtree.ir import Buf, Collective, Program, Ref, Step, walk
 from ringtree.schedules import Options, generate_all
 
 
@@ -109,8 +108,12 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
         mem.append(m)
         _channel_conflicts(p, keys[r])
 
-    queues: dict[tuple[int, int, int], deque] = {}
-    cursor = [[0] * len(p.channels) for p in programs]
+    for r, p in enumerate(programs):
+        for ch in p.channels:
+            for s in ch:
+                for peer in (*s.recv_from, *s.send_to):
+                    if not 0 <= peer < n or peer == r:
+                        raise CheckError(f"rank {r} exchanges with invalid peer {peer}")
     clock = [[0] * len(p.channels) for p in programs]
     messages = depth = 0
 
@@ -123,7 +126,7 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
             out.append(v)
         return out
 
-    def run(r: int, c: int, s: Step) -> None:
+    def run(r: int, c: int, _i: int, s: Step, received: list) -> tuple:
         nonlocal messages, depth
         p = programs[r]
         sig = _signature(p, s.ref)
@@ -134,8 +137,7 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
             assert s.dst is not None and value is not None
             value = [vals.combine(a, b, barrier) for a, b in zip(read(r, s.dst), value)]
         t = clock[r][c]
-        for peer in s.recv_from:
-            msg, msig, mt = queues[(peer, r, c)].popleft()
+        for peer, (msg, msig, mt) in zip(s.recv_from, received):
             t = max(t, mt)
             if msig != sig:
                 raise CheckError(f"rank {r} channel {c}: receives {len(msig)} chunk(s) of "
@@ -151,34 +153,14 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
         if s.dst is not None:
             for j, v in zip(s.dst.chunks(), value):
                 mem[r][keys[r](s.dst.buf, j)] = v
-        for peer in s.send_to:
-            if not 0 <= peer < n or peer == r:
-                raise CheckError(f"rank {r} sends to invalid peer {peer}")
-            queues.setdefault((r, peer, c), deque()).append((tuple(value), sig, t))
-            messages += 1
+        messages += len(s.send_to)
+        return tuple(value), sig, t
 
-    progress = True
-    while progress:
-        progress = False
-        for r, p in enumerate(programs):
-            for c, ch in enumerate(p.channels):
-                while cursor[r][c] < len(ch):
-                    s = ch[cursor[r][c]]
-                    for peer in s.recv_from:
-                        if not 0 <= peer < n or peer == r:
-                            raise CheckError(f"rank {r} receives from invalid peer {peer}")
-                    if any(not queues.get((q, r, c)) for q in s.recv_from):
-                        break
-                    run(r, c, s)
-                    cursor[r][c] += 1
-                    progress = True
-    stuck = [(r, c, programs[r].channels[c][cursor[r][c]])
-             for r in range(n) for c in range(len(programs[r].channels))
-             if cursor[r][c] < len(programs[r].channels[c])]
+    stuck, queues = walk(programs, run)
     if stuck:
         desc = "; ".join(f"rank {r} ch {c} waits at '{s}'" for r, c, s in stuck[:6])
         raise CheckError(f"{algo} {coll.value} n={n} deadlocks: {desc}")
-    left = {k: len(q) for k, q in queues.items() if q}
+    left = {k: len(q) for k, q in queues.items()}
     if left:
         raise CheckError(f"{algo} {coll.value} n={n}: unreceived messages {left}")
 

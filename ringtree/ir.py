@@ -20,6 +20,7 @@ match in program order, like the FIFO of a NCCL connection. No tags.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
@@ -332,3 +333,36 @@ def split_even(total: int, parts: int, index: int) -> tuple[int, int]:
     base, extra = divmod(total, parts)
     off = index * base + min(index, extra)
     return off, base + (1 if index < extra else 0)
+
+
+def walk(programs, run) -> tuple[list[tuple[int, int, Step]], dict]:
+    """Execute Programs under the IR's matching rule with unbounded buffering: a step runs
+    once a message from each of its ``recv_from`` peers is queued on its channel; it is
+    called as ``run(rank, channel, index, step, received)`` with those messages (in
+    ``recv_from`` order) and returns the message it sends to each of ``send_to``.
+
+    Returns the steps that never ran (rank, channel, step) — a cyclic wait — and the
+    queues of messages nobody received. The checker, the tuner's stats and the tests'
+    small executors are all this walk with a different ``run``.
+    """
+    queues: dict[tuple[int, int, int], deque] = {}
+    cursor = [[0] * len(p.channels) for p in programs]
+    progress = True
+    while progress:
+        progress = False
+        for r, p in enumerate(programs):
+            for c, ch in enumerate(p.channels):
+                while cursor[r][c] < len(ch):
+                    i = cursor[r][c]
+                    s = ch[i]
+                    if any(not queues.get((q, r, c)) for q in s.recv_from):
+                        break
+                    got = [queues[(q, r, c)].popleft() for q in s.recv_from]
+                    msg = run(r, c, i, s, got)
+                    for q in s.send_to:
+                        queues.setdefault((r, q, c), deque()).append(msg)
+                    cursor[r][c] += 1
+                    progress = True
+    stuck = [(r, c, p.channels[c][cursor[r][c]]) for r, p in enumerate(programs)
+             for c in range(len(p.channels)) if cursor[r][c] < len(p.channels[c])]
+    return stuck, {k: q for k, q in queues.items() if q}

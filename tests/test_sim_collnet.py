@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.ir import Buf
+from ringtree.ir import Buf, walk
 from ringtree.schedules import Options, generate_all
 from ringtree.sim import place, presets, programs_for, simulate
 
@@ -15,31 +15,19 @@ def _execute(progs):
     n = progs[0].nranks
     mem = [{(Buf.INPUT, j): frozenset([r]) for j in range(p.chunks)} if r < n else {}
            for r, p in enumerate(progs)]
-    queues: dict = {}
-    cur = [[0] * len(p.channels) for p in progs]
-    moved = True
-    while moved:
-        moved = False
-        for r, p in enumerate(progs):
-            for c, ch in enumerate(p.channels):
-                while cur[r][c] < len(ch):
-                    s = ch[cur[r][c]]
-                    if any(not queues.get((q, r, c)) for q in s.recv_from):
-                        break
-                    val = mem[r][(s.src.buf, s.src.index)] if s.src else frozenset()
-                    for q in s.recv_from:
-                        got = queues[(q, r, c)].pop(0)
-                        assert not (s.reduce and val & got), "double counting"
-                        val = val | got if s.reduce or not s.src else got
-                    if s.dst:
-                        mem[r][(s.dst.buf, s.dst.index)] = val
-                    for q in s.send_to:
-                        queues.setdefault((r, q, c), []).append(val)
-                    cur[r][c] += 1
-                    moved = True
-    assert all(cur[r][c] == len(ch) for r, p in enumerate(progs)
-               for c, ch in enumerate(p.channels)), "deadlock"
-    assert not any(queues.values()), "unreceived messages"
+
+    def run(r, c, i, s, received):
+        val = mem[r][(s.src.buf, s.src.index)] if s.src else frozenset()
+        for got in received:
+            assert not (s.reduce and val & got), "double counting"
+            val = val | got if s.reduce or not s.src else got
+        if s.dst:
+            mem[r][(s.dst.buf, s.dst.index)] = val
+        return val
+
+    stuck, left = walk(progs, run)
+    assert not stuck, "deadlock"
+    assert not left, "unreceived messages"
     return mem
 
 

@@ -15,11 +15,10 @@ from the schedule instead of written by hand.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ringtree.ir import Collective
+from ringtree.ir import Collective, walk
 from ringtree.schedules.registry import Options, generate_all
 
 
@@ -38,41 +37,28 @@ def schedule_stats(collective: Collective, algo: str, nranks: int,
     if any(p.meta.get("virtual_programs") for p in programs):
         raise ValueError(f"{algo} needs in-network aggregation switches (simulator only)")
     n = nranks
-    queues: dict[tuple[int, int, int], deque] = {}
-    cursor = [[0] * len(p.channels) for p in programs]
     deps = [_deps_by_position(p) for p in programs]
     finish: list[dict[tuple[int, int], int]] = [{} for _ in programs]
     sent = [0.0] * n
     reduced = [0.0] * n
     msgs = [0] * n
     depth = 0
-    progress = True
-    while progress:
-        progress = False
-        for r, p in enumerate(programs):
-            for c, ch in enumerate(p.channels):
-                while cursor[r][c] < len(ch):
-                    i = cursor[r][c]
-                    s = ch[i]
-                    if any(not queues.get((q, r, c)) for q in s.recv_from):
-                        break
-                    # like the executor: a step waits for the steps whose memory it
-                    # touches and for its messages, not for its predecessor in the channel
-                    t = max((finish[r][d] for d in deps[r][(c, i)]), default=0)
-                    for q in s.recv_from:
-                        t = max(t, queues[(q, r, c)].popleft())
-                    t += 1
-                    finish[r][(c, i)] = t
-                    depth = max(depth, t)
-                    size = s.ref.count / p.chunks  # chunks of a block: equal ±1 element
-                    if s.reduce:
-                        reduced[r] += size * max(1, len(s.recv_from))
-                    for q in s.send_to:
-                        queues.setdefault((r, q, c), deque()).append(t)
-                        sent[r] += size
-                        msgs[r] += 1
-                    cursor[r][c] += 1
-                    progress = True
+
+    def run(r: int, c: int, i: int, s, arrivals: list) -> int:
+        nonlocal depth
+        # like the executor: a step waits for the steps whose memory it touches and for
+        # its messages, not for its predecessor in the channel
+        t = max([finish[r][d] for d in deps[r][(c, i)]] + arrivals, default=0) + 1
+        finish[r][(c, i)] = t
+        depth = max(depth, t)
+        size = s.ref.count / programs[r].chunks  # chunks of a block: equal ±1 element
+        if s.reduce:
+            reduced[r] += size * max(1, len(s.recv_from))
+        sent[r] += size * len(s.send_to)
+        msgs[r] += len(s.send_to)
+        return t
+
+    walk(programs, run)
     return ScheduleStats(depth, max(sent), max(reduced), max(msgs))
 
 

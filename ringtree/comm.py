@@ -31,7 +31,6 @@ from ringtree.tuner import MODELS, choose, parse_algo_spec
 from ringtree.work import Work
 
 P2P_CHANNEL_BASE = 64
-ABORT_GRACE = 2.0  # seconds a lost peer gets to explain itself through the store
 
 
 @dataclass(frozen=True)
@@ -351,7 +350,10 @@ class CommCore:
             return err
         reason = str(e)
         if isinstance(e, PeerError):
-            theirs = self._abort_reason(wait=ABORT_GRACE)
+            try:  # a rank that fails writes why before it closes its sockets
+                theirs = self.store.try_get(self._abort_key())
+            except Exception:  # noqa: BLE001 - the store may have died with rank 0
+                theirs = None
             if theirs:
                 err = CommAborted(f"rank {self.rank}: lost the connection to rank {e.peer}; "
                                   f"the communicator was aborted because {theirs.decode()}")
@@ -384,22 +386,6 @@ class CommCore:
         from ringtree.prof.watch import monitored_barrier
 
         monitored_barrier(self, timeout, wait_all_ranks)
-
-    def _abort_reason(self, wait: float) -> bytes | None:
-        """The abort line another rank wrote, waiting up to ``wait`` s for it: a peer that
-        detects a mismatch drops its sockets before it gets to write the line, so a
-        closed connection is only declared a death once the peer has had that time."""
-        import time
-
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                why = self.store.try_get(self._abort_key())
-            except Exception:  # noqa: BLE001 - the store may have died with rank 0
-                return None
-            if why or time.monotonic() >= deadline:
-                return why
-            time.sleep(0.05)
 
     def _check_usable(self) -> None:
         if self._closed:

@@ -268,14 +268,14 @@ class TcpTransport(Transport):
 
     # ---- byte pumps -------------------------------------------------------------------
 
-    def _die(self, conn: _Conn, how: str) -> None:
+    def _die(self, conn: _Conn, how: str, close: bool = True) -> None:
         err = PeerError(conn.peer, f"rank {conn.peer} {how} (tcp channel {conn.channel})")
         conn.dead = err
         for q in (conn.sendq, conn.recvq):
             while q:
                 q.popleft().fail(err)
         self.active.discard(conn)
-        if conn.sock is not None:
+        if close and conn.sock is not None:
             try:
                 conn.sock.close()
             except OSError:
@@ -329,7 +329,9 @@ class TcpTransport(Transport):
                     if bytes(conn.hdr) != req.header:
                         err = HeaderMismatch(conn.peer, req.header, bytes(conn.hdr))
                         conn.recvq.popleft().fail(err)
-                        self._die(conn, "sent a message that does not match")
+                        # the stream is out of step: stop using it, but leave closing to
+                        # close(), after the communicator has told every rank why
+                        self._die(conn, "sent a message that does not match", close=False)
                         return True
                 size = req.buf.nbytes
                 if req.pos < size:

@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("ringtree.sim.cli", "simulate a collective on a modeled cluster"),
     "trace": ("ringtree.prof.cli", "merge profiler output into a Chrome/Perfetto trace"),
     "doctor": ("ringtree.prof.doctor", "analyse dumped flight recorders of a hung job"),
+    "testbed": ("ringtree.testbed.cli", "namespace hosts on shaped links: run a job on them"),
 }
 
 

@@ -32,17 +32,28 @@ MOVEMENTS = ["all_gather", "broadcast", "gather", "scatter", "all_to_all", "send
              "barrier"]
 
 
-def _root_state() -> tuple[set[str], set[str]]:
-    links = set(os.listdir("/sys/class/net"))
-    return links, set(os.listdir("/dev/shm"))
+def _links() -> set[str]:
+    return set(os.listdir("/sys/class/net"))
+
+
+def _gone(pids: list[int], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(os.path.exists(f"/proc/{q}") for q in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(os.path.exists(f"/proc/{q}") for q in pids)
 
 
 @pytest.fixture(scope="module")
 def testbed():
-    before = _root_state()
+    """Three hosts; afterwards no keeper (so no namespace, veth or tmpfs) and no new link
+    in the machine's own namespace. (The machine's /dev/shm is never written: each host
+    mounts its own.)"""
+    before = _links()
     with _Testbed(3, rate="1gbit") as tb:
+        pids = [tb._bridge.pid] + [h.pid for h in tb.hosts]
         yield tb
-    assert _root_state() == before, "the testbed left links or /dev/shm files behind"
+    assert _gone(pids), "a namespace keeper survived the testbed"
+    assert not _links() - before, "the testbed left links behind"
 
 
 def test_hosts_have_their_own_name_network_and_shm(testbed):
@@ -98,18 +109,16 @@ def test_nothing_outlives_a_killed_creator():
             "print(' '.join(str(p) for p in [tb._bridge.pid] + [h.pid for h in tb.hosts]),"
             " flush=True)\n"
             "time.sleep(60)\n")
-    before = _root_state()
+    before = _links()
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pids = [int(x) for x in p.stdout.readline().split()]
     assert len(pids) == 3
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     p.stdout.close()
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{q}") for q in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(os.path.exists(f"/proc/{q}") for q in pids), "a keeper survived"
-    assert _root_state() == before
+    assert _gone(pids), "a keeper survived"
+    assert not _links() - before
+    assert not os.path.exists("/dev/shm/left")
 
 
 def test_cli_runs_a_command_on_every_host():

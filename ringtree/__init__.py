@@ -48,8 +48,8 @@ def init(rank: int | None = None, world_size: int | None = None,
     hosts the rendezvous store unless a launcher already does.
     """
     global _WORLD
-    from ringtree.env import detect
-    from ringtree.store import StoreClient, StoreServer
+    from ringtree.bootstrap.job import detect
+    from ringtree.bootstrap.store import StoreClient, StoreServer
 
     env = detect(rank, world_size, master_addr, master_port, token)
     server = None

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ringtree.core.ir import Buf, Collective, Step, inp, out, split_even
+from ringtree.core.plan import Call, CStep, Desc, Region
 from ringtree.dtypes import DType, as_flat
-from ringtree.ir import Buf, Collective, Step, inp, out, split_even
 from ringtree.ops import ReduceOp, Reducer, resolve
-from ringtree.plan import Call, CStep, Desc, Region
 
 _P2P_CODE = 200
 

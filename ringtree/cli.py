@@ -10,9 +10,9 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("ringtree.launch", "start N local ranks (torchrun/mpirun-style launcher)"),
+    "run": ("ringtree.bootstrap.launch", "start N local ranks (torchrun/mpirun-style launcher)"),
     "perf": ("ringtree.perf.cli", "nccl-tests style benchmark of a collective"),
-    "algo": ("ringtree.algo_cli", "show an algorithm's schedule as a step table"),
+    "algo": ("ringtree.tools.algo", "show an algorithm's schedule as a step table"),
     "sim": ("ringtree.sim.cli", "simulate a collective on a modeled cluster"),
     "trace": ("ringtree.prof.cli", "merge profiler output into a Chrome/Perfetto trace"),
     "doctor": ("ringtree.prof.doctor", "analyse dumped flight recorders of a hung job"),

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ringtree.envvars import env_float, env_int
+from ringtree.core.executor import Executor
+from ringtree.core.ir import Collective, Program
+from ringtree.core.plan import DEFAULT_SLICE_BYTES, Call, Desc, compile_program
+from ringtree.core.tuner import MODELS, choose, parse_algo_spec
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
-from ringtree.executor import Executor
-from ringtree.ir import Collective, Program
-from ringtree.plan import DEFAULT_SLICE_BYTES, Call, Desc, compile_program
 from ringtree.schedules import Options, generate
+from ringtree.settings import env_float, env_int
 from ringtree.transports.tcp import make_listener
-from ringtree.tuner import MODELS, choose, parse_algo_spec
 from ringtree.work import Work
 
 P2P_CHANNEL_BASE = 64
@@ -50,9 +50,9 @@ class CommCore:
                  master_addr: str = "127.0.0.1", timeout: float | None = None,
                  server=None, world_ranks: tuple[int, ...] | None = None,
                  local_rank: int | None = None, owns_store: bool = False):
-        from ringtree.env import host_identity
-        from ringtree.netif import select_address
-        from ringtree.transports.select import build_fabric
+        from ringtree.bootstrap.job import host_identity
+        from ringtree.bootstrap.netif import select_address
+        from ringtree.transports.assign import build_fabric
 
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} out of range for {size} ranks")

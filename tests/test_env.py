@@ -1,10 +1,10 @@
-"""Tests of job-environment detection (ringtree.env) and address selection (ringtree.netif)."""
+"""Tests of job-environment detection (ringtree.bootstrap.job) and address selection (ringtree.bootstrap.netif)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ringtree.env import (
+from ringtree.bootstrap.job import (
     DEFAULT_MASTER_PORT,
     JobEnv,
     detect,
@@ -14,7 +14,12 @@ from ringtree.env import (
     job_id,
     parse_tasks_per_node,
 )
-from ringtree.netif import list_interfaces, match_interfaces, parse_ifname_spec, select_address
+from ringtree.bootstrap.netif import (
+    list_interfaces,
+    match_interfaces,
+    parse_ifname_spec,
+    select_address,
+)
 
 RINGTREE = {"RINGTREE_RANK": "1", "RINGTREE_WORLD_SIZE": "6", "RINGTREE_LOCAL_RANK": "1",
             "RINGTREE_LOCAL_WORLD_SIZE": "3", "RINGTREE_MASTER_ADDR": "10.0.0.1"}

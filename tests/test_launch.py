@@ -1,4 +1,4 @@
-"""Tests of the ``ringtree run`` launcher (ringtree.launch), run as real subprocesses."""
+"""Tests of the ``ringtree run`` launcher (ringtree.bootstrap.launch), run as real subprocesses."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def py(code: str) -> list[str]:
 
 PRINT_ENV = """
     import json, os
-    from ringtree.env import detect
+    from ringtree.bootstrap.job import detect
     e = detect()
     keys = ["RINGTREE_RANK", "RINGTREE_WORLD_SIZE", "RINGTREE_LOCAL_RANK",
             "RINGTREE_LOCAL_WORLD_SIZE", "RINGTREE_NODE_RANK", "RINGTREE_MASTER_ADDR",
@@ -57,8 +57,8 @@ PRINT_ENV = """
 
 STORE_BARRIER = """
     import os
-    from ringtree.env import detect
-    from ringtree.store import StoreClient
+    from ringtree.bootstrap.job import detect
+    from ringtree.bootstrap.store import StoreClient
     e = detect()
     with StoreClient(e.master_addr, e.master_port, e.token, connect_timeout=30) as s:
         s.add("arrived")
@@ -137,8 +137,8 @@ def test_rank_killed_by_signal_reports_128_plus_signal():
 def test_rank_ignoring_sigterm_is_killed_after_the_grace_period():
     proc, elapsed = run("-n", "2", "--grace", "0.5", *py("""
         import signal, sys, time
-        from ringtree.env import detect
-        from ringtree.store import StoreClient
+        from ringtree.bootstrap.job import detect
+        from ringtree.bootstrap.store import StoreClient
         e = detect()
         s = StoreClient(e.master_addr, e.master_port, e.token)
         if e.rank == 1:
@@ -316,7 +316,7 @@ def test_command_may_contain_double_dash():
 
 
 def test_main_in_process_restores_signal_handlers():
-    from ringtree.launch import main
+    from ringtree.bootstrap.launch import main
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
     assert main(["-n", "2", "--", sys.executable, "-c", "pass"]) == 0

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from ringtree.dtypes import DType
-from ringtree.perf import cli, console, launch
+from ringtree.perf import cli, console, spawn
 from ringtree.perf.flags import Options, UsageError, parse_args, parse_size, sizes
 
 
@@ -112,7 +112,7 @@ def test_sweeps():
 
 
 def test_strip_nranks():
-    assert launch._strip_nranks(["all_reduce", "--nranks", "4", "-b", "8", "--nranks=2"]) == \
+    assert spawn._strip_nranks(["all_reduce", "--nranks", "4", "-b", "8", "--nranks=2"]) == \
         ["all_reduce", "-b", "8"]
 
 

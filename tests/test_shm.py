@@ -16,8 +16,8 @@ import ringtree
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_cma as cma
 from ringtree.transports import shm_segment as seg
+from ringtree.transports.assign import plan_routes
 from ringtree.transports.base import HeaderMismatch
-from ringtree.transports.select import plan_routes
 from ringtree.transports.shm import ShmTransport
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(seg.SHM_DIR), reason="needs /dev/shm")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.ir import Collective, Program, inp, out, parse_collective, recv, send
+from ringtree.core.ir import Collective, Program, inp, out, parse_collective, recv, send
 from ringtree.schedules import algorithms
 from ringtree.sim import count_for, engine, fast, place, presets, programs_for, simulate
 from ringtree.sim import topology as T

@@ -1,4 +1,4 @@
-"""Tests of the rendezvous key-value store (ringtree.store)."""
+"""Tests of the rendezvous key-value store (ringtree.bootstrap.store)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ringtree import store as store_mod
-from ringtree.store import (
+from ringtree.bootstrap import store as store_mod
+from ringtree.bootstrap.store import (
     MAGIC,
     Op,
     Status,
@@ -25,7 +25,7 @@ from ringtree.store import (
     _mac,
     _recv_frame,
 )
-from ringtree.store import client as store_client
+from ringtree.bootstrap.store import client as store_client
 
 TOKEN = "s3cret-token"
 

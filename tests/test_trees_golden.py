@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from ringtree.schedules.trees import (
+from ringtree.schedules.tree_wiring import (
     Pattern,
     btree,
     dtree,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.ir import Collective as C
+from ringtree.core.ir import Collective as C
+from ringtree.core.tuner import MODELS, choose, estimate, parse_algo_spec
 from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import schedule_stats
-from ringtree.tuner import MODELS, choose, estimate, parse_algo_spec
 
 
 def test_empty_spec_enables_everything():

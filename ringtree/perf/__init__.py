@@ -3,7 +3,7 @@
 - :mod:`ringtree.perf.cli`      ``main``: wires flags, self-launch and the harness together
 - :mod:`ringtree.perf.flags`    nccl-tests' getopt flags, size suffixes, ``all``; ``Options``
 - :mod:`ringtree.perf.bench`    the TimeTest/BenchTime/CheckData harness of one rank
-- :mod:`ringtree.perf.launch`   ``--nranks N``: start N local ranks of the same command
+- :mod:`ringtree.perf.spawn`   ``--nranks N``: start N local ranks of the same command
 - :mod:`ringtree.perf.console`  rank 0's whole-line stdout and the progress bar
 - :mod:`ringtree.perf.bw`       buffer counts and algbw/busbw of each collective
 - :mod:`ringtree.perf.format`   the preamble, table and footer text; the ``-J`` JSON file

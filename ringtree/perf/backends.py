@@ -198,7 +198,7 @@ class RingtreeBackend(Backend):
     def check_config(self, coll: str) -> None:
         if self.algo is None or coll == "sendrecv":
             return
-        from ringtree.ir import parse_collective
+        from ringtree.core.ir import parse_collective
         from ringtree.schedules import algorithms
 
         algos = algorithms(parse_collective({"alltoall": "all_to_all"}.get(coll, coll)))

@@ -7,7 +7,7 @@
 
 Flags, defaults and output are nccl-tests' (``src/common.cu``). This module wires the
 pieces together: :mod:`ringtree.perf.flags` parses the command line,
-:mod:`ringtree.perf.launch` starts ``--nranks`` local ranks, and each rank runs the
+:mod:`ringtree.perf.spawn` starts ``--nranks`` local ranks, and each rank runs the
 :class:`ringtree.perf.bench.Harness` on a backend.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from ringtree.perf import launch
+from ringtree.perf import spawn
 from ringtree.perf.backends import Backend, BackendUnavailable, make_backend
 from ringtree.perf.bench import Harness
 from ringtree.perf.flags import PROG, Options, UsageError, parse_args, usage
@@ -69,8 +69,8 @@ def main(argv: list[str]) -> int:
     except UsageError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
-    if o.nranks and not launch.is_child():
-        return launch.self_launch(o)
+    if o.nranks and not spawn.is_child():
+        return spawn.self_launch(o)
     return run_rank(o)
 
 

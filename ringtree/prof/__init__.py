@@ -25,9 +25,9 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ringtree.envvars import env_int
 from ringtree.prof import flight
 from ringtree.prof.recorder import DEFAULT_CAPACITY, EVENT_DTYPE, PRIMS, Ev, Recorder
+from ringtree.settings import env_int
 
 __all__ = ["Recorder", "dump_flight_recorder", "monitored_barrier", "profile", "start",
            "stop"]

@@ -77,7 +77,7 @@ _PRIM_CACHE: dict[int, tuple[object, int]] = {}
 
 
 def prim_code(step) -> int:
-    """The ``PRIMS`` index of a :class:`~ringtree.ir.Step` (cached: ``Step.name`` builds
+    """The ``PRIMS`` index of a :class:`~ringtree.core.ir.Step` (cached: ``Step.name`` builds
     a string each time)."""
     hit = _PRIM_CACHE.get(id(step))
     if hit is not None and hit[0] is step:

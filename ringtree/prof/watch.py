@@ -31,9 +31,9 @@ import threading
 import time
 import weakref
 
-from ringtree.envvars import env_float
 from ringtree.errors import CollectiveTimeout, PeerError
 from ringtree.prof import doctor, flight
+from ringtree.settings import env_float
 
 
 def enabled() -> bool:

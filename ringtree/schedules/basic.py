@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-from ringtree import ir
-from ringtree.ir import Collective, Program, copy, inp, out, scr
+from ringtree.core import ir
+from ringtree.core.ir import Collective, Program, copy, inp, out, scr
 from ringtree.schedules.registry import Options, register
 
 

@@ -42,9 +42,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ringtree.ir import Collective, Program, Step, inp, out, scr
+from ringtree.core.ir import Collective, Program, Step, inp, out, scr
 from ringtree.schedules.registry import Options, register
-from ringtree.schedules.trees import node_groups
+from ringtree.schedules.tree_wiring import node_groups
 
 
 def _fanin(opts: Options, nnodes: int) -> int:

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtree import ir
-from ringtree.ir import Buf, Collective, Program, Ref, Step, copy, inp, out, scr
+from ringtree.core import ir
+from ringtree.core.ir import Buf, Collective, Program, Ref, Step, copy, inp, out, scr
 from ringtree.schedules.registry import Options, generate, register
-from ringtree.schedules.trees import node_groups
+from ringtree.schedules.tree_wiring import node_groups
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ringtree.ir import Collective, Program, parse_collective
+from ringtree.core.ir import Collective, Program, parse_collective
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ Costs (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), p ranks, n byt
 
 from __future__ import annotations
 
-from ringtree import ir
-from ringtree.ir import Collective, Program, Step, copy, inp, out
+from ringtree.core import ir
+from ringtree.core.ir import Collective, Program, Step, copy, inp, out
 from ringtree.schedules.registry import Options, register
 
 

@@ -2,7 +2,7 @@
 broadcast and reduce.
 
 All-reduce (``src/device/all_reduce.h``): the data is cut in two halves, one per tree of
-:func:`~ringtree.schedules.trees.nccl_trees` (NCCL duplicates its channels: channel c
+:func:`~ringtree.schedules.tree_wiring.nccl_trees` (NCCL duplicates its channels: channel c
 uses tree 0, channel c + nChannels tree 1). On each tree every rank reduces what its
 children send into its input and passes the partial sum up (``recvReduceSend``); the root
 reduces, stores and sends the result straight back down (``recvReduceCopySend``), and the
@@ -34,10 +34,10 @@ Costs (Sanders, Speck & Träff 2009; NCCL 2.4), p ranks, n bytes, d = tree depth
 
 from __future__ import annotations
 
-from ringtree import ir
-from ringtree.ir import Collective, Program, Step, copy, inp, out
+from ringtree.core import ir
+from ringtree.core.ir import Collective, Program, Step, copy, inp, out
 from ringtree.schedules.registry import Options, register
-from ringtree.schedules.trees import TreeRank, nccl_trees, rooted_btree
+from ringtree.schedules.tree_wiring import TreeRank, nccl_trees, rooted_btree
 
 
 def _pipeline(opts: Options) -> int:

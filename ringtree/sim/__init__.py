@@ -18,7 +18,7 @@ import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ringtree.ir import Collective, Program, parse_collective
+from ringtree.core.ir import Collective, Program, parse_collective
 from ringtree.schedules import Options, generate_all
 from ringtree.sim import engine, fast
 from ringtree.sim.model import Aware, Unaware, parse_model

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ringtree.ir import Collective, parse_collective
+from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import algorithms
 from ringtree.sim import SimRun, count_for, presets, simulate
 

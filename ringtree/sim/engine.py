@@ -1,6 +1,6 @@
 """The event engine: runs every rank's Program on a modeled network.
 
-It mirrors the executor (``ringtree/executor.py``) rule for rule, so a simulated Program
+It mirrors the executor (``ringtree/core/executor.py``) rule for rule, so a simulated Program
 and a real one take the same steps:
 
 1. in-order issue — within a channel step i+1 starts no earlier than step i, and a step
@@ -27,7 +27,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from ringtree.ir import Buf, Program, split_even
+from ringtree.core.ir import Buf, Program, split_even
 from ringtree.sim.model import Aware, Path, Unaware, compute_ns, path
 from ringtree.sim.topology import Topology
 
@@ -79,7 +79,7 @@ def compile_programs(programs: list[Program], count: int, itemsize: int,
                      fold: int = 0) -> Compiled:
     """Flatten Programs (real ranks first, then virtual ranks) for the engine.
 
-    Slices and memory dependencies follow ``ringtree.plan.compile_program`` exactly. With
+    Slices and memory dependencies follow ``ringtree.core.plan.compile_program`` exactly. With
     ``fold = g`` the Programs are the representatives 0..g−1 of a symmetric run
     (:func:`ringtree.sim.fast.period`): a peer q stands for its class q mod g, while
     the connection keeps the route to the real peer.

@@ -24,7 +24,7 @@ from itertools import chain
 
 import numpy as np
 
-from ringtree.ir import Buf, Program
+from ringtree.core.ir import Buf, Program
 from ringtree.sim.engine import Compiled, _regions, routes
 from ringtree.sim.model import path
 from ringtree.sim.topology import Topology

@@ -23,7 +23,7 @@ if not _dist.is_available():  # pragma: no cover
     raise ImportError("ringtree.torch needs a PyTorch build with torch.distributed")
 
 from ringtree.torch.backend import BACKEND, RingtreeProcessGroup, create_backend, register
-from ringtree.torch.env import fill_torch_env
+from ringtree.torch.launcher_env import fill_torch_env
 from ringtree.torch.work import RingtreeWork
 
 register()

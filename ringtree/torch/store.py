@@ -52,7 +52,7 @@ class TorchStore:
         return bool(self.store.check(list(keys)))
 
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
-        """Same contract as ``ringtree.store.StoreClient.compare_set`` (None: if absent)."""
+        """Same contract as ``ringtree.bootstrap.store.StoreClient.compare_set`` (None: if absent)."""
         return bytes(self.store.compare_set(key, b"" if expected is None else expected,
                                             desired))
 

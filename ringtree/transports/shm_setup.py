@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from ringtree.envvars import env_float
+from ringtree.settings import env_float
 from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm import ShmTransport
 from ringtree.transports.shm_segment import PeerInfo

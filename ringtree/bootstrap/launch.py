@@ -5,7 +5,7 @@
     ringtree run -n N [--nnodes M --node-rank R --master HOST:PORT] [--tag-output]
                  [--timeout S] [--grace S] [--] CMD ARGS...
 
-The launcher of node 0 hosts the job's :class:`~ringtree.store.StoreServer` (so rank 0 does
+The launcher of node 0 hosts the job's :class:`~ringtree.bootstrap.store.StoreServer` (so rank 0 does
 not: ``RINGTREE_STORE_EXTERNAL=1``), authenticated by ``RINGTREE_TOKEN`` (random for one node;
 multi-node jobs must export the same token on every node). Each rank gets::
 
@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
-from ringtree.store import StoreError, StoreServer
+from ringtree.bootstrap.store import StoreError, StoreServer
 
 __all__ = ["main"]
 
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
 def _parse(argv: list[str]) -> _Options:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Start N ranks of CMD on this node (see `python -m pydoc ringtree.launch`).",
+        description="Start N ranks of CMD on this node (see `python -m pydoc ringtree.bootstrap.launch`).",
     )
     parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
                         required=True, help="ranks to start on this node")

@@ -1,4 +1,4 @@
-"""The executor: runs one rank's compiled calls (:mod:`ringtree.plan`) over its transports.
+"""The executor: runs one rank's compiled calls (:mod:`ringtree.core.plan`) over its transports.
 
 Running follows three rules:
 
@@ -29,11 +29,11 @@ from collections.abc import Callable, Generator
 
 import numpy as np
 
+from ringtree.core.ir import Buf, Collective
+from ringtree.core.plan import DEFAULT_SLICE_BYTES, HEADER, Call, CStep
 from ringtree.dtypes import DType
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
-from ringtree.ir import Buf, Collective
 from ringtree.ops import ReduceOp
-from ringtree.plan import DEFAULT_SLICE_BYTES, HEADER, Call, CStep
 from ringtree.prof.recorder import Ev, prim_code
 from ringtree.prof.recorder import now as ns_now
 from ringtree.transports.base import HeaderMismatch, Request

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtree.ir import Buf, Collective, Program, Ref, Step, walk
+from ringtree.core.ir import Buf, Collective, Program, Ref, Step, walk
 from ringtree.schedules import Options, generate_all
 
 

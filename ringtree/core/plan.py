@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ringtree.ir import Buf, Program, Step, split_even
+from ringtree.core.ir import Buf, Program, Step, split_even
 from ringtree.ops import Reducer
 
 HEADER = struct.Struct("<QQIIBBBBi")  # nbytes, count, seq, algo crc, coll, dtype, op, flags, root

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from ringtree.store.protocol import (
+from ringtree.bootstrap.store.protocol import (
     _F64,
     _I64,
     _NONCE_BYTES,

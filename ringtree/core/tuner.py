@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ringtree.ir import Collective, parse_collective
+from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import schedule_stats
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ringtree.store.protocol import (
+from ringtree.bootstrap.store.protocol import (
     _F64,
     _I64,
     _LEN,

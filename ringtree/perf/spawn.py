@@ -60,7 +60,7 @@ def self_launch(o: Options) -> int:
                                   "OMPI_MCA_rmaps_base_oversubscribe": "1",
                                   "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"})
         return subprocess.call([mpirun, "-n", str(o.nranks), *child], env=env)
-    from ringtree import launch as ringtree_run  # `ringtree run`, not this module
+    from ringtree.bootstrap import launch as ringtree_run  # `ringtree run`, not this module
 
     old = os.environ.get(CHILD_ENV)
     os.environ[CHILD_ENV] = "1"

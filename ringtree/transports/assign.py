@@ -2,7 +2,7 @@
 ``tcp``.
 
 - ``auto``: peers that published the same host identity (hostname and boot id, see
-  :func:`ringtree.env.host_identity`) talk over shared memory, the others over TCP — a
+  :func:`ringtree.bootstrap.job.host_identity`) talk over shared memory, the others over TCP — a
   job spread over several hosts uses both at once.
 - ``shm``: every peer over shared memory; an error if some peer is on another host.
 - ``tcp``: every peer over TCP.

@@ -2,7 +2,7 @@
 
 torch's ``env://`` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``,
 which torchrun and ``ringtree run`` export but ``mpirun`` and ``srun`` do not. When none of
-``RANK``/``WORLD_SIZE`` is set and :func:`ringtree.env.detect` finds an Open MPI, MPICH
+``RANK``/``WORLD_SIZE`` is set and :func:`ringtree.bootstrap.job.detect` finds an Open MPI, MPICH
 (PMI) or Slurm job, the missing variables are filled from it: rank and size from the
 launcher, ``MASTER_ADDR`` from the environment or Slurm's node list (``127.0.0.1`` for a
 one-host job), ``MASTER_PORT`` hashed from the job id so every rank picks the same one.
@@ -21,7 +21,7 @@ def fill_torch_env(environ: dict | None = None) -> dict[str, str]:
     env = os.environ if environ is None else environ
     if env.get("RANK") or env.get("WORLD_SIZE"):
         return {}
-    from ringtree.env import detect
+    from ringtree.bootstrap.job import detect
 
     try:
         job = detect(environ=env)

@@ -15,7 +15,7 @@ import shutil
 from collections import deque
 from dataclasses import dataclass
 
-from ringtree.ir import Collective, Program, Ref, Step
+from ringtree.core.ir import Collective, Program, Ref, Step
 
 ABBREV = {
     "send": "S", "recv": "R", "copy": "C", "reduce": "+", "copySend": "CS",

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from ringtree.ir import Collective, parse_collective
+from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import Options, algorithms, generate_all, has
 
 
@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from ringtree.viz import cost_of
+    from ringtree.tools.viz import cost_of
 
     colls = [parse_collective(args.collective)] if args.collective else list(Collective)
     rows = [(c.value, a, cost_of(c, a)) for c in colls for a in algorithms(c)]
@@ -112,7 +112,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ringtree.viz import draw_png, step_table
+    from ringtree.tools.viz import draw_png, step_table
 
     coll = parse_collective(args.collective)
     programs = generate_all(coll, args.algo, args.nranks, _options(args, args.nranks))
@@ -128,7 +128,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ringtree.check import CheckError, check_programs
+    from ringtree.core.check import CheckError, check_programs
 
     colls = list(Collective) if args.collective == "all" else [parse_collective(args.collective)]
     failed = checked = 0

@@ -31,8 +31,8 @@ the request is parked and answered when its keys are written or its deadline (co
 server, so clients do not poll) expires.
 """
 
-from ringtree.store.client import StoreClient
-from ringtree.store.protocol import (  # noqa: F401 (re-exported for the protocol tests)
+from ringtree.bootstrap.store.client import StoreClient
+from ringtree.bootstrap.store.protocol import (  # noqa: F401 (re-exported for the protocol tests)
     _F64,
     _I64,
     _LEN,
@@ -53,7 +53,7 @@ from ringtree.store.protocol import (  # noqa: F401 (re-exported for the protoco
     _recv_exact,
     _recv_frame,
 )
-from ringtree.store.server import StoreServer
+from ringtree.bootstrap.store.server import StoreServer
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",

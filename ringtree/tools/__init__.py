@@ -1,0 +1,1 @@
+"""Tools that read the schedule library: ``ringtree algo`` and the schedule drawings."""

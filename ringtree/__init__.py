@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import time
+
 from ringtree.api import CollectivesMixin
 from ringtree.comm import CommCore
 from ringtree.dtypes import DType
@@ -48,9 +50,22 @@ def init(rank: int | None = None, world_size: int | None = None,
     hosts the rendezvous store unless a launcher already does.
     """
     global _WORLD
-    from ringtree.bootstrap.job import detect
-    from ringtree.bootstrap.store import StoreClient, StoreServer
+    import hashlib
 
+    from ringtree.bootstrap.job import detect, job_id
+    from ringtree.bootstrap.jobtoken import plan_store, read_host_token, remove_host_token
+    from ringtree.bootstrap.store import StoreAuthError, StoreClient, StoreError, StoreServer
+    from ringtree.settings import as_timeout, env_timeout
+
+    if _WORLD is not None and not _WORLD._closed:
+        raise RuntimeError(
+            f"ringtree.init() was already called in this process (rank {_WORLD.rank} of "
+            f"{_WORLD.size}); use ringtree.world() for that communicator, comm.split() or "
+            "comm.new_group() for another one, or close it before calling init() again")
+    if timeout is not None:
+        timeout = as_timeout(timeout, "init(timeout=...)")
+    wait = timeout if timeout is not None else env_timeout("RINGTREE_TIMEOUT", 300.0)
+    init_wait = env_timeout("RINGTREE_INIT_TIMEOUT", wait)
     env = detect(rank, world_size, master_addr, master_port, token)
     server = None
     port = env.master_port
@@ -58,18 +73,48 @@ def init(rank: int | None = None, world_size: int | None = None,
         port += 1  # torchrun's own TCPStore owns MASTER_PORT
     if env.world_size == 1 and env.source == "single":
         server = StoreServer("127.0.0.1", 0, env.token)
-        port = server.port
-    elif env.rank == 0 and not env.store_external:
-        server = StoreServer("0.0.0.0", port, env.token)
-    wait = timeout if timeout is not None else 300.0
-    store = StoreClient(env.master_addr if server is None else "127.0.0.1", port, env.token,
-                        timeout=wait)
-    import hashlib
-
-    secret = hashlib.sha256(env.token.encode()).digest()
-    comm = Communicator(rank=env.rank, size=env.world_size, store=store, prefix="rt/world",
-                        secret=secret, master_addr=env.master_addr, timeout=timeout,
-                        server=server, local_rank=env.local_rank, owns_store=True)
+        port, connect, tok, token_file = server.port, "127.0.0.1", env.token, None
+    elif env.store_external:  # the launcher hosts the store and handed out its token
+        connect, tok, token_file = env.master_addr, env.token, None
+    else:
+        plan = plan_store(rank=env.rank, world_size=env.world_size,
+                          local_world_size=env.local_world_size, local_known=env.local_known,
+                          master_addr=env.master_addr, port=port, token=token,
+                          job=job_id())
+        connect, tok, token_file = plan.connect, plan.token, plan.token_file
+        if env.rank == 0:
+            try:
+                server = StoreServer(plan.bind, port, tok)
+            except StoreError as e:
+                remove_host_token(token_file)
+                raise StoreError(f"{e} (is another process of this job also rank 0, or "
+                                 "another job using this port?)") from None
+            connect = "127.0.0.1" if plan.bind in ("0.0.0.0", "127.0.0.1") else plan.bind
+    store = None
+    deadline = time.monotonic() + init_wait
+    while store is None:
+        if token_file is not None and env.rank != 0:
+            tok = read_host_token(token_file, max(1e-3, deadline - time.monotonic()), tok)
+        try:
+            store = StoreClient(connect, port, tok, timeout=wait,
+                                connect_timeout=max(1e-3, deadline - time.monotonic()))
+        except StoreAuthError:
+            if token_file is None or env.rank == 0 or time.monotonic() >= deadline:
+                raise  # else: the file we read was an earlier job's; read it again
+    secret = hashlib.sha256(tok.encode()).digest()
+    try:
+        comm = Communicator(rank=env.rank, size=env.world_size, store=store,
+                            prefix="rt/world", secret=secret, master_addr=env.master_addr,
+                            timeout=timeout, server=server, local_rank=env.local_rank,
+                            owns_store=True)
+    except BaseException:
+        store.close()
+        if server is not None:
+            server.close()
+        raise
+    finally:
+        if env.rank == 0:
+            remove_host_token(token_file)  # every rank has connected (or it failed)
     _WORLD = comm
     return comm
 

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ringtree.bootstrap.rendezvous import meet
 from ringtree.core.executor import Executor
 from ringtree.core.ir import Collective, Program
 from ringtree.core.plan import DEFAULT_SLICE_BYTES, Call, Desc, compile_program
 from ringtree.core.tuner import MODELS, choose, parse_algo_spec
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
 from ringtree.schedules import Options, generate
-from ringtree.settings import env_float, env_int
+from ringtree.settings import as_timeout, env_int, env_timeout
 from ringtree.transports.tcp import make_listener
 from ringtree.work import Work
 
@@ -61,7 +62,8 @@ class CommCore:
         self._server = server
         self._owns_store = owns_store
         self.world_ranks = world_ranks or tuple(range(size))
-        self.timeout = timeout if timeout is not None else env_float("RINGTREE_TIMEOUT", 300.0)
+        self.timeout = as_timeout(timeout) if timeout is not None else env_timeout(
+            "RINGTREE_TIMEOUT", 300.0)
         self.nchannels = max(1, env_int("RINGTREE_NCHANNELS", 1))
         self.slice_bytes = max(4096, env_int("RINGTREE_BUFFSIZE", 4 * DEFAULT_SLICE_BYTES) // 4)
         self.algo_enabled = parse_algo_spec(os.environ.get("RINGTREE_ALGO", ""))
@@ -87,11 +89,10 @@ class CommCore:
         listener = make_listener(host)
         self.host_id = host_identity()
         me = f"{host}:{listener.getsockname()[1]}|{self.host_id}"
-        store.set(f"{prefix}/peer/{rank}", me.encode())
         peers = []
-        for r in range(size):
-            raw = store.get(f"{prefix}/peer/{r}", timeout=self.timeout).decode()
-            addr, _, hid = raw.partition("|")
+        init_timeout = env_timeout("RINGTREE_INIT_TIMEOUT", self.timeout)
+        for r, rec in enumerate(meet(store, prefix, rank, size, me.encode(), init_timeout)):
+            addr, _, hid = rec.decode().partition("|")
             h, _, p = addr.rpartition(":")
             peers.append(Peer(r, h, int(p), hid))
         self.peers = peers

@@ -26,3 +26,8 @@ class CollectiveTimeout(RingtreeError, TimeoutError):
 
 class CommAborted(RingtreeError):
     """The communicator was aborted (locally or by another rank's failure)."""
+
+
+class RendezvousError(RingtreeError):
+    """The ranks could not form the communicator: a duplicate rank, disagreeing world
+    sizes, or ranks that never arrived within ``RINGTREE_INIT_TIMEOUT``."""

@@ -86,7 +86,7 @@ def test_explicit_arguments_win():
 
 def test_single_process_defaults():
     e = detect(environ={})
-    assert e == JobEnv(0, 1, 0, 1, "127.0.0.1", DEFAULT_MASTER_PORT, e.token, "single", False)
+    assert e == JobEnv(0, 1, 0, 1, "127.0.0.1", DEFAULT_MASTER_PORT, e.token, "single", False, True)
     assert len(e.token) >= 32
     assert detect(environ={}).token != e.token  # random per process
 

@@ -68,6 +68,7 @@ class JobEnv:
     token: str
     source: str  # "args", "ringtree", "torchrun", "openmpi", "pmi", "slurm" or "single"
     store_external: bool = False  # a launcher hosts the store: rank 0 must not start one
+    local_known: bool = False  # the launcher said how many ranks share this host
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def detect(
         token=token,
         source=ids.source,
         store_external=external,
+        local_known=ids.names[3] != ids.names[1],
     )
 
 

@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
+from ringtree.bootstrap.jobtoken import bind_address
 from ringtree.bootstrap.store import StoreError, StoreServer
 
 __all__ = ["main"]
@@ -200,14 +201,15 @@ def _parse_master(text: str) -> tuple[str, int]:
 
 
 def _bind_host(master_host: str) -> str:
-    """Listen on loopback for a loopback master, else on every interface."""
+    """Listen on loopback for a loopback master, else only on the local address the
+    master names (every interface when it names none of this host's)."""
     try:
         ip = ipaddress.ip_address(master_host)
     except ValueError:
-        return "127.0.0.1" if master_host == "localhost" else "0.0.0.0"
-    if ip.is_loopback:
+        return "127.0.0.1" if master_host == "localhost" else bind_address(master_host)
+    if ip.is_loopback or ip.version == 6:
         return str(ip)
-    return "::" if ip.version == 6 else "0.0.0.0"
+    return bind_address(str(ip))
 
 
 def _free_port(host: str) -> int:

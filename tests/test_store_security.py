@@ -24,8 +24,8 @@ OTHER_IP = bind_address("192.0.2.2") if bind_address("192.0.2.2") != "0.0.0.0" e
 def _public_tokens(env: dict[str, str], addr: str, port: int, world: int) -> list[str]:
     """Every token an outsider can compute from public job information."""
     job = job_id(env) or ""
-    seeds = [f"ringtree-token|{job}|{addr}|{port}",
-             f"ringtree-token|{job}|{addr}|{port}|{world}"]
+    seeds = [f"ringtree-token|{job}|{a}|{p}{w}" for a in (addr, "localhost")
+             for p in (port, port - 1) for w in ("", f"|{world}")]  # torchrun: MASTER_PORT+1
     return [hashlib.sha256(s.encode()).hexdigest()[:32] for s in seeds] + [""]
 
 

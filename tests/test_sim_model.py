@@ -7,7 +7,7 @@ import pytest
 
 from ringtree.core.ir import Collective, Program, inp, out, parse_collective, recv, send
 from ringtree.schedules import algorithms
-from ringtree.sim import count_for, engine, fast, place, presets, programs_for, simulate
+from ringtree.sim import count_for, engine, place, presets, programs_for, simulate, symmetry
 from ringtree.sim import topology as T
 from ringtree.sim.model import Aware, Unaware
 
@@ -104,7 +104,7 @@ def test_symmetry_is_exact(coll):
             for model in ("aware", "unaware"):
                 for nbytes in (8, 6 * MiB, 5 * MiB + 4):
                     count = count_for(parse_collective(coll), nbytes, topo.nranks)
-                    folded += bool(fast.period(progs, topo, place(progs, topo), count,
+                    folded += bool(symmetry.period(progs, topo, place(progs, topo), count,
                                                model == "aware"))
                     full = simulate(coll, algo, topo, nbytes, model=model, channels=1,
                                     symmetry=False)

@@ -22,6 +22,7 @@ from ringtree.core.ir import Collective, Program, parse_collective
 from ringtree.schedules import Options, generate_all
 from ringtree.sim import engine, fast
 from ringtree.sim.model import Aware, Unaware, parse_model
+from ringtree.sim.symmetry import period
 from ringtree.sim.topology import Topology
 
 __all__ = ["SimRun", "simulate", "programs_for", "place", "count_for", "busbw_factor",
@@ -148,7 +149,7 @@ def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_b
     devices = place(progs, topo)
     count = count_for(coll, nbytes, topo.nranks, itemsize)
     m = model if model == "fast" else parse_model(model)
-    g = fast.period(progs, topo, devices, count, isinstance(m, Aware), in_place) \
+    g = period(progs, topo, devices, count, isinstance(m, Aware), in_place) \
         if symmetry and not trace else 0
     if g:
         cp = engine.compile_programs(progs[:g], count, itemsize, slice_bytes, in_place, fold=g)

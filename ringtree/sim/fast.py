@@ -24,9 +24,7 @@ from itertools import chain
 
 import numpy as np
 
-from ringtree.core.ir import Buf, Program
-from ringtree.sim.engine import Compiled, _regions, routes
-from ringtree.sim.model import path
+from ringtree.sim.compile import Compiled, connection_routes
 from ringtree.sim.topology import Topology
 
 
@@ -89,7 +87,7 @@ def _edges(cp: Compiled, topo: Topology, devices: list[int], integer_ns: bool
     add(R0 + rbase[1:][first] - 1, DONE + steps[first])
 
     if NM:
-        paths = routes(cp, topo, devices)
+        paths = connection_routes(cp, topo, devices, share=True)
         lat = np.array([p.latency for p in paths])[conn]
         bott = np.array([p.bottleneck for p in paths])[conn]
         frst = np.array([p.first for p in paths])[conn]
@@ -155,103 +153,3 @@ def run(cp: Compiled, topo: Topology, devices: list[int], integer_ns: bool = Fal
     done = t[cp.nsteps:2 * cp.nsteps]
     real = srank < cp.nranks
     return float(done[real].max()) if real.any() else 0.0
-
-
-# ---- symmetry ---------------------------------------------------------------------------
-
-
-def _same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, fwd: dict, bwd: dict,
-                kp, kq) -> bool:
-    """Is Program p (rank r) Program q (rank r − dr) with peers shifted by dr and chunks
-    renamed by a size-preserving bijection (so every dependency and size is the same)?"""
-    if (len(p.channels) != len(q.channels) or p.chunks != q.chunks
-            or p.scratch != q.scratch):
-        return False
-    for cp_, cq in zip(p.channels, q.channels):
-        if len(cp_) != len(cq):
-            return False
-        for s, t in zip(cp_, cq):
-            if s.reduce != t.reduce or len(s.recv_from) != len(t.recv_from) \
-                    or len(s.send_to) != len(t.send_to):
-                return False
-            for a, b in zip(s.recv_from, t.recv_from):
-                if (a - b - dr) % n:
-                    return False
-            for a, b in zip(s.send_to, t.send_to):
-                if (a - b - dr) % n:
-                    return False
-            for x, y in ((s.src, t.src), (s.dst, t.dst)):
-                if (x is None) != (y is None):
-                    return False
-                if x is None:
-                    continue
-                if x.buf != y.buf or x.count != y.count:
-                    return False
-                rg = regs[x.buf]
-                for j, k in zip(range(x.index, x.index + x.count),
-                                range(y.index, y.index + y.count)):
-                    if rg[j] != rg[k]:
-                        return False
-                    a, b = kp(x.buf, j), kq(y.buf, k)
-                    if fwd.setdefault(a, b) != b or bwd.setdefault(b, a) != a:
-                        return False
-    return True
-
-
-def period(programs: list[Program], topo: Topology, devices: list[int], count: int,
-           aware: bool, in_place: bool = False) -> int:
-    """The smallest shift g (a multiple of the ranks per node) under which the run is
-    exactly symmetric, or 0.
-
-    Rank r + g then does at the same times what rank r does, so simulating ranks
-    0..g−1 (``compile_programs(fold=g)``) gives the exact answer. Checked, not assumed:
-    every connection's route must have the same latency and bandwidths as the connection
-    g ranks earlier; devices must compute at the same speed; in the congestion-aware
-    model no link may carry two connections (no contention); and every Program must be
-    the one g ranks earlier with peers shifted and chunks renamed by a size-preserving
-    bijection (so sizes and memory dependencies are the same).
-    """
-    n = topo.nranks
-    if len(programs) != n or n < 2:
-        return 0
-    nodes = topo.nodes()
-    g0 = 1
-    while g0 < n and nodes[g0] == nodes[0]:
-        g0 += 1
-    if n % g0 or any(nodes[r] != nodes[r - g0] + nodes[g0] - nodes[0] for r in range(g0, n)):
-        return 0
-    red = [topo.devices[devices[r]].reduce_gbps for r in range(n)]
-    conns = sorted({(r, q, c) for r, p in enumerate(programs)
-                    for c, ch in enumerate(p.channels) for s in ch for q in s.send_to})
-    paths = {k: path(topo, topo.route(devices[k[0]], devices[k[1]], k[2])) for k in conns}
-    if aware:
-        used: dict[int, tuple[int, int, int]] = {}
-        for k, pth in paths.items():
-            for li in pth.links:
-                if used.setdefault(li, k) != k:
-                    return 0
-    summary = {k: (p.latency, p.bottleneck, p.first) for k, p in paths.items()}
-    g = next((g for g in range(g0, n // 2 + 1, g0) if n % g == 0 and all(
-        red[r] == red[r - g] for r in range(g, n)) and all(
-        summary.get((r - g, (q - g) % n, c)) == v for (r, q, c), v in summary.items()
-        if r >= g)), 0)
-    if not g:
-        return 0
-    for a in range(g):                       # peers must stay distinct modulo g
-        for ch in programs[a].channels:
-            cls: dict[int, int] = {}
-            for s in ch:
-                for q in s.send_to + s.recv_from:
-                    if cls.setdefault(q % g, q) != q:
-                        return 0
-    p0 = programs[0]
-    ib, ob = p0.collective.blocks(n)
-    regs = {Buf.INPUT: _regions([count] * ib, p0.chunks),
-            Buf.OUTPUT: _regions([count] * ob, p0.chunks),
-            Buf.SCRATCH: _regions([count] * p0.blocks(Buf.SCRATCH), p0.chunks)}
-    for r in range(g, n):
-        if not _same_shape(programs[r], programs[r - g], g, n, regs, {}, {},
-                           programs[r].storage_map(in_place),
-                           programs[r - g].storage_map(in_place)):
-            return 0
-    return g

@@ -6,7 +6,14 @@ Two fidelities, after astra-network-analytical (ASTRA-sim 2.0, ISPASS'23):
   ``t = o + Σ latency(hop) + bytes / min bandwidth(hop)`` — Hockney's α-β model with
   α = o + hops·latency. Transfers of different connections never interact; one
   connection is a pipe that carries one slice at a time, so a message cut into k slices
-  still costs α + n/B (not α + n/(k·B)).
+  still costs α + n/B (not α + n/(k·B)). A rank's connections are static shares of the
+  links they cross: a link that k connections of one sender use gives each B/k
+  (:func:`channel_shares`; NCCL's topology search likewise books every channel's
+  bandwidth on every link of its path, ``graph/search.cc``), so more channels or peers
+  never exceed a link's bandwidth. This assumes a rank's connections are all busy at
+  once — true of channels and of direct exchanges, pessimistic for schedules that visit
+  their peers one after another (recursive doubling). Flows of different senders still
+  ignore each other.
 - :class:`Aware` — congestion-aware: every directed link is a FIFO. A chunk occupies a
   link for ``bytes/B`` and reaches the next device ``latency + bytes/B`` after it started
   (``Link::schedule_chunk_transmission``), store-and-forward at every hop.
@@ -24,6 +31,7 @@ transfer delay to whole ns, as ASTRA-sim's integer event clock does.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ringtree.sim.topology import Topology
@@ -68,12 +76,32 @@ class Path:
     links: tuple[int, ...]
 
 
-def path(topo: Topology, links: tuple[int, ...]) -> Path:
+def path(topo: Topology, links: tuple[int, ...], share: dict[int, int] | None = None
+         ) -> Path:
+    """The route ``links`` summarised; with ``share`` a link's rate is divided by the
+    number of channels using it."""
     if not links:
         return Path(0.0, math.inf, math.inf, ())
     lat = sum(topo.links[i].latency for i in links)
-    rates = [topo.bytes_per_ns(i) for i in links]
+    if share:
+        rates = [topo.bytes_per_ns(i) / share.get(i, 1) for i in links]
+    else:
+        rates = [topo.bytes_per_ns(i) for i in links]
     return Path(lat, min(rates), rates[0], links)
+
+
+def channel_shares(flows: Iterable[tuple[int, tuple[int, ...]]]) -> dict[int, int]:
+    """From ``(sender, route)`` of every connection: for each link, the largest number of
+    one sender's connections crossing it (only links shared more than once)."""
+    load: dict[tuple[int, int], int] = {}
+    for sender, links in flows:
+        for li in links:
+            load[(li, sender)] = load.get((li, sender), 0) + 1
+    out: dict[int, int] = {}
+    for (li, _), k in load.items():
+        if k > out.get(li, 1):
+            out[li] = k
+    return out
 
 
 def unaware_delay(p: Path, nbytes: int, overhead: float, integer_ns: bool) -> float:

@@ -1,0 +1,198 @@
+"""Programs flattened for the simulator's engines, by the executor's own compiler.
+
+Every Program goes through :func:`ringtree.core.plan.compile_program` — the function the
+executor runs before a real call — so a simulated step has the same element regions,
+slices (``split_even`` of the step's data into ``slice_bytes`` pieces), memory
+dependencies (:meth:`ringtree.core.ir.Program.memory_deps`) and in-place copy elision as the
+real one. This module only renumbers steps globally and pairs the i-th send of every
+connection with its i-th receive (the IR's matching rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ringtree.core.ir import Program
+from ringtree.core.plan import DEFAULT_SLICE_BYTES, compile_program
+
+__all__ = ["Compiled", "compile_programs", "DEFAULT_SLICE_BYTES"]
+
+
+@dataclass
+class Compiled:
+    """Programs flattened into parallel lists indexed by global step id / message id."""
+
+    nranks: int                       # real ranks (virtual ranks follow)
+    step_rank: list[int] = field(default_factory=list)
+    step_chan: list[int] = field(default_factory=list)
+    step_prev: list[int] = field(default_factory=list)     # previous step in channel
+    step_deps: list[tuple[int, ...]] = field(default_factory=list)
+    step_slices: list[tuple[int, ...]] = field(default_factory=list)  # bytes per slice
+    step_ops: list[int] = field(default_factory=list)      # reduce/copy passes per slice
+    step_recv: list[tuple[int, ...]] = field(default_factory=list)    # message ids
+    step_send: list[tuple[int, ...]] = field(default_factory=list)
+    step_name: list[str] = field(default_factory=list)
+    msg_src: list[int] = field(default_factory=list)        # sender rank
+    msg_dst: list[int] = field(default_factory=list)
+    msg_chan: list[int] = field(default_factory=list)
+    msg_conn: list[int] = field(default_factory=list)       # connection id
+    msg_sstep: list[int] = field(default_factory=list)      # sending step
+    msg_rstep: list[int] = field(default_factory=list)      # receiving step
+    conns: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, channel)
+    conn_ranks: list[tuple[int, int]] = field(default_factory=list)  # ranks routed between
+    fold: int = 0                     # rank period g of a folded run (0 = every rank)
+    world: int = 0                    # ranks of the whole run
+
+    @property
+    def nsteps(self) -> int:
+        return len(self.step_rank)
+
+    @property
+    def nmsgs(self) -> int:
+        return len(self.msg_src)
+
+
+def _ops(cs) -> int:
+    """Passes over a slice's bytes the step's rank makes: k−1 for a k-input reduction,
+    one for a copy between different storage, none for receiving in place."""
+    s = cs.step
+    if s.reduce:
+        return max(1, len(s.recv_from) - (s.src is None))
+    return int(s.src is not None and s.dst is not None and not s.recv_from
+               and not cs.skip_copy)
+
+
+class _Builder:
+    """Accumulates compiled steps and the per-connection send / receive queues."""
+
+    def __init__(self, cp: Compiled, fold: int) -> None:
+        self.cp, self.fold = cp, fold
+        self.sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        self.recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        self.route_pair: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self.names: dict[tuple, str] = {}
+        self.slice_cache: dict[tuple, tuple[int, ...]] = {}
+
+    def add_program(self, rank: int, p: Program, compiled, itemsize: int) -> None:
+        cp, fold = self.cp, self.fold
+        base = cp.nsteps
+        for c, chan in enumerate(compiled):
+            prev = -1
+            for cs in chan:
+                gid = base + cs.gid
+                s = cs.step
+                sl = self.slice_cache.get((cs.slices, itemsize))
+                if sl is None:
+                    sl = self.slice_cache[(cs.slices, itemsize)] = tuple(
+                        ln * itemsize for _, ln in cs.slices)
+                cp.step_rank.append(rank)
+                cp.step_chan.append(c)
+                cp.step_prev.append(prev)
+                cp.step_deps.append(tuple(base + d for d in cs.deps))
+                cp.step_slices.append(sl)
+                cp.step_ops.append(_ops(cs))
+                cp.step_name.append(self._name(s))
+                if sl:
+                    for pos, q in enumerate(s.send_to):
+                        if fold:
+                            self.route_pair[(rank, q % fold, c)] = (rank, q)
+                            q %= fold
+                        self.sends.setdefault((rank, q, c), []).append((gid, pos))
+                    for pos, q in enumerate(s.recv_from):
+                        self.recvs.setdefault((q % fold if fold else q, rank, c),
+                                              []).append((gid, pos))
+                    cp.step_send.append([0] * len(s.send_to))   # type: ignore[arg-type]
+                    cp.step_recv.append([0] * len(s.recv_from))  # type: ignore[arg-type]
+                else:
+                    cp.step_send.append(())
+                    cp.step_recv.append(())
+                prev = gid
+
+    def _name(self, s) -> str:
+        nk = (s.src is not None, s.dst is not None, bool(s.recv_from), bool(s.send_to),
+              s.reduce)
+        nm = self.names.get(nk)
+        if nm is None:
+            nm = self.names[nk] = s.name
+        return nm
+
+    def pair(self) -> None:
+        """Pair the i-th send with the i-th receive of every connection."""
+        cp = self.cp
+        for conn in sorted(set(self.sends) | set(self.recvs)):
+            ss, rr = self.sends.get(conn, []), self.recvs.get(conn, [])
+            if len(ss) != len(rr):
+                raise ValueError(f"connection {conn[0]}→{conn[1]} channel {conn[2]}: "
+                                 f"{len(ss)} sends but {len(rr)} receives")
+            cid = len(cp.conns)
+            cp.conns.append(conn)
+            cp.conn_ranks.append(self.route_pair.get(conn, (conn[0], conn[1])))
+            for i, ((a, pa), (b, pb)) in enumerate(zip(ss, rr)):
+                if cp.step_slices[a] != cp.step_slices[b]:
+                    raise ValueError(f"connection {conn}: message {i} sizes differ "
+                                     f"({sum(cp.step_slices[a])} vs "
+                                     f"{sum(cp.step_slices[b])} B)")
+                m = len(cp.msg_src)
+                cp.msg_src.append(conn[0])
+                cp.msg_dst.append(conn[1])
+                cp.msg_chan.append(conn[2])
+                cp.msg_conn.append(cid)
+                cp.msg_sstep.append(a)
+                cp.msg_rstep.append(b)
+                cp.step_send[a][pa] = m      # type: ignore[index]
+                cp.step_recv[b][pb] = m      # type: ignore[index]
+        for lst in (cp.step_send, cp.step_recv):
+            for i, x in enumerate(lst):
+                if x:
+                    lst[i] = tuple(x)
+
+
+def compile_programs(programs: list[Program], count: int, itemsize: int,
+                     slice_bytes: int = DEFAULT_SLICE_BYTES, in_place: bool = False,
+                     fold: int = 0) -> Compiled:
+    """Flatten Programs (real ranks first, then virtual ranks) for the engines.
+
+    With ``fold = g`` the Programs are the representatives 0..g−1 of a run that is
+    exactly symmetric under a shift of g ranks (:mod:`.symmetry`): a peer q stands for
+    its class q mod g, while the connection keeps the route to the real peer.
+    """
+    n = programs[0].nranks
+    cp = Compiled(len(programs) if fold else n, fold=fold, world=n)
+    b = _Builder(cp, fold)
+    cache: dict[tuple, tuple[int, int]] = {}
+    for rank, p in enumerate(programs):
+        if p.rank != rank:
+            raise ValueError(f"program {rank} is for rank {p.rank}")
+        ib, ob = cache.get(p.collective) or cache.setdefault(p.collective,
+                                                              p.collective.blocks(n))
+        try:
+            compiled = compile_program(p, [count] * ib, [count] * ob, count, itemsize,
+                                       slice_bytes, in_place)
+        except ValueError as e:
+            raise ValueError(f"rank {rank}: {e}") from None
+        b.add_program(rank, p, compiled, itemsize)
+    b.pair()
+    return cp
+
+
+def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = False) -> list:
+    """The route (:class:`~ringtree.sim.model.Path`) of every connection of ``cp``.
+
+    With ``share`` (the congestion-unaware model) each link's rate is divided by the
+    connections of one sender crossing it (:func:`~ringtree.sim.model.channel_shares`)
+    over the *whole* run: a folded run also routes the images of its connections under
+    the shifts it stands for.
+    """
+    from ringtree.sim.model import channel_shares, path
+
+    pairs = [(devices[s], devices[d], c) for (s, d), (_, _, c) in zip(cp.conn_ranks, cp.conns)]
+    shares = None
+    if share:
+        n, g = cp.world, cp.fold
+        every = set(zip(cp.conn_ranks, cp.conns))
+        if g:
+            every = {(((s + k) % n, (d + k) % n), (0, 0, c)) for k in range(0, n, g)
+                     for (s, d), (_, _, c) in every}
+        shares = channel_shares((s, topo.route(devices[s], devices[d], c))
+                                for (s, d), (_, _, c) in every)
+    return [path(topo, topo.route(a, b, c), shares) for a, b, c in pairs]

@@ -1,0 +1,178 @@
+"""Exact symmetry folding: simulate one representative per class of equivalent ranks.
+
+If shifting every rank by g maps the run onto itself — every Program is the one g ranks
+earlier with peers shifted and chunks renamed by a size-preserving bijection, every
+connection's route is the same as the one g ranks earlier, devices compute at the same
+speed — then rank r + g does at the same times what rank r does, and simulating ranks
+0..g−1 (``compile_programs(fold=g)``) gives the exact answer. Every condition is checked;
+when one fails the run is simulated whole.
+"""
+
+from __future__ import annotations
+
+from ringtree.core.ir import Buf, Program
+from ringtree.core.plan import chunk_regions
+from ringtree.sim.model import channel_shares, path
+from ringtree.sim.topology import Topology
+
+
+def _regions(blocks: int, count: int, chunks: int) -> list[int]:
+    return [ln for _, ln in chunk_regions([count] * blocks, chunks)]
+
+
+def _ref_ok(x, y, regs: dict, fwd: dict, bwd: dict, kp, kq) -> bool:
+    if (x is None) != (y is None):
+        return False
+    if x is None:
+        return True
+    if x.buf != y.buf or x.count != y.count:
+        return False
+    rg = regs[x.buf]
+    for j, k in zip(x.chunks(), y.chunks()):
+        if rg[j] != rg[k]:
+            return False
+        a, b = kp(x.buf, j), kq(y.buf, k)
+        if fwd.setdefault(a, b) != b or bwd.setdefault(b, a) != a:
+            return False
+    return True
+
+
+def _step_ok(s, t, dr: int, n: int) -> bool:
+    if s.reduce != t.reduce or len(s.recv_from) != len(t.recv_from) \
+            or len(s.send_to) != len(t.send_to):
+        return False
+    return all((a - b - dr) % n == 0 for a, b in zip(s.recv_from + s.send_to,
+                                                     t.recv_from + t.send_to))
+
+
+def same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, in_place: bool) -> bool:
+    """Is Program p (rank r) Program q (rank r − dr) with peers shifted by dr and chunks
+    renamed by a size-preserving bijection (so every dependency and size is the same)?"""
+    if (len(p.channels) != len(q.channels) or p.chunks != q.chunks
+            or p.scratch != q.scratch):
+        return False
+    kp, kq = p.storage_map(in_place), q.storage_map(in_place)
+    fwd: dict = {}
+    bwd: dict = {}
+    for cp_, cq in zip(p.channels, q.channels):
+        if len(cp_) != len(cq):
+            return False
+        for s, t in zip(cp_, cq):
+            if not (_step_ok(s, t, dr, n) and _ref_ok(s.src, t.src, regs, fwd, bwd, kp, kq)
+                    and _ref_ok(s.dst, t.dst, regs, fwd, bwd, kp, kq)):
+                return False
+    return True
+
+
+def node_period(topo: Topology) -> int:
+    """Ranks per node if nodes are consecutive, equal blocks of ranks, else 0."""
+    n = topo.nranks
+    nodes = topo.nodes()
+    g0 = 1
+    while g0 < n and nodes[g0] == nodes[0]:
+        g0 += 1
+    if n % g0 or any(nodes[r] != nodes[r - g0] + nodes[g0] - nodes[0] for r in range(g0, n)):
+        return 0
+    return g0
+
+
+def _link_users_closed(paths: dict, g: int) -> bool:
+    """Congestion-aware folding: no link carries connections of two blocks of g ranks, and
+    a link shared inside a block is shared the same way in every block (checked by
+    :func:`_isomorphic`)."""
+    used: dict[int, int] = {}
+    for (r, _, _), pth in paths.items():
+        for li in pth.links:
+            if used.setdefault(li, r // g) != r // g:
+                return False
+    return True
+
+
+def _isomorphic(paths: dict, topo: Topology, g: int, n: int) -> bool:
+    """Every block's routes are block 0's under one link bijection keeping every link's
+    bandwidth and latency (so the FIFO links see the same contention)."""
+    links = topo.links
+    for base in range(g, n, g):
+        fwd: dict[int, int] = {}
+        bwd: dict[int, int] = {}
+        for (r, q, c), pth in paths.items():
+            if r >= g:
+                continue
+            img = paths.get((r + base, (q + base) % n, c))
+            if img is None or len(img.links) != len(pth.links):
+                return False
+            for a, b in zip(pth.links, img.links):
+                if fwd.setdefault(a, b) != b or bwd.setdefault(b, a) != a:
+                    return False
+                if (links[a].bandwidth, links[a].latency) != (links[b].bandwidth,
+                                                              links[b].latency):
+                    return False
+    return True
+
+
+def _routes_periodic(conns, topo: Topology, devices: list[int], g: int, n: int,
+                     aware: bool) -> bool:
+    raw = {k: topo.route(devices[k[0]], devices[k[1]], k[2]) for k in conns}
+    if aware:
+        paths = {k: path(topo, v) for k, v in raw.items()}
+        return _link_users_closed(paths, g) and _isomorphic(paths, topo, g, n)
+    share = channel_shares((k[0], v) for k, v in raw.items())
+    summary = {k: (p.latency, p.bottleneck, p.first) for k, p in
+               ((k, path(topo, v, share)) for k, v in raw.items())}
+    return all(summary.get((r - g, (q - g) % n, c)) == v for (r, q, c), v in summary.items()
+               if r >= g)
+
+
+def _peers_distinct(programs: list[Program], g: int) -> bool:
+    """Peers of one channel stay distinct modulo g (a folded connection is one peer)."""
+    for a in range(g):
+        for ch in programs[a].channels:
+            cls: dict[int, int] = {}
+            for s in ch:
+                for q in s.send_to + s.recv_from:
+                    if cls.setdefault(q % g, q) != q:
+                        return False
+    return True
+
+
+def _send_patterns(programs: list[Program], regs: dict) -> set:
+    """(rank, channel, peers) of every step that sends data (its region is not empty)."""
+    out = set()
+    for r, p in enumerate(programs):
+        if len(p.channels) and p.chunks != programs[0].chunks:
+            raise ValueError("programs disagree on their chunking")
+        for c, ch in enumerate(p.channels):
+            for s in ch:
+                if s.send_to and any(regs[s.ref.buf][j] for j in s.ref.chunks()):
+                    out.add((r, c, s.send_to))
+    return out
+
+
+def period(programs: list[Program], topo: Topology, devices: list[int], count: int,
+           aware: bool, in_place: bool = False) -> int:
+    """The smallest shift g (a multiple of the ranks per node) under which the run is
+    exactly symmetric, or 0. In the congestion-aware model no link may carry
+    connections of two blocks of g ranks, and the blocks' routes must be isomorphic."""
+    n = topo.nranks
+    if len(programs) != n or n < 2:
+        return 0
+    g0 = node_period(topo)
+    if not g0:
+        return 0
+    red = [topo.devices[devices[r]].reduce_gbps for r in range(n)]
+    p0 = programs[0]
+    ib, ob = p0.collective.blocks(n)
+    regs = {Buf.INPUT: _regions(ib, count, p0.chunks),
+            Buf.OUTPUT: _regions(ob, count, p0.chunks),
+            Buf.SCRATCH: _regions(p0.blocks(Buf.SCRATCH), count, p0.chunks)}
+    pats = _send_patterns(programs, regs)
+    conns = sorted({(r, q, c) for r, c, qs in pats for q in qs})
+    g = next((g for g in range(g0, n // 2 + 1, g0) if n % g == 0
+              and all(red[r] == red[r - g] for r in range(g, n))
+              and _routes_periodic(conns, topo, devices, g, n, aware)), 0)
+    if not g or not _peers_distinct(programs, g):
+        return 0
+    for r in range(g, n):
+        if not same_shape(programs[r], programs[r - g], g, n, regs, in_place):
+            return 0
+    return g

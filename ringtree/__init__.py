@@ -115,8 +115,37 @@ def init(rank: int | None = None, world_size: int | None = None,
     finally:
         if env.rank == 0:
             remove_host_token(token_file)  # every rank has connected (or it failed)
+    if not env.store_external and env.world_size > 1:
+        comm.store_host_rank = 0
+    if server is not None and env.world_size > 1:
+        import atexit
+
+        atexit.register(_linger, comm, server)
     _WORLD = comm
     return comm
+
+
+def _linger(comm: Communicator, server) -> None:
+    """At exit of a rank that serves the store without having closed its communicator
+    (it raised, say): keep serving until every rank has left its last status, so the
+    others' doctor reports and abort lines still work (``RINGTREE_DOCTOR_WAIT`` + 1 s)."""
+    import json
+
+    from ringtree.prof.watch import CLOSED_GEN
+    from ringtree.settings import env_float
+
+    if comm._closed or server._stopping:
+        return
+    deadline = time.monotonic() + env_float("RINGTREE_DOCTOR_WAIT", 2.0) + 1.0
+    keys = [f"{comm.prefix}/doctor/status/{r}" for r in range(comm.size) if r != comm.rank]
+    while time.monotonic() < deadline:
+        try:
+            docs = [server.peek(k) for k in keys]
+            if all(d and json.loads(d).get("gen", 0) >= CLOSED_GEN for d in docs):
+                return
+        except (ValueError, TypeError):
+            pass
+        time.sleep(0.05)
 
 
 def world() -> Communicator:

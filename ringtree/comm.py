@@ -73,6 +73,8 @@ class CommCore:
         self._p2p_seq: dict[tuple[int, int, str], int] = {}
         self._splits = 0
         self._broken: BaseException | None = None
+        self._after_abort: str | None = None  # the first cause, when another rank failed
+        self.store_host_rank: int | None = None  # the rank whose process serves the store
         self._closed = False
         self._plans: dict = {}
         self._choices: dict = {}
@@ -342,25 +344,36 @@ class CommCore:
             raise CommAborted(why.decode())
 
     def _fail(self, e: BaseException) -> BaseException:
-        """Record the failure for everyone, close the sockets, and say who started it."""
+        """Record the failure for everyone, close the sockets, and say who started it.
+
+        The first cause wins: a rank that fails because of another rank's failure (an
+        abort line in the store, or a peer that closed and left its reason in shared
+        memory) names that cause, never the peer that merely closed on its way out."""
         if isinstance(e, CommAborted):
             err: BaseException = CommAborted(f"rank {self.rank}: communicator aborted by "
                                              f"another rank: {e}")
-            self._broken = err
-            self.fabric.close()
-            return err
+            return self._broken_by(err, str(e))
         reason = str(e)
         if isinstance(e, PeerError):
+            store_ok = True
             try:  # a rank that fails writes why before it closes its sockets
                 theirs = self.store.try_get(self._abort_key())
             except Exception:  # noqa: BLE001 - the store may have died with rank 0
-                theirs = None
-            if theirs:
+                theirs, store_ok = None, False
+            first = theirs.decode() if theirs else getattr(e, "cause", None)
+            if first:
                 err = CommAborted(f"rank {self.rank}: lost the connection to rank {e.peer}; "
-                                  f"the communicator was aborted because {theirs.decode()}")
+                                  f"the communicator was aborted because {first}")
                 err.peer = e.peer  # type: ignore[attr-defined]
+                self._record_abort(first)
+                return self._broken_by(err, first)
+            host = self.store_host_rank
+            if not store_ok and host is not None and host != e.peer and host != self.rank:
+                reason = (f"rank {host}, which hosts the store, is gone (its store at "
+                          f"{self.store!r} is unreachable); seen by rank {self.rank} as: {e}")
+                err = PeerError(host, reason)
                 self._broken = err
-                self.fabric.close()
+                self.fabric.close(reason)
                 return err
             reason = (f"rank {e.peer} died or closed its connection (seen by rank "
                       f"{self.rank}): {e}")
@@ -372,12 +385,32 @@ class CommCore:
 
             err = with_diagnosis(self, err)
             reason = str(err)
-        try:
-            self.store.compare_set(self._abort_key(), None, reason.encode())
-        except Exception:  # noqa: BLE001
-            pass
+        won = self._record_abort(reason)
+        if won is not None and won != reason and isinstance(err, (CollectiveTimeout,
+                                                                  PeerError)):
+            err = CommAborted(f"rank {self.rank}: the communicator was aborted because "
+                              f"{won}\n(this rank then saw: {str(e).splitlines()[0]})")
+            return self._broken_by(err, won)
         self._broken = err
-        self.fabric.close()
+        self.fabric.close(reason)
+        return err
+
+    def _record_abort(self, reason: str) -> str | None:
+        """Write the abort line unless one exists; the line that stands (None: no store)."""
+        try:
+            return self.store.compare_set(self._abort_key(), None, reason.encode()).decode()
+        except Exception:  # noqa: BLE001 - the store may be gone
+            return None
+
+    def _broken_by(self, err: BaseException, cause: str) -> BaseException:
+        """Fail because of another rank's failure ``cause``: leave our state for the
+        doctor ("exited after the abort", not "stuck"), pass the cause on as we close."""
+        self._broken = err
+        self._after_abort = cause
+        from ringtree.prof.watch import publish_closed
+
+        publish_closed(self)
+        self.fabric.close(cause)
         return err
 
     def monitored_barrier(self, timeout: float | None = None,

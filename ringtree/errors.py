@@ -9,11 +9,16 @@ class RingtreeError(RuntimeError):
 
 
 class PeerError(RingtreeError):
-    """A peer closed its connection, reset it, or died."""
+    """A peer closed its connection, reset it, or died. ``cause``: the first failure
+    that made the peer close, when it left one (then the peer is not to blame)."""
 
-    def __init__(self, peer: int, message: str):
+    def __init__(self, peer: int, message: str, cause: str | None = None):
         super().__init__(message)
         self.peer = peer
+        self.cause = cause
+
+    def __reduce__(self):
+        return (type(self), (self.peer, str(self), self.cause))
 
 
 class MismatchError(RingtreeError):

@@ -308,7 +308,8 @@ class Executor:
                     err: BaseException = MismatchError(_describe_mismatch(self.rank, e, call))
                 else:
                     self._publish_blocked()
-                    err = PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}")
+                    err = PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}",
+                                    getattr(e, "cause", None))
                 self._abort(err)
                 return True, True
         self._active = still

@@ -83,6 +83,8 @@ def _tag(s: dict, cur: dict | None) -> str:
 def _describe(r: int, s: dict | None, stuck_seq: int | None, missing: str) -> str:
     if s is None:
         return f"rank {r}: {missing}"
+    if s.get("after_abort"):
+        return f"rank {r}: exited after the abort (not stuck): {s['after_abort']}"
     cur = s.get("current")
     if cur is None:
         tail = "" if stuck_seq is None else f"NOT in seq {stuck_seq} — "
@@ -119,6 +121,8 @@ def _why(r: int, s: dict | None, stuck: dict | None, missing: str) -> tuple[str,
     name = _op(stuck) if stuck else "the operation"
     if s is None:
         return missing, True
+    if s.get("after_abort"):  # it left because of another rank's failure: not a cause
+        return f"exited after the abort: {s['after_abort']}", False
     cur = s.get("current")
     if cur is None:
         if s.get("state") == "closed":

@@ -195,6 +195,7 @@ def status(comm, entries: int | None = 8, closed: bool = False) -> dict:
         "waiting": _waiting(comm, cur),
         "where": where_main_thread(),
         "error": str(broken).split("\n")[0][:300] if broken is not None else None,
+        "after_abort": (getattr(comm, "_after_abort", None) or "")[:300] or None,
         "timeout_s": comm.timeout,
         "entries": fr.entries(entries) if fr is not None else [],
     }

@@ -125,8 +125,13 @@ class Fabric:
         except (BlockingIOError, OSError):
             pass
 
-    def close(self) -> None:
+    def close(self, reason: str | None = None) -> None:
+        """Close every transport; ``reason``: the first cause of an abort, left where the
+        peers can read it (shared memory) so they name that cause, not us."""
         for t in self.transports:
+            leave = getattr(t, "leave_reason", None)
+            if reason and leave is not None:
+                leave(reason)
             t.close()
         for fd in (self._wake_r, self._wake_w):
             try:

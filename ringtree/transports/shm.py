@@ -75,6 +75,10 @@ from ringtree.transports.shm_segment import PeerInfo
 PROBE_AT, PROBE, PROBE_LEN = 3, 4, 16
 SLEEP, CLOSED = 8, 16
 READS, READS_MAX = 192, 1024
+# Why we closed, when another rank's failure made us (written before CLOSED): the length
+# in word REASON_LEN, the UTF-8 text from byte REASON_AT. A peer that sees us close names
+# that first cause instead of us.
+REASON_LEN, REASON_AT, REASON_MAX = 256, 2056, 2000
 LIVENESS_PERIOD = 0.1
 
 
@@ -331,9 +335,10 @@ class ShmTransport(Transport):
             if not r.busy or r.dead is not None:
                 continue
             p = r.peer
-            how = None
+            how, cause = None, None
             if self.peer_words[p][CLOSED]:
                 how = "closed its connection"
+                cause = self._reason_of(p)
             elif liveness and self.peers[p].ns == self.me.ns and \
                     not seg.alive(self.peers[p].pid, self.peers[p].start):
                 how = f"died (pid {self.peers[p].pid} is gone)"
@@ -341,9 +346,25 @@ class ShmTransport(Transport):
                 continue
             if not r.sending and self._pull(r) and not r.q:
                 continue  # it left data behind for us: deliver that first
-            self._fail_peer(p, PeerError(p, f"rank {p} {how} (shm channel {r.channel})"))
+            self._fail_peer(p, PeerError(p, f"rank {p} {how} (shm channel {r.channel})", cause))
             hit = True
         return hit
+
+    def leave_reason(self, text: str) -> None:
+        """Say why we are about to close (another rank's failure), for the peers to read."""
+        raw = text.encode("utf-8", "replace")[:REASON_MAX]
+        try:
+            self.doorbell.array[REASON_AT:REASON_AT + len(raw)] = np.frombuffer(raw, np.uint8)
+            self.my_words[REASON_LEN] = len(raw)
+        except (ValueError, TypeError):
+            pass
+
+    def _reason_of(self, peer: int) -> str | None:
+        n = self.peer_words[peer][REASON_LEN]
+        if not 0 < n <= REASON_MAX:
+            return None
+        raw = bytes(self.peer_dbs[peer].array[REASON_AT:REASON_AT + n])
+        return raw.decode("utf-8", "replace")
 
     def _fail_peer(self, peer: int, err: PeerError) -> None:
         self.failed[peer] = err

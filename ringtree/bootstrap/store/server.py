@@ -112,6 +112,10 @@ class StoreServer:
     def __repr__(self) -> str:
         return f"StoreServer({self.host}:{self.port}, keys={len(self._data)})"
 
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key`` as this process's server holds it (no connection needed)."""
+        return self._data.get(key)
+
     def close(self) -> None:
         """Stop serving, disconnect every client and release the port. Idempotent."""
         if self._stopping:

@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("ringtree.prof.cli", "merge profiler output into a Chrome/Perfetto trace"),
     "doctor": ("ringtree.prof.doctor", "analyse dumped flight recorders of a hung job"),
     "testbed": ("ringtree.testbed.cli", "namespace hosts on shaped links: run a job on them"),
+    "switch": ("ringtree.switch.cli", "a software SHARP switch (in-network aggregation)"),
 }
 
 

@@ -1,0 +1,368 @@
+"""A worker's side of the switch: join groups, stream chunks, retransmit, collect results.
+
+One TCP connection per worker carries all of its groups. An all-reduce of ``n`` bytes is
+cut into chunks of at most the group's chunk size; at most ``window`` chunks are in
+flight (SwitchML's self-clocked window: chunk ``s + window`` goes out only when the
+result of ``s`` came back, so a slow worker throttles everyone instead of overflowing the
+switch's slots). A chunk whose result is overdue is sent again — the switch's bitmaps
+make that safe — with a TCP-like timer: ``rto = max(RTO_MIN, 4·srtt)``, doubled per
+retry (Jacobson, "Congestion Avoidance and Control", SIGCOMM'88).
+
+Everything is nonblocking (``poll``/``wait_fds``) so the executor's fabric can drive it
+next to shm and TCP; :meth:`SwitchLink.all_reduce` is the blocking convenience.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections import deque
+
+import numpy as np
+
+from ringtree.dtypes import DType
+from ringtree.ops import ReduceOp
+from ringtree.switch import wire
+from ringtree.switch.wire import DATA, FRAME, JOIN, JOINED, Kind, SwitchError
+
+RTO_MIN = 0.02
+RTO_MAX = 2.0
+DEFAULT_WINDOW = 8
+DEFAULT_CHUNK = 256 << 10
+
+
+class SwitchOp:
+    """One posted all-reduce through the switch: ``recv = ⊕ over members of send``."""
+
+    __slots__ = ("group", "send", "recv", "dtype", "op", "header", "chunk_elems", "nchunks",
+                 "first_seq", "next_chunk", "done_chunks", "done", "error")
+
+    def __init__(self, group: SwitchGroup, send: np.ndarray, recv: np.ndarray, dtype: DType,
+                 op: ReduceOp, header: bytes):
+        self.group, self.send, self.recv = group, send, recv
+        self.dtype, self.op = dtype, op
+        self.header = header.ljust(wire.CALL_HEADER_BYTES, b"\0")[:wire.CALL_HEADER_BYTES]
+        self.chunk_elems = max(1, group.chunk_bytes // dtype.itemsize)
+        count = send.size
+        self.nchunks = -(-count // self.chunk_elems)
+        self.first_seq = -1
+        self.next_chunk = 0
+        self.done_chunks = 0
+        self.done = self.nchunks == 0
+        self.error: BaseException | None = None
+
+    def span(self, k: int) -> slice:
+        lo = k * self.chunk_elems
+        return slice(lo, min(lo + self.chunk_elems, self.send.size))
+
+    def result(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class SwitchGroup:
+    """One joined group: its id at the switch, its window, and its chunk sequence."""
+
+    def __init__(self, link: SwitchLink, gid: int, window: int, chunk_bytes: int):
+        self.link, self.gid, self.window, self.chunk_bytes = link, gid, window, chunk_bytes
+        self.seq = 0                                  # next chunk sequence, never reset
+        self.ops: deque[SwitchOp] = deque()
+        self.inflight: dict[int, list] = {}          # seq -> [op, chunk, sent_at, tries]
+
+    def post(self, send: np.ndarray, recv: np.ndarray, dtype: DType, op: ReduceOp,
+             header: bytes = b"") -> SwitchOp:
+        """Queue ``recv[:] = switch-reduce(send)``; both flat, ``dtype``'s storage."""
+        if send.size != recv.size:
+            raise ValueError(f"send has {send.size} elements, recv {recv.size}")
+        why = wire.check_call(op, dtype, send.nbytes, 2)
+        if why is not None:
+            raise ValueError(why)
+        o = SwitchOp(self, send.reshape(-1), recv.reshape(-1), dtype, op, header)
+        if not o.done:
+            self.ops.append(o)
+            self.link.pump()
+        return o
+
+
+class SwitchLink:
+    """An authenticated connection from one worker to its switch."""
+
+    def __init__(self, address: str, token: str, timeout: float = 300.0):
+        host, _, port = address.rpartition(":")
+        self.address = address
+        self.timeout = float(timeout)
+        try:
+            self.sock = socket.create_connection((host, int(port)), timeout=min(timeout, 10.0))
+        except OSError as e:
+            raise SwitchError(f"cannot connect to the switch at {address}: {e}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            hello = self._recv_exact(len(wire.MAGIC) + wire.NONCE_BYTES)
+        except OSError as e:
+            raise SwitchError(f"switch at {address} did not greet: {e}") from None
+        if not hello.startswith(wire.MAGIC):
+            raise SwitchError(f"{address} is not a ringtree switch")
+        self.sock.sendall(wire.mac(token, hello[len(wire.MAGIC):]))
+        self.sock.setblocking(False)
+        self.groups: dict[int, SwitchGroup] = {}
+        self.out: deque = deque()
+        self.hdr = bytearray(FRAME.size + DATA.size)
+        self.target = memoryview(self.hdr)[:FRAME.size]
+        self.pos = 0
+        self.phase = "frame"
+        self.kind = self.body = 0
+        self.pending_result: tuple | None = None
+        self.scratch = memoryview(bytearray(DEFAULT_CHUNK))
+        self.error: BaseException | None = None
+        self.srtt = RTO_MIN
+        self.joined: deque = deque()
+        self.retransmissions = 0
+
+    # ---- joining ---------------------------------------------------------------------
+
+    def join(self, key: bytes, member: int, members: int, local_mask: int, *,
+             window: int = DEFAULT_WINDOW, chunk_bytes: int = DEFAULT_CHUNK) -> SwitchGroup:
+        """Join group ``key`` as ``member`` of ``members``; returns once it has formed
+        (every member the switch tree serves has joined), or raises naming the switch."""
+        if len(self.scratch) < chunk_bytes:
+            self.scratch = memoryview(bytearray(chunk_bytes))
+        body = JOIN.pack(key[:16].ljust(16, b"\0"), member, members, 1 << member,
+                         local_mask | 1 << member, window, chunk_bytes)
+        self._queue(wire.frame(Kind.JOIN, body))
+        deadline = time.monotonic() + self.timeout
+        while not self.joined:
+            self._drive(deadline, f"forming group {key.hex()[:8]} (member {member} of "
+                                  f"{members})")
+        gid, win, chunk = self.joined.popleft()
+        g = SwitchGroup(self, gid, win, chunk)
+        self.groups[gid] = g
+        return g
+
+    def all_reduce(self, group: SwitchGroup, send: np.ndarray, recv: np.ndarray, dtype: DType,
+                   op: ReduceOp, header: bytes = b"") -> None:
+        o = group.post(send, recv, dtype, op, header)
+        deadline = time.monotonic() + self.timeout
+        while not o.done:
+            self._drive(deadline, f"all_reduce of {send.nbytes} bytes")
+        o.result()
+
+    def _drive(self, deadline: float, what: str) -> None:
+        self.poll()
+        if self.error is not None:
+            raise self.error
+        left = deadline - time.monotonic()
+        if left <= 0:
+            self._fail(SwitchError(f"switch {self.address} did not answer within "
+                                   f"{self.timeout:g} s while {what}"))
+            raise self.error  # type: ignore[misc]
+        self.wait(min(left, 0.05))
+
+    # ---- progress -------------------------------------------------------------------
+
+    def pending(self) -> bool:
+        return bool(self.out) or any(g.ops for g in self.groups.values())
+
+    def wait_fds(self) -> list[tuple[int, int]]:
+        mask = select.POLLIN | (select.POLLOUT if self.out else 0)
+        return [(self.sock.fileno() if self.error is None else -1, mask)]
+
+    def wait(self, timeout: float) -> None:
+        if self.error is not None:
+            return
+        p = select.poll()
+        for fd, mask in self.wait_fds():
+            p.register(fd, mask)
+        p.poll(max(0, int(min(timeout, self._next_timer()) * 1000)))
+
+    def _next_timer(self) -> float:
+        return self.rto() if any(g.inflight for g in self.groups.values()) else 1.0
+
+    def rto(self) -> float:
+        return min(max(RTO_MIN, 4 * self.srtt), RTO_MAX)
+
+    def poll(self) -> bool:
+        if self.error is not None:
+            return False
+        moved = self._read()
+        moved |= self.pump()
+        self._retransmit()
+        return moved
+
+    def pump(self) -> bool:
+        """Send every chunk the windows allow."""
+        moved = False
+        for g in self.groups.values():
+            # chunk s may go only once s - window is back: it reuses that slot's set
+            while g.ops and g.seq - g.window not in g.inflight:
+                o = g.ops[0]
+                if o.next_chunk >= o.nchunks:
+                    break  # all out: wait for results before the next op's chunks
+                if o.first_seq < 0:
+                    o.first_seq = g.seq
+                k = o.next_chunk
+                o.next_chunk += 1
+                seq = g.seq
+                g.seq += 1
+                g.inflight[seq] = [o, k, time.monotonic(), 0]
+                self._send_chunk(g, o, k, seq)
+                moved = True
+        return self._flush() or moved
+
+    def _send_chunk(self, g: SwitchGroup, o: SwitchOp, k: int, seq: int) -> None:
+        part = o.send[o.span(k)].view(np.uint8)
+        head = FRAME.pack(Kind.DATA, DATA.size + part.nbytes) + \
+            DATA.pack(g.gid, seq, o.dtype.code, o.op.code, part.nbytes // o.dtype.itemsize,
+                      o.header)
+        self._queue(head, memoryview(part))
+
+    def _retransmit(self) -> None:
+        now = time.monotonic()
+        rto = self.rto()
+        for g in self.groups.values():
+            for seq, entry in g.inflight.items():
+                o, k, sent, tries = entry
+                if now - sent > rto * (1 << min(tries, 6)):
+                    entry[2], entry[3] = now, tries + 1
+                    self.retransmissions += 1
+                    self._send_chunk(g, o, k, seq)
+        self._flush()
+
+    def _queue(self, *parts: bytes | memoryview) -> None:
+        self.out.extend(memoryview(p) if isinstance(p, bytes) else p for p in parts)
+
+    def _flush(self) -> bool:
+        moved = False
+        while self.out:
+            try:
+                n = self.sock.sendmsg(list(self.out)[:64])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self._fail(SwitchError(f"lost the connection to the switch at "
+                                       f"{self.address}: {e}"))
+                return moved
+            moved = True
+            while n and self.out:
+                head = self.out[0]
+                if n >= len(head):
+                    n -= len(head)
+                    self.out.popleft()
+                else:
+                    self.out[0] = head[n:]
+                    n = 0
+        return moved
+
+    def _read(self) -> bool:
+        moved = False
+        for _ in range(256):
+            try:
+                n = self.sock.recv_into(self.target[self.pos:])
+            except (BlockingIOError, InterruptedError):
+                return moved
+            except OSError as e:
+                n, why = 0, str(e)
+            else:
+                why = "it closed the connection"
+            if n == 0:
+                self._fail(SwitchError(f"lost the switch at {self.address}: {why}"))
+                return moved
+            moved = True
+            self.pos += n
+            if self.pos == len(self.target):
+                self._advance()
+                if self.error is not None:
+                    return moved
+        return moved
+
+    def _want(self, view: memoryview, phase: str) -> None:
+        self.target, self.pos, self.phase = view, 0, phase
+
+    def _advance(self) -> None:
+        if self.phase == "frame":
+            self.kind, self.body = FRAME.unpack_from(self.hdr)
+            if self.body > wire.max_body(max(len(self.scratch), DEFAULT_CHUNK)):
+                self._fail(SwitchError(f"switch at {self.address} sent a frame of "
+                                       f"{self.body} bytes"))
+            elif self.kind == Kind.RESULT:
+                self._want(memoryview(self.hdr)[:DATA.size], "data")
+            else:
+                self._want(memoryview(bytearray(self.body)), "body")
+                if self.body == 0:
+                    self._advance()
+        elif self.phase == "data":
+            self._result_header()
+        elif self.phase == "payload":
+            self._result_done()
+        else:
+            body = bytes(self.target)
+            self._want(memoryview(self.hdr)[:FRAME.size], "frame")
+            if self.kind == Kind.JOINED:
+                self.joined.append(JOINED.unpack(body))
+            elif self.kind == Kind.ERROR:
+                self._fail(SwitchError(f"switch at {self.address}: "
+                                       f"{body.decode(errors='replace')}"))
+            else:
+                self._fail(SwitchError(f"switch at {self.address} sent frame kind "
+                                       f"{self.kind}"))
+
+    def _result_header(self) -> None:
+        gid, seq, _, _, nelem, _ = DATA.unpack_from(self.hdr)
+        g = self.groups.get(gid)
+        entry = g.inflight.get(seq) if g is not None else None
+        nbytes = self.body - DATA.size
+        if entry is None:  # a duplicate answer to a retransmission
+            view = self.scratch[:nbytes]
+        else:
+            o, k = entry[0], entry[1]
+            view = memoryview(o.recv[o.span(k)].view(np.uint8))
+            if len(view) != nbytes:
+                self._fail(SwitchError(f"switch at {self.address} returned {nbytes} bytes "
+                                       f"for a {len(view)}-byte chunk"))
+                return
+        self.pending_result = (g, seq, entry)
+        self._want(view, "payload")
+
+    def _result_done(self) -> None:
+        g, seq, entry = self.pending_result  # type: ignore[misc]
+        self.pending_result = None
+        self._want(memoryview(self.hdr)[:FRAME.size], "frame")
+        if entry is None or g.inflight.pop(seq, None) is None:
+            return
+        o, _, sent, tries = entry
+        if tries == 0:
+            self.srtt = 0.875 * self.srtt + 0.125 * (time.monotonic() - sent)
+        o.done_chunks += 1
+        if o.done_chunks == o.nchunks:
+            o.done = True
+            g.ops.popleft()
+
+    def _fail(self, err: BaseException) -> None:
+        if self.error is None:
+            self.error = err
+        for g in self.groups.values():
+            for o in g.ops:
+                if not o.done:
+                    o.error, o.done = err, True
+            g.ops.clear()
+            g.inflight.clear()
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise OSError("connection closed")
+            buf += chunk
+        return bytes(buf)
+
+    def close(self) -> None:
+        try:
+            self.sock.setblocking(True)
+            self.sock.settimeout(0.5)
+            self.sock.sendall(wire.frame(Kind.LEAVE))
+        except OSError:
+            pass
+        self.sock.close()
+        if self.error is None:
+            self.error = SwitchError(f"link to the switch at {self.address} is closed")

@@ -86,22 +86,39 @@ def _channel_conflicts(p: Program, key) -> None:
                 raise CheckError(f"rank {p.rank}: channels {a} and {b} touch the same chunks")
 
 
+def with_virtual(programs: list[Program]) -> list[Program]:
+    """The real ranks' Programs followed by their virtual ranks' (CollNet switches)."""
+    virtual = programs[0].meta.get("virtual_programs", ()) if programs else ()
+    return list(programs) + [v for v in virtual if v.rank >= len(programs)]
+
+
 def check_programs(programs: list[Program], in_place: bool = False) -> CheckReport:
-    """Symbolically execute one Program per rank and verify the collective's result."""
-    n = len(programs)
-    if n == 0:
+    """Symbolically execute one Program per rank and verify the collective's result.
+
+    Virtual ranks (in-network switches, numbered from ``nranks`` up) are taken from the
+    real Programs' ``meta["virtual_programs"]`` when not given, and run like any rank:
+    what they reduce is interned the same way, so the proof of bitwise agreement covers
+    the in-network reduction order too. They hold no input of their own.
+    """
+    if not programs:
         raise CheckError("no programs")
+    n = programs[0].nranks
+    if len(programs) == n:
+        programs = with_virtual(programs)
+    total = len(programs)
     coll, algo = programs[0].collective, programs[0].algo
     for r, p in enumerate(programs):
         if p.rank != r or p.nranks != n or p.collective is not coll:
             raise CheckError(f"program {r} is for rank {p.rank}/{p.nranks} {p.collective}")
+        if r >= n and p.meta.get("virtual") is None:
+            raise CheckError(f"program {r} is beyond the {n} ranks but not a virtual rank")
     vals = _Values()
     barrier = coll is Collective.BARRIER
     keys = [p.storage_map(in_place) for p in programs]
     mem: list[dict[tuple[Buf, int], int | None]] = []
     for r, p in enumerate(programs):
         m: dict[tuple[Buf, int], int | None] = {}
-        for j in range(p.buffer_chunks(Buf.INPUT)):
+        for j in range(p.buffer_chunks(Buf.INPUT) if r < n else 0):
             m[(Buf.INPUT, j)] = vals.leaf(r, j)
         if barrier:
             m[(Buf.SCRATCH, 0)] = vals.leaf(r, 0)
@@ -112,7 +129,7 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
         for ch in p.channels:
             for s in ch:
                 for peer in (*s.recv_from, *s.send_to):
-                    if not 0 <= peer < n or peer == r:
+                    if not 0 <= peer < total or peer == r:
                         raise CheckError(f"rank {r} exchanges with invalid peer {peer}")
     clock = [[0] * len(p.channels) for p in programs]
     messages = depth = 0
@@ -164,8 +181,8 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
     if left:
         raise CheckError(f"{algo} {coll.value} n={n}: unreceived messages {left}")
 
-    _postcondition(coll, programs, mem, keys, vals)
-    return CheckReport(coll, algo, n, messages, max(p.steps for p in programs), depth,
+    _postcondition(coll, programs[:n], mem, keys, vals)
+    return CheckReport(coll, algo, n, messages, max(p.steps for p in programs[:n]), depth,
                        in_place)
 
 

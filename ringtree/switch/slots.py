@@ -198,8 +198,15 @@ def _mismatch(a: int, st: SlotSet, b: int, dtype: DType, op: ReduceOp, nelem: in
                          ("op", st.op.name if st.op else None, op.name),
                          ("elements", st.nelem, nelem)):
         if va != vb:
-            return f"{name}: member {a} has {va}, member {b} has {vb}"
-    return f"call header: member {a} has {st.header.hex()}, member {b} has {header.hex()}"
+            return _pair(name, a, va, b, vb)
+    return _pair("call header", a, st.header.hex(), b, header.hex())
+
+
+def _pair(name: str, a: int, va: object, b: int, vb: object) -> str:
+    """Both sides of a disagreement, lower member first (the same text on every member)."""
+    if b < a:
+        a, va, b, vb = b, vb, a, va
+    return f"{name}: member {a} has {va}, member {b} has {vb}"
 
 
 class SlotPool:

@@ -34,6 +34,7 @@ import ringtree
 from ringtree.errors import CommAborted
 from ringtree.torch.collectives import CollectiveOps
 from ringtree.torch.engine import ProgressEngine
+from ringtree.torch.errors import for_torch
 from ringtree.torch.store import TorchStore, master_address, shared_secret
 from ringtree.torch.tensors import run_all
 from ringtree.torch.work import RingtreeWork, _seconds
@@ -127,9 +128,12 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
         return _timeout_s(getattr(opts, "timeout", None), self.timeout)
 
     def _launch(self, name: str, value: Any, issue: Callable[[], list],
-                finishes: Sequence[Callable[[], None] | None] = ()) -> RingtreeWork:
-        """Issue ringtree operations (``issue`` returns their Works) as one torch Work."""
+                finishes: Sequence[Callable[[], None] | None] = (),
+                timeout: float | None = None) -> RingtreeWork:
+        """Issue ringtree operations (``issue`` returns their Works) as one torch Work;
+        ``timeout`` (the group's by default) is what a timeout error reports."""
         work = RingtreeWork(name, value, self._dispatch)
+        work._timeout_s = self.timeout if timeout is None else timeout
         with self._lock:
             if self._closed:
                 raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
@@ -164,7 +168,7 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
                 run_all(finishes)
             except BaseException as e:  # noqa: BLE001
                 err = e
-        work._mark(err)
+        work._mark(for_torch(err, self.rank(), work.name, work._timeout_s or self.timeout))
 
     def _dispatch(self, fn: Callable[[], None]) -> None:
         """Run a future's completion (and so its callbacks) on the completion pool."""

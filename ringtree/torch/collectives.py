@@ -13,13 +13,16 @@ overrides the group's timeout for that operation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from ringtree.comm import P2P_CHANNEL_BASE
+from ringtree.torch.monitored import monitored_barrier
+from ringtree.torch.sparse import all_reduce_coo, check_sparse
 from ringtree.torch.tensors import Staged, for_move, for_reduce, run_all
-from ringtree.torch.work import RingtreeWork, _seconds
+from ringtree.torch.work import RingtreeWork
 
 
 def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
@@ -52,10 +55,27 @@ class CollectiveOps:
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
-        st, op = for_reduce(_one(tensors, "allreduce"), opts.reduceOp)
+        t = _one(tensors, "allreduce")
         tmo = self._tmo(opts)
+        if t.is_sparse:
+            return self._sparse_allreduce(t, opts.reduceOp, tmo, tensors)
+        st, op = for_reduce(t, opts.reduceOp)
         return self._launch("allreduce", tensors, lambda: [
-            self.comm.all_reduce(st.obj, op, async_op=True, timeout=tmo)], [st.finish])
+            self.comm.all_reduce(st.obj, op, async_op=True, timeout=tmo)], [st.finish],
+            timeout=tmo)
+
+    def _sparse_allreduce(self, t, op, tmo: float, value) -> RingtreeWork:
+        """COO sum (:mod:`ringtree.torch.sparse`); runs to completion before it returns."""
+        check_sparse(t, op)
+        with self._lock:  # issued in this group's order like any other call
+            err = None
+            try:
+                all_reduce_coo(self.comm, t, tmo)
+            except BaseException as e:  # noqa: BLE001 - the Work carries it
+                err = e
+        work = RingtreeWork("allreduce_sparse", value, self._dispatch)
+        self._finish(work, [], err)
+        return work
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
@@ -99,17 +119,29 @@ class CollectiveOps:
             timeout=tmo)], [o.finish for o in staged])
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """``output_lists[r][j]`` receives rank r's ``input_list[j]``."""
+        n = self.size()
+        if len(output_lists) != n:
+            raise ValueError(f"allgather_coalesced: {len(output_lists)} output lists for "
+                             f"{n} ranks")
+        if any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError("allgather_coalesced: every output list must have one tensor "
+                             f"per input tensor ({len(input_list)})")
         tmo = self._tmo(opts)
-        pairs = [(outs, for_move(t, writes=False)) for outs, t in zip(output_lists, input_list)]
-        staged = [[for_move(o) for o in outs] for outs, _ in pairs]
+        ins = [for_move(t, writes=False) for t in input_list]
+        staged = [[for_move(output_lists[r][j]) for r in range(n)] for j in range(len(ins))]
+        for inp, outs in zip(ins, staged):
+            if any(o.obj.numel() != inp.obj.numel() for o in outs):
+                raise ValueError("allgather_coalesced: output tensors must match their "
+                                 f"input's size ({inp.obj.numel()} elements)")
 
         def issue() -> list:
             return [self.comm.all_gather(inp.obj, out=[o.obj.reshape(inp.obj.shape)
                                                        for o in outs],
                                          async_op=True, timeout=tmo)
-                    for (_, inp), outs in zip(pairs, staged)]
+                    for inp, outs in zip(ins, staged) if inp.obj.numel()]
         return self._launch("allgather_coalesced", output_lists, issue,
-                            [o.finish for outs in staged for o in outs])
+                            [o.finish for outs in staged for o in outs], timeout=tmo)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         o, i = for_move(output), for_move(input, writes=False)
@@ -242,12 +274,19 @@ class CollectiveOps:
     def barrier(self, opts=None):
         tmo = self._tmo(opts)
         return self._launch("barrier", [], lambda: [
-            self.comm.barrier(async_op=True, timeout=tmo)])
+            self.comm.barrier(async_op=True, timeout=tmo)], timeout=tmo)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
-        """A barrier through the store that names the ranks that did not arrive
-        (``dist.monitored_barrier`` accepts only gloo, so call it on the group)."""
-        self.comm.monitored_barrier(_seconds(timeout), wait_all_ranks)
+        """gloo's monitored barrier over the group's store: rank 0 names the ranks that
+        did not arrive (:mod:`ringtree.torch.monitored`; ``dist.monitored_barrier`` comes
+        here for ringtree groups)."""
+        t = self.timeout if timeout is None else timeout
+        t = t.total_seconds() if isinstance(t, timedelta) else float(t)
+        with self._lock:
+            self._mb_seq = getattr(self, "_mb_seq", 0) + 1
+            seq = self._mb_seq
+        monitored_barrier(self.comm.store, self.rank(), self.size(), seq, max(t, 0.0),
+                          wait_all_ranks)
 
     # ---- point to point ------------------------------------------------------------------
 

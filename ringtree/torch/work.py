@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringtree.errors import CollectiveTimeout
+from ringtree.torch.errors import TorchCollectiveTimeout
 
 
 def _unwrap(fut: torch.futures.Future) -> Any:
@@ -57,6 +57,7 @@ class RingtreeWork(dist.Work):
         self._event = threading.Event()
         self._error: BaseException | None = None
         self._source = -1
+        self._timeout_s: float | None = None
         self._callbacks: list = []
         self._lock = threading.Lock()
         # The future exists only once asked for (a plain ``wait()`` never pays for it);
@@ -102,7 +103,8 @@ class RingtreeWork(dist.Work):
     def wait(self, timeout: Any = None) -> bool:
         t = _seconds(timeout)
         if not self._event.wait(t):
-            raise CollectiveTimeout(f"{self.name}: not complete after waiting {t:g} s")
+            raise TorchCollectiveTimeout(f"Timed out waiting {int(round((t or 0) * 1000))}ms "
+                                         f"for {self.name} to complete (it goes on)")
         if self._error is not None:
             raise self._error
         return True

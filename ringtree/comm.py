@@ -74,6 +74,7 @@ class CommCore:
         self._splits = 0
         self._broken: BaseException | None = None
         self._after_abort: str | None = None  # the first cause, when another rank failed
+        self._failing = False
         self.store_host_rank: int | None = None  # the rank whose process serves the store
         self._closed = False
         self._plans: dict = {}
@@ -349,6 +350,7 @@ class CommCore:
         The first cause wins: a rank that fails because of another rank's failure (an
         abort line in the store, or a peer that closed and left its reason in shared
         memory) names that cause, never the peer that merely closed on its way out."""
+        self._failing = True  # the doctor: this rank is reporting, not stuck
         if isinstance(e, CommAborted):
             err: BaseException = CommAborted(f"rank {self.rank}: communicator aborted by "
                                              f"another rank: {e}")

@@ -35,7 +35,6 @@ Process handling follows mpirun/torchrun:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import ipaddress
@@ -48,34 +47,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
 from ringtree.bootstrap.jobtoken import bind_address
+from ringtree.bootstrap.launch_args import PROG, Options, UsageError, parse
+from ringtree.bootstrap.launch_report import LAST_LINES, Exit, report
 from ringtree.bootstrap.store import StoreError, StoreServer
 
 __all__ = ["main"]
 
-PROG = "ringtree run"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
-
-
-class _UsageError(Exception):
-    pass
-
-
-@dataclass
-class _Options:
-    nproc: int
-    nnodes: int
-    node_rank: int
-    master: tuple[str, int] | None
-    tag_output: bool
-    timeout: float | None
-    grace: float
-    command: list[str]
 
 
 @dataclass
@@ -85,15 +70,17 @@ class _Rank:
     proc: subprocess.Popen
     code: int | None = None
     readers: list[threading.Thread] = field(default_factory=list)
+    exit: Exit | None = None
+    lines: deque = field(default_factory=lambda: deque(maxlen=LAST_LINES))  # last stderr
 
 
 def main(argv: list[str]) -> int:
     """Run ``ringtree run`` with ``argv`` (the arguments after ``run``); return the exit code."""
     try:
-        opts = _parse(argv)
+        opts = parse(argv)
     except SystemExit as e:  # --help, or an argparse error already printed
         return int(e.code or 0) if isinstance(e.code, int) else 2
-    except _UsageError as e:
+    except UsageError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
 
@@ -127,77 +114,13 @@ def main(argv: list[str]) -> int:
             print(f"{PROG}: --master port must be below 65535 (port+1 is MASTER_PORT)",
                   file=sys.stderr)
             return 2
-        return _Job(opts, addr, port, torch_port, token).run()
+        return _Job(opts, addr, port, torch_port, token, server).run()
     finally:
         if server is not None:
             server.close()
 
 
-# ---------------------------------------------------------------------------- arguments
-
-
-def _parse(argv: list[str]) -> _Options:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Start N ranks of CMD on this node (see `python -m pydoc ringtree.bootstrap.launch`).",
-    )
-    parser.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
-                        required=True, help="ranks to start on this node")
-    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
-                        help="this node's index in 0..nnodes-1 (default 0)")
-    parser.add_argument("--master", metavar="HOST:PORT",
-                        help="node 0's address for the store (required with --nnodes > 1)")
-    parser.add_argument("--tag-output", action="store_true",
-                        help="prefix each output line with [rank]")
-    parser.add_argument("--timeout", type=float, metavar="S",
-                        help="stop the job after S seconds (exit code 124)")
-    parser.add_argument("--grace", type=float, default=3.0, metavar="S",
-                        help="seconds between SIGTERM and SIGKILL when stopping ranks (default 3)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
-
-    if "--" in argv:  # the first "--" ends our options unless it belongs to the command
-        i = argv.index("--")
-        ns = parser.parse_args(argv[:i])
-        command = ns.command + argv[i:] if ns.command else argv[i + 1 :]
-    else:
-        ns = parser.parse_args(argv)
-        command = ns.command
-
-    if not command:
-        raise _UsageError("no command given; usage: ringtree run -n N [options] [--] CMD ARGS...")
-    if ns.nproc < 1:
-        raise _UsageError(f"-n must be >= 1, got {ns.nproc}")
-    if ns.nnodes < 1:
-        raise _UsageError(f"--nnodes must be >= 1, got {ns.nnodes}")
-    if not 0 <= ns.node_rank < ns.nnodes:
-        raise _UsageError(f"--node-rank {ns.node_rank} is outside 0..{ns.nnodes - 1}")
-    if ns.timeout is not None and not ns.timeout > 0:
-        raise _UsageError(f"--timeout must be > 0 seconds, got {ns.timeout}")
-    if not ns.grace >= 0:
-        raise _UsageError(f"--grace must be >= 0 seconds, got {ns.grace}")
-    master = _parse_master(ns.master) if ns.master else None
-    if master is None and ns.nnodes > 1:
-        raise _UsageError(
-            "--master HOST:PORT is required with --nnodes > 1: node 0's address, reachable "
-            "from every node, and a free port for the store"
-        )
-    return _Options(ns.nproc, ns.nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
-                    ns.grace, command)
-
-
-def _parse_master(text: str) -> tuple[str, int]:
-    host, sep, port_s = text.rpartition(":")
-    if not sep or not host:
-        raise _UsageError(f"--master {text!r} is not HOST:PORT")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise _UsageError(f"--master {text!r}: port {port_s!r} is not an integer") from None
-    if not 1 <= port <= 65535:
-        raise _UsageError(f"--master {text!r}: port must be in 1..65535")
-    return host, port
+# ---------------------------------------------------------------------------- addresses
 
 
 def _bind_host(master_host: str) -> str:
@@ -223,8 +146,12 @@ def _free_port(host: str) -> int:
 
 
 class _Job:
-    def __init__(self, opts: _Options, addr: str, port: int, torch_port: int, token: str):
+    def __init__(self, opts: Options, addr: str, port: int, torch_port: int, token: str,
+                 server: StoreServer | None = None):
         self.opts = opts
+        self.server = server
+        # tag stderr unless a person watches it: several ranks' tracebacks interleave
+        self.tag_err = opts.tag_output or not _isatty(sys.stderr)
         self.addr, self.port, self.torch_port, self.token = addr, port, torch_port, token
         self.ranks: list[_Rank] = []
         self.pending_signals: list[int] = []
@@ -253,7 +180,12 @@ class _Job:
             "MASTER_ADDR": self.addr,
             "MASTER_PORT": str(self.torch_port),
         })
-        if o.tag_output:
+        for var, value in o.export.items():  # mpirun -x
+            if value is not None:
+                env[var] = value
+            elif var not in os.environ:
+                raise _ExportError(var)
+        if o.tag_output or self.tag_err:
             env.setdefault("PYTHONUNBUFFERED", "1")
         if o.nproc > 1:
             # as torchrun does: N ranks each spawning one OpenMP thread per core would
@@ -265,6 +197,12 @@ class _Job:
         with self._signals() as wait_fd:
             try:
                 self._spawn_all()
+            except _ExportError as e:
+                print(f"{PROG}: -x {e.args[0]}: not set in this environment (use -x VAR=VALUE)",
+                      file=sys.stderr)
+                self._stop(self._alive(), signal.SIGKILL)
+                self._reap_all_blocking()
+                return 2
             except OSError as e:
                 cmd = " ".join(self.opts.command)
                 print(f"{PROG}: cannot start {cmd!r}: {e}", file=sys.stderr)
@@ -280,31 +218,46 @@ class _Job:
     # -- starting ------------------------------------------------------------------------
 
     def _spawn_all(self) -> None:
-        setup = _child_setup(os.getpid())
-        pipe = subprocess.PIPE if self.opts.tag_output else None
+        pipe_out = subprocess.PIPE if self.opts.tag_output else None
+        pipe_err = subprocess.PIPE if self.tag_err else None
         for local in range(self.opts.nproc):
+            env = self.env_for(local)
             proc = subprocess.Popen(
                 self.opts.command,
-                env=self.env_for(local),
+                env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=pipe,
-                stderr=pipe,
-                preexec_fn=setup,  # only setpgid + prctl, see _child_setup
+                stdout=pipe_out,
+                stderr=pipe_err,
+                preexec_fn=_child_setup(os.getpid(), self._cpu_for(local)),  # see there
             )
             r = _Rank(self.opts.node_rank * self.opts.nproc + local, local, proc)
             self.ranks.append(r)
-            if self.opts.tag_output:
-                prefix = f"[{r.rank}] ".encode()
-                for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-                    t = threading.Thread(target=self._pump, args=(src, dst, prefix), daemon=True)
-                    t.start()
-                    r.readers.append(t)
+            prefix = f"[{r.rank}] ".encode()
+            for src, dst, keep in ((proc.stdout, sys.stdout, None),
+                                   (proc.stderr, sys.stderr, r.lines)):
+                if src is None:
+                    continue
+                t = threading.Thread(target=self._pump, args=(src, dst, prefix, keep),
+                                     daemon=True)
+                t.start()
+                r.readers.append(t)
 
-    def _pump(self, src: IO[bytes], dst: IO[str], prefix: bytes) -> None:
-        """Copy ``src`` to ``dst`` line by line with ``prefix``; keep draining if dst breaks."""
+    def _cpu_for(self, local: int) -> int | None:
+        """``--bind-to core``: the CPU of this local rank (None: not bound)."""
+        if self.opts.bind_to == "none":
+            return None
+        cpus = sorted(os.sched_getaffinity(0))
+        return cpus[local % len(cpus)]
+
+    def _pump(self, src: IO[bytes], dst: IO[str], prefix: bytes,
+              keep: deque | None = None) -> None:
+        """Copy ``src`` to ``dst`` line by line with ``prefix``; keep draining if dst breaks.
+        ``keep``: remember the last lines (for the failure report)."""
         out = getattr(dst, "buffer", None)
         broken = False
         for line in iter(src.readline, b""):
+            if keep is not None:
+                keep.append(line.rstrip(b"\n").decode("utf-8", "replace"))
             if broken:
                 continue
             if not line.endswith(b"\n"):
@@ -340,10 +293,13 @@ class _Job:
         while True:
             now = time.monotonic()
             exited = []
+            running = len(self._alive())
             for r in self._alive():
                 r.code = r.proc.poll()
                 if r.code is not None:
                     exited.append(r)
+                    r.exit = Exit(r.rank, r.proc.pid, r.code, now - self.start, running - 1,
+                                  stopped=failure is not None)
             alive = self._alive()
             bad = [r for r in exited if r.code != 0]
             if bad and failure is None and got_signal is None and timed_out is None:
@@ -389,19 +345,27 @@ class _Job:
         if failure is not None:
             r, stopped = failure
             rc = r.code if r.code is not None else 1
-            if rc < 0:
-                name = _signame(-rc)
-                what, code = f"was killed by signal {-rc} ({name})", 128 - rc
-            else:
-                what, code = f"exited with code {rc}", rc
-            tail = f"; stopped the other {_plural(stopped, 'rank')}" if stopped else ""
-            return code, f"rank {r.rank} (pid {r.proc.pid}) {what}{tail}"
+            code = 128 - rc if rc < 0 else rc
+            self._join_readers()
+            for x in self.ranks:
+                if x.exit is not None:
+                    x.exit.lines = x.lines
+            exits = [x.exit for x in self.ranks if x.exit is not None]
+            return code, report(exits, r.exit or Exit(r.rank, r.proc.pid, rc, 0.0, 0), stopped,
+                                self._abort_line(), self.tag_err)
         if timed_out is not None:
             names = ", ".join(str(r.rank) for r in timed_out)
             return 124, f"timed out after {o.timeout:g}s; stopped the ranks still running: {names}"
         if got_signal is not None:
             return 128 + got_signal, ""
         return 0, ""
+
+    def _abort_line(self) -> str | None:
+        """The world communicator's abort line in our store: who the ranks blamed."""
+        if self.server is None:
+            return None
+        raw = self.server.peek("rt/world/abort")
+        return raw.decode("utf-8", "replace") if raw else None
 
     def _alive(self) -> list[_Rank]:
         return [r for r in self.ranks if r.code is None]
@@ -452,8 +416,20 @@ class _Job:
             os.close(w)
 
 
-def _child_setup(parent_pid: int) -> Callable[[], None]:
-    """Runs in each rank between fork and exec: own process group, die with the launcher."""
+class _ExportError(Exception):
+    pass
+
+
+def _isatty(f) -> bool:
+    try:
+        return f.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _child_setup(parent_pid: int, cpu: int | None = None) -> Callable[[], None]:
+    """Runs in each rank between fork and exec: own process group, die with the launcher,
+    pinned to ``cpu`` (``--bind-to core``)."""
     prctl = None
     if sys.platform.startswith("linux"):
         try:
@@ -463,6 +439,8 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
 
     def setup() -> None:
         os.setpgid(0, 0)
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
             if os.getppid() != parent_pid:  # the launcher died before prctl took effect

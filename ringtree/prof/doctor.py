@@ -123,6 +123,8 @@ def _why(r: int, s: dict | None, stuck: dict | None, missing: str) -> tuple[str,
         return missing, True
     if s.get("after_abort"):  # it left because of another rank's failure: not a cause
         return f"exited after the abort: {s['after_abort']}", False
+    if s.get("failing"):  # it saw the failure too and is reporting it
+        return "is failing too (handling the same error)", False
     cur = s.get("current")
     if cur is None:
         if s.get("state") == "closed":
@@ -184,6 +186,9 @@ def analyze(statuses: list[dict | None], comm: str = "?",
             or (stuck is not None and not _same(statuses[r]["current"], stuck))}
         reasons = {r: _why(r, statuses[r], stuck, missing) for r in sorted(cands)}
         strong = [r for r, (_, ok) in reasons.items() if ok]
+        if not strong and unreachable:  # the only candidates are reporting the failure
+            reasons.update({r: (missing, True) for r in unreachable})
+            strong = list(unreachable)
         rep.culprits = strong or sorted(reasons)
         rep.reasons = {r: reasons[r][0] for r in rep.culprits}
         if blocked and not terminals:

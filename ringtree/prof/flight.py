@@ -196,6 +196,7 @@ def status(comm, entries: int | None = 8, closed: bool = False) -> dict:
         "where": where_main_thread(),
         "error": str(broken).split("\n")[0][:300] if broken is not None else None,
         "after_abort": (getattr(comm, "_after_abort", None) or "")[:300] or None,
+        "failing": bool(getattr(comm, "_failing", False)),
         "timeout_s": comm.timeout,
         "entries": fr.entries(entries) if fr is not None else [],
     }

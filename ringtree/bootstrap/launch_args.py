@@ -1,0 +1,193 @@
+"""``ringtree run``'s command line: its own options, and the mpirun / torchrun ones people
+type out of habit.
+
+Accepted from mpirun: ``-np N`` (= ``-n``), ``-x VAR`` / ``-x VAR=VALUE`` (export to the
+ranks), ``--bind-to core|hwthread|none`` (``core``: rank *i* of this node runs on the *i*-th
+CPU it may use, modulo their number), ``--oversubscribe`` and ``--allow-run-as-root`` (no
+effect: ringtree never refuses either). From torchrun: ``--nproc-per-node``,
+``--standalone`` (one node, a private store: the default), ``--master-addr`` /
+``--master-port`` (= ``--master HOST:PORT``), ``--nnodes N`` and ``--node-rank``.
+
+Options that ask for something ringtree run does not do are refused by name with what to
+use instead (elastic rendezvous, restarts, host files, mapping policies); any other unknown
+option is refused by name too. The command starts at the first word that is not an option
+(or after ``--``); a command ending in ``.py`` runs with the current Python, as torchrun does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+PROG = "ringtree run"
+
+# option -> takes a value
+_VALUED = {
+    "-n": True, "-np": True, "--nproc-per-node": True, "--nproc_per_node": True,
+    "--nnodes": True, "--node-rank": True, "--node_rank": True, "--master": True,
+    "--master-addr": True, "--master_addr": True, "--master-port": True,
+    "--master_port": True, "--timeout": True, "--grace": True, "--bind-to": True,
+    "-x": True, "--tag-output": False, "--standalone": False, "--oversubscribe": False,
+    "--allow-run-as-root": False, "-h": False, "--help": False,
+}
+_REFUSED = {
+    "--rdzv-backend": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
+    "--rdzv-endpoint": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
+    "--rdzv-id": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
+    "--rdzv-conf": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
+    "--max-restarts": "ringtree run does not restart ranks; a failed rank stops the job",
+    "--no-python": "give the program itself as the command (only *.py runs with Python)",
+    "-m": "give the program as `python -m MODULE ...` after the options",
+    "--module": "give the program as `python -m MODULE ...` after the options",
+    "-H": "start one `ringtree run --nnodes N --node-rank R --master HOST:PORT` per host",
+    "--host": "start one `ringtree run --nnodes N --node-rank R --master HOST:PORT` per host",
+    "--hostfile": "start one `ringtree run --nnodes N --node-rank R --master HOST:PORT` "
+                  "per host",
+    "--map-by": "ringtree run places ranks in order; use --bind-to core to pin them",
+    "--rank-by": "ringtree run numbers ranks node by node, in order",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+@dataclass
+class Options:
+    nproc: int
+    nnodes: int
+    node_rank: int
+    master: tuple[str, int] | None
+    tag_output: bool
+    timeout: float | None
+    grace: float
+    command: list[str]
+    bind_to: str = "none"
+    export: dict[str, str | None] = field(default_factory=dict)  # -x: None = inherit
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(option words, command words)."""
+    opts: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return opts, argv[i + 1:]
+        if not word.startswith("-") or word == "-":
+            return opts, argv[i:]
+        name = word.split("=", 1)[0]
+        if name not in _VALUED:
+            short = next((s for s in ("-n", "-x") if word.startswith(s) and word[2:]
+                          and word[:3] != "-np"), None)
+            if short is not None and (short != "-n" or word[2:].isdigit()):
+                opts += [short, word[2:]]  # -n4, -xFOO
+                i += 1
+                continue
+            for refused, hint in _REFUSED.items():
+                if name == refused or name.replace("_", "-") == refused:
+                    raise UsageError(f"{name} is not supported: {hint}")
+            raise UsageError(f"unknown option {name!r} (see `ringtree run --help`); put the "
+                             "command after the options, or after --")
+        opts.append(word)
+        if _VALUED[name] and "=" not in word:
+            if i + 1 >= len(argv):
+                raise UsageError(f"{name} needs a value")
+            opts.append(argv[i + 1])
+            i += 1
+        i += 1
+    return opts, []
+
+
+def parse(argv: list[str]) -> Options:
+    opt_words, command = _split(argv)
+    parser = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        description="Start N ranks of CMD on this node (see `python -m pydoc "
+                    "ringtree.bootstrap.launch` and ringtree.bootstrap.launch_args).")
+    parser.add_argument("-n", "-np", "--nproc-per-node", "--nproc_per_node", dest="nproc",
+                        type=int, help="ranks to start on this node")
+    parser.add_argument("--nnodes", default="1", help="number of nodes (default 1)")
+    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                        help="this node's index in 0..nnodes-1 (default 0)")
+    parser.add_argument("--master", metavar="HOST:PORT",
+                        help="node 0's address for the store (required with --nnodes > 1)")
+    parser.add_argument("--master-addr", "--master_addr", dest="master_addr")
+    parser.add_argument("--master-port", "--master_port", dest="master_port")
+    parser.add_argument("--tag-output", action="store_true",
+                        help="prefix each output line with [rank] (stderr is tagged anyway "
+                             "when it is not a terminal)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="stop the job after S seconds (exit code 124)")
+    parser.add_argument("--grace", type=float, default=3.0, metavar="S",
+                        help="seconds between SIGTERM and SIGKILL when stopping ranks (default 3)")
+    parser.add_argument("--bind-to", dest="bind_to", default="none",
+                        choices=("none", "core", "hwthread"),
+                        help="pin each rank to one CPU (core, hwthread) or not (none)")
+    parser.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VAL]",
+                        help="export VAR (or set it to VAL) in every rank, as mpirun -x")
+    parser.add_argument("--standalone", action="store_true", help="torchrun's: one node")
+    parser.add_argument("--oversubscribe", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--allow-run-as-root", action="store_true", help=argparse.SUPPRESS)
+    ns = parser.parse_args(opt_words)
+
+    if ns.nproc is None:
+        raise UsageError("-n N (ranks on this node) is required; usage: ringtree run -n N "
+                         "[options] [--] CMD ARGS...")
+    if not command:
+        raise UsageError("no command given; usage: ringtree run -n N [options] [--] CMD ARGS...")
+    if ":" in ns.nnodes:
+        raise UsageError(f"--nnodes {ns.nnodes}: ringtree run has no elastic node ranges; "
+                         "give the number of nodes")
+    try:
+        nnodes = int(ns.nnodes)
+    except ValueError:
+        raise UsageError(f"--nnodes {ns.nnodes!r} is not an integer") from None
+    if ns.nproc < 1:
+        raise UsageError(f"-n must be >= 1, got {ns.nproc}")
+    if nnodes < 1:
+        raise UsageError(f"--nnodes must be >= 1, got {nnodes}")
+    if ns.standalone and nnodes != 1:
+        raise UsageError("--standalone means one node; drop it or --nnodes")
+    if not 0 <= ns.node_rank < nnodes:
+        raise UsageError(f"--node-rank {ns.node_rank} is outside 0..{nnodes - 1}")
+    if ns.timeout is not None and not ns.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {ns.timeout}")
+    if not ns.grace >= 0:
+        raise UsageError(f"--grace must be >= 0 seconds, got {ns.grace}")
+    master_text = ns.master
+    if ns.master_addr or ns.master_port:
+        if ns.master:
+            raise UsageError("give --master HOST:PORT or --master-addr/--master-port, not both")
+        master_text = f"{ns.master_addr or '127.0.0.1'}:{ns.master_port or 29500}"
+    master = parse_master(master_text) if master_text else None
+    if master is None and nnodes > 1:
+        raise UsageError(
+            "--master HOST:PORT is required with --nnodes > 1: node 0's address, reachable "
+            "from every node, and a free port for the store"
+        )
+    export: dict[str, str | None] = {}
+    for item in ns.export:
+        var, eq, value = item.partition("=")
+        if not var.isidentifier():
+            raise UsageError(f"-x {item!r}: not an environment variable name")
+        export[var] = value if eq else None
+    if command[0].endswith(".py"):
+        command = [sys.executable, *command]  # torchrun runs scripts with Python too
+    return Options(ns.nproc, nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
+                   ns.grace, command, ns.bind_to, export)
+
+
+def parse_master(text: str) -> tuple[str, int]:
+    host, sep, port_s = text.rpartition(":")
+    if not sep or not host:
+        raise UsageError(f"--master {text!r} is not HOST:PORT")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise UsageError(f"--master {text!r}: port {port_s!r} is not an integer") from None
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--master {text!r}: port must be in 1..65535")
+    return host, port

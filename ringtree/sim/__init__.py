@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ringtree.core.ir import Collective, Program, parse_collective
-from ringtree.schedules import Options, generate_all
-from ringtree.sim import engine, fast
+from ringtree.sim import engine, fast, fold, wave
 from ringtree.sim.model import Aware, Unaware, parse_model
-from ringtree.sim.symmetry import period
 from ringtree.sim.topology import Topology
 
 __all__ = ["SimRun", "simulate", "programs_for", "place", "count_for", "busbw_factor",
@@ -61,6 +60,8 @@ class SimRun:
     nbytes: int
     time_ns: float
     result: engine.Result | None
+    events: int = 0            # chunks carried (heap events for the event engine)
+    simulated: int = 0         # ranks actually simulated (fewer when folded)
 
     @property
     def algbw(self) -> float:
@@ -74,12 +75,8 @@ class SimRun:
 def programs_for(coll: Collective | str, algo: str, topo: Topology, *, root: int = 0,
                  channels: int | None = None, params: tuple = ()) -> list[Program]:
     """Programs of every real rank, then of every virtual rank (CollNet switches)."""
-    coll = parse_collective(coll)
-    opts = Options(root=root, channels=channels or topo.channels, nodes=topo.nodes(),
-                   params=tuple(sorted(dict(topo.params + tuple(params)).items())))
-    progs = generate_all(coll, algo, topo.nranks, opts)
-    virtual = progs[0].meta.get("virtual_programs", ()) if progs else ()
-    return list(progs) + list(virtual)
+    return fold.programs_for(parse_collective(coll), algo.lower(), topo,
+                             fold.options(topo, root, channels, params))
 
 
 def place(programs: list[Program], topo: Topology) -> list[int]:
@@ -130,6 +127,10 @@ def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
                          slice_bytes, in_place, trace, params, symmetry, programs)
 
 
+# progress callback ``f(events)`` of the running simulation (set by the CLI)
+_progress: ContextVar = ContextVar("sim_progress", default=None)
+
+
 @contextmanager
 def _no_gc():
     """Millions of small acyclic objects: the cyclic collector only costs time here."""
@@ -144,23 +145,32 @@ def _no_gc():
 
 def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_bytes,
               in_place, trace, params, symmetry, programs) -> SimRun:
-    progs = programs if programs is not None else programs_for(
-        coll, algo, topo, root=root, channels=channels, params=params)
-    devices = place(progs, topo)
     count = count_for(coll, nbytes, topo.nranks, itemsize)
-    m = model if model == "fast" else parse_model(model)
-    g = period(progs, topo, devices, count, isinstance(m, Aware), in_place) \
-        if symmetry and not trace else 0
-    if g:
-        cp = engine.compile_programs(progs[:g], count, itemsize, slice_bytes, in_place, fold=g)
-    else:
-        cp = engine.compile_programs(progs, count, itemsize, slice_bytes, in_place)
+    m = Unaware() if model == "fast" else parse_model(model)
+    opts = fold.options(topo, root, channels, params)
+    plan = fold.prepare(coll, algo.lower(), topo, count, itemsize, slice_bytes,
+                        aware=isinstance(m, Aware), in_place=in_place,
+                        symmetry_=symmetry and not trace, opts=opts, programs=programs,
+                        place=place)
+    if plan.batch is not None:
+        try:
+            t, events = wave.run(plan.batch, plan.template, topo, plan.devices, m,
+                                 progress=_progress.get())
+            return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None, events,
+                          plan.rank_fold or topo.nranks)
+        except wave.Unordered:
+            plan = fold.compile_plan(plan, coll, algo.lower(), topo, opts, count, itemsize,
+                                     slice_bytes, in_place)
+    cp, devices = plan.compiled, plan.devices
+    assert cp is not None
+    simulated = plan.rank_fold or cp.nranks
     if model == "fast":
         t = fast.run(cp, topo, devices)
-        return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None)
-    res = engine.run(cp, topo, devices, m, trace=trace)  # type: ignore[arg-type]
+        return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None, cp.nmsgs,
+                      simulated)
+    res = engine.run(cp, topo, devices, m, trace=trace, progress=_progress.get())
     res.time_ns += topo.launch_ns
     if trace:
         res.compiled = cp  # type: ignore[attr-defined]
         res.devices = devices  # type: ignore[attr-defined]
-    return SimRun(coll, algo, topo.nranks, nbytes, res.time_ns, res)
+    return SimRun(coll, algo, topo.nranks, nbytes, res.time_ns, res, res.events, simulated)

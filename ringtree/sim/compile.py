@@ -42,6 +42,8 @@ class Compiled:
     conn_ranks: list[tuple[int, int]] = field(default_factory=list)  # ranks routed between
     fold: int = 0                     # rank period g of a folded run (0 = every rank)
     world: int = 0                    # ranks of the whole run
+    declared: set[tuple[int, int, int]] = field(default_factory=set)  # every (src, dst, ch)
+    chan_images: dict[int, tuple[int, ...]] = field(default_factory=dict)  # folded channels
 
     @property
     def nsteps(self) -> int:
@@ -92,6 +94,8 @@ class _Builder:
                 cp.step_slices.append(sl)
                 cp.step_ops.append(_ops(cs))
                 cp.step_name.append(self._name(s))
+                for q in s.send_to:
+                    cp.declared.add((rank, q, c))
                 if sl:
                     for pos, q in enumerate(s.send_to):
                         if fold:
@@ -175,24 +179,34 @@ def compile_programs(programs: list[Program], count: int, itemsize: int,
     return cp
 
 
+def declared_connections(cp: Compiled) -> set[tuple[int, int, int]]:
+    """Every (sender, receiver, channel) the Programs of the whole run name, data or not:
+    a folded run's connections and their images under the shifts (and channels) it
+    stands for."""
+    every = cp.declared
+    if cp.chan_images:
+        every = {(s, d, k) for s, d, c in every for k in cp.chan_images.get(c, (c,))}
+    n, g = cp.world, cp.fold
+    if g:
+        every = {((s + k) % n, (d + k) % n, c) for k in range(0, n, g) for s, d, c in every}
+    return every
+
+
 def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = False) -> list:
     """The route (:class:`~ringtree.sim.model.Path`) of every connection of ``cp``.
 
     With ``share`` (the congestion-unaware model) each link's rate is divided by the
     connections of one sender crossing it (:func:`~ringtree.sim.model.channel_shares`)
     over the *whole* run: a folded run also routes the images of its connections under
-    the shifts it stands for.
+    the shifts it stands for. Shares count every connection the Programs declare, so a
+    step with no data to move still holds its share (the answer does not depend on which
+    channels a small message happens to fill).
     """
     from ringtree.sim.model import channel_shares, path
 
     pairs = [(devices[s], devices[d], c) for (s, d), (_, _, c) in zip(cp.conn_ranks, cp.conns)]
     shares = None
     if share:
-        n, g = cp.world, cp.fold
-        every = set(zip(cp.conn_ranks, cp.conns))
-        if g:
-            every = {(((s + k) % n, (d + k) % n), (0, 0, c)) for k in range(0, n, g)
-                     for (s, d), (_, _, c) in every}
         shares = channel_shares((s, topo.route(devices[s], devices[d], c))
-                                for (s, d), (_, _, c) in every)
+                                for s, d, c in declared_connections(cp))
     return [path(topo, topo.route(a, b, c), shares) for a, b, c in pairs]

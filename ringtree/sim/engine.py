@@ -83,8 +83,9 @@ class _Network:
         self.narr = [0] * nm
         self.ninj = [0] * nm
         self.waiting: dict[int, list[tuple[int, float]]] = {}
-        self.heap: list[tuple[float, int, int, int, int, float]] = []
-        self.seq = 0
+        # chunks waiting at shared links, served in (arrival, message, slice) order: a
+        # canonical FIFO tie-break that does not depend on the order of evaluation
+        self.heap: list[tuple[float, int, int, int, float]] = []
         self.events = 0
         self.transfers: list | None = [] if trace else None
 
@@ -151,8 +152,7 @@ class _Engine(_Network):
         for h in range(hop, len(links)):
             li = links[h]
             if shared[li] and h != hop:
-                self.seq += 1
-                heapq.heappush(self.heap, (t, self.seq, m, i, h, t0))
+                heapq.heappush(self.heap, (t, m, i, h, t0))
                 return
             st = free[li]
             if t > st:
@@ -183,8 +183,7 @@ class _Engine(_Network):
         if self.aware:
             links = self.conn_links[c]
             if links and self.shared[links[0]]:
-                self.seq += 1
-                heapq.heappush(self.heap, (t + self.over, self.seq, m, i, 0, t))
+                heapq.heappush(self.heap, (t + self.over, m, i, 0, t))
             else:
                 self.network(m, i, t + self.over, 0, t)
         else:
@@ -278,7 +277,7 @@ class _Engine(_Network):
             self.drain()
             if not heap:
                 return
-            t, _, m, i, h, t0 = heapq.heappop(heap)
+            t, m, i, h, t0 = heapq.heappop(heap)
             self.events += 1
             if progress is not None and not self.events & 0xFFFF:
                 progress(self.events)

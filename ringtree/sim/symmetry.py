@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ringtree.core.ir import Buf, Program
 from ringtree.core.plan import chunk_regions
+from ringtree.sim import symbolic
 from ringtree.sim.model import channel_shares, path
 from ringtree.sim.topology import Topology
 
@@ -110,17 +111,38 @@ def _isomorphic(paths: dict, topo: Topology, g: int, n: int) -> bool:
     return True
 
 
-def _routes_periodic(conns, topo: Topology, devices: list[int], g: int, n: int,
-                     aware: bool) -> bool:
-    raw = {k: topo.route(devices[k[0]], devices[k[1]], k[2]) for k in conns}
-    if aware:
-        paths = {k: path(topo, v) for k, v in raw.items()}
-        return _link_users_closed(paths, g) and _isomorphic(paths, topo, g, n)
-    share = channel_shares((k[0], v) for k, v in raw.items())
-    summary = {k: (p.latency, p.bottleneck, p.first) for k, p in
-               ((k, path(topo, v, share)) for k, v in raw.items())}
-    return all(summary.get((r - g, (q - g) % n, c)) == v for (r, q, c), v in summary.items()
-               if r >= g)
+class _Routes:
+    """Routes of every connection of a run, computed once for all candidate periods."""
+
+    def __init__(self, conns, topo: Topology, devices: list[int], aware: bool) -> None:
+        self.topo, self.aware = topo, aware
+        raw = {k: topo.route(devices[k[0]], devices[k[1]], k[2]) for k in conns}
+        if aware:
+            self.paths = {k: path(topo, v) for k, v in raw.items()}
+        else:
+            share = channel_shares((k[0], v) for k, v in raw.items())
+            self.summary = {k: (p.latency, p.bottleneck, p.first) for k, p in
+                            ((k, path(topo, v, share)) for k, v in raw.items())}
+
+    def periodic(self, g: int, n: int) -> bool:
+        if self.aware:
+            return _link_users_closed(self.paths, g) and _isomorphic(self.paths, self.topo,
+                                                                      g, n)
+        summary = self.summary
+        return all(summary.get((r - g, (q - g) % n, c)) == v
+                   for (r, q, c), v in summary.items() if r >= g)
+
+
+def candidates(topo: Topology, devices: list[int]) -> list[int]:
+    """Shifts g worth trying: multiples of the ranks per node that divide the ranks, under
+    which every rank's device reduces at the same speed as the one g earlier."""
+    n = topo.nranks
+    g0 = node_period(topo)
+    if not g0 or n < 2:
+        return []
+    red = [topo.devices[devices[r]].reduce_gbps for r in range(n)]
+    return [g for g in range(g0, n // 2 + 1, g0) if n % g == 0
+            and all(red[r] == red[r - g] for r in range(g, n))]
 
 
 def _peers_distinct(programs: list[Program], g: int) -> bool:
@@ -135,19 +157,6 @@ def _peers_distinct(programs: list[Program], g: int) -> bool:
     return True
 
 
-def _send_patterns(programs: list[Program], regs: dict) -> set:
-    """(rank, channel, peers) of every step that sends data (its region is not empty)."""
-    out = set()
-    for r, p in enumerate(programs):
-        if len(p.channels) and p.chunks != programs[0].chunks:
-            raise ValueError("programs disagree on their chunking")
-        for c, ch in enumerate(p.channels):
-            for s in ch:
-                if s.send_to and any(regs[s.ref.buf][j] for j in s.ref.chunks()):
-                    out.add((r, c, s.send_to))
-    return out
-
-
 def period(programs: list[Program], topo: Topology, devices: list[int], count: int,
            aware: bool, in_place: bool = False) -> int:
     """The smallest shift g (a multiple of the ranks per node) under which the run is
@@ -156,23 +165,45 @@ def period(programs: list[Program], topo: Topology, devices: list[int], count: i
     n = topo.nranks
     if len(programs) != n or n < 2:
         return 0
-    g0 = node_period(topo)
-    if not g0:
+    gs = candidates(topo, devices)
+    if not gs:
         return 0
-    red = [topo.devices[devices[r]].reduce_gbps for r in range(n)]
-    p0 = programs[0]
-    ib, ob = p0.collective.blocks(n)
-    regs = {Buf.INPUT: _regions(ib, count, p0.chunks),
-            Buf.OUTPUT: _regions(ob, count, p0.chunks),
-            Buf.SCRATCH: _regions(p0.blocks(Buf.SCRATCH), count, p0.chunks)}
-    pats = _send_patterns(programs, regs)
-    conns = sorted({(r, q, c) for r, c, qs in pats for q in qs})
-    g = next((g for g in range(g0, n // 2 + 1, g0) if n % g == 0
-              and all(red[r] == red[r - g] for r in range(g, n))
-              and _routes_periodic(conns, topo, devices, g, n, aware)), 0)
+    conns = sorted({(r, q, c) for r, p in enumerate(programs)
+                    for c, ch in enumerate(p.channels) for s in ch for q in s.send_to})
+    routes = _Routes(conns, topo, devices, aware)
+    g = next((g for g in gs if routes.periodic(g, n)), 0)
     if not g or not _peers_distinct(programs, g):
         return 0
+    p0 = programs[0]
+    regs = regions(p0, count)
     for r in range(g, n):
         if not same_shape(programs[r], programs[r - g], g, n, regs, in_place):
             return 0
     return g
+
+
+def regions(p: Program, count: int) -> dict:
+    """Element length of every chunk of every buffer of ``p``'s collective."""
+    ib, ob = p.collective.blocks(p.nranks)
+    return {Buf.INPUT: _regions(ib, count, p.chunks),
+            Buf.OUTPUT: _regions(ob, count, p.chunks),
+            Buf.SCRATCH: _regions(p.blocks(Buf.SCRATCH), count, p.chunks)}
+
+
+def template_period(t: Program, topo: Topology, devices: list[int], count: int,
+                    aware: bool, in_place: bool = False) -> int:
+    """:func:`period` proved on a template (:mod:`.symbolic`) instead of n Programs:
+    the Programs' symmetry from the template's expressions, the network's from the
+    routes of every rank's connections (read off the template's peer offsets)."""
+    n = t.nranks
+    gs = candidates(topo, devices)
+    if not gs or n != topo.nranks:
+        return 0
+    regs = regions(t, count)
+    gs = [g for g in gs if symbolic.shift_ok(t, g, regs, in_place)]
+    if not gs:
+        return 0
+    offs = symbolic.offsets(t)
+    conns = [(r, (r + a) % n, c) for r in range(n) for c, os in enumerate(offs) for a in os]
+    routes = _Routes(conns, topo, devices, aware)
+    return next((g for g in gs if routes.periodic(g, n)), 0)

@@ -1,0 +1,91 @@
+"""Choosing what to simulate: the whole run, or one representative per class of
+equivalent ranks (:mod:`.symmetry`), read off a shared template Program
+(:mod:`.symbolic`) when the schedule has one, so that a folded run never generates the
+Programs of the ranks it does not simulate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ringtree.core.ir import Collective, Program
+from ringtree.schedules import Options, generate
+from ringtree.sim import symbolic, symmetry, wave
+from ringtree.sim.compile import Compiled, compile_programs
+from ringtree.sim.topology import Topology
+
+
+@dataclass
+class Plan:
+    """What one simulation runs: compiled Programs (or a shared template for the batched
+    engine), their devices, and how it was folded."""
+
+    compiled: Compiled | None
+    devices: list[int]
+    rank_fold: int = 0          # representatives simulated (0 = every rank)
+    shared: bool = False        # Programs read off one template (never all generated)
+    batch: wave.Template | None = None
+    template: Program | None = None
+
+
+def options(topo: Topology, root: int = 0, channels: int | None = None,
+            params: tuple = ()) -> Options:
+    """The generator options a simulation on ``topo`` uses."""
+    return Options(root=root, channels=channels or topo.channels, nodes=topo.nodes(),
+                   params=tuple(sorted(dict(topo.params + tuple(params)).items())))
+
+
+def programs_for(coll: Collective, algo: str, topo: Topology, opts: Options) -> list[Program]:
+    """Programs of every real rank, then of every virtual rank (CollNet switches)."""
+    progs = [generate(coll, algo, topo.nranks, r, opts) for r in range(topo.nranks)]
+    virtual = progs[0].meta.get("virtual_programs", ()) if progs else ()
+    return progs + list(virtual)
+
+
+def _shared(coll: Collective, algo: str, topo: Topology, opts: Options, count: int,
+            itemsize: int, slice_bytes: int, aware: bool, in_place: bool) -> Plan | None:
+    """A batched plan from the schedule's template (folded when the run is symmetric)."""
+    n = topo.nranks
+    t = symbolic.template(coll, algo, n, opts)
+    if t is None:
+        return None
+    devices = list(topo.ranks)
+    g = symmetry.template_period(t, topo, devices, count, aware, in_place)
+    p0 = generate(coll, algo, n, 0, opts)
+    last = generate(coll, algo, n, (g or n) - 1, opts)
+    if symbolic.instantiate(t, 0).channels != p0.channels or \
+            symbolic.instantiate(t, last.rank).channels != last.channels:
+        return None                              # the template misread the generator
+    try:
+        tp = wave.Template(t, p0, g or n, count, itemsize, slice_bytes, in_place)
+        tp.order = tp.levels()
+    except wave.Unordered:
+        return None
+    return Plan(None, devices, g, True, tp, t)
+
+
+def compile_plan(plan: Plan, coll: Collective, algo: str, topo: Topology, opts: Options,
+                 count: int, itemsize: int, slice_bytes: int, in_place: bool) -> Plan:
+    """The event engine's form of a batched plan (when the batch cannot keep order)."""
+    g = plan.rank_fold
+    progs = [generate(coll, algo, topo.nranks, r, opts) for r in range(g or topo.nranks)]
+    cp = compile_programs(progs, count, itemsize, slice_bytes, in_place, fold=g)
+    return Plan(cp, plan.devices, g, True)
+
+
+def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: int,
+            slice_bytes: int, *, aware: bool, in_place: bool = False, symmetry_: bool = True,
+            opts: Options, programs: list[Program] | None = None, place=None) -> Plan:
+    """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it."""
+    if symmetry_ and programs is None:
+        got = _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware, in_place)
+        if got is not None:
+            return got
+    progs = programs if programs is not None else programs_for(coll, algo, topo, opts)
+    devices = place(progs, topo)
+    g = symmetry.period(progs, topo, devices, count, aware, in_place) if symmetry_ else 0
+    if g:
+        cp = compile_programs(progs[:g], count, itemsize, slice_bytes, in_place, fold=g)
+    else:
+        cp = compile_programs(progs, count, itemsize, slice_bytes, in_place)
+    return Plan(cp, devices, g)

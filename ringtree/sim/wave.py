@@ -1,0 +1,376 @@
+"""The batched engine: a shared template Program run for all ranks at once, in numpy.
+
+When every rank runs the same template (:mod:`.symbolic`), the per-rank event loop of
+:mod:`.engine` repeats one computation per rank. Here each template step is evaluated
+for every simulated rank as one vector operation, level by level through the template's
+dependency graph (issue order, ``Program.memory_deps`` of the executor's compiler, and
+sends feeding receives), with exactly the engine's arithmetic:
+
+- a step starts at ``max(start(previous step of its channel), done(memory deps))``;
+- slice i is ready at ``max(ready(i−1), arrivals of slice i) + γ``, injected at
+  ``max(ready, previous injection on the connection)``;
+- congestion-aware: every link is a FIFO serving chunks in order of arrival — the
+  engine's heap order, (time, message, slice). A level's chunks are sorted per link and
+  served in that order. The order is *verified*: if any link would serve a chunk that
+  arrived before one it already served (a later level overtaking an earlier one), the
+  batch is abandoned with :class:`Unordered` and the caller runs the event engine;
+- congestion-unaware: a connection is a pipe of its bottleneck bandwidth, shared as in
+  :func:`~ringtree.sim.model.channel_shares`.
+
+State is O(simulated ranks × template steps) floats; nothing is kept per message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ringtree.core.ir import Program
+from ringtree.core.plan import compile_program
+from ringtree.sim.model import Aware, Unaware, channel_shares, path
+from ringtree.sim.symbolic import Sym, peer_offset
+from ringtree.sim.symmetry import regions
+from ringtree.sim.topology import Topology
+
+
+class Unordered(Exception):
+    """A link would serve chunks out of arrival order: use the event engine."""
+
+
+class Template:
+    """A template Program compiled for ranks 0..g−1 of an n-rank run (g = n: all)."""
+
+    def __init__(self, t: Program, p0: Program, g: int, count: int, itemsize: int,
+                 slice_bytes: int, in_place: bool) -> None:
+        n = self.n = t.nranks
+        self.g = g
+        ib, ob = t.collective.blocks(n)
+        cs0 = compile_program(p0, [count] * ib, [count] * ob, count, itemsize, slice_bytes,
+                              in_place)
+        regs = {b: np.asarray(v, np.int64) for b, v in regions(t, count).items()}
+        ranks = np.arange(g)
+        elems = max(1, slice_bytes // max(1, itemsize))
+        self.steps = [(c, j, s) for c, ch in enumerate(t.channels) for j, s in enumerate(ch)]
+        self.nchan = len(t.channels)
+        self.maxj = max((len(ch) for ch in t.channels), default=0) + 1
+        self.prev: list[int] = []
+        self.deps: list[tuple[int, ...]] = []
+        self.ops: list[int] = []
+        self.nsl: list[np.ndarray] = []
+        self.sl: list[np.ndarray] = []          # (g, K) slice bytes, 0-padded
+        flat = [cs for ch in cs0 for cs in ch]
+        for gid, (_, j, s) in enumerate(self.steps):
+            self.prev.append(gid - 1 if j else -1)
+            self.deps.append(flat[gid].deps)
+            self.ops.append(_ops(flat[gid]))
+            length = _length(s.dst if s.dst is not None else s.src, regs, ranks)
+            nsl = -(-length // elems)
+            k = int(nsl.max()) if nsl.size else 0
+            base, extra = np.divmod(length, np.maximum(nsl, 1))
+            idx = np.arange(k)
+            sl = (base[:, None] + (idx[None, :] < extra[:, None])) * (idx[None, :] < nsl[:, None])
+            self.nsl.append(nsl)
+            self.sl.append((sl * itemsize).astype(np.float64))
+        self._pair(t)
+        self.order: list[list[int]] = []
+
+    def _pair(self, t: Program) -> None:
+        """The k-th send of every (channel, offset) meets the k-th receive (IR rule)."""
+        n = self.n
+        sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        recvs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for gid, (c, _, s) in enumerate(self.steps):
+            for pos, q in enumerate(s.send_to):
+                sends.setdefault((c, peer_offset(q, n)), []).append((gid, pos))  # type: ignore[arg-type]
+            for pos, q in enumerate(s.recv_from):
+                recvs.setdefault((c, (-peer_offset(q, n)) % n), []).append((gid, pos))  # type: ignore[operator]
+        self.recv_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rstep,pos)->(sstep,c,a)
+        self.send_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (sstep,pos)->(rstep,rpos,a)
+        for key in set(sends) | set(recvs):
+            ss, rr = sends.get(key, []), recvs.get(key, [])
+            if len(ss) != len(rr):
+                raise Unordered(f"channel {key[0]}: {len(ss)} sends but {len(rr)} receives")
+            c, a = key
+            for (s1, p1), (s2, p2) in zip(ss, rr):
+                src_cls = (np.arange(self.g) - a) % n % self.g
+                if not np.array_equal(self.nsl[s1][src_cls], self.nsl[s2]) or not \
+                        np.array_equal(self.sl[s1][src_cls], self.sl[s2]):
+                    raise Unordered("message sizes differ between sender and receiver")
+                self.recv_of[(s2, p2)] = (s1, c, a)
+                self.send_of[(s1, p1)] = (s2, p2, a)
+
+    def levels(self) -> list[list[int]]:
+        """Template steps grouped by depth in the dependency graph (Kahn)."""
+        ns = len(self.steps)
+        preds: list[set[int]] = [set() for _ in range(ns)]
+        for s in range(ns):
+            if self.prev[s] >= 0:
+                preds[s].add(self.prev[s])
+            preds[s].update(self.deps[s])
+        for (s2, _), (s1, _, _) in self.recv_of.items():
+            preds[s2].add(s1)
+        depth = [0] * ns
+        order = sorted(range(ns), key=lambda s: (self.steps[s][1], self.steps[s][0]))
+        left = {s: set(p) for s, p in enumerate(preds)}
+        succ: list[list[int]] = [[] for _ in range(ns)]
+        for s, p in enumerate(preds):
+            for q in p:
+                succ[q].append(s)
+        frontier = [s for s in order if not left[s]]
+        out: list[list[int]] = []
+        seen = 0
+        while frontier:
+            out.append(frontier)
+            seen += len(frontier)
+            nxt = []
+            for s in frontier:
+                for d in succ[s]:
+                    left[d].discard(s)
+                    if not left[d]:
+                        depth[d] = len(out)
+                        nxt.append(d)
+            frontier = sorted(nxt)
+        if seen != ns:
+            raise Unordered("a step waits on itself through another rank (pipelined chain)")
+        return out
+
+
+def _ops(cs) -> int:
+    s = cs.step
+    if s.reduce:
+        return max(1, len(s.recv_from) - (s.src is None))
+    return int(s.src is not None and s.dst is not None and not s.recv_from
+               and not cs.skip_copy)
+
+
+def _length(ref, regs: dict, ranks: np.ndarray) -> np.ndarray:
+    rg = regs[ref.buf]
+    if isinstance(ref.index, Sym):
+        x = ref.index
+        idx = x.m * ((ranks + x.a) % x.mod) + x.b if x.mod else x.m * ranks + x.b
+        return rg[idx]
+    return np.full(ranks.size, int(rg[ref.index:ref.index + ref.count].sum()), np.int64)
+
+
+class _Links:
+    """The routes of the template's connections and the FIFO state of their links."""
+
+    def __init__(self, tp: Template, t: Program, topo: Topology, devices: list[int],
+                 aware: bool) -> None:
+        n, g = tp.n, tp.g
+        offs = sorted({(c, peer_offset(q, n)) for c, _, s in tp.steps for q in s.send_to})
+        self.conn = {k: i for i, k in enumerate(offs)}         # (c, a) -> column
+        ranks = range(g)
+        routes = [[topo.route(devices[r], devices[(r + a) % n], c) for (c, a) in offs]
+                  for r in ranks]
+        share = None
+        if not aware:
+            every = [(r, topo.route(devices[r], devices[(r + a) % n], c))
+                     for r in range(n) for (c, a) in offs]
+            share = channel_shares(every)
+        paths = [[path(topo, rt, share) for rt in row] for row in routes]
+        self.lat = np.array([[p.latency for p in row] for row in paths]).reshape(g, -1)
+        self.bott = np.array([[p.bottleneck for p in row] for row in paths]).reshape(g, -1)
+        self.first = np.array([[p.first for p in row] for row in paths]).reshape(g, -1)
+        h = max((len(rt) for row in routes for rt in row), default=0)
+        self.route = np.full((g, len(offs), h), -1, np.int64)
+        for r, row in enumerate(routes):
+            for k, rt in enumerate(row):
+                self.route[r, k, :len(rt)] = rt
+        nl = len(topo.links)
+        self.rate = np.array([topo.bytes_per_ns(i) for i in range(nl)] or [1.0])
+        self.llat = np.array([lk.latency for lk in topo.links] or [0.0])
+        self.free = np.zeros(max(1, nl))
+        self.last_t = np.full(max(1, nl), -np.inf)
+        self.last_k = np.zeros((max(1, nl), 5), np.int64)
+
+
+class _Run:
+    """One batched simulation of a :class:`Template`."""
+
+    def __init__(self, tp: Template, t: Program, topo: Topology, devices: list[int],
+                 model: Unaware | Aware) -> None:
+        self.tp, self.topo = tp, topo
+        self.aware = isinstance(model, Aware)
+        self.integer = model.integer_ns
+        self.links = _Links(tp, t, topo, devices, self.aware)
+        g, ns = tp.g, len(tp.steps)
+        red = np.array([topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9 for r in range(g)])
+        self.comp = [(tp.ops[s] * tp.sl[s] / red[:, None]) if tp.ops[s] and red.all()
+                     else None for s in range(ns)]
+        if any(tp.ops) and not red.all():
+            self.comp = [(tp.ops[s] * tp.sl[s] / np.where(red > 0, red, np.inf)[:, None])
+                         if tp.ops[s] else None for s in range(ns)]
+        self.start: list[np.ndarray | None] = [None] * ns
+        self.done: list[np.ndarray | None] = [None] * ns
+        self.arr: dict[tuple[int, int], np.ndarray] = {}
+        nconn = len(self.links.conn)
+        self.conn_inj = np.zeros((g, nconn))
+        self.conn_arr = np.zeros((g, nconn))
+        self.over = topo.overhead_ns
+        self.events = 0
+        self.chunks: list[tuple] = []
+
+    def begin(self, s: int) -> np.ndarray:
+        tp = self.tp
+        st = np.zeros(tp.g)
+        p = tp.prev[s]
+        if p >= 0:
+            st = np.maximum(st, self.start[p])  # type: ignore[arg-type]
+        for d in tp.deps[s]:
+            st = np.maximum(st, self.done[d])  # type: ignore[arg-type]
+        return st
+
+    def ready(self, s: int, st: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Ready time of every slice (g, K) and of the last one (g,)."""
+        tp = self.tp
+        nsl, k = tp.nsl[s], tp.sl[s].shape[1]
+        ins = [self.arr.pop((s, p), None) for p in range(len(tp.steps[s][2].recv_from))]
+        ins = [a if a is not None else np.zeros((tp.g, k)) for a in ins]
+        comp = self.comp[s]
+        r = st.copy()
+        rs = np.zeros((tp.g, k))
+        for i in range(k):
+            t = r
+            for a in ins:
+                t = np.maximum(t, a[:, i])
+            if comp is not None:
+                t = t + comp[:, i]
+            r = np.where(nsl > i, t, r)
+            rs[:, i] = t
+        return rs, r
+
+    def inject(self, s: int, pos: int, rs: np.ndarray, sdone: np.ndarray) -> None:
+        tp, lk = self.tp, self.links
+        c, j, step = tp.steps[s]
+        s2, p2, a = tp.send_of[(s, pos)]
+        col = lk.conn[(c, a)]
+        nsl, sl = tp.nsl[s], tp.sl[s]
+        g = tp.g
+        recv = (np.arange(g) + a) % tp.n % g
+        got = np.zeros((g, sl.shape[1]))
+        bott, first, lat = lk.bott[:, col], lk.first[:, col], lk.lat[:, col]
+        for i in range(sl.shape[1]):
+            on = nsl > i
+            b = sl[:, i]
+            t = np.maximum(rs[:, i], self.conn_inj[:, col])
+            with np.errstate(invalid="ignore"):
+                self.conn_inj[:, col] = np.where(on, t if self.aware else t + b / bott,
+                                                 self.conn_inj[:, col])
+                fin = t + b / first
+            np.maximum(sdone, np.where(on, fin, sdone), out=sdone)
+            if self.aware:
+                w = np.nonzero(on)[0]
+                self.chunks.append((w, np.full(w.size, col), np.full(w.size, i),
+                                    t[w] + self.over, b[w], recv[w], c, j, s2, p2))
+                continue
+            d = self.over + lat + b / bott
+            if self.integer:
+                d = np.floor(d)
+            arrive = np.maximum(t + d, self.conn_arr[:, col])
+            self.conn_arr[:, col] = np.where(on, arrive, self.conn_arr[:, col])
+            got[recv, i] = arrive
+            self.events += int(on.sum())
+        if not self.aware:
+            self.arr[(s2, p2)] = got
+
+    def step(self, s: int) -> None:
+        tp = self.tp
+        st = self.begin(s)
+        self.start[s] = st
+        rs, last = self.ready(s, st)
+        sdone = np.zeros(tp.g)
+        for pos in range(len(tp.steps[s][2].send_to)):
+            self.inject(s, pos, rs, sdone)
+        self.done[s] = np.maximum(np.where(tp.nsl[s] > 0, last, st), sdone)
+
+    def level(self, steps: list[int]) -> None:
+        self.chunks = []
+        for s in steps:
+            self.step(s)
+        if self.aware and self.chunks:
+            self.network()
+
+    def network(self) -> None:
+        """Carry the level's chunks over their routes, link FIFOs in arrival order."""
+        cat = [np.concatenate([c[k] for c in self.chunks]) for k in range(6)]
+        src, col, sli, t, b, recv = cat
+        meta = [(len(c[0]), c[6], c[7], c[8], c[9]) for c in self.chunks]
+        chan = np.concatenate([np.full(m[0], m[1]) for m in meta])
+        jj = np.concatenate([np.full(m[0], m[2]) for m in meta])
+        lk = self.links
+        for h in range(lk.route.shape[2]):
+            link = lk.route[src, col, h]
+            on = np.nonzero(link >= 0)[0]
+            if not on.size:
+                break
+            t[on] = self._hop(link[on], t[on], b[on], (src[on], recv[on], chan[on],
+                                                       jj[on], sli[on]))
+        self.events += int(src.size)
+        self._deliver(meta, src, col, sli, t, recv)
+
+    def _hop(self, link, t, b, keys) -> np.ndarray:
+        lk = self.links
+        src, dst, chan, jj, sli = keys
+        order = np.lexsort((sli, jj, chan, dst, src, t, link))
+        link, t, b = link[order], t[order], b[order]
+        ks = np.stack([src[order], dst[order], chan[order], jj[order], sli[order]], 1)
+        first = np.ones(link.size, bool)
+        first[1:] = link[1:] != link[:-1]
+        heads = np.nonzero(first)[0]
+        self._check(link[heads], t[heads], ks[heads])
+        lastpos = np.append(heads[1:], link.size) - 1
+        pos = np.arange(link.size) - np.repeat(heads, np.diff(np.append(heads, link.size)))
+        out = np.empty_like(t)
+        for p in range(int(pos.max()) + 1):
+            w = np.nonzero(pos == p)[0]
+            li = link[w]
+            st = np.maximum(lk.free[li], t[w])
+            ser = b[w] / lk.rate[li]
+            lk.free[li] = st + ser
+            tt = st + ser + lk.llat[li]
+            out[w] = np.floor(tt) if self.integer else tt
+        lk.last_t[link[lastpos]] = t[lastpos]
+        lk.last_k[link[lastpos]] = ks[lastpos]
+        res = np.empty_like(out)
+        res[order] = out
+        return res
+
+    def _check(self, link, t, ks) -> None:
+        """The first chunk a link serves in this batch must come after its last one."""
+        lt = self.links.last_t[link]
+        if (t < lt).any():
+            raise Unordered("a later level overtakes an earlier one on a link")
+        for w in np.nonzero(t == lt)[0]:
+            if tuple(ks[w]) <= tuple(self.links.last_k[link[w]]):
+                raise Unordered("two chunks reach a link at once out of order")
+
+    def _deliver(self, meta, src, col, sli, t, recv) -> None:
+        base = 0
+        g = self.tp.g
+        for n_, _c, _j, s2, p2 in meta:
+            seg = slice(base, base + n_)
+            base += n_
+            got = self.arr.get((s2, p2))
+            if got is None:
+                got = self.arr[(s2, p2)] = np.zeros((g, self.tp.sl[s2].shape[1]))
+            r, c, i = src[seg], col[seg], sli[seg]
+            a = np.maximum(t[seg], self.conn_arr[r, c])
+            self.conn_arr[r, c] = a
+            got[recv[seg], i] = a
+
+    def finish(self) -> float:
+        return max((float(d.max()) for d in self.done if d is not None and d.size), default=0.0)
+
+
+def run(tp: Template, t: Program, topo: Topology, devices: list[int], model: Unaware | Aware,
+        progress: Callable[[int], None] | None = None) -> tuple[float, int]:
+    """Completion time (ns) of the last rank and the chunks carried; raises
+    :class:`Unordered` when the batched order cannot be the event engine's."""
+    r = _Run(tp, t, topo, devices, model)
+    for k, steps in enumerate(tp.order):
+        r.level(steps)
+        if progress is not None and not k & 63:
+            progress(r.events)
+    return r.finish(), r.events

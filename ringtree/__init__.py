@@ -107,7 +107,11 @@ def init(rank: int | None = None, world_size: int | None = None,
                             prefix="rt/world", secret=secret, master_addr=env.master_addr,
                             timeout=timeout, server=server, local_rank=env.local_rank,
                             owns_store=True)
-    except BaseException:
+    except BaseException as e:
+        from ringtree.errors import CommAborted, RendezvousError
+
+        if server is not None and isinstance(e, (RendezvousError, CommAborted)):
+            time.sleep(2.5)  # the others poll the abort line once a second: let them read it
         store.close()
         if server is not None:
             server.close()

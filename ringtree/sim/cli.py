@@ -19,6 +19,7 @@ from pathlib import Path
 from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import algorithms
 from ringtree.sim import SimRun, count_for, presets, simulate
+from ringtree.sim.progress import Progress, peak_rss_mib
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 DTYPES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "int32": 4,
@@ -60,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--slice", default="1M", help="executor slice size (default 1M)")
     p.add_argument("--plot", help="write busbw vs size to this PNG (needs matplotlib)")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the largest size")
+    p.add_argument("--no-fold", action="store_true",
+                   help="simulate every rank's own Program with the event engine (no "
+                        "symmetry folding, no shared programs; same answers, slower)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print wall time, peak memory and events per second")
     return p
 
 
@@ -94,21 +100,29 @@ def main(argv: list[str] | None = None) -> int:
           f"slice {parse_size(args.slice)} B")
     results: dict[str, dict[int, SimRun]] = {}
     walls: dict[str, float] = {}
-    for algo in algos:
-        t0 = time.perf_counter()
-        try:
-            results[algo] = {
-                s: simulate(coll, algo, topo, s, model=args.model, itemsize=itemsize,
-                            root=max(root, 0), channels=args.channels,
-                            slice_bytes=parse_size(args.slice)) for s in todo}
-        except (ValueError, RuntimeError) as e:
-            print(f"# {algo}: skipped ({e})")
-            continue
-        walls[algo] = time.perf_counter() - t0
+    t_all = time.perf_counter()
+    with Progress(len(algos) * len(todo)) as bar:
+        for algo in algos:
+            t0 = time.perf_counter()
+            try:
+                results[algo] = {}
+                for s in todo:
+                    bar.label(f"{algo} {s} B")
+                    results[algo][s] = simulate(
+                        coll, algo, topo, s, model=args.model, itemsize=itemsize,
+                        root=max(root, 0), channels=args.channels,
+                        slice_bytes=parse_size(args.slice), symmetry=not args.no_fold)
+                    bar.done_one(results[algo][s].events)
+            except (ValueError, RuntimeError) as e:
+                del results[algo]
+                bar.skip(len(todo) - len(results.get(algo, ())))
+                print(f"# {algo}: skipped ({e})", flush=True)
+                continue
+            walls[algo] = time.perf_counter() - t0
     best = {s: min((r[s].time_ns, a) for a, r in results.items())[1] for s in todo} \
         if results else {}
     for algo, runs in results.items():
-        print(f"#\n# algo: {algo}   (simulated in {walls[algo]:.2f} s)")
+        print(f"#\n# algo: {algo}")
         print("#       size         count      type   redop    root      time   algbw   busbw")
         print("#        (B)    (elements)                                (us)  (GB/s)  (GB/s)")
         for s in todo:
@@ -122,11 +136,27 @@ def main(argv: list[str] | None = None) -> int:
             cells = "".join(f"{results[a][s].time_ns / 1e3:15.2f}{'*' if best[s] == a else ' '}"
                             for a in names)
             print(f"{s:12d}  {cells}")
+    if args.verbose:
+        _report(results, walls, time.perf_counter() - t_all)
     if args.plot and results:
         _plot(args.plot, results, todo, coll, topo.name)
     if args.trace and results:
         _trace(args.trace, results, coll, topo, todo[-1], args, itemsize)
     return 0
+
+
+def _report(results: dict, walls: dict, total: float) -> None:
+    """``-v``: wall time, peak memory, events per second (on stderr, so tables compare)."""
+    events = sum(r.events for runs in results.values() for r in runs.values())
+    for algo, runs in results.items():
+        ev = sum(r.events for r in runs.values())
+        sims = sorted({r.simulated for r in runs.values()})
+        print(f"# {algo}: {walls[algo]:.2f} s wall, {ev:,d} events "
+              f"({ev / max(walls[algo], 1e-9):,.0f}/s), ranks simulated "
+              f"{'/'.join(map(str, sims))}", file=sys.stderr)
+    print(f"# total {total:.2f} s wall, {events:,d} events "
+          f"({events / max(total, 1e-9):,.0f}/s), peak memory {peak_rss_mib():.0f} MiB",
+          file=sys.stderr)
 
 
 def _plot(path: str, results: dict, todo: list[int], coll: Collective, name: str) -> None:

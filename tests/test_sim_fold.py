@@ -1,0 +1,156 @@
+"""Symmetry folding and shared Programs: same answers as simulating every rank's own
+Program, refused whenever the symmetry does not hold, and memory that does not grow with
+the ranks folded away."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from ringtree.core.ir import Collective
+from ringtree.schedules import Options, algorithms, generate
+from ringtree.sim import count_for, fold, presets, simulate, symbolic, symmetry
+from ringtree.sim import topology as T
+from ringtree.sim.cli import main as sim_main
+
+MiB = 1 << 20
+
+
+def _slow_link(topo: T.Topology) -> T.Topology:
+    """One NIC-to-leaf link (or the first link, 0 → 1) at half bandwidth: no symmetry."""
+    links = list(topo.links)
+    k = next((i for i, lk in enumerate(links) if topo.devices[lk.src].kind == "nic"),
+             0)
+    links[k] = replace(links[k], bandwidth=links[k].bandwidth / 2)
+    return replace(topo, links=tuple(links), name=topo.name + "-slow")
+
+
+def _slow_gpu(topo: T.Topology) -> T.Topology:
+    """The last rank's device reduces at half speed."""
+    devs = list(topo.devices)
+    d = topo.ranks[-1]
+    devs[d] = replace(devs[d], reduce_gbps=devs[d].reduce_gbps / 2 or 10.0)
+    return replace(topo, devices=tuple(devs), name=topo.name + "-slowgpu")
+
+
+SYMMETRIC = [lambda: presets.get("dgx_h100", 4), lambda: presets.get("dgx_a100_sharp", 2),
+             lambda: presets.get("nvswitch", 8), lambda: presets.get("fat_tree2", 16),
+             lambda: presets.get("fat_tree3", 64),
+             lambda: presets.get("dgx_a100", 6, gpus_per_node=2, nics_per_node=2,
+                                 leaf_ports=2),
+             lambda: T.ring(8, 50, 500), lambda: presets.get("torus", 16),
+             lambda: presets.get("switch", 6), lambda: presets.get("local", 8)]
+ASYMMETRIC = [lambda: _slow_link(presets.get("dgx_h100", 4)),
+              lambda: _slow_link(T.ring(8, 50, 500)),
+              lambda: _slow_gpu(presets.get("fat_tree2", 16))]
+
+
+def _both(coll, algo, topo, nbytes, model):
+    folded = simulate(coll, algo, topo, nbytes, model=model)
+    whole = simulate(coll, algo, topo, nbytes, model=model, symmetry=False)
+    assert folded.time_ns == whole.time_ns, (coll, algo, topo.name, nbytes, model)
+    assert whole.simulated == topo.nranks
+    return folded
+
+
+@pytest.mark.parametrize("make", SYMMETRIC)
+def test_folding_equals_unfolded(make):
+    topo = make()
+    folded = 0
+    for coll in ("all_reduce", "all_gather", "reduce_scatter"):
+        for nbytes in (8, 3 * MiB + 12):
+            for model in ("aware", "unaware"):
+                r = _both(coll, "ring", topo, nbytes, model)
+                folded += r.simulated < topo.nranks
+    for algo in ("tree", "recursive_doubling", "direct"):       # no template: concrete
+        _both("all_reduce", algo, topo, 2 * MiB, "aware")
+    assert folded or symmetry.node_period(topo) in (0, topo.nranks)    # one node: no fold
+
+
+@pytest.mark.parametrize("make", ASYMMETRIC)
+def test_folding_refuses_asymmetric_runs(make):
+    topo = make()
+    opts = fold.options(topo)
+    count = count_for(Collective.ALL_REDUCE, 3 * MiB, topo.nranks)
+    t = symbolic.template("all_reduce", "ring", topo.nranks, opts)
+    assert t is not None
+    for aware in (True, False):
+        assert symmetry.template_period(t, topo, list(topo.ranks), count, aware) == 0
+        progs = fold.programs_for(Collective.ALL_REDUCE, "ring", topo, opts)
+        assert symmetry.period(progs, topo, list(topo.ranks), count, aware) == 0
+    for model in ("aware", "unaware"):
+        r = _both("all_reduce", "ring", topo, 3 * MiB, model)
+        assert r.simulated == topo.nranks           # nothing folded
+
+
+def test_template_is_every_rank():
+    """A template instantiated at any rank is that rank's generated Program; schedules
+    that branch on the rank have none."""
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for algo in algorithms(coll):
+            for n in (5, 8):
+                opts = Options(channels=3)
+                t = symbolic.template(coll, algo, n, opts)
+                if t is None:
+                    continue
+                for r in range(n):
+                    assert symbolic.instantiate(t, r).channels == \
+                        generate(coll, algo, n, r, opts).channels, (coll, algo, n, r)
+    assert symbolic.template("all_reduce", "ring", 8, Options(channels=2)) is not None
+    assert symbolic.template("broadcast", "ring", 8, Options(root=3)) is None
+    assert symbolic.template("all_reduce", "tree", 8, Options()) is None
+
+
+def test_symbolic_rank_refuses_comparisons():
+    r = symbolic.Sym()
+    assert ((r + 3) % 8).at(6) == 1 and (2 * ((r - 1) % 8) + 5).at(0) == 19
+    for bad in (lambda: r == 1, lambda: bool(r), lambda: range(r), lambda: hash(r),
+                lambda: r // 2, lambda: {r: 1}):
+        with pytest.raises(symbolic.NotSymmetric):
+            bad()
+
+
+def _table(argv, capsys) -> str:
+    assert sim_main(argv) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["all_reduce", "-t", "dgx_h100", "-N", "4", "--algo", "ring,tree", "-b", "8", "-e", "8M",
+     "-f", "8"],
+    ["all_gather", "-t", "fat_tree3", "-N", "64", "--algo", "ring", "-b", "1K", "-e", "4M",
+     "-f", "64", "--model", "fast"],
+    ["reduce_scatter", "-t", "torus", "-N", "16", "--algo", "ring", "-b", "64", "-e", "1M",
+     "-f", "128", "--model", "unaware"]])
+def test_shared_programs_give_identical_tables(argv, capsys):
+    """Shared and folded Programs print byte for byte what every rank's own Program does."""
+    assert _table(argv, capsys) == _table(argv + ["--no-fold"], capsys)
+
+
+_RSS = """
+import json, resource, sys
+from ringtree.sim import presets, simulate
+topo = presets.get("dgx_h100", int(sys.argv[1]))
+simulate("all_reduce", "ring", topo, 8 << 20, model="aware")      # warm imports and caches
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+run = simulate("all_reduce", "ring", topo, 1 << 30, model="aware")
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"grew_kib": peak - base, "peak_kib": peak, "time": run.time_ns}))
+"""
+
+
+def test_memory_grows_at_most_linearly():
+    """RSS of a 1 GiB ring all-reduce at 256 vs 1,024 ranks (default channels and model):
+    at most 4× the growth, plus slack for the allocator's granularity."""
+    got = {}
+    for nodes in (32, 128):
+        out = subprocess.run([sys.executable, "-c", _RSS, str(nodes)], capture_output=True,
+                             text=True, check=True, timeout=600).stdout
+        got[nodes] = json.loads(out.strip().splitlines()[-1])
+    small, big = got[32]["peak_kib"], got[128]["peak_kib"]
+    assert big <= 4 * small + 64 * 1024, got
+    assert got[128]["grew_kib"] <= 4 * got[32]["grew_kib"] + 64 * 1024, got

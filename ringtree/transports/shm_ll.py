@@ -1,0 +1,343 @@
+"""LL: small collectives through one shared segment per communicator on one host.
+
+The model is MPICH's release/gather, Open MPI's coll/xhc and NCCL's LL protocol
+(Jain et al., SC'18; ``ompi/mca/coll/xhc``; ``nccl/src/device/prims_ll.h``). A call is
+one publication and one wait, with no messages, rings or executor:
+
+- The segment holds, per rank, two 64-byte *lines* (one per sequence parity) and a state
+  line, then per rank two *cells* of ``cell_bytes`` (again one per parity).
+- A line is ``[seq, fingerprint, 48 bytes of inline payload]``. ``seq`` is the rank's
+  LL call counter: a uint64 that only grows, so nothing is ever reset. The fingerprint
+  packs (collective, dtype, op, root, count) — with ``seq`` that is the call's identity.
+- Call ``s`` of a rank: write its contribution into parity ``s & 1`` (inline if it fits
+  the line, else its cell), then the fingerprint, then ``seq = s`` (x86-64 keeps stores in
+  order; elsewhere a fence). Then wait until every rank's parity-``s & 1`` line shows
+  ``seq >= s``, compare fingerprints (a difference is :class:`MismatchError` naming both
+  ranks and the field, raised on every rank, since every rank reads every line), and
+  read the contributions straight out of the segment.
+- Why two parities suffice: a rank posts ``s + 1`` only after finishing call ``s``, so
+  when anyone writes parity ``s & 1`` again (call ``s + 2``) it has seen every rank post
+  ``s + 1``, i.e. every rank has finished reading call ``s`` (Open MPI coll/sm's two
+  buffer sets; MPICH's monotonic flags).
+- Reductions run in rank order on every rank, from the same bytes, so every rank gets
+  the same bits (:mod:`ringtree.transports.shm_ll_coll`).
+
+Waiting (``wait=``): poll the peers' lines; with a core per rank spin first
+(``spin_us``); then poll with ``os.sched_yield`` between looks (vLLM's shm queue, Open
+MPI) for up to ``yield_us``; then sleep in ``poll(2)`` on this rank's doorbell (a named
+pipe) after announcing it in the state line — the Dekker handshake of
+:mod:`ringtree.transports.shm`: the sleeper stores its flag, fences, re-checks; a poster
+stores ``seq``, fences, and rings only ranks whose flag is set. While sleeping, every
+0.1 s a rank checks that the ranks it waits for are alive (``/proc``; :class:`PeerError`
+names the rank), calls ``on_idle`` (the communicator's abort check) about once a
+second, and honours the call's timeout (:class:`CollectiveTimeout` naming the ranks).
+
+Clean-up: the segment and doorbells are unlinked once every rank has mapped them, so a
+killed job leaves nothing in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import secrets
+import select
+import time
+
+import numpy as np
+
+from ringtree.errors import CollectiveTimeout, MismatchError, PeerError
+from ringtree.transports import shm_segment as seg
+from ringtree.transports.shm_segment import PeerInfo
+
+MAGIC = 0x52544E47_4C4C5631
+LINE = 64                  # one cache line
+INLINE = LINE - 16         # payload bytes that ride in the line itself
+RANK_STRIDE = 3 * LINE     # per rank: line of parity 0, line of parity 1, state line
+LINES_OFF = 4096           # header page first: magic, nranks, cell bytes
+SLEEP, CLOSED = 0, 1       # state-line words: "ring my bell", "I closed"
+LIVENESS_PERIOD = 0.1
+IDLE_PERIOD = 1.0
+_TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def fingerprint(coll: int, dtype: int, op: int, root: int, count: int) -> int:
+    """The 64-bit call identity in a line: collective, dtype, op codes (8 bits each),
+    root + 1 (16 bits), count (24 bits, saturating)."""
+    return ((coll & 0xFF) | (dtype & 0xFF) << 8 | (op & 0xFF) << 16
+            | ((root + 1) & 0xFFFF) << 24 | min(count, 0xFFFFFF) << 40)
+
+
+def unpack_fingerprint(fp: int) -> tuple[int, int, int, int, int]:
+    """(coll, dtype, op, root, count) of :func:`fingerprint`."""
+    return (fp & 0xFF, fp >> 8 & 0xFF, fp >> 16 & 0xFF, (fp >> 24 & 0xFFFF) - 1,
+            fp >> 40)
+
+
+def segment_size(nranks: int, cell_bytes: int) -> int:
+    return cells_offset(nranks) + nranks * 2 * cell_bytes
+
+
+def cells_offset(nranks: int) -> int:
+    return -(-(LINES_OFF + nranks * RANK_STRIDE) // 4096) * 4096
+
+
+class LL:
+    """One rank's end of a communicator's LL segment (every rank of the communicator is
+    on this host; the rank is its index here)."""
+
+    def __init__(self, rank: int, segment: seg.Segment, peers: dict[int, PeerInfo],
+                 bell: seg.Fifo, peer_bells: dict[int, int], *, spin_us: float,
+                 yield_us: float, on_idle=None):
+        w = segment.words()
+        if w[0] != MAGIC:
+            raise RuntimeError(f"shared-memory segment {segment.name} is not an LL segment")
+        self.rank, self.seg, self.peers = rank, segment, peers
+        self.n, self.cell_bytes = int(w[1]), int(w[2])
+        self.cells_off = cells_offset(self.n)
+        self.W = memoryview(segment.mm).cast("Q")
+        self.bell, self.peer_bells = bell, peer_bells
+        self.spin, self.yield_s = spin_us * 1e-6, yield_us * 1e-6
+        self.on_idle = on_idle
+        self.seq = int(self.W[self.seq_word(rank, 0)])  # a fresh segment: 0
+        self.closed = False
+        self.prepared: dict[tuple, object] = {}
+        base = LINES_OFF // 8
+        stride = RANK_STRIDE // 8
+        # word indices: my lines by parity, the peers' (rank, seq word) by parity, and the
+        # peers' sleep words, so the hot path does no arithmetic
+        self.my_seq = (self.seq_word(rank, 0), self.seq_word(rank, 1))
+        self.peer_seq = tuple(tuple((r, self.seq_word(r, p)) for r in range(self.n)
+                                    if r != rank) for p in (0, 1))
+        self.peer_sleep = tuple((r, base + r * stride + 16 + SLEEP) for r in range(self.n)
+                                if r != rank)
+        self.my_state = base + rank * stride + 16
+
+    # ---- layout ---------------------------------------------------------------------
+
+    @staticmethod
+    def seq_word(rank: int, parity: int) -> int:
+        return (LINES_OFF + rank * RANK_STRIDE + parity * LINE) // 8
+
+    def area(self, rank: int, parity: int, nbytes: int) -> tuple[int, int]:
+        """(byte offset, stride between ranks) of a contribution of ``nbytes``."""
+        if nbytes <= INLINE:
+            return LINES_OFF + rank * RANK_STRIDE + parity * LINE + 16, RANK_STRIDE
+        if nbytes > self.cell_bytes:
+            raise ValueError(f"LL: {nbytes} bytes exceed the cell size {self.cell_bytes}")
+        return self.cells_off + (rank * 2 + parity) * self.cell_bytes, 2 * self.cell_bytes
+
+    def view(self, rank: int, parity: int, dtype: np.dtype, count: int) -> np.ndarray:
+        """Rank ``rank``'s parity-``parity`` contribution of ``count`` × ``dtype``."""
+        off, _ = self.area(rank, parity, count * dtype.itemsize)
+        return np.ndarray((count,), dtype, buffer=self.seg.mm, offset=off)
+
+    def rows(self, parity: int, dtype: np.dtype, count: int, skip: int = 0,
+             nbytes: int | None = None) -> np.ndarray:
+        """Every rank's contribution as one (n, count) view (row r = rank r), starting
+        ``skip`` elements into contributions of ``nbytes`` (default: count elements)."""
+        size = count * dtype.itemsize if nbytes is None else nbytes
+        off, stride = self.area(0, parity, size)
+        return np.ndarray((self.n, count), dtype, buffer=self.seg.mm,
+                          offset=off + skip * dtype.itemsize, strides=(stride, dtype.itemsize))
+
+    # ---- one synchronisation ----------------------------------------------------------
+
+    def sync(self, fp: int, timeout: float, what) -> int:
+        """Publish this rank's call (its data is already in parity ``seq+1 & 1``), wait
+        for every rank's, check their fingerprints. Returns the parity to read."""
+        W = self.W
+        s = self.seq + 1
+        p = s & 1
+        i = self.my_seq[p]
+        W[i + 1] = fp
+        if not _TSO:
+            seg.fence()
+        W[i] = s
+        self.seq = s
+        seg.fence()  # our seq before their sleep flags (Dekker with _sleep)
+        for r, j in self.peer_sleep:
+            if W[j]:
+                seg.ring_bell(self.peer_bells[r])
+        for r, j in self.peer_seq[p]:
+            if W[j] < s:
+                self._wait(r, j, s, timeout, what)
+            if W[j + 1] != fp:
+                raise MismatchError(self._mismatch(r, fp, int(W[j + 1]), s, what))
+        return p
+
+    def _mismatch(self, peer: int, mine: int, theirs: int, s: int, what) -> str:
+        from ringtree.dtypes import DType
+        from ringtree.ir import Collective
+        from ringtree.ops import ReduceOp
+
+        names = ("collective", "dtype", "op", "root", "count")
+        tables = ([c.value for c in Collective], [d.value for d in DType],
+                  [o.value for o in ReduceOp], None, None)
+
+        def show(k: int, v: int) -> object:
+            t = tables[k]
+            if k == 2 and v == 255:
+                return "user op"
+            return t[v] if t is not None and v < len(t) else v
+
+        a, b = unpack_fingerprint(mine), unpack_fingerprint(theirs)
+        diffs = [f"{names[k]}: rank {peer} has {show(k, b[k])}, rank {self.rank} has "
+                 f"{show(k, a[k])}" for k in range(5) if a[k] != b[k]]
+        return (f"rank {self.rank} and rank {peer} disagree on {what()} (LL call {s}): "
+                + "; ".join(diffs) + " (ranks must call the same collectives in the same "
+                "order with matching count, dtype, op and root)")
+
+    # ---- waiting ----------------------------------------------------------------------
+
+    def _wait(self, peer: int, j: int, s: int, timeout: float, what) -> None:
+        """Until word ``j`` (``peer``'s seq) reaches ``s``: spin, yield, then sleep."""
+        W = self.W
+        clock = time.perf_counter
+        start = clock()
+        if self.spin > 0:
+            end = start + self.spin
+            while W[j] < s:
+                if clock() > end:
+                    break
+            else:
+                return
+        if self.yield_s > 0:
+            end = start + self.yield_s
+            yld = os.sched_yield
+            while W[j] < s:
+                yld()
+                if clock() > end:
+                    break
+            else:
+                return
+        deadline = time.monotonic() + timeout
+        next_idle = time.monotonic() + IDLE_PERIOD
+        while W[j] < s:
+            self._check(peer, j, s, what)
+            now = time.monotonic()
+            if now > deadline:
+                raise CollectiveTimeout(f"rank {self.rank}: {what()} (LL call {s}) timed "
+                                        f"out after {timeout:g} s waiting for rank {peer}")
+            if self.on_idle is not None and now > next_idle:
+                next_idle = now + IDLE_PERIOD
+                self.on_idle()
+            self._sleep(j, s, min(LIVENESS_PERIOD, max(0.0, deadline - now)))
+
+    def _sleep(self, j: int, s: int, seconds: float) -> None:
+        W = self.W
+        W[self.my_state + SLEEP] = 1
+        seg.fence()  # our flag before their seq (Dekker with sync)
+        try:
+            if W[j] >= s:
+                return
+            p = select.poll()
+            p.register(self.bell.fd, select.POLLIN)
+            try:
+                if p.poll(int(seconds * 1000) + 1):
+                    self.bell.drain()
+            except InterruptedError:
+                pass
+        finally:
+            W[self.my_state + SLEEP] = 0
+
+    def _check(self, peer: int, j: int, s: int, what) -> None:
+        """Raise PeerError if ``peer`` (not yet at ``s``) closed or died."""
+        if self.closed:
+            raise PeerError(peer, f"rank {self.rank}: LL closed during {what()}")
+        state = LINES_OFF // 8 + peer * RANK_STRIDE // 8 + 16
+        info = self.peers[peer]
+        how = None
+        if self.W[state + CLOSED]:
+            how = "closed its communicator"
+        elif not seg.alive(info.pid, info.start):
+            how = f"died (pid {info.pid} is gone)"
+        if how is not None and self.W[j] < s:
+            raise PeerError(peer, f"rank {peer} {how} while rank {self.rank} waited for it "
+                                  f"in {what()} (LL call {s})")
+
+    # ---- shutdown ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Tell the peers (a rank waiting for us fails at once) and drop our names."""
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() != self.peers[self.rank].pid:
+            return  # a forked child: not its communicator
+        try:
+            self.W[self.my_state + CLOSED] = 1
+            seg.fence()
+            for fd in self.peer_bells.values():
+                seg.ring_bell(fd)
+            seg.ring_bell(self.bell.fd)
+        except (ValueError, OSError):
+            pass
+        for fd in self.peer_bells.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.peer_bells = {}
+        self.bell.close()
+        if self.seg.linked:
+            self.seg.unlink()
+
+
+def _init(nranks: int, cell_bytes: int):
+    def init(a: np.ndarray) -> None:
+        w = a[:64].view(np.uint64)
+        w[0], w[1], w[2] = MAGIC, nranks, cell_bytes
+    return init
+
+
+def open_ll(store, prefix: str, rank: int, nranks: int, timeout: float, *,
+            cell_bytes: int, spin_us: float, yield_us: float, on_idle=None) -> LL:
+    """Collective over all ``nranks`` ranks (all on this host): rank 0 creates the segment,
+    every rank makes its doorbell and publishes its pid through ``store``, maps the
+    segment and the peers' doorbells, and once all have (a store barrier) the names are
+    unlinked. ``cell_bytes`` is rank 0's (read back from the segment by everyone)."""
+    seg.clean_stale()
+    nonce = store.compare_set(f"{prefix}/ll/nonce", None, secrets.token_hex(4).encode())
+    tag = "ll" + nonce.decode()
+    pid = os.getpid()
+    me = PeerInfo(rank, pid, seg.start_time(pid), seg.pid_namespace())
+    bell = seg.Fifo(seg.rank_name(tag, "bell", rank, pid, me.ns))
+    segment = None
+    fds: dict[int, int] = {}
+    try:
+        if rank == 0:
+            cell = -(-max(cell_bytes, 4096) // 4096) * 4096
+            name = seg.rank_name(tag, "seg", 0, pid, me.ns)
+            segment = seg.Segment.create_or_attach(name, segment_size(nranks, cell),
+                                                   _init(nranks, cell))
+            store.set(f"{prefix}/ll/seg", name.encode())
+        store.set(f"{prefix}/ll/info/{rank}", f"{pid},{me.start},{me.ns}".encode())
+        peers = {rank: me}
+        for r in range(nranks):
+            if r != rank:
+                p, st, ns = store.get(f"{prefix}/ll/info/{r}", timeout=timeout).decode().split(",")
+                peers[r] = PeerInfo(r, int(p), None if st == "None" else int(st), ns)
+        if segment is None:
+            name = store.get(f"{prefix}/ll/seg", timeout=timeout).decode()
+            segment = seg.Segment.attach(name)
+            if segment is None:
+                raise RuntimeError(f"rank {rank}: cannot open the LL segment {name} in "
+                                   f"{seg.SHM_DIR} (a different /dev/shm?)")
+        for r, info in peers.items():
+            if r != rank:
+                fds[r] = seg.open_bell(seg.rank_name(tag, "bell", r, info.pid, info.ns))
+        store.set(f"{prefix}/ll/ready/{rank}", b"1")
+        store.wait([f"{prefix}/ll/ready/{r}" for r in range(nranks)], timeout=timeout)
+        bell.unlink()
+        if segment.created:
+            segment.unlink()
+        return LL(rank, segment, peers, bell, fds, spin_us=spin_us, yield_us=yield_us,
+                  on_idle=on_idle)
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        bell.close()
+        if segment is not None and segment.linked:
+            segment.unlink()
+        raise

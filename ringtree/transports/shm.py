@@ -99,11 +99,12 @@ class ShmTransport(Transport):
 
     def __init__(self, rank: int, tag: str, me: PeerInfo, peers: dict[int, PeerInfo], *,
                  slot_bytes: int, nslots: int, spin_us: float, cores: int,
-                 direct_min: int = 0):
+                 direct_min: int = 0, yield_us: float = 0.0):
         self.rank, self.tag, self.me, self.peers = rank, tag, me, peers
         self.slot_bytes = -(-slot_bytes // 4096) * 4096
         self.nslots = max(2, min(nslots, MAX_SLOTS))
         self.spin = spin_us * 1e-6
+        self.yield_s = yield_us * 1e-6
         self.cores = cores
         self._busy_until = 0.0     # /proc/loadavg said: more runnable tasks than cores
         self._next_load = 0.0
@@ -266,21 +267,30 @@ class ShmTransport(Transport):
     # ---- waiting in two phases: spin, then sleep on the doorbell ------------------------
 
     def spin_phase(self) -> bool:
-        """Spin until something moves (True) or the spin budget is over (False).
+        """Poll until something moves (True) or the budget is over (False).
 
-        No spinning when the CPUs are oversubscribed — by this host's ranks, or by
-        anything else (``/proc/loadavg`` runnable count, sampled every 50 ms): then the
-        peer we wait for needs our core more than we do, and ``sched_yield`` is a lottery
-        that can cost a whole time slice. Sleeping on the doorbell hands the CPU over and
-        gets it back exactly when the peer publishes.
+        First a pure spin of ``spin_us``, unless the CPUs are oversubscribed — by this
+        host's ranks, or by anything else (``/proc/loadavg`` runnable count, sampled every
+        50 ms): then the peer we wait for needs our core more than we do. Then, for
+        ``yield_us``, polls separated by ``os.sched_yield`` (vLLM's shm queue, Open MPI):
+        a waiting rank hands its core to whichever rank is runnable and looks again as
+        soon as the scheduler comes back to it, with no system call on the publishing
+        side (``benchmarks/ll_wait.py`` measures both against sleeping at once).
         """
-        if self.spin <= 0 or self._crowded():
-            return False
         poll, clock = self.poll, time.perf_counter
-        end = clock() + self.spin
-        while clock() < end:
-            if poll():
-                return True
+        start = clock()
+        if self.spin > 0 and not self._crowded():
+            end = start + self.spin
+            while clock() < end:
+                if poll():
+                    return True
+        if self.yield_s > 0:
+            end = start + self.yield_s
+            yld = os.sched_yield
+            while clock() < end:
+                if poll():
+                    return True
+                yld()
         return False
 
     def _crowded(self) -> bool:

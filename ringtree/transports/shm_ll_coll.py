@@ -48,8 +48,9 @@ def contribution_bytes(coll: Collective, count: int, itemsize: int, nranks: int)
 
 
 def fits(ll: LL, coll: Collective, count: int, itemsize: int) -> bool:
-    """Can LL run this call?"""
-    return coll in COLLECTIVES and \
+    """Can LL run this call? (An all-reduce of any size can: it streams through the
+    cells, one cell per synchronisation.)"""
+    return coll is Collective.ALL_REDUCE or coll in COLLECTIVES and \
         contribution_bytes(coll, count, itemsize, ll.n) <= max(ll.cell_bytes, INLINE)
 
 
@@ -57,7 +58,7 @@ class LLOp:
     """One prepared call shape; ``run(x, out, reducer, timeout)`` executes it."""
 
     __slots__ = ("ll", "coll", "count", "root", "fp", "mine", "rows", "rowlist", "scratch",
-                 "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "own")
+                 "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "own", "chunk")
 
     def __init__(self, ll: LL, coll: Collective, dt: DType, count: int, op_code: int,
                  root: int, name: str = ""):
@@ -67,6 +68,12 @@ class LLOp:
         self.name = name or coll.value
         self.fp = fingerprint(coll.code, dt.code, op_code, root, count)
         size = contribution_bytes(coll, count, storage.itemsize, n)
+        self.chunk = 0
+        if coll is Collective.ALL_REDUCE and size > max(ll.cell_bytes, INLINE):
+            # streamed: cell-sized chunks, one synchronisation each
+            self.chunk = ll.cell_bytes // storage.itemsize
+            count = self.chunk
+            size = count * storage.itemsize
         per = count * n if coll is Collective.REDUCE_SCATTER else count
         if coll is Collective.BARRIER:
             per = 0
@@ -83,7 +90,8 @@ class LLOp:
             self.ufunc = _UFUNC[list(ReduceOp)[op_code]]
             self.quiet = dt.is_float
         self.run = {
-            Collective.ALL_REDUCE: self._all_reduce, Collective.REDUCE: self._reduce,
+            Collective.ALL_REDUCE: self._all_reduce_streamed if self.chunk else
+            self._all_reduce, Collective.REDUCE: self._reduce,
             Collective.REDUCE_SCATTER: self._reduce_scatter,
             Collective.BROADCAST: self._broadcast, Collective.ALL_GATHER: self._all_gather,
             Collective.BARRIER: self._barrier,
@@ -138,6 +146,49 @@ class LLOp:
         self._put(x, red)
         p = self.ll.sync(self.fp, timeout, self.describe)
         self._fold(p, out, red)
+
+    def _all_reduce_streamed(self, x, out, red, timeout) -> None:
+        ll, C, fp, what = self.ll, self.chunk, self.fp, self.describe
+        total = x.size
+        uf = self.ufunc if not self.avg and len(self.rowlist[0]) == 2 else None
+        for lo in range(0, total, C):
+            hi = min(total, lo + C)
+            m = hi - lo
+            p = (ll.seq + 1) & 1
+            if self.premul:
+                red.premultiply(x[lo:hi], self.mine[p][:m])
+            else:
+                self.mine[p][:m] = x[lo:hi]
+            ll.sync(fp, timeout, what)
+            if uf is not None:
+                rows = self.rowlist[p]
+                if self.quiet:
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        uf(rows[0][:m], rows[1][:m], out=out[lo:hi])
+                else:
+                    uf(rows[0][:m], rows[1][:m], out=out[lo:hi])
+            else:
+                self._fold_part(p, m, out[lo:hi], red)
+
+    def _fold_part(self, p: int, m: int, out: np.ndarray, red: Reducer) -> None:
+        rows = [r[:m] for r in self.rowlist[p]]
+        n = len(rows)
+        if n == 1:
+            out[...] = rows[0]
+        elif self.ufunc is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                if n == 2:
+                    self.ufunc(rows[0], rows[1], out=out)
+                else:
+                    acc = self.scratch[:, :m]
+                    self.ufunc.accumulate(self.rows[p][:, :m], axis=0, out=acc)
+                    out[...] = acc[-1]
+        else:
+            red.combine(out, rows[0], rows[1])
+            for r in rows[2:]:
+                red.combine(out, out, r)
+        if self.avg:
+            red.postdivide(out, n)
 
     def _reduce(self, x, out, red, timeout) -> None:
         self._put(x, red)

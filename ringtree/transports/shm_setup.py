@@ -43,7 +43,8 @@ def open_shm(core, ranks: list[int]) -> ShmTransport:
     t = ShmTransport(core.rank, tag, me, {}, slot_bytes=core.slice_bytes,
                      nslots=int(env_float("RINGTREE_SHM_SLOTS", 4)), spin_us=spin, cores=cores,
                      direct_min=int(env_float("RINGTREE_SHM_DIRECT_MIN",
-                                             1 << 20 if crowded else 0)))
+                                             1 << 20 if crowded else 0)),
+                     yield_us=env_float("RINGTREE_SHM_YIELD_US", 0.0))
     try:
         store.set(f"{prefix}/shm/info/{core.rank}", f"{pid},{me.start},{me.ns}".encode())
         for r in ranks:

@@ -167,8 +167,8 @@ class LL:
         return p
 
     def _mismatch(self, peer: int, mine: int, theirs: int, s: int, what) -> str:
+        from ringtree.core.ir import Collective
         from ringtree.dtypes import DType
-        from ringtree.ir import Collective
         from ringtree.ops import ReduceOp
 
         names = ("collective", "dtype", "op", "root", "count")

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
-from ringtree.ir import Collective
 from ringtree.ops import _UFUNC, ReduceOp, Reducer
 from ringtree.transports.shm_ll import INLINE, LL, fingerprint
 

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from collective_cases import make_input, op_arg, ops_for, reference_reduce, same_bits
 
+from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
 from ringtree.errors import MismatchError, PeerError
 from ringtree.ops import resolve
 from ringtree.testing import RankPool, run_ranks
-from ringtree.transports.shm_ll import INLINE, open_ll
+from ringtree.transports.shm_ll import INLINE, fingerprint, open_ll
 from ringtree.transports.shm_ll_coll import LLCollectives
 
 CELL = 8192
@@ -181,6 +182,17 @@ def mismatched(comm, what: str):
         elif what == "dtype":
             dt = DType.FLOAT64 if r == 1 else DType.FLOAT32
             c.all_reduce(np.ones(4, dt.storage), dt, resolve("sum", dt))
+        elif what == "protocol":  # rank 1 runs this call on Simple: it only announces it
+            op = c.op(Collective.ALL_REDUCE, DType.FLOAT32, 4, red)
+            if r == 1:
+                c.ll.announce(fingerprint(op.coll.code, DType.FLOAT32.code, red.code, -1, 4,
+                                          simple=True))
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:  # as the Simple path's idle check does
+                    c.ll.check_announced(op.describe)
+                    time.sleep(0.01)
+            else:
+                op.run(np.ones(4, np.float32), np.empty(4, np.float32), red, 30.0)
         else:  # another collective
             if r == 1:
                 c.broadcast(np.ones(4, np.float32), DType.FLOAT32, 0)
@@ -193,7 +205,7 @@ def mismatched(comm, what: str):
     return None
 
 
-@pytest.mark.parametrize("what", ["count", "dtype", "collective"])
+@pytest.mark.parametrize("what", ["count", "dtype", "collective", "protocol"])
 def test_mismatch_raises_on_every_rank(what):
     res = run_ranks(mismatched, 3, what, timeout=60)
     for r, msg in enumerate(res):

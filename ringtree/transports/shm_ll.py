@@ -61,17 +61,22 @@ IDLE_PERIOD = 1.0
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
-def fingerprint(coll: int, dtype: int, op: int, root: int, count: int) -> int:
+def fingerprint(coll: int, dtype: int, op: int, root: int, count: int,
+                simple: bool = False) -> int:
     """The 64-bit call identity in a line: collective, dtype, op codes (8 bits each),
-    root + 1 (16 bits), count (24 bits, saturating)."""
+    root + 1 (16 bits), count (23 bits, saturating), and whether the call runs on Simple
+    (it only announces itself: see :meth:`LL.announce`)."""
     return ((coll & 0xFF) | (dtype & 0xFF) << 8 | (op & 0xFF) << 16
-            | ((root + 1) & 0xFFFF) << 24 | min(count, 0xFFFFFF) << 40)
+            | ((root + 1) & 0xFFFF) << 24 | min(count, 0x7FFFFF) << 40 | int(simple) << 63)
 
 
-def unpack_fingerprint(fp: int) -> tuple[int, int, int, int, int]:
-    """(coll, dtype, op, root, count) of :func:`fingerprint`."""
+FIELDS = ("collective", "dtype", "op", "root", "count", "protocol")
+
+
+def unpack_fingerprint(fp: int) -> tuple[int, int, int, int, int, int]:
+    """(coll, dtype, op, root, count, simple) of :func:`fingerprint`."""
     return (fp & 0xFF, fp >> 8 & 0xFF, fp >> 16 & 0xFF, (fp >> 24 & 0xFFFF) - 1,
-            fp >> 40)
+            fp >> 40 & 0x7FFFFF, fp >> 63)
 
 
 def segment_size(nranks: int, cell_bytes: int) -> int:
@@ -162,18 +167,46 @@ class LL:
         for r, j in self.peer_seq[p]:
             if W[j] < s:
                 self._wait(r, j, s, timeout, what)
-            if W[j + 1] != fp:
-                raise MismatchError(self._mismatch(r, fp, int(W[j + 1]), s, what))
+            if W[j + 1] != fp or W[j] != s:
+                raise MismatchError(self._mismatch(r, fp, int(W[j + 1]), s, int(W[j]), what))
         return p
 
-    def _mismatch(self, peer: int, mine: int, theirs: int, s: int, what) -> str:
+    def announce(self, fp: int) -> None:
+        """A call that runs on Simple takes its sequence number here too, so a rank that
+        chose LL for the same call (it disagrees on the size) sees a different
+        fingerprint instead of waiting forever; see :meth:`check_announced`."""
+        W = self.W
+        s = self.seq + 1
+        i = self.my_seq[s & 1]
+        W[i + 1] = fp
+        if not _TSO:
+            seg.fence()
+        W[i] = s
+        self.seq = s
+        seg.fence()
+        for r, j in self.peer_sleep:
+            if W[j]:
+                seg.ring_bell(self.peer_bells[r])
+
+    def check_announced(self, what) -> None:
+        """While a Simple call waits: raise MismatchError if a peer has published our
+        current call number with another fingerprint (it runs a different call)."""
+        W, s = self.W, self.seq
+        if s == 0:
+            return
+        fp = W[self.my_seq[s & 1] + 1]
+        for r, j in self.peer_seq[s & 1]:
+            if W[j] == s and W[j + 1] != fp:
+                raise MismatchError(self._mismatch(r, int(fp), int(W[j + 1]), s, s, what))
+
+    def _mismatch(self, peer: int, mine: int, theirs: int, s: int, their_seq: int,
+                  what) -> str:
         from ringtree.core.ir import Collective
         from ringtree.dtypes import DType
         from ringtree.ops import ReduceOp
 
-        names = ("collective", "dtype", "op", "root", "count")
         tables = ([c.value for c in Collective], [d.value for d in DType],
-                  [o.value for o in ReduceOp], None, None)
+                  [o.value for o in ReduceOp], None, None, ["LL", "Simple"])
 
         def show(k: int, v: int) -> object:
             t = tables[k]
@@ -182,9 +215,12 @@ class LL:
             return t[v] if t is not None and v < len(t) else v
 
         a, b = unpack_fingerprint(mine), unpack_fingerprint(theirs)
-        diffs = [f"{names[k]}: rank {peer} has {show(k, b[k])}, rank {self.rank} has "
-                 f"{show(k, a[k])}" for k in range(5) if a[k] != b[k]]
-        return (f"rank {self.rank} and rank {peer} disagree on {what()} (LL call {s}): "
+        diffs = [f"{FIELDS[k]}: rank {peer} has {show(k, b[k])}, rank {self.rank} has "
+                 f"{show(k, a[k])}" for k in range(len(FIELDS)) if a[k] != b[k]]
+        if their_seq != s:
+            diffs.append(f"sequence: rank {peer} is at call {their_seq}, rank {self.rank} "
+                         f"at call {s}")
+        return (f"rank {self.rank} and rank {peer} disagree on {what()} (call {s}): "
                 + "; ".join(diffs) + " (ranks must call the same collectives in the same "
                 "order with matching count, dtype, op and root)")
 

@@ -1,0 +1,86 @@
+"""Protocols: ``LL`` (one shared segment per host, :mod:`ringtree.transports.shm_ll`) and
+``Simple`` (the schedule IR run by the executor), chosen per call by size.
+
+``RINGTREE_PROTO`` takes NCCL_PROTO's syntax (``tuning.cc::parseList``): semicolon-separated
+entries, only the first may omit its ``collective:`` prefix (it then applies to every
+collective), a list starting with ``^`` disables the listed protocols instead of enabling
+only them; names are case-insensitive. ``LL``, ``Simple``, ``^LL``,
+``Simple;allreduce:LL``, ``LL;broadcast:^LL`` are all valid. Unknown names are errors.
+
+LL serves all_reduce, reduce, reduce_scatter, broadcast, all_gather and barrier when every
+rank of the communicator is on one host and the shared-memory transport is in use; a
+forced ``LL`` falls back to Simple where LL cannot run (other collectives, send/recv,
+contributions larger than a cell — except all_reduce, which streams through the cells).
+
+The default choice (:func:`choose_protocol`) is a size threshold per collective and
+rank count, measured with ``benchmarks/ll_threshold.py`` on the development host (see the
+table's comments). Every input to the choice is the same on every rank, so all ranks pick
+the same protocol for the same call.
+"""
+
+from __future__ import annotations
+
+from ringtree.core.ir import Collective, parse_collective
+
+LL, SIMPLE = "ll", "simple"
+PROTOCOLS = {"ll": LL, "simple": SIMPLE}
+LL_COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE,
+                            Collective.REDUCE_SCATTER, Collective.BROADCAST,
+                            Collective.ALL_GATHER, Collective.BARRIER})
+
+# Largest call (bytes of the whole buffer: input for reductions and broadcast, output for
+# all_gather) that LL carries by default, per collective, for 2 ranks and for more. Measured
+# with benchmarks/ll_threshold.py: below these LL is faster than the executor's best
+# schedule; the cell size (RINGTREE_LL_CELL) bounds them.
+THRESHOLDS: dict[Collective, tuple[int, int]] = {
+    Collective.ALL_REDUCE: (64 << 10, 64 << 10),
+    Collective.REDUCE: (64 << 10, 64 << 10),
+    Collective.REDUCE_SCATTER: (64 << 10, 64 << 10),
+    Collective.BROADCAST: (64 << 10, 64 << 10),
+    Collective.ALL_GATHER: (64 << 10, 64 << 10),
+    Collective.BARRIER: (1 << 62, 1 << 62),
+}
+
+
+def parse_proto_spec(spec: str) -> dict[Collective, set[str]]:
+    """Enabled protocols per collective after applying ``spec`` (both enabled initially)."""
+    enabled = {c: {LL, SIMPLE} for c in Collective}
+    entries = [e.strip() for e in spec.split(";") if e.strip()]
+    for i, entry in enumerate(entries):
+        if ":" in entry:
+            prefix, _, body = entry.partition(":")
+            colls = [parse_collective(prefix.strip())]
+        elif i == 0:
+            colls, body = list(Collective), entry
+        else:
+            raise ValueError(f"RINGTREE_PROTO: all entries except the first must have a "
+                             f"'collective:' prefix (got {entry!r})")
+        body = body.strip()
+        negate = body.startswith("^")
+        names = [n.strip().lower() for n in body.lstrip("^").split(",") if n.strip()]
+        unknown = [n for n in names if n not in PROTOCOLS]
+        if unknown or not names:
+            raise ValueError(f"RINGTREE_PROTO: unknown protocol(s) {unknown or [body]} in "
+                             f"{entry!r}; known: LL, Simple")
+        chosen = {PROTOCOLS[n] for n in names}
+        for c in colls:
+            enabled[c] = {LL, SIMPLE} - chosen if negate else chosen
+            if not enabled[c]:
+                raise ValueError(f"RINGTREE_PROTO={spec!r} leaves no protocol for {c.value}")
+    return enabled
+
+
+def choose_protocol(coll: Collective | None, nbytes: int, nranks: int,
+                    enabled: set[str] | None, ll_ok: bool) -> str:
+    """LL or Simple for a call moving ``nbytes`` (see :data:`THRESHOLDS`).
+
+    ``ll_ok``: LL can run this call here (one host, shm, fits the cells). ``enabled``:
+    the protocols RINGTREE_PROTO leaves for the collective (None: both)."""
+    if coll not in LL_COLLECTIVES or not ll_ok:
+        return SIMPLE
+    if enabled is not None and SIMPLE not in enabled:
+        return LL
+    if enabled is not None and LL not in enabled:
+        return SIMPLE
+    two, more = THRESHOLDS[coll]
+    return LL if nbytes <= (two if nranks <= 2 else more) else SIMPLE

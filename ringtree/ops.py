@@ -65,6 +65,29 @@ _UFUNC = {
     ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
 }
 
+try:  # numpy >= 2 keeps the floating-point error state in a context variable: setting a
+    # prepared state costs ~0.1 µs where entering np.errstate costs ~0.4 µs per call
+    from numpy._core._ufunc_config import _extobj_contextvar as _FP_STATE
+    from numpy._core._ufunc_config import _make_extobj
+
+    _QUIET = _make_extobj(over="ignore", invalid="ignore")
+except (ImportError, AttributeError, TypeError):  # pragma: no cover - older numpy
+    _FP_STATE = None
+
+
+def quiet(uf: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``uf(a, b, out=out)`` with overflow and invalid results silent (inf/nan, as NCCL)."""
+    if _FP_STATE is None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            uf(a, b, out=out)
+        return
+    token = _FP_STATE.set(_QUIET)
+    try:
+        uf(a, b, out=out)
+    finally:
+        _FP_STATE.reset(token)
+
+
 _ALIASES = {"mulsum": ReduceOp.PREMUL_SUM, "premulsum": ReduceOp.PREMUL_SUM,
             "and": ReduceOp.BAND, "or": ReduceOp.BOR, "xor": ReduceOp.BXOR,
             "mean": ReduceOp.AVG, "product": ReduceOp.PROD}
@@ -101,8 +124,7 @@ class Reducer:
             with np.errstate(over="ignore", invalid="ignore"):
                 f32_to_bf16(uf(bf16_to_f32(a), bf16_to_f32(b)), out=out)
         elif self.dtype.is_float:
-            with np.errstate(over="ignore", invalid="ignore"):  # inf/nan, silently, as NCCL
-                uf(a, b, out=out)
+            quiet(uf, a, b, out)  # inf/nan, silently, as NCCL
         else:
             uf(a, b, out=out)
 

@@ -230,3 +230,17 @@ def crowded(comm, calls: int) -> int:
 
 def test_eight_ranks_on_two_cores_complete():
     assert run_ranks(crowded, 8, 2000, timeout=180) == [0] * 8
+
+
+def test_quiet_reduction_overflows_silently_and_restores_the_error_state():
+    import warnings
+
+    from ringtree.ops import quiet
+
+    big = np.full(3, 3e38, np.float32)
+    out = np.empty(3, np.float32)
+    before = np.geterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet(np.add, big, big, out)
+    assert np.isinf(out).all() and np.geterr() == before

@@ -31,7 +31,7 @@ import numpy as np
 
 from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
-from ringtree.ops import _UFUNC, ReduceOp, Reducer
+from ringtree.ops import _UFUNC, ReduceOp, Reducer, quiet
 from ringtree.transports.shm_ll import INLINE, LL, fingerprint
 
 COLLECTIVES = (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE,
@@ -120,25 +120,25 @@ class LLOp:
         if n == 1:
             out[...] = rows[0]
         elif uf is not None:
-            if self.quiet:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    self._ufold(uf, p, rows, out)
+            if n == 2:
+                if self.quiet:
+                    quiet(uf, rows[0], rows[1], out)
+                else:
+                    uf(rows[0], rows[1], out=out)
             else:
-                self._ufold(uf, p, rows, out)
+                acc = self.scratch
+                if self.quiet:
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        uf.accumulate(self.rows[p], axis=0, out=acc)
+                else:
+                    uf.accumulate(self.rows[p], axis=0, out=acc)
+                out[...] = acc[-1]
         else:
             red.combine(out, rows[0], rows[1])
             for r in rows[2:]:
                 red.combine(out, out, r)
         if self.avg:
             red.postdivide(out, n)
-
-    def _ufold(self, uf, p: int, rows, out: np.ndarray) -> None:
-        if len(rows) == 2:
-            uf(rows[0], rows[1], out=out)
-        else:
-            acc = self.scratch
-            uf.accumulate(self.rows[p], axis=0, out=acc)
-            out[...] = acc[-1]
 
     # ---- the collectives ------------------------------------------------------------------
 
@@ -163,8 +163,7 @@ class LLOp:
             if uf is not None:
                 rows = self.rowlist[p]
                 if self.quiet:
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        uf(rows[0][:m], rows[1][:m], out=out[lo:hi])
+                    quiet(uf, rows[0][:m], rows[1][:m], out[lo:hi])
                 else:
                     uf(rows[0][:m], rows[1][:m], out=out[lo:hi])
             else:

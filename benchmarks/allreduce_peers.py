@@ -11,7 +11,7 @@ all_reduce; t1`` on every rank; a repetition's time is the slowest rank's (t1−
 and the table shows the median over ``--reps`` repetitions. A final call with rank-dependent
 values checks the result.
 
-    python benchmarks/allreduce_peers.py                      # everything (~3-6 min)
+    python benchmarks/allreduce_peers.py                      # 1, 2, 4 ranks (~5-10 min)
     python benchmarks/allreduce_peers.py --ranks 2 --libs ringtree-shm mpi --reps 7
     python benchmarks/allreduce_peers.py --json results.json
 
@@ -34,6 +34,15 @@ import tempfile
 import time
 
 LIBS = ["ringtree-shm", "ringtree-tcp", "gloo", "mpi"]
+DEFAULT_LIBS = ["ringtree-shm", "gloo", "mpi"]
+NAMES = {"ringtree-shm": "ringtree", "ringtree-tcp": "ringtree tcp", "gloo": "torch gloo",
+         "mpi": "Open MPI (mpi4py)"}
+# The performance bar of the small-message work: (ranks, smallest size, largest size,
+# kind, bound). "us": ringtree µs ≤ bound; "time": ringtree time ≤ bound × MPI's;
+# "busbw": ringtree busbw ≥ bound × MPI's.
+TARGETS = [(1, 8, 8, "us", 3.0), (2, 8, 8, "us", 8.0), (2, 64 << 10, 64 << 10, "time", 1.5),
+           (2, 1 << 20, 1 << 62, "busbw", 1.0), (4, 8, 8, "time", 3.0),
+           (4, 1 << 20, 1 << 62, "busbw", 0.8)]
 SIZES = ["8", "64K", "1M", "16M", "64M"]
 
 
@@ -207,12 +216,69 @@ def busbw(nbytes: int, seconds: float, n: int) -> float:
     return nbytes / seconds * 2 * (n - 1) / n / 1e9
 
 
+def medians(raw: dict) -> dict:
+    """{(ranks, lib, size): median seconds} of every measured case."""
+    return {(n, lib, s): statistics.median(t) for n, libs in raw.items()
+            for lib, r in libs.items() for s, t in r["times"].items()}
+
+
+def readme_table(raw: dict, sizes: list[int]) -> str:
+    """One markdown table of every rank count: µs per call, in brackets the peer's time ÷
+    ringtree's (above 1: ringtree is faster)."""
+    med = medians(raw)
+    libs = [lib for lib in LIBS if any((n, lib, s) in med for n in raw for s in sizes)]
+    lines = ["| ranks | size | " + " | ".join(NAMES[lib] for lib in libs) + " |",
+             "|---|---|" + "---|" * len(libs)]
+    for n in raw:
+        for s in sizes:
+            base = med.get((n, "ringtree-shm", s))
+            cells = []
+            for lib in libs:
+                t = med.get((n, lib, s))
+                if t is None:
+                    cells.append("—")
+                    continue
+                us = t * 1e6
+                cell = f"{us:,.0f}" if us >= 100 else f"{us:.1f}"
+                if lib != "ringtree-shm" and base:
+                    cell += f" ({t / base:.2g})"
+                cells.append(cell)
+            lines.append(f"| {n} | {show_size(s)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def target_report(raw: dict) -> str:
+    """Each performance target, met or missed, with the numbers."""
+    med = medians(raw)
+    out = []
+    for n, lo, hi, kind, bound in TARGETS:
+        for (m, lib, s), t in sorted(med.items()):
+            if m != n or lib != "ringtree-shm" or not lo <= s <= hi:
+                continue
+            mpi = med.get((n, "mpi", s))
+            what = f"{n} rank{'s' if n > 1 else ''}, {show_size(s)}: "
+            if kind == "us":
+                ok, detail = t * 1e6 <= bound, f"{t * 1e6:.1f} µs (target ≤ {bound:g} µs)"
+            elif mpi is None:
+                continue
+            elif kind == "time":
+                ok = t <= bound * mpi
+                detail = (f"{t * 1e6:.1f} µs = {t / mpi:.2f}× MPI's {mpi * 1e6:.1f} µs "
+                          f"(target ≤ {bound:g}×)")
+            else:
+                ok = mpi / t >= bound
+                detail = (f"busbw {busbw(s, t, n):.2f} GB/s = {mpi / t:.2f}× MPI's "
+                          f"{busbw(s, mpi, n):.2f} (target ≥ {bound:g}×)")
+            out.append(f"- {'met' if ok else 'MISSED'}: {what}{detail}")
+    return "\n".join(out)
+
+
 def table(n: int, sizes: list[int], results: dict) -> str:
     libs = [lib for lib in LIBS if lib in results]
     med = {lib: {s: statistics.median(results[lib]["times"][s]) for s in sizes} for lib in libs}
     head = "| size | " + " | ".join(f"{lib} µs (busbw GB/s)" for lib in libs)
     peers = [lib for lib in libs if lib != "ringtree-shm"]
-    if "ringtree-shm" in libs:
+    if "ringtree-shm" in libs and peers:
         head += " | " + " | ".join(f"shm/{p}" for p in peers)
     lines = [f"### {n} ranks", "", head + " |",
              "|" + "---|" * (1 + len(libs) + (len(peers) if "ringtree-shm" in libs else 0))]
@@ -226,9 +292,9 @@ def table(n: int, sizes: list[int], results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--sizes", nargs="+", default=SIZES)
-    ap.add_argument("--libs", nargs="+", default=LIBS, choices=LIBS)
+    ap.add_argument("--libs", nargs="+", default=DEFAULT_LIBS, choices=LIBS)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=900.0)
@@ -255,10 +321,15 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - a missing peer is reported, not fatal
                 print(f"  {lib} n={n}: skipped: {e}", file=sys.stderr, flush=True)
         print(table(n, args.sizes, results) + "\n", flush=True)
-        raw[n] = {lib: {str(s): v for s, v in r["times"].items()} for lib, r in results.items()}
+        raw[n] = results
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(raw, f, indent=1)
+            json.dump({n: {lib: {str(s): v for s, v in r["times"].items()}
+                           for lib, r in libs.items()} for n, libs in raw.items()}, f, indent=1)
+    print("## README table (µs per call; in brackets the peer's time ÷ ringtree's)\n")
+    print(readme_table(raw, args.sizes) + "\n")
+    print("## Targets\n")
+    print(target_report(raw) + "\n")
     print(f"# load after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -1,0 +1,87 @@
+"""Running planned calls on the LL protocol: the communicator's side of
+:mod:`ringtree.transports.shm_ll`.
+
+A communicator whose ranks all share one host opens one LL segment at creation (a
+collective through the store, like the shm transport's setup). From then on:
+
+- a call the planner gives to LL runs here, on the calling thread, without the executor:
+  write, publish, wait, read (:class:`~ringtree.transports.shm_ll_coll.LLOp`); an async
+  call returns a completed :class:`~ringtree.work.Work`;
+- a call that runs on Simple *announces* itself in the segment (its sequence number and
+  fingerprint), so a rank that chose LL for what should be the same call — it disagrees
+  on the size — gets a MismatchError instead of waiting, and the Simple rank finds out
+  too when its executor is idle (:meth:`LLRunner.check`);
+- memory order with Simple work still in flight (async calls) is kept: an LL call whose
+  buffers overlap such a call waits for it first, as on one NCCL stream.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ringtree.core.ir import Collective
+from ringtree.dtypes import DType
+from ringtree.transports.shm_ll import LL, fingerprint, open_ll
+from ringtree.transports.shm_ll_coll import LLOp, fits
+
+MAX_RANKS = 255          # the fingerprint's root field and the cost of polling every line
+SMALL_CELL = 64 << 10    # cells when LL only carries small calls
+STREAM_CELL = 1 << 20    # cells when all-reduces of any size stream through LL (2 ranks)
+
+
+def default_cell(nranks: int) -> int:
+    """Cell bytes per rank and parity: with two ranks every all-reduce streams through
+    the cells (``benchmarks/ll_threshold.py``), so they are larger."""
+    return STREAM_CELL if nranks == 2 else SMALL_CELL
+
+
+class LLRunner:
+    """One communicator's LL segment and the ops prepared on it."""
+
+    def __init__(self, ll: LL):
+        self.ll = ll
+        self.cell = ll.cell_bytes
+        self.ops: dict[tuple, LLOp] = {}
+
+    @classmethod
+    def open(cls, comm, *, cell_bytes: int, spin_us: float, yield_us: float) -> LLRunner:
+        """Collective over ``comm``'s ranks (all on this host)."""
+        ll = open_ll(comm.store, f"{comm.prefix}/ll", comm.rank, comm.size, comm.timeout,
+                     cell_bytes=cell_bytes, spin_us=spin_us, yield_us=yield_us,
+                     on_idle=comm._check_abort)
+        return cls(ll)
+
+    def fits(self, coll: Collective, count: int, itemsize: int) -> bool:
+        return fits(self.ll, coll, count, itemsize)
+
+    def op(self, coll: Collective, dt: DType, count: int, op_code: int, root: int) -> LLOp:
+        key = (coll, dt, count, op_code, root)
+        o = self.ops.get(key)
+        if o is None:
+            if len(self.ops) > 512:
+                self.ops.clear()
+            o = self.ops[key] = LLOp(self.ll, coll, dt, count, op_code, root)
+        return o
+
+    @staticmethod
+    def simple_fingerprint(coll: Collective, dt: DType, count: int, op_code: int,
+                           root: int) -> int:
+        return fingerprint(coll.code, dt.code, op_code, root, count, simple=True)
+
+    def announce(self, fp: int) -> None:
+        self.ll.announce(fp)
+
+    def check(self) -> None:
+        """Idle hook of a Simple call: MismatchError if a peer runs another call."""
+        self.ll.check_announced(lambda: "the current call")
+
+    def close(self) -> None:
+        self.ll.close()
+
+
+def crowded(nranks: int) -> bool:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return nranks > cores

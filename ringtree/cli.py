@@ -43,7 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtree: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except BrokenPipeError:  # `ringtree trace --summary | head`: the reader has enough
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141  # 128 + SIGPIPE, as shell tools report it
 
 
 if __name__ == "__main__":

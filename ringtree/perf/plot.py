@@ -110,6 +110,36 @@ def plot_docs(docs: list[tuple[str | None, dict]], path: str) -> None:
     plt.close(fig)
 
 
+def _setting(doc: dict, name: str) -> str | None:
+    for item in doc.get("env") or []:
+        key, _, value = str(item).partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def _distinct(docs: list[tuple[str | None, dict]], paths: list[str],
+              given: int) -> list[tuple[str | None, dict]]:
+    """Files whose default labels collide are told apart by what differs between them —
+    the transport, the rank count — else by file name."""
+    labels = [lab or _run_label(doc, "run") for lab, doc in docs]
+    out = list(docs)
+    for i, (_lab, doc) in enumerate(docs):
+        if i < given or labels.count(labels[i]) == 1:
+            continue
+        same = [j for j, x in enumerate(labels) if x == labels[i]]
+        bits = []
+        for name, get in (("transport", lambda d: _setting(d, "RINGTREE_TRANSPORT")),
+                          ("ranks", lambda d: (d.get("config") or {}).get("ngpus"))):
+            values = [get(docs[j][1]) for j in same]
+            if len(set(map(str, values))) == len(same):
+                bits.append(f"{name} {get(doc)}")
+        if not bits:
+            bits.append(os.path.basename(paths[i]))
+        out[i] = (f"{labels[i]} [{', '.join(bits)}]", doc)
+    return out
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ringtree perf plot",
                                 description="Plot busbw and time against size from -J files.")
@@ -132,6 +162,7 @@ def main(argv: list[str]) -> int:
         if label is None and len(ns.files) > 1 and _run_label(doc, "") == "":
             label = os.path.basename(path)
         docs.append((label, doc))
+    docs = _distinct(docs, ns.files, len(ns.label))
     try:
         plot_docs(docs, ns.output)
     except PlotUnavailable as e:

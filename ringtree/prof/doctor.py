@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 
@@ -289,25 +290,49 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ringtree doctor",
                                  description="Diagnose a hung job from its dumped flight "
                                              "recorders (fr_rank*.json).")
-    ap.add_argument("dir", help="directory with fr_rank<R>.json files")
+    ap.add_argument("dirs", nargs="*", metavar="DIR",
+                    help="directories with fr_rank<R>.json files, one job each (default: "
+                         "the newest ringtree-fr-* dump in the temp directory)")
     ap.add_argument("--json", action="store_true", help="print the analysis as JSON")
     args = ap.parse_args(argv)
-    comms = load_dir(args.dir)
-    if not comms:
-        print(f"ringtree doctor: no fr_rank*.json in {args.dir} (dump with SIGUSR1, "
-              f"ringtree.prof.dump_flight_recorder(), or set RINGTREE_FR_DUMP_DIR)",
-              file=sys.stderr)
+    dirs = args.dirs or newest_dumps()[:1]
+    if not dirs:
+        print(f"ringtree doctor: no ringtree-fr-* dumps in {tempfile.gettempdir()}; give "
+              "the dump directory (RINGTREE_FR_DUMP_DIR) as DIR", file=sys.stderr)
         return 2
-    reports = [analyze(statuses, comm, OFFLINE_MISSING) for comm, statuses in
-               sorted(comms.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+    results, worst = [], 0
+    for d in dirs:
+        comms = load_dir(d)
+        if not comms:
+            hint = "" if os.path.isdir(d) else " (no such directory)"
+            found = ", ".join(newest_dumps()[:3])
+            print(f"ringtree doctor: no fr_rank*.json in {d}{hint}; dump with SIGUSR1, "
+                  "ringtree.prof.dump_flight_recorder(), or set RINGTREE_FR_DUMP_DIR"
+                  + (f"; newest dumps: {found}" if found else ""), file=sys.stderr)
+            worst = max(worst, 2)
+            continue
+        reports = [analyze(statuses, comm, OFFLINE_MISSING) for comm, statuses in
+                   sorted(comms.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+        results.append((d, reports))
+        worst = max(worst, 0 if all(r.ok for r in reports) else 1)
     if args.json:
-        print(json.dumps([{"comm": r.comm, "size": r.size, "stuck": r.stuck,
+        print(json.dumps([{"dir": d, "comm": r.comm, "size": r.size, "stuck": r.stuck,
                            "culprits": r.culprits, "reasons": r.reasons, "behind": r.behind,
                            "unreachable": r.unreachable, "cycle": r.cycle}
-                          for r in reports], indent=1))
+                          for d, reports in results for r in reports], indent=1))
     else:
-        print("\n\n".join(r.text() for r in reports))
-    return 0 if all(r.ok for r in reports) else 1
+        blocks = []
+        for d, reports in results:
+            head = f"== {d}\n" if len(dirs) > 1 else ""
+            blocks.append(head + "\n\n".join(r.text() for r in reports))
+        print("\n\n".join(blocks))
+    return worst
+
+
+def newest_dumps() -> list[str]:
+    """``ringtree-fr-*`` dump directories in the temp directory, newest first."""
+    found = glob.glob(os.path.join(tempfile.gettempdir(), "ringtree-fr-*"))
+    return sorted((d for d in found if os.path.isdir(d)), key=os.path.getmtime, reverse=True)
 
 
 if __name__ == "__main__":

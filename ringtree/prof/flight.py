@@ -223,7 +223,11 @@ def dump(directory: str | None = None, reason: str = "on demand", comms=None) ->
     if not comms:
         return None
     directory = directory or dump_dir(comms[0])
-    os.makedirs(directory, exist_ok=True)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+        if os.path.dirname(os.path.abspath(directory)) == os.path.abspath(
+                tempfile.gettempdir()):
+            prune_dumps(keep=directory)
     world = min(comms, key=lambda c: len(c.prefix))
     wr = world.world_ranks[world.rank]
     doc = {"version": VERSION, "world_rank": wr, "pid": os.getpid(),
@@ -236,6 +240,43 @@ def dump(directory: str | None = None, reason: str = "on demand", comms=None) ->
             json.dump(doc, f, indent=1, default=str)
         os.replace(tmp, path)
     return path
+
+
+_IN_USE = 3600.0
+
+
+def prune_dumps(keep: str | None = None, now: float | None = None) -> list[str]:
+    """Retention of the default dump directories (``$TMPDIR/ringtree-fr-<job>``): keep the
+    newest ``RINGTREE_FR_KEEP`` (default 10) of this user's, and none older than
+    ``RINGTREE_FR_KEEP_DAYS`` (default 7) days; ``keep`` and directories touched in the
+    last hour (a job may still be writing or reading them) are never removed. Runs when a job
+    creates its dump directory; returns what it removed. Directories given with
+    ``RINGTREE_FR_DUMP_DIR`` are the user's and never touched."""
+    import glob
+    import shutil
+
+    from ringtree.settings import env_float, env_int
+
+    limit = max(1, env_int("RINGTREE_FR_KEEP", 10))
+    max_age = env_float("RINGTREE_FR_KEEP_DAYS", 7.0) * 86400
+    now = time.time() if now is None else now
+    mine = []
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), "ringtree-fr-*")):
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if os.path.isdir(d) and not os.path.islink(d) and st.st_uid == os.getuid() \
+                and (keep is None or os.path.abspath(d) != os.path.abspath(keep)):
+            mine.append((st.st_mtime, d))
+    mine.sort(reverse=True)
+    room = limit - (1 if keep is not None else 0)
+    removed = []
+    for i, (mtime, d) in enumerate(mine):
+        if (i >= room and now - mtime > _IN_USE) or now - mtime > max_age:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def _on_sigusr1(signum, frame) -> None:  # noqa: ARG001 - signal handler signature

@@ -17,6 +17,16 @@ from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import Options, algorithms, generate_all, has
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rank count {text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"rank count must be >= 1, got {n}")
+    return n
+
+
 def _nranks(text: str) -> list[int]:
     """``8``, ``1-16`` or ``2,3,5``."""
     out: list[int] = []
@@ -81,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("collective", nargs="?")
     sh = sub.add_parser("show", help="print a schedule's step table (and draw it)")
     _common(sh)
-    sh.add_argument("-n", "--nranks", type=int, required=True)
+    sh.add_argument("-n", "--nranks", type=_positive, required=True)
     sh.add_argument("--time", action="store_true",
                     help="columns are logical time (dependency depth), not program order")
     sh.add_argument("--long", action="store_true", help="NCCL primitive names in full")

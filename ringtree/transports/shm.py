@@ -45,6 +45,8 @@ from __future__ import annotations
 import atexit
 import os
 import select
+import signal
+import threading
 import time
 import weakref
 
@@ -94,6 +96,30 @@ def _close_all() -> None:
             pass
 
 
+def _on_sigterm(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    """SIGTERM (``ringtree run`` stopping a failed job, a batch system's kill): unlink our
+    names in /dev/shm as a normal exit does, then die of the signal as before."""
+    for t in list(_LIVE):
+        try:
+            if os.getpid() == t.me.pid:
+                seg.remove_names(t.tag, t.me.pid)
+        except Exception:  # noqa: BLE001 - never fail in a handler
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_sigterm() -> None:
+    """Clean up on SIGTERM unless the program handles it itself (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        pass
+
+
 class ShmTransport(Transport):
     name = "shm"
 
@@ -114,6 +140,7 @@ class ShmTransport(Transport):
         self.closed = False
         self.failed: dict[int, PeerError] = {}
         self._next_check = 0.0
+        _install_sigterm()
         self.bell = seg.Fifo(seg.rank_name(tag, "bell", rank, me.pid, me.ns))
         self.doorbell = seg.Segment.create_or_attach(seg.rank_name(tag, "db", rank, me.pid,
                                                                    me.ns),

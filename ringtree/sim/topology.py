@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
+
+from ringtree.sim.routing import Router, coords, index
 
 GB = 1e9
 
@@ -92,8 +93,8 @@ class Topology:
         return self.links[link].bandwidth * self.gb / 1e9
 
     @cached_property
-    def _router(self) -> _Router:
-        return _Router(self)
+    def _router(self) -> Router:
+        return Router(self)
 
     def route(self, a: int, b: int, channel: int = 0) -> tuple[int, ...]:
         """Link ids of the fixed route from device ``a`` to device ``b``."""
@@ -102,152 +103,6 @@ class Topology:
     def ancestors(self, d: int) -> frozenset[int]:
         """Devices reachable upward from ``d`` (``updown`` routing only)."""
         return self._router.reach(d)
-
-
-class _Router:
-    def __init__(self, t: Topology) -> None:
-        self.t = t
-        self.link_of = {(lk.src, lk.dst): i for i, lk in enumerate(t.links)}
-        self.out: list[list[int]] = [[] for _ in t.devices]
-        for i, lk in enumerate(t.links):
-            self.out[lk.src].append(i)
-        lv = [d.level for d in t.devices]
-        self.ups = [[i for i in o if lv[t.links[i].dst] > lv[t.links[i].src]] for o in self.out]
-        self.memo: dict[int, frozenset[int]] = {}
-        self.cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
-        self.bfs: dict[int, list[int]] = {}
-        if t.routing == "dor":
-            self.index = {d.name: i for i, d in enumerate(t.devices)}
-
-    def reach(self, d: int) -> frozenset[int]:
-        got = self.memo.get(d)
-        if got is None:
-            acc: set[int] = set()
-            for li in self.ups[d]:
-                u = self.t.links[li].dst
-                acc.add(u)
-                acc |= self.reach(u)
-            got = frozenset(acc)
-            if self.t.devices[d].kind != "gpu":
-                self.memo[d] = got
-        return got
-
-    def route(self, a: int, b: int, ch: int) -> tuple[int, ...]:
-        key = (a, b, ch)
-        r = self.cache.get(key)
-        if r is None:
-            if a == b:
-                r = ()
-            elif self.t.routing == "updown":
-                r = self._updown(a, b, ch)
-            elif self.t.routing == "dor":
-                r = self._dor(a, b)
-            else:
-                r = self._shortest(a, b)
-            self.cache[key] = r
-        return r
-
-    def _pick(self, d: int, cands: list[int], a: int, b: int, ch: int) -> int:
-        if self.t.devices[d].node >= 0:
-            return cands[ch % len(cands)]
-        h = (a * 2654435761 ^ b * 40503 ^ (ch + 1) * 97) & 0x7FFFFFFF
-        return cands[h % len(cands)]
-
-    def _climb(self, a: int, goal: int, a0: int, b0: int, ch: int) -> list[int]:
-        """Links of an upward path from ``a`` to its ancestor ``goal``."""
-        path, d = [], a
-        while d != goal:
-            cands = [li for li in self.ups[d] if self.t.links[li].dst == goal
-                     or goal in self.reach(self.t.links[li].dst)]
-            if not cands:
-                raise ValueError(f"{self.t.name}: no upward path from {a} to {goal}")
-            li = self._pick(d, cands, a0, b0, ch)
-            path.append(li)
-            d = self.t.links[li].dst
-        return path
-
-    def _updown(self, a: int, b: int, ch: int) -> tuple[int, ...]:
-        links = self.t.links
-        up, d = [], a
-        rb = self.reach(b)
-        while d != b and d not in rb:
-            ups = self.ups[d]
-            if not ups:
-                return self._shortest(a, b)
-            good = [li for li in ups if links[li].dst == b or links[li].dst in rb]
-            li = self._pick(d, good or ups, a, b, ch)
-            up.append(li)
-            d = links[li].dst
-        down = [self.link_of[(links[li].dst, links[li].src)]
-                for li in reversed(self._climb(b, d, a, b, ch))] if d != b else []
-        return tuple(up + down)
-
-    def _dor(self, a: int, b: int) -> tuple[int, ...]:
-        path: list[int] = []
-        ca, cb = _coords(a, self.t.dims), _coords(b, self.t.dims)
-        cur = list(ca)
-        for dim, (kind, size, _, _) in enumerate(self.t.dims):
-            if cur[dim] == cb[dim]:
-                continue
-            here = _index(cur, self.t.dims)
-            if kind == "switch":
-                group = _index([0 if i == dim else c for i, c in enumerate(cur)], self.t.dims)
-                sw = self.index[f"sw{dim}.{group}"]
-                cur[dim] = cb[dim]
-                path += [self.link_of[(here, sw)], self.link_of[(sw, _index(cur, self.t.dims))]]
-                continue
-            if kind == "fc":
-                cur[dim] = cb[dim]
-                path.append(self.link_of[(here, _index(cur, self.t.dims))])
-                continue
-            fwd = (cb[dim] - cur[dim]) % size
-            step = 1 if kind == "uring" or fwd <= size - fwd else -1
-            while cur[dim] != cb[dim]:
-                prev = _index(cur, self.t.dims)
-                cur[dim] = (cur[dim] + step) % size
-                path.append(self.link_of[(prev, _index(cur, self.t.dims))])
-        return tuple(path)
-
-    def _shortest(self, a: int, b: int) -> tuple[int, ...]:
-        parent = self.bfs.get(a)
-        if parent is None:
-            parent = [-1] * len(self.t.devices)
-            parent[a] = a
-            q = deque([a])
-            while q:
-                u = q.popleft()
-                for li in self.out[u]:
-                    v = self.t.links[li].dst
-                    if parent[v] == -1:
-                        parent[v] = li
-                        q.append(v)
-            if len(self.bfs) > 256:
-                self.bfs.clear()
-            self.bfs[a] = parent
-        if parent[b] == -1:
-            raise ValueError(f"{self.t.name}: device {b} unreachable from {a}")
-        path, d = [], b
-        while d != a:
-            li = parent[d]
-            path.append(li)
-            d = self.t.links[li].src
-        return tuple(reversed(path))
-
-
-def _coords(i: int, dims) -> list[int]:
-    out = []
-    for _, size, _, _ in dims:
-        out.append(i % size)
-        i //= size
-    return out
-
-
-def _index(coords, dims) -> int:
-    i, mul = 0, 1
-    for c, (_, size, _, _) in zip(coords, dims):
-        i += c * mul
-        mul *= size
-    return i
 
 
 # ---- constructors ----------------------------------------------------------------------
@@ -275,10 +130,10 @@ def multidim(dims: list[tuple[str, int, float, float]], *, name: str = "multidim
         if size < 2:
             continue
         for i in range(n):
-            c = _coords(i, dims)
+            c = coords(i, dims)
             if c[dim] != 0:
                 continue
-            members = [_index(c[:dim] + [k] + c[dim + 1:], dims) for k in range(size)]
+            members = [index(c[:dim] + [k] + c[dim + 1:], dims) for k in range(size)]
             if kind == "switch":
                 devices.append(Device(f"sw{dim}.{i}", "switch", level=1, reduce=sharp))
                 sw = len(devices) - 1
@@ -350,23 +205,9 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
     devices: list[Device] = []
     links: list[Link] = []
     ranks: list[int] = []
-    nics: list[list[int]] = []
-    for n in range(nodes):
-        gpus = []
-        for g in range(gpus_per_node):
-            devices.append(Device(f"n{n}.gpu{g}", "gpu", n, 0, False, gpu_reduce_gbps))
-            gpus.append(len(devices) - 1)
-        ranks += gpus
-        devices.append(Device(f"n{n}.nvswitch", "nvswitch", n, 1))
-        nvs = len(devices) - 1
-        for g in gpus:
-            _both(links, g, nvs, nvlink_gbps, nvlink_ns)
-        row = []
-        for k in range(nics_per_node if nodes > 1 else 0):
-            devices.append(Device(f"n{n}.nic{k}", "nic", n, 2))
-            row.append(len(devices) - 1)
-            _both(links, nvs, row[-1], pcie_gbps, pcie_ns)
-        nics.append(row)
+    nics = [_node(devices, links, ranks, n, gpus_per_node, nics_per_node if nodes > 1 else 0,
+                  nvlink_gbps, nvlink_ns, pcie_gbps, pcie_ns, gpu_reduce_gbps)
+            for n in range(nodes)]
     if nodes > 1 and nics_per_node > 0:
         up = max(1, round(leaf_ports / oversubscription))
         nleaf = -(-nodes // leaf_ports) * nics_per_node if rail_optimized else \
@@ -380,36 +221,70 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
                     (n * nics_per_node + k) // leaf_ports
                 _both(links, nic, base + leaf, nic_gbps, nic_ns)
         if nleaf > 1 and levels <= 2:
-            sbase = len(devices)
-            for s in range(up):
-                devices.append(Device(f"spine{s}", "switch", -1, 4, sharp))
-            for i in range(nleaf):
-                for s in range(up):
-                    _both(links, base + i, sbase + s, nic_gbps, switch_ns)
+            _spines(devices, links, base, nleaf, up, nic_gbps, switch_ns, sharp)
         elif nleaf > 1:
-            pods = -(-nleaf // pod_leaves)
-            core_up = max(1, round(pod_leaves / oversubscription))
-            abase = len(devices)
-            for p in range(pods):
-                for a in range(up):
-                    devices.append(Device(f"agg{p}.{a}", "switch", -1, 4, sharp))
-            cbase = len(devices)
-            for a in range(up):
-                for c in range(core_up):
-                    devices.append(Device(f"core{a}.{c}", "switch", -1, 5, sharp))
-            for i in range(nleaf):
-                p = i // pod_leaves
-                for a in range(up):
-                    _both(links, base + i, abase + p * up + a, nic_gbps, switch_ns)
-            for p in range(pods):
-                for a in range(up):
-                    for c in range(core_up):
-                        _both(links, abase + p * up + a, cbase + a * core_up + c, nic_gbps,
-                              switch_ns)
+            _pods(devices, links, base, nleaf, up, pod_leaves, oversubscription, nic_gbps,
+                  switch_ns, sharp)
     fanin = leaf_ports if rail_optimized else max(1, leaf_ports // max(1, nics_per_node))
     return Topology(name, tuple(devices), tuple(links), tuple(ranks), "updown", GB,
                     overhead_ns, channels or max(1, nics_per_node),
                     params=(("collnet_fanin", fanin),))
+
+
+def _node(devices: list[Device], links: list[Link], ranks: list[int], n: int, gpus: int,
+          nics: int, nvlink_gbps: float, nvlink_ns: float, pcie_gbps: float, pcie_ns: float,
+          reduce_gbps: float) -> list[int]:
+    """One host: GPUs on an NVSwitch, NICs behind it; returns the NICs' devices."""
+    first = len(devices)
+    for g in range(gpus):
+        devices.append(Device(f"n{n}.gpu{g}", "gpu", n, 0, False, reduce_gbps))
+    ranks += range(first, first + gpus)
+    devices.append(Device(f"n{n}.nvswitch", "nvswitch", n, 1))
+    nvs = len(devices) - 1
+    for g in range(first, first + gpus):
+        _both(links, g, nvs, nvlink_gbps, nvlink_ns)
+    row = []
+    for k in range(nics):
+        devices.append(Device(f"n{n}.nic{k}", "nic", n, 2))
+        row.append(len(devices) - 1)
+        _both(links, nvs, row[-1], pcie_gbps, pcie_ns)
+    return row
+
+
+def _spines(devices: list[Device], links: list[Link], base: int, nleaf: int, up: int,
+            gbps: float, ns: float, sharp: bool) -> None:
+    """Two levels: every leaf reaches every spine."""
+    sbase = len(devices)
+    for s in range(up):
+        devices.append(Device(f"spine{s}", "switch", -1, 4, sharp))
+    for i in range(nleaf):
+        for s in range(up):
+            _both(links, base + i, sbase + s, gbps, ns)
+
+
+def _pods(devices: list[Device], links: list[Link], base: int, nleaf: int, up: int,
+          pod_leaves: int, oversubscription: float, gbps: float, ns: float,
+          sharp: bool) -> None:
+    """Three levels: pods of leaves with one aggregation switch per leaf uplink, each
+    with ``pod_leaves / oversubscription`` core uplinks."""
+    pods = -(-nleaf // pod_leaves)
+    core_up = max(1, round(pod_leaves / oversubscription))
+    abase = len(devices)
+    for p in range(pods):
+        for a in range(up):
+            devices.append(Device(f"agg{p}.{a}", "switch", -1, 4, sharp))
+    cbase = len(devices)
+    for a in range(up):
+        for c in range(core_up):
+            devices.append(Device(f"core{a}.{c}", "switch", -1, 5, sharp))
+    for i in range(nleaf):
+        p = i // pod_leaves
+        for a in range(up):
+            _both(links, base + i, abase + p * up + a, gbps, ns)
+    for p in range(pods):
+        for a in range(up):
+            for c in range(core_up):
+                _both(links, abase + p * up + a, cbase + a * core_up + c, gbps, ns)
 
 
 # ---- files -----------------------------------------------------------------------------

@@ -211,8 +211,8 @@ def test_mismatch_raises_on_every_rank(what):
     for r, msg in enumerate(res):
         assert isinstance(msg, str), f"rank {r}: {msg!r}"
         assert f"{what}: rank" in msg and "rank 1" in msg, msg
-        other = 0 if r == 1 else r
-        assert f"rank {other}" in msg, msg
+        if r != 1:  # rank 1 may find either of the others first
+            assert f"rank {r}" in msg, msg
 
 
 def crowded(comm, calls: int) -> int:

@@ -70,10 +70,15 @@ class Template:
             base, extra = np.divmod(length, np.maximum(nsl, 1))
             idx = np.arange(k)
             sl = (base[:, None] + (idx[None, :] < extra[:, None])) * (idx[None, :] < nsl[:, None])
-            self.nsl.append(nsl)
-            self.sl.append((sl * itemsize).astype(np.float64))
+            self.nsl.append(self._intern(nsl))
+            self.sl.append(self._intern((sl * itemsize).astype(np.float64)))
         self._pair(t)
         self.order: list[list[int]] = []
+
+    def _intern(self, a: np.ndarray) -> np.ndarray:
+        """One array for every step with the same contents (a ring's steps all share)."""
+        pool = self.__dict__.setdefault("_pool", {})
+        return pool.setdefault((a.dtype.str, a.shape, a.tobytes()), a)
 
     def _pair(self, t: Program) -> None:
         """The k-th send of every (channel, offset) meets the k-th receive (IR rule)."""
@@ -179,6 +184,15 @@ class _Links:
             for k, rt in enumerate(row):
                 self.route[r, k, :len(rt)] = rt
         nl = len(topo.links)
+        users: dict[int, set[tuple[int, int]]] = {}
+        for r, row in enumerate(routes):
+            for k, rt in enumerate(row):
+                for li in rt:
+                    users.setdefault(li, set()).add((r, k))
+        # a link one connection uses serves it in order: no sorting, no order check
+        self.shared = np.zeros(max(1, nl), bool)
+        for li, u in users.items():
+            self.shared[li] = len(u) > 1
         self.rate = np.array([topo.bytes_per_ns(i) for i in range(nl)] or [1.0])
         self.llat = np.array([lk.latency for lk in topo.links] or [0.0])
         self.free = np.zeros(max(1, nl))
@@ -206,11 +220,13 @@ class _Run:
         self.done: list[np.ndarray | None] = [None] * ns
         self.arr: dict[tuple[int, int], np.ndarray] = {}
         nconn = len(self.links.conn)
-        self.conn_inj = np.zeros((g, nconn))
-        self.conn_arr = np.zeros((g, nconn))
+        self.conn_inj = np.zeros((nconn, g))
+        self.conn_arr = np.zeros((nconn, g))
         self.over = topo.overhead_ns
         self.events = 0
         self.chunks: list[tuple] = []
+        self.tmax = 0.0
+        self.needed = {d for ds in tp.deps for d in ds}
 
     def begin(self, s: int) -> np.ndarray:
         tp = self.tp
@@ -218,124 +234,186 @@ class _Run:
         p = tp.prev[s]
         if p >= 0:
             st = np.maximum(st, self.start[p])  # type: ignore[arg-type]
+            self.start[p] = None                 # its only reader is the next step
         for d in tp.deps[s]:
             st = np.maximum(st, self.done[d])  # type: ignore[arg-type]
         return st
 
-    def ready(self, s: int, st: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Ready time of every slice (g, K) and of the last one (g,)."""
+    def group(self, steps: list[int]) -> None:
+        """Steps of one level with the same shape, as one (steps, ranks, slices) batch."""
         tp = self.tp
-        nsl, k = tp.nsl[s], tp.sl[s].shape[1]
-        ins = [self.arr.pop((s, p), None) for p in range(len(tp.steps[s][2].recv_from))]
-        ins = [a if a is not None else np.zeros((tp.g, k)) for a in ins]
-        comp = self.comp[s]
+        s0 = tp.steps[steps[0]][2]
+        st = np.stack([self.begin(s) for s in steps])
+        for s, row in zip(steps, st):
+            self.start[s] = row
+        nsl = np.stack([tp.nsl[s] for s in steps])
+        sl = np.stack([tp.sl[s] for s in steps])
+        shape = sl.shape
+        ins = [np.stack([self._arrivals(s, p, shape[1:]) for s in steps])
+               for p in range(len(s0.recv_from))]
+        comp = None
+        if any(self.comp[s] is not None for s in steps):
+            comp = np.stack([self.comp[s] if self.comp[s] is not None else np.zeros(shape[1:])
+                             for s in steps])
         r = st.copy()
-        rs = np.zeros((tp.g, k))
-        for i in range(k):
+        rs = np.zeros(shape)
+        for i in range(shape[2]):
             t = r
             for a in ins:
-                t = np.maximum(t, a[:, i])
+                t = np.maximum(t, a[:, :, i])
             if comp is not None:
-                t = t + comp[:, i]
+                t = t + comp[:, :, i]
             r = np.where(nsl > i, t, r)
-            rs[:, i] = t
-        return rs, r
+            rs[:, :, i] = t
+        sdone = np.zeros(shape[:2])
+        for pos in range(len(s0.send_to)):
+            self.inject(steps, pos, rs, nsl, sl, sdone)
+        done = np.maximum(np.where(nsl > 0, r, st), sdone)
+        if done.size:
+            self.tmax = max(self.tmax, float(done.max()))
+        for s, row in zip(steps, done):
+            if s in self.needed:                 # kept only for steps that wait on it
+                self.done[s] = row
 
-    def inject(self, s: int, pos: int, rs: np.ndarray, sdone: np.ndarray) -> None:
+    def _arrivals(self, s: int, p: int, shape) -> np.ndarray:
+        a = self.arr.pop((s, p), None)
+        return a if a is not None else np.zeros(shape)
+
+    def inject(self, steps: list[int], pos: int, rs: np.ndarray, nsl: np.ndarray,
+               sl: np.ndarray, sdone: np.ndarray) -> None:
         tp, lk = self.tp, self.links
-        c, j, step = tp.steps[s]
-        s2, p2, a = tp.send_of[(s, pos)]
-        col = lk.conn[(c, a)]
-        nsl, sl = tp.nsl[s], tp.sl[s]
-        g = tp.g
-        recv = (np.arange(g) + a) % tp.n % g
-        got = np.zeros((g, sl.shape[1]))
-        bott, first, lat = lk.bott[:, col], lk.first[:, col], lk.lat[:, col]
-        for i in range(sl.shape[1]):
+        g, ns = tp.g, len(steps)
+        meta = [tp.send_of[(s, pos)] for s in steps]            # (rstep, rpos, offset)
+        cols = np.array([lk.conn[(tp.steps[s][0], m[2])] for s, m in zip(steps, meta)])
+        offs = np.array([m[2] for m in meta])
+        recv = (np.arange(g)[None, :] + offs[:, None]) % tp.n % g
+        rows = np.arange(ns)[:, None]
+        bott, first, lat = lk.bott[:, cols].T, lk.first[:, cols].T, lk.lat[:, cols].T
+        got = np.zeros(sl.shape)
+        for i in range(sl.shape[2]):
             on = nsl > i
-            b = sl[:, i]
-            t = np.maximum(rs[:, i], self.conn_inj[:, col])
+            b = sl[:, :, i]
+            t = np.maximum(rs[:, :, i], self.conn_inj[cols])
             with np.errstate(invalid="ignore"):
-                self.conn_inj[:, col] = np.where(on, t if self.aware else t + b / bott,
-                                                 self.conn_inj[:, col])
+                self.conn_inj[cols] = np.where(on, t if self.aware else t + b / bott,
+                                               self.conn_inj[cols])
                 fin = t + b / first
             np.maximum(sdone, np.where(on, fin, sdone), out=sdone)
             if self.aware:
-                w = np.nonzero(on)[0]
-                self.chunks.append((w, np.full(w.size, col), np.full(w.size, i),
-                                    t[w] + self.over, b[w], recv[w], c, j, s2, p2))
+                k, w = np.nonzero(on)
+                self.chunks.append((w, cols[k], np.full(w.size, i), t[k, w] + self.over,
+                                    b[k, w], recv[k, w], np.array([tp.steps[s][0] for s in
+                                                                   steps])[k],
+                                    np.array([tp.steps[s][1] for s in steps])[k],
+                                    [(m[0], m[1]) for m in meta], k))
                 continue
             d = self.over + lat + b / bott
             if self.integer:
                 d = np.floor(d)
-            arrive = np.maximum(t + d, self.conn_arr[:, col])
-            self.conn_arr[:, col] = np.where(on, arrive, self.conn_arr[:, col])
-            got[recv, i] = arrive
+            arrive = np.maximum(t + d, self.conn_arr[cols])
+            self.conn_arr[cols] = np.where(on, arrive, self.conn_arr[cols])
+            got[rows, recv, i] = arrive
             self.events += int(on.sum())
         if not self.aware:
-            self.arr[(s2, p2)] = got
-
-    def step(self, s: int) -> None:
-        tp = self.tp
-        st = self.begin(s)
-        self.start[s] = st
-        rs, last = self.ready(s, st)
-        sdone = np.zeros(tp.g)
-        for pos in range(len(tp.steps[s][2].send_to)):
-            self.inject(s, pos, rs, sdone)
-        self.done[s] = np.maximum(np.where(tp.nsl[s] > 0, last, st), sdone)
+            for m, row in zip(meta, got):
+                self.arr[(m[0], m[1])] = row
 
     def level(self, steps: list[int]) -> None:
         self.chunks = []
+        tp = self.tp
+        groups: dict[tuple, list[int]] = {}
         for s in steps:
-            self.step(s)
+            st = tp.steps[s][2]
+            groups.setdefault((tp.sl[s].shape[1], len(st.recv_from), len(st.send_to),
+                               self.comp[s] is None), []).append(s)
+        for grp in groups.values():
+            self.group(grp)
         if self.aware and self.chunks:
             self.network()
 
     def network(self) -> None:
         """Carry the level's chunks over their routes, link FIFOs in arrival order."""
-        cat = [np.concatenate([c[k] for c in self.chunks]) for k in range(6)]
-        src, col, sli, t, b, recv = cat
-        meta = [(len(c[0]), c[6], c[7], c[8], c[9]) for c in self.chunks]
-        chan = np.concatenate([np.full(m[0], m[1]) for m in meta])
-        jj = np.concatenate([np.full(m[0], m[2]) for m in meta])
+        src, col, sli, t, b, recv, chan, jj = (np.concatenate([c[k] for c in self.chunks])
+                                               for k in range(8))
         lk = self.links
         for h in range(lk.route.shape[2]):
             link = lk.route[src, col, h]
-            on = np.nonzero(link >= 0)[0]
-            if not on.size:
+            on = link >= 0
+            if not on.any():
                 break
-            t[on] = self._hop(link[on], t[on], b[on], (src[on], recv[on], chan[on],
-                                                       jj[on], sli[on]))
+            sh = lk.shared[link] & on
+            one = np.nonzero(on & ~sh)[0]
+            if one.size:
+                t[one] = self._single(link[one], t[one], b[one], sli[one])
+            sh = np.nonzero(sh)[0]
+            if sh.size:
+                t[sh] = self._hop(link[sh], t[sh], b[sh], (src[sh], recv[sh], chan[sh],
+                                                           jj[sh], sli[sh]))
         self.events += int(src.size)
-        self._deliver(meta, src, col, sli, t, recv)
+        self._deliver(src, col, sli, t, recv)
 
     def _hop(self, link, t, b, keys) -> np.ndarray:
         lk = self.links
-        src, dst, chan, jj, sli = keys
-        order = np.lexsort((sli, jj, chan, dst, src, t, link))
+        order = np.lexsort(tuple(reversed((link, t) + keys)))
         link, t, b = link[order], t[order], b[order]
-        ks = np.stack([src[order], dst[order], chan[order], jj[order], sli[order]], 1)
         first = np.ones(link.size, bool)
         first[1:] = link[1:] != link[:-1]
         heads = np.nonzero(first)[0]
-        self._check(link[heads], t[heads], ks[heads])
         lastpos = np.append(heads[1:], link.size) - 1
-        pos = np.arange(link.size) - np.repeat(heads, np.diff(np.append(heads, link.size)))
+        ks = [k[order] for k in keys]
+        self._check(link[heads], t[heads], np.stack([k[heads] for k in ks], 1))
+        sizes = lastpos - heads + 1
+        pos = np.arange(link.size) - np.repeat(heads, sizes)
+        ser = b / lk.rate[link]
+        out = self._fifo(link, t, ser, heads, sizes, pos)
+        if self.integer:
+            out = np.floor(out)
+        lk.last_t[link[lastpos]] = t[lastpos]
+        lk.last_k[link[lastpos]] = np.stack([k[lastpos] for k in ks], 1)
+        res = np.empty_like(out)
+        res[order] = out
+        return res
+
+    def _single(self, link, t, b, sli) -> np.ndarray:
+        """Links with one connection: its slices in order, the engine's sums."""
+        lk = self.links
         out = np.empty_like(t)
-        for p in range(int(pos.max()) + 1):
-            w = np.nonzero(pos == p)[0]
+        for i in range(int(sli.max()) + 1):
+            w = np.nonzero(sli == i)[0] if i or sli.any() else slice(None)
             li = link[w]
             st = np.maximum(lk.free[li], t[w])
             ser = b[w] / lk.rate[li]
             lk.free[li] = st + ser
-            tt = st + ser + lk.llat[li]
-            out[w] = np.floor(tt) if self.integer else tt
-        lk.last_t[link[lastpos]] = t[lastpos]
-        lk.last_k[link[lastpos]] = ks[lastpos]
-        res = np.empty_like(out)
-        res[order] = out
-        return res
+            out[w] = st + ser + lk.llat[li]
+        return np.floor(out) if self.integer else out
+
+    def _fifo(self, link, t, ser, heads, sizes, pos) -> np.ndarray:
+        """Each link serves its chunks in order: start = max(free, arrival), free =
+        start + serialization, out = free + latency — the engine's sums, in its order.
+        Chunks that queue behind the previous one are one running sum per link (a row
+        of a cumulative sum, added left to right); links where a chunk finds the link
+        idle are served one position at a time."""
+        lk = self.links
+        ng, width = heads.size, int(sizes.max())
+        gid = np.repeat(np.arange(ng), sizes)
+        st0 = np.maximum(lk.free[link[heads]], t[heads])
+        acc = np.zeros((ng, width + 1))
+        acc[:, 0] = st0
+        acc[gid, pos + 1] = ser
+        np.cumsum(acc, axis=1, out=acc)
+        start = acc[gid, pos]
+        if (t[pos > 0] > start[pos > 0]).any():      # an idle gap: exact slow path
+            out = np.empty_like(t)
+            for p in range(width):
+                w = np.nonzero(pos == p)[0]
+                li = link[w]
+                st = np.maximum(lk.free[li], t[w])
+                lk.free[li] = st + ser[w]
+                out[w] = st + ser[w] + lk.llat[li]
+            return out
+        done = acc[gid, pos + 1]
+        lk.free[link[heads + sizes - 1]] = done[heads + sizes - 1]
+        return done + lk.llat[link]
 
     def _check(self, link, t, ks) -> None:
         """The first chunk a link serves in this batch must come after its last one."""
@@ -346,22 +424,26 @@ class _Run:
             if tuple(ks[w]) <= tuple(self.links.last_k[link[w]]):
                 raise Unordered("two chunks reach a link at once out of order")
 
-    def _deliver(self, meta, src, col, sli, t, recv) -> None:
-        base = 0
+    def _deliver(self, src, col, sli, t, recv) -> None:
         g = self.tp.g
-        for n_, _c, _j, s2, p2 in meta:
+        base = 0
+        for c in self.chunks:
+            n_ = len(c[0])
             seg = slice(base, base + n_)
             base += n_
-            got = self.arr.get((s2, p2))
-            if got is None:
-                got = self.arr[(s2, p2)] = np.zeros((g, self.tp.sl[s2].shape[1]))
-            r, c, i = src[seg], col[seg], sli[seg]
-            a = np.maximum(t[seg], self.conn_arr[r, c])
-            self.conn_arr[r, c] = a
-            got[recv[seg], i] = a
+            r, cc, i = src[seg], col[seg], sli[seg]
+            a = np.maximum(t[seg], self.conn_arr[cc, r])
+            self.conn_arr[cc, r] = a
+            k = c[9]
+            for row, (s2, p2) in enumerate(c[8]):
+                w = k == row
+                got = self.arr.get((s2, p2))
+                if got is None:
+                    got = self.arr[(s2, p2)] = np.zeros((g, self.tp.sl[s2].shape[1]))
+                got[recv[seg][w], i[w]] = a[w]
 
     def finish(self) -> float:
-        return max((float(d.max()) for d in self.done if d is not None and d.size), default=0.0)
+        return self.tmax
 
 
 def run(tp: Template, t: Program, topo: Topology, devices: list[int], model: Unaware | Aware,

@@ -66,7 +66,7 @@ def main() -> None:
                 worst = comm.all_reduce(np.array([dt]), "max")[0]
                 rounds.setdefault((a, nbytes), []).append(float(worst))
     if comm.rank == 0:
-        chosen = {nb: comm._choose_algo(ringtree.core.ir.Collective.ALL_REDUCE, nb, None)
+        chosen = {nb: comm.planner.choose(ringtree.core.ir.Collective.ALL_REDUCE, nb)
                   for nb in sizes}
         med = {k: statistics.median(v) * 1e6 for k, v in rounds.items()}
         head = "algorithm".ljust(20) + "".join(f"{_fmt(nb):>12}" for nb in sizes)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ringtree.api import CollectivesMixin
-from ringtree.comm import CommCore
+from ringtree.communicator import Communicator
 from ringtree.dtypes import DType
 from ringtree.errors import (
     CollectiveTimeout,
@@ -31,10 +30,6 @@ __all__ = [
     "PremulSum", "ReduceOp", "RingtreeError", "UserOp", "Work", "dump_flight_recorder", "init",
     "premul_sum", "profile", "world",
 ]
-
-
-class Communicator(CollectivesMixin, CommCore):
-    """A group of ranks that run collectives together (``ncclComm_t``)."""
 
 
 _WORLD: Communicator | None = None

@@ -30,7 +30,10 @@ class CollectiveTimeout(RingtreeError, TimeoutError):
 
 
 class CommAborted(RingtreeError):
-    """The communicator was aborted (locally or by another rank's failure)."""
+    """The communicator was aborted (locally or by another rank's failure); ``peer`` is
+    the rank whose lost connection revealed it, if any."""
+
+    peer: int | None = None
 
 
 class RendezvousError(RingtreeError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +83,7 @@ class Call:
     prefix: bytes = field(init=False)
     fr: list | None = field(default=None, repr=False)  # its flight-recorder entry
     steps_done: list[bool] = field(default_factory=list, repr=False)
+    plan: Any = field(default=None, repr=False)  # the Plan whose buffers it borrowed
 
     def __post_init__(self) -> None:
         self.prefix = self.desc.prefix()

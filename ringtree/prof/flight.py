@@ -57,7 +57,7 @@ class FlightRecorder:
         self.last_started = 0
         self.last_completed = 0
 
-    # ---- hooks (CommCore._issue / _execute) ----------------------------------------------
+    # ---- hooks (Communicator._run / _submit) ----------------------------------------------
 
     def scheduled(self, call) -> list:
         d = call.desc

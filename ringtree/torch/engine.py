@@ -1,7 +1,7 @@
 """The torch backend's progress: a thin adapter over the core's streaming executor.
 
 Every call a process group issues is submitted to the communicator's executor
-(:meth:`~ringtree.comm.CommCore._submit`) and driven by the core's worker thread, so the
+(:meth:`~ringtree.Communicator._submit`) and driven by the core's worker thread, so the
 thread that issues it (autograd's, for DDP's buckets) never waits for communication. The
 executor does the scheduling: in-order issue per channel, sends to a peer posted in
 program order, several calls in flight at once (an ``isend`` and the ``irecv`` after it

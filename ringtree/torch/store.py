@@ -22,7 +22,7 @@ from datetime import timedelta
 
 
 class TorchStore:
-    """The interface :class:`ringtree.comm.CommCore` uses, over a c10d ``Store``."""
+    """The interface :class:`ringtree.Communicator` uses, over a c10d ``Store``."""
 
     def __init__(self, store, timeout: float = 300.0):
         self.store = store

@@ -50,7 +50,7 @@ def plan_routes(choice: str, host_ids: list[str], rank: int) -> tuple[list[int],
 
 
 def build_fabric(core, listener) -> Fabric:
-    """Connect ``core`` (a CommCore) to its peers."""
+    """Connect ``core`` (a Communicator) to its peers."""
     choice = transport_choice()
     host_ids = [p.host_id for p in core.peers]
     near, far = plan_routes(choice, host_ids, core.rank)

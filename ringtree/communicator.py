@@ -1,0 +1,416 @@
+"""The Communicator (``ncclComm_t``): a group of ranks that run collectives together.
+
+One class holds the layers of a call: each collective method validates its arguments
+into a frozen call spec (:mod:`ringtree.api`), the planner (:mod:`ringtree.core.planner`)
+turns the spec into a ready-to-run call, and the communicator issues it — now, into an
+open :meth:`group`, or as async work — to the executor (:mod:`ringtree.core.executor`),
+driven by :mod:`ringtree.core.progress`. Around that it owns the lifecycle: creation
+(rendezvous and transports), ``split``/``new_group``, failure and shutdown.
+
+Failure propagation (the first rank that sees an error records it in the store for every
+rank) is :mod:`ringtree.failure`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from ringtree import api, failure
+from ringtree.bootstrap.rendezvous import meet
+from ringtree.core.executor import Executor
+from ringtree.core.plan import DEFAULT_SLICE_BYTES, Call
+from ringtree.core.planner import CallSpec, Planner
+from ringtree.core.progress import Progress
+from ringtree.core.tuner import parse_algo_spec
+from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
+from ringtree.ops import ReduceOp
+from ringtree.settings import as_timeout, env_int, env_timeout
+from ringtree.transports.tcp import make_listener
+from ringtree.work import Work
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What a rank published at rendezvous: ``host:port|host_id``."""
+
+    rank: int
+    host: str
+    port: int
+    host_id: str
+
+    @classmethod
+    def parse(cls, rank: int, record: bytes) -> Peer:
+        addr, _, hid = record.decode().partition("|")
+        h, _, p = addr.rpartition(":")
+        return cls(rank, h, int(p), hid)
+
+
+class Communicator:
+    """A group of ranks that run collectives together (``ncclComm_t``).
+
+    Collectives take ``torch.distributed`` names and semantics. With ``async_op=True``
+    they return a :class:`~ringtree.work.Work`; ``algo=`` picks the algorithm of one call;
+    ``timeout=`` its deadline in seconds (default ``RINGTREE_TIMEOUT``).
+    """
+
+    def __init__(self, *, rank: int, size: int, store, prefix: str, secret: bytes,
+                 master_addr: str = "127.0.0.1", timeout: float | None = None,
+                 server=None, world_ranks: tuple[int, ...] | None = None,
+                 local_rank: int | None = None, owns_store: bool = False):
+        from ringtree.bootstrap.job import host_identity
+        from ringtree.bootstrap.netif import select_address
+        from ringtree.transports.assign import build_fabric
+
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} out of range for {size} ranks")
+        self.rank, self.size = rank, size
+        self.store, self.prefix, self.secret = store, prefix, secret
+        self._server, self._owns_store = server, owns_store
+        self.world_ranks = world_ranks or tuple(range(size))
+        self.timeout = as_timeout(timeout) if timeout is not None else env_timeout(
+            "RINGTREE_TIMEOUT", 300.0)
+        self.nchannels = max(1, env_int("RINGTREE_NCHANNELS", 1))
+        self.slice_bytes = max(4096, env_int("RINGTREE_BUFFSIZE", 4 * DEFAULT_SLICE_BYTES) // 4)
+        self.algo_enabled = parse_algo_spec(os.environ.get("RINGTREE_ALGO", ""))
+        self.debug = os.environ.get("RINGTREE_DEBUG", "").upper()
+        self.comm_id = hashlib.sha256(secret + prefix.encode()).digest()[:16]
+        self.seq = 0
+        self._p2p_seq: dict[tuple[int, int, str | None], int] = {}
+        self._splits = 0
+        self._broken: BaseException | None = None
+        self._after_abort: str | None = None  # the first cause, when another rank failed
+        self._failing = False
+        self.store_host_rank: int | None = None  # the rank whose process serves the store
+        self._closed = False
+        self._group: list[tuple[Call, Work | None, object]] | None = None
+        self._group_depth = 0
+        # An external progress engine (ringtree.torch) may take over running calls:
+        # ``submit(call, result, timeout) -> Work``. None: this class runs them.
+        self.submit = None
+
+        host = select_address(None, master_addr)
+        listener = make_listener(host)
+        self.host_id = host_identity()
+        me = f"{host}:{listener.getsockname()[1]}|{self.host_id}"
+        init_timeout = env_timeout("RINGTREE_INIT_TIMEOUT", self.timeout)
+        self.peers = [Peer.parse(r, rec) for r, rec in
+                      enumerate(meet(store, prefix, rank, size, me.encode(), init_timeout))]
+        order: dict[str, int] = {}
+        self.nodes = tuple(order.setdefault(p.host_id, len(order)) for p in self.peers)
+        self.local_rank = local_rank if local_rank is not None else sum(
+            1 for p in self.peers[:rank] if p.host_id == self.host_id)
+        self.planner = Planner(rank, size, self.nodes, nchannels=self.nchannels,
+                               slice_bytes=self.slice_bytes, algo_enabled=self.algo_enabled,
+                               link=self._link_kind())
+        self.fabric = build_fabric(self, listener)
+        self.executor = Executor(rank, self.fabric, on_idle=self._check_abort,
+                                 slice_bytes=self.slice_bytes)
+        self.executor.on_error = self._on_error
+        self.progress = Progress(self.executor, f"ringtree-rank{rank}")
+        self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
+        from ringtree.prof import attach
+
+        attach(self)  # flight recorder, SIGUSR1 dump, doctor watcher, RINGTREE_PROFILE
+
+    def _link_kind(self) -> str:
+        """The cost model every rank agrees on: shm when the whole job is on one host
+        (and shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
+        same_host = len(set(self.nodes)) == 1
+        if not same_host or os.environ.get("RINGTREE_TRANSPORT", "auto").strip().lower() \
+                not in ("", "auto", "shm"):
+            return "tcp"
+        return "shm_crowded" if self.size > (os.cpu_count() or 1) else "shm"
+
+    # ---- collectives: validate (api), plan (planner), issue ----------------------------
+
+    def all_reduce(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
+                   algo: str | None = None, timeout: float | None = None):
+        """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
+        return self._run(api.for_all_reduce(self, x, op, out, algo), async_op, timeout)
+
+    def broadcast(self, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,
+                  timeout: float | None = None):
+        """Copy root's ``x`` into ``x`` on every rank."""
+        return self._run(api.for_broadcast(self, x, root, algo), async_op, timeout)
+
+    def reduce(self, x, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
+               algo: str | None = None, timeout: float | None = None):
+        """Reduce to ``root``: its ``x`` (or ``out``) gets the result; others are untouched."""
+        return self._run(api.for_reduce(self, x, root, op, out, algo), async_op, timeout)
+
+    def all_gather(self, x, *, out=None, async_op: bool = False, algo: str | None = None,
+                   timeout: float | None = None):
+        """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
+        (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
+        return self._run(api.for_all_gather(self, x, out, algo), async_op, timeout)
+
+    def reduce_scatter(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
+                       algo: str | None = None, timeout: float | None = None):
+        """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
+        r block r of the result, in ``out`` or a new array."""
+        return self._run(api.for_reduce_scatter(self, x, op, out, algo), async_op, timeout)
+
+    def gather(self, x, root: int = 0, *, out=None, async_op: bool = False,
+               algo: str | None = None, timeout: float | None = None):
+        """Root receives every rank's ``x`` (shape ``(size, *x.shape)``); others get None."""
+        return self._run(api.for_gather(self, x, root, out, algo), async_op, timeout)
+
+    def scatter(self, x, root: int = 0, *, out=None, async_op: bool = False,
+                algo: str | None = None, timeout: float | None = None):
+        """Rank r receives block r of root's ``x`` (``size`` equal blocks) into ``out``.
+        Non-root ranks may pass ``x=None`` but then must pass ``out``."""
+        return self._run(api.for_scatter(self, x, root, out, algo), async_op, timeout)
+
+    def all_to_all(self, x, *, out=None, send_splits: Sequence[int] | None = None,
+                   recv_splits: Sequence[int] | None = None, async_op: bool = False,
+                   algo: str | None = None, timeout: float | None = None):
+        """Rank r sends block j of ``x`` to rank j and receives block r of every rank.
+
+        Equal blocks by default; ``send_splits``/``recv_splits`` give uneven block sizes
+        in rows of dimension 0 (torch's ``all_to_all_single``). Missing ``recv_splits``
+        are exchanged first.
+        """
+        spec = api.for_all_to_all(self, x, out, send_splits, recv_splits, algo)
+        return self._run(spec, async_op, timeout)
+
+    def barrier(self, *, async_op: bool = False, timeout: float | None = None):
+        """Return once every rank has entered the barrier (dissemination algorithm)."""
+        return self._run(api.for_barrier(), async_op, timeout)
+
+    def send(self, x, dst: int, tag: int = 0, *, timeout: float | None = None):
+        """Send ``x`` to rank ``dst`` (matched in order per (dst, tag))."""
+        return self._run(api.for_p2p(self, x, dst, tag, True), False, timeout)
+
+    def recv(self, x, src: int, tag: int = 0, *, timeout: float | None = None):
+        """Receive into ``x`` from rank ``src``; returns ``x``."""
+        return self._run(api.for_p2p(self, x, src, tag, False), False, timeout)
+
+    def isend(self, x, dst: int, tag: int = 0) -> Work:
+        return self._run(api.for_p2p(self, x, dst, tag, True), True, None)
+
+    def irecv(self, x, src: int, tag: int = 0) -> Work:
+        return self._run(api.for_p2p(self, x, src, tag, False), True, None)
+
+    def broadcast_object(self, obj: object = None, root: int = 0) -> object:
+        """Root's picklable ``obj`` on every rank. Unpickles what root sent: use only
+        within a trusted job."""
+        return api.broadcast_object(self, obj, root)
+
+    def all_gather_object(self, obj: object) -> list:
+        """Every rank's picklable ``obj``, in rank order (unpickles peers' data)."""
+        return api.all_gather_object(self, obj)
+
+    # ---- issuing ------------------------------------------------------------------------
+
+    def _run(self, spec: CallSpec, async_op: bool, timeout: float | None):
+        """Plan ``spec`` and run it now, hand it to the worker, or add it to the group."""
+        self._check_usable()
+        if spec.coll is None:  # send/recv: numbered per (peer, tag, direction)
+            key = (spec.root, spec.tag, spec.algo)
+            seq = self._p2p_seq[key] = self._p2p_seq.get(key, 0) + 1
+        else:
+            seq = self.seq = self.seq + 1
+        call = self.planner.plan(spec).bind(spec, seq, self.size)
+        if self.flight is not None:
+            self.flight.scheduled(call)
+        if self.debug in ("INFO", "TRACE") and call.desc.seq <= 10:
+            print(f"ringtree rank {self.rank}: {call.desc}", flush=True)
+        result = spec.result
+        if self._group is not None:
+            work = Work(call.desc.name)
+            self._group.append((call, work, result))
+            return work if async_op else result
+        t = self.timeout if timeout is None else timeout
+        if self.submit is not None:
+            work = self.submit(call, result, t)
+            return work if async_op else work.result()
+        if async_op:
+            work = Work(call.desc.name)
+            self._submit([call], [work], [result], t)
+            return work
+        self.progress.wait(self._submit([call], [None], [result], t))
+        return result
+
+    def _submit(self, calls: list[Call], works: list, results: list, timeout: float):
+        """Queue calls as one batch: their steps join the channels in issue order, so
+        they may overlap with anything still in flight."""
+        self._check_usable()
+        fr = self.flight
+
+        def done(batch) -> None:  # runs on the driving thread, under the lock
+            for c in calls:
+                if c.plan is not None:
+                    c.plan.busy = False  # its scratch and staging buffers are free again
+            if fr is not None:
+                fr.finished(calls, batch.error)
+            for w, r in zip(works, results):
+                if w is not None:
+                    w._finish(r, batch.error)
+
+        return self.progress.submit(calls, timeout, done,
+                                    background=any(w is not None for w in works),
+                                    before=None if fr is None else lambda: fr.started(calls))
+
+    def _probe(self, channel: int, peers: list[int], test, work: Work, timeout: float):
+        """A receive from any source, first half (:meth:`Executor.probe`): ``work``
+        finishes with the first of ``peers`` whose message waits on ``channel``. It does
+        so on the driving thread, under the lock: post the receive from another thread."""
+        self._check_usable()
+        return self.progress.probe(channel, peers, test, timeout,
+                                   lambda b: work._finish(b.probe.peer, b.error))
+
+    def synchronize(self, timeout: float | None = None) -> bool:
+        """Wait until every operation issued so far has completed; False if ``timeout``
+        seconds passed first (the operations go on)."""
+        return self.progress.synchronize(timeout)
+
+    def _fail_pending(self, err: BaseException) -> None:
+        """Fail every operation in flight with ``err`` (an abort: nothing is recorded)."""
+        self.progress.cancel(err)
+
+    @contextmanager
+    def group(self):
+        """Issue the enclosed operations as one (``ncclGroupStart``/``ncclGroupEnd``).
+
+        Operations inside return at once; their results (and Works) are complete when the
+        block exits. Sends and receives inside one group cannot deadlock each other.
+        """
+        self._group_depth += 1
+        if self._group_depth == 1:
+            self._group = []
+        ok = False
+        try:
+            yield self
+            ok = True
+        finally:
+            self._group_depth -= 1
+            if self._group_depth == 0:
+                items, self._group = self._group or [], None
+                if ok and items:
+                    calls, works, results = (list(v) for v in zip(*items))
+                    self.progress.wait(self._submit(calls, works, results,
+                                                    max(self.timeout, 1e-3)))
+
+    # ---- failure ------------------------------------------------------------------------
+
+    def _on_error(self, e: BaseException) -> BaseException:
+        """The executor failed: record it for every rank and say who started it."""
+        if isinstance(e, (PeerError, MismatchError, CollectiveTimeout, CommAborted)):
+            return self._fail(e)
+        return e
+
+    def _check_abort(self) -> None:
+        """Called while waiting: raise if another rank has aborted the communicator."""
+        failure.check_abort(self)
+
+    def _fail(self, e: BaseException) -> BaseException:
+        return failure.fail(self, e)
+
+    def monitored_barrier(self, timeout: float | None = None,
+                          wait_all_ranks: bool = True) -> None:
+        """Barrier through the store that names the ranks that did not arrive
+        (``torch.distributed.monitored_barrier``); see :mod:`ringtree.prof.watch`."""
+        from ringtree.prof.watch import monitored_barrier
+
+        monitored_barrier(self, timeout, wait_all_ranks)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise CommAborted(f"rank {self.rank}: communicator is closed")
+        if self._broken is not None:
+            raise CommAborted(f"rank {self.rank}: communicator is unusable after an earlier "
+                              f"error: {self._broken}")
+
+    # ---- split / close ------------------------------------------------------------------
+
+    def split(self, color: int, key: int | None = None) -> Communicator | None:
+        """NCCL ``ncclCommSplit``: ranks with the same ``color`` form a new communicator,
+        ordered by ``key`` (then by old rank); ``color < 0`` gets None. Collective."""
+        key = self.rank if key is None else int(key)
+        table = self.all_gather(np.array([int(color), key], dtype=np.int64))
+        table = table.reshape(self.size, 2)
+        self._splits += 1
+        if color < 0:
+            return None
+        members = sorted((int(table[r, 1]), r) for r in range(self.size)
+                         if table[r, 0] == color)
+        ranks = [r for _, r in members]
+        prefix = f"{self.prefix}/s{self._splits}c{int(color)}"
+        return type(self)(rank=ranks.index(self.rank), size=len(ranks), store=self.store,
+                          prefix=prefix, secret=self.secret, timeout=self.timeout,
+                          master_addr=self.peers[self.rank].host,
+                          world_ranks=tuple(self.world_ranks[r] for r in ranks))
+
+    def new_group(self, ranks: list[int]) -> Communicator | None:
+        """Communicator over ``ranks`` (in that order); None on ranks not in it. Collective."""
+        ranks = [int(r) for r in ranks]
+        if len(set(ranks)) != len(ranks) or any(not 0 <= r < self.size for r in ranks):
+            raise ValueError(f"new_group: invalid ranks {ranks} for size {self.size}")
+        inside = self.rank in ranks
+        return self.split(0 if inside else -1, ranks.index(self.rank) if inside else 0)
+
+    def abort(self) -> None:
+        """Tear down at once (``ncclCommAbort``): peers blocked on us get an error."""
+        if self._closed:
+            return
+        failure.record_abort(self, f"rank {self.rank} called abort()")
+        self._broken = self._broken or CommAborted(f"rank {self.rank} aborted")
+        self._fail_pending(self._broken)  # Works in flight raise instead of hanging
+        self.fabric.close()
+        from ringtree.prof import detach
+
+        detach(self)
+        self._closed = True
+        self.progress.stop()
+
+    def close(self) -> None:
+        """Finish pending work and release sockets; rank 0's store outlives the others."""
+        if self._closed:
+            return
+        try:
+            self.synchronize()
+        finally:
+            from ringtree.prof import detach
+
+            detach(self)  # last status for the doctor; RINGTREE_PROFILE files
+            self._closed = True
+            self.progress.stop()
+            self.fabric.close()
+            if self._owns_store:
+                try:
+                    self.store.add(f"{self.prefix}/closed", 1)
+                    if self._server is not None:
+                        self._wait_all_closed()
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
+                self.store.close()
+            if self._server is not None:
+                self._server.close()
+
+    def _wait_all_closed(self) -> None:
+        deadline = time.monotonic() + min(self.timeout, 30.0)
+        while time.monotonic() < deadline:
+            raw = self.store.try_get(f"{self.prefix}/closed")
+            if raw is not None and int(raw) >= self.size:
+                return
+            time.sleep(0.02)
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"<Communicator rank {self.rank}/{self.size} {self.prefix}>"
+

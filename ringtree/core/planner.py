@@ -1,0 +1,217 @@
+"""The planner: from a validated call (:class:`CallSpec`) to a call ready to run.
+
+It owns every decision between the API and the executor:
+
+- *algorithm*: the caller's ``algo=``, else the tuner (:mod:`ringtree.core.tuner`) on the
+  call's size, cached per (collective, bytes);
+- *protocol*: :meth:`Planner._protocol` is the one place a second protocol is chosen by
+  size (today every plan uses Simple, the IR executor);
+- *fallbacks*: an algorithm that cannot run in place gets a private copy of the input;
+  PREMUL_SUM reduces a pre-scaled copy (the user's input is never changed);
+- *scratch*: a plan keeps its scratch and staging buffers and lends them to one call at a
+  time (a second call in flight on the same plan gets fresh ones);
+- *caches*: a :class:`Plan` per call shape. A call that repeats the previous call's shape
+  (collective, count, dtype, op, root, in-place, algorithm) gets the same plan back after
+  one tuple comparison, with no Program generated or compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ringtree.core.ir import Buf, Collective, Program, Step, inp, out, split_even
+from ringtree.core.plan import Call, CStep, Desc, Region, compile_program
+from ringtree.core.tuner import MODELS, choose
+from ringtree.dtypes import DType
+from ringtree.ops import ReduceOp, Reducer
+from ringtree.schedules import Options, generate
+
+P2P_CODE = 200          # the collective code of send/recv in message headers
+P2P_CHANNEL_BASE = 64   # send/recv with tag t run on channel P2P_CHANNEL_BASE + t
+SHAPE_FIELDS = 9        # CallSpec[:SHAPE_FIELDS] is the plan's cache key
+
+
+class CallSpec(NamedTuple):
+    """One validated call: its shape (the first :data:`SHAPE_FIELDS` fields, which
+    decide the plan) and the buffers it runs on. Built by :mod:`ringtree.api`."""
+
+    coll: Collective | None      # None: point-to-point
+    count: int                   # elements per block (send/recv: elements)
+    dtype: DType
+    op: ReduceOp | None          # None: no reduction, or a user operator
+    root: int                    # root rank; the peer of a send/recv; -1 otherwise
+    in_place: bool
+    algo: str | None             # requested algorithm (None: tuner); "send"/"recv"
+    blocks: tuple[tuple[int, ...], tuple[int, ...]] | None  # uneven (input, output) blocks
+    tag: int                     # send/recv tag
+    inp: np.ndarray | None       # flat typed views
+    out: np.ndarray | None
+    reducer: Reducer | None
+    result: Any                  # what the call returns
+    post: Callable[[], None] | None  # runs after success (e.g. copy into an out list)
+
+
+_COPY, _PREMUL = 1, 2
+
+
+class Plan:
+    """A call shape compiled for this rank: steps, descriptor fields and buffers to lend."""
+
+    __slots__ = ("key", "protocol", "algo", "steps", "name", "coll_code", "root",
+                 "channel_base", "stage", "scratch_len", "scratch_fill", "avg",
+                 "_scratch", "_staging", "busy")
+
+    def __init__(self, key: tuple, algo: str, steps: list[list[CStep]], *, name: str,
+                 coll_code: int, root: int, channel_base: int = 0, stage: int = 0,
+                 scratch_len: int = 0, scratch_fill: int | None = None, avg: bool = False,
+                 protocol: str = "simple"):
+        self.key, self.protocol, self.algo, self.steps = key, protocol, algo, steps
+        self.name, self.coll_code, self.root = name, coll_code, root
+        self.channel_base, self.stage, self.avg = channel_base, stage, avg
+        self.scratch_len, self.scratch_fill = scratch_len, scratch_fill
+        self._scratch: np.ndarray | None = None
+        self._staging: np.ndarray | None = None
+        self.busy = False  # a call in flight holds this plan's buffers
+
+    def bind(self, spec: CallSpec, seq: int, nranks: int) -> Call:
+        """The Call that runs ``spec`` (sequence number ``seq``) on this plan."""
+        own = not self.busy
+        inp, dt, red = spec.inp, spec.dtype, spec.reducer
+        if self.stage and inp is not None:
+            stage = self._staging if own else None
+            if stage is None or stage.size != inp.size or stage.dtype != inp.dtype:
+                stage = np.empty_like(inp)
+                self._staging = stage if own else self._staging
+            if self.stage == _PREMUL:
+                assert red is not None
+                red.premultiply(inp, stage)
+            else:
+                np.copyto(stage, inp)
+            inp = stage
+        scratch = None
+        if self.scratch_len:
+            scratch = self._scratch if own else None
+            if scratch is None:
+                scratch = np.zeros(self.scratch_len, dtype=dt.storage)
+                self._scratch = scratch if own else self._scratch
+            if self.scratch_fill is not None:
+                scratch[:] = self.scratch_fill
+        post = spec.post
+        if self.avg and spec.out is not None:
+            assert red is not None
+            divide = functools.partial(red.postdivide, spec.out, nranks)
+            post = divide if post is None else _chain(post, divide)
+        desc = Desc(self.name, spec.count, dt.value, dt.code,
+                    red.name if red is not None else "-", red.code if red is not None else 0,
+                    self.root, seq, self.algo, self.coll_code)
+        call = Call(self.steps, [inp, spec.out, scratch], red, desc,
+                    channel_base=self.channel_base, post=post)
+        if own:
+            self.busy = True
+            call.plan = self
+        return call
+
+
+def _chain(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        a()
+        b()
+    return both
+
+
+class Planner:
+    """Chooses algorithms and builds plans for one rank of a communicator."""
+
+    def __init__(self, rank: int, size: int, nodes: tuple[int, ...], *, nchannels: int,
+                 slice_bytes: int, algo_enabled: dict, link: str):
+        self.rank, self.size, self.nodes = rank, size, nodes
+        self.nchannels, self.slice_bytes = nchannels, slice_bytes
+        self.algo_enabled, self.link = algo_enabled, link
+        self._plans: dict[tuple, Plan] = {}
+        self._choices: dict[tuple[Collective, int], str] = {}
+        self._last: Plan | None = None
+
+    def plan(self, spec: CallSpec) -> Plan:
+        """The plan for ``spec``'s shape: the previous call's if the shape repeats."""
+        last = self._last
+        if last is not None and last.key == spec[:SHAPE_FIELDS]:
+            return last
+        key = spec[:SHAPE_FIELDS]
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 512:
+                self._plans.clear()
+            plan = self._plans[key] = self._build(spec, key)
+        self._last = plan
+        return plan
+
+    def choose(self, coll: Collective, nbytes: int, algo: str | None = None) -> str:
+        """The algorithm for a call of ``nbytes`` (the caller's ``algo`` if given)."""
+        if algo is not None:
+            return algo.lower()
+        key = (coll, nbytes)
+        cached = self._choices.get(key)
+        if cached is None:
+            opts = Options(channels=self.nchannels, nodes=self.nodes)
+            cached = choose(coll, nbytes, self.size, self.algo_enabled.get(coll),
+                            MODELS[self.link], opts)
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            self._choices[key] = cached
+        return cached
+
+    def program(self, coll: Collective, algo: str, root: int) -> Program:
+        opts = Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)
+        return generate(coll, algo, self.size, self.rank, opts)
+
+    # ---- building -------------------------------------------------------------------------
+
+    def _build(self, spec: CallSpec, key: tuple) -> Plan:
+        if spec.coll is None:
+            return self._p2p(spec, key)
+        coll, count, itemsize = spec.coll, spec.count, spec.dtype.itemsize
+        if spec.blocks is not None:
+            in_blocks, out_blocks = spec.blocks
+        else:
+            nin, nout = coll.blocks(self.size)
+            in_blocks, out_blocks = (count,) * nin, (count,) * nout
+        nbytes = count * itemsize * max(len(in_blocks), len(out_blocks), 1)
+        algo = self.choose(coll, nbytes, spec.algo)
+        protocol = self._protocol(spec, nbytes)
+        prog = self.program(coll, algo, spec.root)
+        stage, in_place = 0, spec.in_place
+        if spec.op is ReduceOp.PREMUL_SUM and spec.inp is not None:
+            stage, in_place = _PREMUL, False  # reduce a scaled copy, never the input
+        elif in_place and not prog.in_place_ok:
+            stage, in_place = _COPY, False    # the algorithm needs input and output apart
+        steps = compile_program(prog, list(in_blocks), list(out_blocks), count, itemsize,
+                                self.slice_bytes, in_place)
+        avg = spec.op is ReduceOp.AVG and (coll is not Collective.REDUCE
+                                           or self.rank == spec.root)
+        return Plan(key, algo, steps, name=coll.value, coll_code=coll.code, root=spec.root,
+                    stage=stage, scratch_len=prog.blocks(Buf.SCRATCH) * count if prog.scratch
+                    else 0, scratch_fill=1 if coll is Collective.BARRIER else None, avg=avg,
+                    protocol=protocol)
+
+    def _protocol(self, spec: CallSpec, nbytes: int) -> str:
+        """Which protocol carries a call of ``nbytes``: the hook for a small-message fast
+        path (NCCL's LL next to Simple). Today every call is Simple."""
+        return "simple"
+
+    def _p2p(self, spec: CallSpec, key: tuple) -> Plan:
+        sending, n = spec.algo == "send", spec.count
+        region = Region(int(Buf.INPUT if sending else Buf.OUTPUT), 0, n)
+        slice_elems = max(1, self.slice_bytes // spec.dtype.itemsize)
+        nsl = -(-n // slice_elems) if n else 0
+        slices = tuple(split_even(n, nsl, k) for k in range(nsl))
+        if sending:
+            cs = CStep(0, Step(src=inp(0), send_to=(spec.root,)), region, None, n, slices, ())
+        else:
+            cs = CStep(0, Step(dst=out(0), recv_from=(spec.root,)), None, region, n, slices,
+                       ())
+        return Plan(key, "p2p", [[cs]], name="send" if sending else "recv",
+                    coll_code=P2P_CODE, root=spec.tag, channel_base=P2P_CHANNEL_BASE + spec.tag)

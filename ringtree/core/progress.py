@@ -1,0 +1,116 @@
+"""Who drives the executor: the thread that waits, or the communicator's worker thread.
+
+The executor makes progress only while some thread calls :meth:`Executor.drive`; exactly
+one thread holds that *driver* role at a time, under one condition variable that also
+guards the executor's state. A synchronous call drives until its own batch is done;
+async work nobody waits on is driven by a worker thread started on first use; a thread
+that finds another driving waits on the condition instead (the driver notifies when
+batches complete). :meth:`Progress.drive_until` is the one loop that does this.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from ringtree.core.executor import Batch, Executor
+
+
+class Progress:
+    """The driver role, the worker thread and the lock around one executor."""
+
+    def __init__(self, executor: Executor, name: str):
+        self.executor = executor
+        self.name = name
+        self.cv = threading.Condition()                 # guards the executor's state
+        self.driver: threading.Thread | None = None     # the thread making progress now
+        self.worker: threading.Thread | None = None     # drives async work nobody waits on
+
+    def submit(self, calls: list, timeout: float, on_done: Callable[[Batch], None],
+               *, background: bool, before: Callable[[], None] | None = None) -> Batch:
+        """Queue ``calls`` as one batch (after ``before()``, under the lock);
+        ``background``: make sure the worker drives it."""
+        with self.cv:
+            if before is not None:
+                before()
+            batch = self.executor.submit(calls, timeout, on_done)
+            if background:
+                self._start_worker()
+                self.cv.notify_all()
+        return batch
+
+    def probe(self, channel: int, peers: list[int], test, timeout: float,
+              on_done: Callable[[Batch], None]) -> Batch:
+        """A receive from any source, driven by the worker (:meth:`Executor.probe`)."""
+        with self.cv:
+            batch = self.executor.probe(channel, peers, test, timeout, on_done)
+            self._start_worker()
+            self.cv.notify_all()
+        return batch
+
+    def wait(self, batch: Batch) -> None:
+        """Block until ``batch`` completes, driving progress if no other thread is."""
+        self.drive_until(lambda: batch.done)
+        if batch.error is not None:
+            raise batch.error
+
+    def synchronize(self, timeout: float | None = None) -> bool:
+        """Wait until everything submitted has completed; False if ``timeout`` passed."""
+        end = None if timeout is None else time.monotonic() + timeout
+        executor = self.executor
+        return self.drive_until(lambda: not executor.busy,
+                                None if end is None else lambda: time.monotonic() >= end)
+
+    def drive_until(self, done: Callable[[], bool],
+                    give_up: Callable[[], bool] | None = None) -> bool:
+        """Drive (or wait for the driving thread) until ``done()``; False if ``give_up()``
+        came first. The lock is released while the driver sleeps in the transports."""
+        stop = done if give_up is None else (lambda: done() or give_up())
+        with self.cv:
+            while not done():
+                if give_up is not None and give_up():
+                    return False
+                if self.driver is None:
+                    self._drive(stop)
+                else:
+                    self.cv.wait(0.1)
+        return True
+
+    def cancel(self, err: BaseException) -> None:
+        """Fail everything in flight with ``err`` (an abort: nothing is recorded)."""
+        with self.cv:
+            self.executor.cancel(err)
+            self.cv.notify_all()
+
+    def stop(self) -> None:
+        """Let the worker thread exit (it finishes the round it is in)."""
+        with self.cv:
+            self.worker = None
+            self.cv.notify_all()
+
+    def _drive(self, until: Callable[[], bool]) -> None:
+        self.driver = threading.current_thread()
+        try:
+            self.executor.drive(until, self.cv)
+        finally:
+            self.driver = None
+            self.cv.notify_all()
+
+    def _start_worker(self) -> None:
+        if self.worker is None:
+            self.worker = threading.Thread(target=self._work_loop, daemon=True, name=self.name)
+            self.worker.start()
+
+    def _work_loop(self) -> None:
+        """Drive the executor whenever it has work and no caller is driving it."""
+        me, executor = threading.current_thread(), self.executor
+        with self.cv:
+            while self.worker is me:
+                if executor.busy and self.driver is None:
+                    try:
+                        self._drive(lambda: not executor.busy or self.worker is not me)
+                    except BaseException as e:  # noqa: BLE001 - an unexpected failure:
+                        executor.cancel(e)      # every Work in flight raises it
+                else:
+                    self.cv.wait(0.5)

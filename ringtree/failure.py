@@ -1,0 +1,102 @@
+"""Failure propagation: the first rank that sees an error records it for every rank.
+
+A rank that hits an error (a peer that died, a mismatch, a timeout) writes one line to the
+store under ``<prefix>/abort`` (compare-and-set: the first writer wins) before closing its
+sockets. Every other rank notices — through EOF on its sockets, or by looking at the store
+once a second while it waits (:func:`check_abort`) — and raises an error that carries that
+line, so each rank's message names the rank that started the failure. The communicator
+(:class:`ringtree.Communicator`) holds the state (``_broken``, ``_after_abort``); these
+functions are the policy.
+"""
+
+from __future__ import annotations
+
+from ringtree.errors import CollectiveTimeout, CommAborted, PeerError
+
+
+def abort_key(comm) -> str:
+    return f"{comm.prefix}/abort"
+
+
+def check_abort(comm) -> None:
+    """Called while waiting: raise if another rank has aborted the communicator."""
+    try:
+        why = comm.store.try_get(abort_key(comm))
+    except Exception:  # noqa: BLE001 - the store itself may be gone
+        return
+    if why:
+        raise CommAborted(why.decode())
+
+
+def fail(comm, e: BaseException) -> BaseException:
+    """Record the failure for everyone, close the sockets, and say who started it.
+
+    The first cause wins: a rank that fails because of another rank's failure (an
+    abort line in the store, or a peer that closed and left its reason in shared
+    memory) names that cause, never the peer that merely closed on its way out."""
+    comm._failing = True  # the doctor: this rank is reporting, not stuck
+    if isinstance(e, CommAborted):
+        err: BaseException = CommAborted(f"rank {comm.rank}: communicator aborted by "
+                                         f"another rank: {e}")
+        return broken_by(comm, err, str(e))
+    reason = str(e)
+    if isinstance(e, PeerError):
+        store_ok = True
+        try:  # a rank that fails writes why before it closes its sockets
+            theirs = comm.store.try_get(abort_key(comm))
+        except Exception:  # noqa: BLE001 - the store may have died with rank 0
+            theirs, store_ok = None, False
+        first = theirs.decode() if theirs else getattr(e, "cause", None)
+        if first:
+            err = CommAborted(f"rank {comm.rank}: lost the connection to rank {e.peer}; "
+                              f"the communicator was aborted because {first}")
+            err.peer = e.peer
+            record_abort(comm, first)
+            return broken_by(comm, err, first)
+        host = comm.store_host_rank
+        if not store_ok and host is not None and host != e.peer and host != comm.rank:
+            reason = (f"rank {host}, which hosts the store, is gone (its store at "
+                      f"{comm.store!r} is unreachable); seen by rank {comm.rank} as: {e}")
+            err = PeerError(host, reason)
+            comm._broken = err
+            comm.fabric.close(reason)
+            return err
+        reason = (f"rank {e.peer} died or closed its connection (seen by rank "
+                  f"{comm.rank}): {e}")
+        err = PeerError(e.peer, reason)
+    else:
+        err = e
+    if isinstance(err, (CollectiveTimeout, PeerError)):  # ask every rank; name the culprit
+        from ringtree.prof.watch import with_diagnosis
+
+        err = with_diagnosis(comm, err)
+        reason = str(err)
+    won = record_abort(comm, reason)
+    if won is not None and won != reason and isinstance(err, (CollectiveTimeout,
+                                                              PeerError)):
+        err = CommAborted(f"rank {comm.rank}: the communicator was aborted because "
+                          f"{won}\n(this rank then saw: {str(e).splitlines()[0]})")
+        return broken_by(comm, err, won)
+    comm._broken = err
+    comm.fabric.close(reason)
+    return err
+
+
+def record_abort(comm, reason: str) -> str | None:
+    """Write the abort line unless one exists; the line that stands (None: no store)."""
+    try:
+        return comm.store.compare_set(abort_key(comm), None, reason.encode()).decode()
+    except Exception:  # noqa: BLE001 - the store may be gone
+        return None
+
+
+def broken_by(comm, err: BaseException, cause: str) -> BaseException:
+    """Fail because of another rank's failure ``cause``: leave our state for the
+    doctor ("exited after the abort", not "stuck"), pass the cause on as we close."""
+    comm._broken = err
+    comm._after_abort = cause
+    from ringtree.prof.watch import publish_closed
+
+    publish_closed(comm)
+    comm.fabric.close(cause)
+    return err

@@ -50,7 +50,7 @@ def init(rank: int | None = None, world_size: int | None = None,
     from ringtree.bootstrap.job import detect, job_id
     from ringtree.bootstrap.jobtoken import plan_store, read_host_token, remove_host_token
     from ringtree.bootstrap.store import StoreAuthError, StoreClient, StoreError, StoreServer
-    from ringtree.settings import as_timeout, env_timeout
+    from ringtree.settings import as_timeout, current
 
     if _WORLD is not None and not _WORLD._closed:
         raise RuntimeError(
@@ -59,8 +59,9 @@ def init(rank: int | None = None, world_size: int | None = None,
             "comm.new_group() for another one, or close it before calling init() again")
     if timeout is not None:
         timeout = as_timeout(timeout, "init(timeout=...)")
-    wait = timeout if timeout is not None else env_timeout("RINGTREE_TIMEOUT", 300.0)
-    init_wait = env_timeout("RINGTREE_INIT_TIMEOUT", wait)
+    settings = current()
+    wait = timeout if timeout is not None else settings.timeout
+    init_wait = settings.init_timeout or wait
     env = detect(rank, world_size, master_addr, master_port, token)
     server = None
     port = env.master_port
@@ -131,11 +132,11 @@ def _linger(comm: Communicator, server) -> None:
     import json
 
     from ringtree.prof.watch import CLOSED_GEN
-    from ringtree.settings import env_float
+    from ringtree.settings import current
 
     if comm._closed or server._stopping:
         return
-    deadline = time.monotonic() + env_float("RINGTREE_DOCTOR_WAIT", 2.0) + 1.0
+    deadline = time.monotonic() + current().doctor_wait + 1.0
     keys = [f"{comm.prefix}/doctor/status/{r}" for r in range(comm.size) if r != comm.rank]
     while time.monotonic() < deadline:
         try:

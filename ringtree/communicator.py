@@ -14,7 +14,6 @@ rank) is :mod:`ringtree.failure`.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -25,13 +24,13 @@ import numpy as np
 from ringtree import api, failure
 from ringtree.bootstrap.rendezvous import meet
 from ringtree.core.executor import Executor
-from ringtree.core.plan import DEFAULT_SLICE_BYTES, Call
+from ringtree.core.plan import Call
 from ringtree.core.planner import CallSpec, Planner
 from ringtree.core.progress import Progress
 from ringtree.core.tuner import parse_algo_spec
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
 from ringtree.ops import ReduceOp
-from ringtree.settings import as_timeout, env_int, env_timeout
+from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
 from ringtree.work import Work
 
@@ -74,12 +73,12 @@ class Communicator:
         self.store, self.prefix, self.secret = store, prefix, secret
         self._server, self._owns_store = server, owns_store
         self.world_ranks = world_ranks or tuple(range(size))
-        self.timeout = as_timeout(timeout) if timeout is not None else env_timeout(
-            "RINGTREE_TIMEOUT", 300.0)
-        self.nchannels = max(1, env_int("RINGTREE_NCHANNELS", 1))
-        self.slice_bytes = max(4096, env_int("RINGTREE_BUFFSIZE", 4 * DEFAULT_SLICE_BYTES) // 4)
-        self.algo_enabled = parse_algo_spec(os.environ.get("RINGTREE_ALGO", ""))
-        self.debug = os.environ.get("RINGTREE_DEBUG", "").upper()
+        self.settings = s = current()
+        self.timeout = as_timeout(timeout) if timeout is not None else s.timeout
+        self.nchannels = max(1, s.nchannels)
+        self.slice_bytes = max(4096, s.buffsize // 4)
+        self.algo_enabled = parse_algo_spec(s.algo)
+        self.debug = s.debug
         self.comm_id = hashlib.sha256(secret + prefix.encode()).digest()[:16]
         self.seq = 0
         self._p2p_seq: dict[tuple[int, int, str | None], int] = {}
@@ -95,11 +94,11 @@ class Communicator:
         # ``submit(call, result, timeout) -> Work``. None: this class runs them.
         self.submit = None
 
-        host = select_address(None, master_addr)
+        host = select_address(s.socket_ifname, master_addr)
         listener = make_listener(host)
         self.host_id = host_identity()
         me = f"{host}:{listener.getsockname()[1]}|{self.host_id}"
-        init_timeout = env_timeout("RINGTREE_INIT_TIMEOUT", self.timeout)
+        init_timeout = s.init_timeout or self.timeout
         self.peers = [Peer.parse(r, rec) for r, rec in
                       enumerate(meet(store, prefix, rank, size, me.encode(), init_timeout))]
         order: dict[str, int] = {}
@@ -122,11 +121,11 @@ class Communicator:
     def _link_kind(self) -> str:
         """The cost model every rank agrees on: shm when the whole job is on one host
         (and shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
-        same_host = len(set(self.nodes)) == 1
-        if not same_host or os.environ.get("RINGTREE_TRANSPORT", "auto").strip().lower() \
-                not in ("", "auto", "shm"):
+        from ringtree.bootstrap.job import crowded
+
+        if len(set(self.nodes)) != 1 or self.settings.transport == "tcp":
             return "tcp"
-        return "shm_crowded" if self.size > (os.cpu_count() or 1) else "shm"
+        return "shm_crowded" if crowded(self.size) else "shm"
 
     # ---- collectives: validate (api), plan (planner), issue ----------------------------
 

@@ -1,29 +1,75 @@
-"""Reading ringtree's numeric environment variables: unset or empty means the default, a
-value that does not parse is an error naming the variable (never a silent default)."""
+"""Every ``RINGTREE_*`` environment variable, declared once: name, parser, default, meaning.
+
+Like NCCL's ``NCCL_PARAM`` and mpi4py's ``rc``: a variable is one :func:`declare` line
+here, and nothing else in the package reads it from the environment. :func:`load` parses
+every declared variable into a frozen :class:`Settings` (a communicator builds one when it
+is made and passes it down); a value that does not parse is an error naming the variable,
+never a silent default; an unknown ``RINGTREE_`` name is warned about once, with the
+closest declared name. ``ringtree env`` prints the table of ``docs/environment.md``, and
+a test keeps the two equal (and finds any ``RINGTREE_`` name the package uses without
+declaring it).
+
+Scopes: ``tuning`` knobs change how ringtree runs; ``job`` variables say who a process
+is in its job (read by :mod:`ringtree.bootstrap.job`, written by the launchers); ``tools``
+belong to one command.
+"""
 
 from __future__ import annotations
 
+import difflib
+import math
+import numbers
 import os
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "RINGTREE_"
 
 
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
+@dataclass(frozen=True)
+class Var:
+    """One environment variable: ``parse`` turns its (stripped, non-empty) text into a
+    value; unset or empty means ``default``."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    scope: str = "tuning"
+
+    @property
+    def attr(self) -> str:
+        """The :class:`Settings` attribute: ``RINGTREE_SHM_SLOTS`` → ``shm_slots``."""
+        return self.name[len(PREFIX):].lower()
 
 
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw, 0)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
+VARS: dict[str, Var] = {}
+
+
+def declare(name: str, parse: Callable[[str], Any], default: Any, doc: str,
+            scope: str = "tuning") -> Var:
+    if not name.startswith(PREFIX) or name in VARS:
+        raise ValueError(f"{name}: not a new {PREFIX}* name")
+    VARS[name] = var = Var(name, parse, default, doc, scope)
+    return var
+
+
+# ---- parsers --------------------------------------------------------------------------------
+
+def number(text: str) -> float:
+    return float(text)
+
+
+def integer(text: str) -> int:
+    """An integer, in any base Python writes (``4194304``, ``0x400000``, ``1_048_576``)."""
+    return int(text, 0)
+
+
+def whole(text: str) -> int:
+    """A number truncated to an integer (``4`` or ``4.0``)."""
+    return int(float(text))
 
 
 MIN_TIMEOUT = 1e-3
@@ -35,9 +81,6 @@ def as_timeout(value: object, what: str = "timeout") -> float:
     Anything else (``-1``, ``0``, ``nan``, ``1e-9``, ``'5'``, ``True``) raises before any
     rank sends a byte, so a bad value never times out on one rank only.
     """
-    import math
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number of seconds (int or float), "
                         f"got {type(value).__name__} {value!r}")
@@ -48,7 +91,198 @@ def as_timeout(value: object, what: str = "timeout") -> float:
     return t
 
 
-def env_timeout(name: str, default: float) -> float:
-    """``as_timeout`` for an environment variable (unset or empty: ``default``)."""
-    raw = os.environ.get(name, "").strip()
-    return default if not raw else as_timeout(env_float(name, default), name)
+def seconds(text: str) -> float:
+    return as_timeout(float(text), "the value")
+
+
+def text(value: str) -> str:
+    return value
+
+
+def upper(value: str) -> str:
+    return value.upper()
+
+
+def flag(value: str) -> bool:
+    low = value.lower()
+    if low in ("1", "on", "yes", "true"):
+        return True
+    if low in ("0", "off", "no", "false"):
+        return False
+    raise ValueError("expected 1/on/yes/true or 0/off/no/false")
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        low = value.lower()
+        if low not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return low
+    parse.__name__ = "|".join(options)
+    return parse
+
+
+# ---- the variables ------------------------------------------------------------------------
+
+declare("RINGTREE_TIMEOUT", seconds, 300.0, "seconds before a collective fails")
+declare("RINGTREE_INIT_TIMEOUT", seconds, None,
+        "seconds the ranks wait for each other at rendezvous (default: RINGTREE_TIMEOUT)")
+declare("RINGTREE_TRANSPORT", choice("auto", "shm", "tcp"), "auto",
+        "`auto`: shared memory between ranks on one host, TCP across; `shm`; `tcp`")
+declare("RINGTREE_SOCKET_IFNAME", text, None,
+        "interfaces to listen on (`eth0`, `^docker,lo`, `=ib0`: NCCL_SOCKET_IFNAME syntax)")
+declare("RINGTREE_BUFFSIZE", integer, 4 << 20,
+        "pipeline buffer in bytes; slices are a quarter of it (at least 4 KiB)")
+declare("RINGTREE_NCHANNELS", integer, 1, "parallel channels per collective")
+declare("RINGTREE_ALGO", text, "",
+        "algorithms to use: NCCL_ALGO syntax, e.g. `ring;allreduce:^tree`")
+declare("RINGTREE_DEBUG", upper, "", "`INFO` prints each rank's first collectives and algorithms")
+declare("RINGTREE_SHM_SLOTS", whole, 4, "shared-memory slots per ring")
+declare("RINGTREE_SHM_YIELD_US", number, 0.0,
+        "µs of `sched_yield` polling before sleeping on the shm doorbell")
+declare("RINGTREE_SHM_SPIN_US", number, None,
+        "µs to spin before sleeping (default 50, 0 when a host's ranks outnumber its cores)")
+declare("RINGTREE_SHM_DIRECT_MIN", whole, None,
+        "bytes from which shm reads straight from the sender's memory (0 = never; default "
+        "1 MiB when a host's ranks outnumber its cores, else 0)")
+declare("RINGTREE_PROTO", text, "",
+        "protocols to use: NCCL_PROTO syntax, e.g. `LL`, `^LL`, `Simple;allreduce:LL`")
+declare("RINGTREE_LL_CELL", integer, None,
+        "LL cell bytes per rank and parity (default 1 MiB with 2 ranks, else 64 KiB)")
+declare("RINGTREE_PROFILE", text, None,
+        "directory for per-rank profiler events (then `ringtree trace DIR`)")
+declare("RINGTREE_PROFILE_EVENTS", integer, 1 << 20, "profiler events kept per communicator")
+declare("RINGTREE_PROFILE_CLOCK", choice("auto", "pingpong"), "auto",
+        "`pingpong` always measures clock offsets between ranks, even on one host")
+declare("RINGTREE_FR_BUFFER_SIZE", integer, 1024, "flight recorder entries (0 = off)")
+declare("RINGTREE_FR_DUMP_DIR", text, None,
+        "flight recorder dumps (default: RINGTREE_PROFILE, else a per-job temp directory)")
+declare("RINGTREE_FR_KEEP", integer, 10, "flight recorder dump directories kept per user")
+declare("RINGTREE_FR_KEEP_DAYS", number, 7.0, "days a flight recorder dump directory is kept")
+declare("RINGTREE_DOCTOR", flag, True, "the hang doctor's watcher thread (0 = off)")
+declare("RINGTREE_DOCTOR_POLL", number, 0.5, "seconds between the watcher's store polls")
+declare("RINGTREE_DOCTOR_WAIT", number, 2.0, "seconds a diagnosis waits for peers' reports")
+
+declare("RINGTREE_RANK", integer, None, "this process's rank", "job")
+declare("RINGTREE_WORLD_SIZE", integer, None, "number of ranks", "job")
+declare("RINGTREE_LOCAL_RANK", integer, None, "rank among the ranks on this host", "job")
+declare("RINGTREE_LOCAL_WORLD_SIZE", integer, None, "ranks on this host", "job")
+declare("RINGTREE_NODE_RANK", integer, None, "this host's index in the job", "job")
+declare("RINGTREE_MASTER_ADDR", text, None, "host of the rendezvous store", "job")
+declare("RINGTREE_MASTER_PORT", integer, None, "port of the rendezvous store", "job")
+declare("RINGTREE_TOKEN", text, None,
+        "shared secret of the job's store (`ringtree run` exports a random one)", "job")
+declare("RINGTREE_STORE_EXTERNAL", flag, False,
+        "the launcher hosts the store (rank 0 must not)", "job")
+declare("RINGTREE_HOST_ID", text, None,
+        "override the host identity (tests fake several hosts on one machine)", "job")
+declare("RINGTREE_PERF_CHILD", flag, False,
+        "set by `ringtree perf --nranks` on the ranks it starts", "tools")
+declare("RINGTREE_TESTBED_HOST", integer, None,
+        "set by `ringtree testbed` for the commands it runs: this host's index", "tools")
+declare("RINGTREE_TESTBED_HOSTS", integer, None, "set by `ringtree testbed`: hosts", "tools")
+declare("RINGTREE_TESTBED_ADDRS", text, None,
+        "set by `ringtree testbed`: every host's address, comma-separated", "tools")
+declare("RINGTREE_TESTBED_MASTER", text, None, "set by `ringtree testbed`: host 0's address",
+        "tools")
+
+
+# ---- reading --------------------------------------------------------------------------------
+
+class Settings:
+    """Every declared variable's value, parsed once and frozen: ``s.timeout`` is
+    ``RINGTREE_TIMEOUT``; ``s.explicit(name)`` says whether the environment set it."""
+
+    __slots__ = ("_values", "_set")
+
+    def __init__(self, values: Mapping[str, Any], explicit: frozenset[str]):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_set", explicit)
+
+    def __getattr__(self, attr: str) -> Any:
+        try:
+            return self._values[PREFIX + attr.upper()]
+        except KeyError:
+            raise AttributeError(f"no setting {attr!r} ({PREFIX}{attr.upper()} is not "
+                                 f"declared in ringtree.settings)") from None
+
+    def __setattr__(self, attr: str, value: object) -> None:
+        raise AttributeError("Settings are frozen")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def explicit(self, name: str) -> bool:
+        return name in self._set
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}={self._values[n]!r}" for n in sorted(self._set))
+        return f"Settings({shown})"
+
+
+_warned: set[str] = set()
+
+
+def load(environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse every declared variable from ``environ`` (default ``os.environ``). Job
+    variables are kept as text: :mod:`ringtree.bootstrap.job` validates them."""
+    env = os.environ if environ is None else environ
+    values, explicit = {}, set()
+    for name, var in VARS.items():
+        raw = env.get(name, "").strip()
+        if not raw:
+            values[name] = var.default
+            continue
+        try:
+            values[name] = raw if var.scope == "job" else var.parse(raw)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{name}={raw!r}: {e}") from None
+        explicit.add(name)
+    for name in env:
+        if name.startswith(PREFIX) and name not in VARS and name not in _warned:
+            _warned.add(name)
+            close = difflib.get_close_matches(name, VARS, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.warn(f"ringtree does not know the environment variable {name}{hint}",
+                          stacklevel=2)
+    return Settings(values, frozenset(explicit))
+
+
+_cache: tuple[tuple, Settings] | None = None
+
+
+def current() -> Settings:
+    """The Settings of the environment as it is now (re-parsed only when a ``RINGTREE_``
+    variable changed since the last call)."""
+    global _cache
+    key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(PREFIX)))
+    cached = _cache
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    s = load()
+    _cache = (key, s)
+    return s
+
+
+def table() -> str:
+    """The Markdown table of every variable (``docs/environment.md``)."""
+    rows = ["| variable | scope | default | meaning |", "|---|---|---|---|"]
+    for var in VARS.values():
+        default = "—" if var.default is None or var.default == "" else f"`{var.default}`"
+        rows.append(f"| `{var.name}` | {var.scope} | {default} | {var.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``ringtree env``: print the table (``--set``: only the variables set here)."""
+    if argv and argv[0] not in ("--set",):
+        print("usage: ringtree env [--set]")
+        return 2
+    if argv:
+        s = current()
+        for name in VARS:
+            if s.explicit(name):
+                print(f"{name}={s[name]!r}")
+        return 0
+    print(table(), end="")
+    return 0

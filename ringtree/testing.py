@@ -76,8 +76,10 @@ def _entry(rank: int, n: int, port: int, token: str, env: dict | None, conn,
     _rank_env(rank, n, port, token, env)
     try:
         import ringtree
+        from ringtree.settings import current
 
-        comm = ringtree.init(timeout=float(os.environ.get("RINGTREE_TIMEOUT", 60)))
+        s = current()
+        comm = ringtree.init(timeout=s.timeout if s.explicit("RINGTREE_TIMEOUT") else 60.0)
     except BaseException as e:  # noqa: BLE001
         conn.send(("err", _pack_error(e)))
         return

@@ -174,6 +174,20 @@ def host_identity(environ: Mapping[str, str] | None = None) -> str:
     return f"{socket.gethostname()}|{boot_id}"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def crowded(ranks_on_host: int) -> bool:
+    """Do a host's ranks outnumber the cores they may use? The one definition: shm's
+    spinning and the tuner's cost model back off when it holds."""
+    return ranks_on_host > usable_cores()
+
+
 def job_id(environ: Mapping[str, str] | None = None) -> str | None:
     """An id shared by every rank of this job (and by no other job), if a launcher set one.
 

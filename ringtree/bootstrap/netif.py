@@ -19,7 +19,6 @@ Interfaces are listed with the standard library only (``socket.if_nameindex`` an
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import struct
 from collections.abc import Sequence
@@ -92,7 +91,9 @@ def select_address(spec: str | None = None, master_addr: str | None = None) -> s
     interfaces that exist, when the spec selects none.
     """
     if spec is None:
-        spec = os.environ.get("RINGTREE_SOCKET_IFNAME") or None
+        from ringtree.settings import current
+
+        spec = current().socket_ifname
     if spec is not None and spec.strip():
         interfaces = list_interfaces()
         matched = match_interfaces(spec, interfaces)

@@ -184,7 +184,7 @@ class RingtreeBackend(Backend):
         self.local_size = sum(1 for p in self.comm.peers if p.host_id == self.comm.host_id)
         self.algo = algo
         self.timeout = timeout
-        self.transport = transport or os.environ.get("RINGTREE_TRANSPORT", "auto") or "auto"
+        self.transport = transport or self.comm.settings.transport
         self._works: list = []
         self._bf16 = self._bf16_view()
 

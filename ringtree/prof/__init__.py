@@ -26,8 +26,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ringtree.prof import flight
-from ringtree.prof.recorder import DEFAULT_CAPACITY, EVENT_DTYPE, PRIMS, Ev, Recorder
-from ringtree.settings import env_int
+from ringtree.prof.recorder import EVENT_DTYPE, PRIMS, Ev, Recorder
 
 __all__ = ["Recorder", "dump_flight_recorder", "monitored_barrier", "profile", "start",
            "stop"]
@@ -41,14 +40,14 @@ _atexit_done = False
 
 def attach(comm) -> None:
     """Called at the end of communicator creation (collective)."""
-    size = env_int("RINGTREE_FR_BUFFER_SIZE", flight.DEFAULT_SIZE)
+    size = comm.settings.fr_buffer_size
     comm.flight = flight.FlightRecorder(size) if size > 0 else None
     flight.COMMS.add(comm)
     flight.install_sigusr1()
     from ringtree.prof import watch
 
     watch.start_watcher()
-    directory = os.environ.get("RINGTREE_PROFILE")
+    directory = comm.settings.profile
     if directory:
         item = start(comm)
         item["dir"] = directory
@@ -84,7 +83,7 @@ def start(comm, capacity: int | None = None) -> dict:
         sync = clock.estimate(comm)
     finally:
         comm.flight = fr
-    rec = Recorder(capacity or env_int("RINGTREE_PROFILE_EVENTS", DEFAULT_CAPACITY))
+    rec = Recorder(capacity or comm.settings.profile_events)
     comm.executor.rec = rec
     return {"comm": weakref.ref(comm), "rec": rec, "clock": sync, "meta": _comm_meta(comm)}
 

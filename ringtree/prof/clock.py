@@ -14,7 +14,6 @@ estimator would have done; the offset *used* there is 0.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -40,7 +39,7 @@ def estimate(comm, rounds: int = ROUNDS) -> ClockSync:
     n, r = comm.size, comm.rank
     if n == 1:
         return ClockSync(0, 0, 0, "single")
-    force = os.environ.get("RINGTREE_PROFILE_CLOCK", "").lower() == "pingpong"
+    force = comm.settings.profile_clock == "pingpong"
     ping = np.zeros(1, dtype=np.int64)
     table = np.zeros((n, 2), dtype=np.int64)  # (offset, rtt) per rank, on rank 0
     if r == 0:

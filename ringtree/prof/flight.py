@@ -209,7 +209,10 @@ def job_id(comm) -> str:
 
 
 def dump_dir(comm=None) -> str:
-    d = os.environ.get("RINGTREE_FR_DUMP_DIR") or os.environ.get("RINGTREE_PROFILE")
+    from ringtree.settings import current
+
+    s = current()
+    d = s.fr_dump_dir or s.profile
     if d:
         return d
     comm = comm if comm is not None else next(iter(list(COMMS)), None)
@@ -255,10 +258,10 @@ def prune_dumps(keep: str | None = None, now: float | None = None) -> list[str]:
     import glob
     import shutil
 
-    from ringtree.settings import env_float, env_int
+    from ringtree.settings import current
 
-    limit = max(1, env_int("RINGTREE_FR_KEEP", 10))
-    max_age = env_float("RINGTREE_FR_KEEP_DAYS", 7.0) * 86400
+    limit = max(1, current().fr_keep)
+    max_age = current().fr_keep_days * 86400
     now = time.time() if now is None else now
     mine = []
     for d in glob.glob(os.path.join(tempfile.gettempdir(), "ringtree-fr-*")):

@@ -33,11 +33,11 @@ import weakref
 
 from ringtree.errors import CollectiveTimeout, PeerError
 from ringtree.prof import doctor, flight
-from ringtree.settings import env_float
+from ringtree.settings import current
 
 
 def enabled() -> bool:
-    return os.environ.get("RINGTREE_DOCTOR", "1").strip().lower() not in ("0", "off", "no")
+    return bool(current().doctor)
 
 
 def _key(comm, *parts: object) -> str:
@@ -73,7 +73,7 @@ def publish_closed(comm) -> None:
 
 
 def _watch_loop() -> None:
-    poll = max(0.05, env_float("RINGTREE_DOCTOR_POLL", 0.5))
+    poll = max(0.05, current().doctor_poll)
     while True:
         time.sleep(poll)
         for comm in list(flight.COMMS):
@@ -112,7 +112,7 @@ def gather(comm, exclude: tuple[int, ...] = (), wait: float | None = None) -> li
     out[me] = flight.status(comm)
     if not enabled() or n == 1:
         return out
-    wait = env_float("RINGTREE_DOCTOR_WAIT", 2.0) if wait is None else wait
+    wait = current().doctor_wait if wait is None else wait
     store = comm.store
     gen = store.add(_key(comm, "gen"), 1)
     publish(comm, gen)

@@ -21,7 +21,6 @@ which in 2.13 would also capture ``new_group(backend="gloo")``.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -70,9 +69,10 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
     def from_store(cls, store, rank: int, size: int, timeout: float, *,
                    global_ranks: Sequence[int] | None = None) -> RingtreeProcessGroup:
         """Rendezvous over a c10d ``Store`` and return the group."""
-        env = os.environ.get("RINGTREE_TIMEOUT")
-        if env:
-            timeout = float(env)
+        from ringtree.settings import current
+
+        if current().explicit("RINGTREE_TIMEOUT"):
+            timeout = current().timeout
         ts = TorchStore(store, timeout=timeout)
         secret = shared_secret(ts, rank)
         comm = ringtree.Communicator(

@@ -20,13 +20,6 @@ from ringtree.transports.tcp import TcpTransport
 CHOICES = ("auto", "shm", "tcp")
 
 
-def transport_choice() -> str:
-    choice = os.environ.get("RINGTREE_TRANSPORT", "auto").strip().lower() or "auto"
-    if choice not in CHOICES:
-        raise ValueError(f"RINGTREE_TRANSPORT={choice!r}; expected one of {CHOICES}")
-    return choice
-
-
 def shm_supported() -> bool:
     from ringtree.transports.shm_segment import SHM_DIR
 
@@ -51,7 +44,7 @@ def plan_routes(choice: str, host_ids: list[str], rank: int) -> tuple[list[int],
 
 def build_fabric(core, listener) -> Fabric:
     """Connect ``core`` (a Communicator) to its peers."""
-    choice = transport_choice()
+    choice = core.settings.transport
     host_ids = [p.host_id for p in core.peers]
     near, far = plan_routes(choice, host_ids, core.rank)
     if near and not shm_supported():

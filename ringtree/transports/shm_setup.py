@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from ringtree.settings import env_float
+from ringtree.bootstrap.job import usable_cores
 from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm import ShmTransport
 from ringtree.transports.shm_segment import PeerInfo
@@ -34,17 +34,13 @@ def open_shm(core, ranks: list[int]) -> ShmTransport:
     tag = core.comm_id[:4].hex() + nonce.decode()
     pid = os.getpid()
     me = PeerInfo(core.rank, pid, seg.start_time(pid), seg.pid_namespace())
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    s, cores = core.settings, usable_cores()
     crowded = len(ranks) + 1 > cores
-    spin = env_float("RINGTREE_SHM_SPIN_US", 0.0 if crowded else 50.0)
+    spin = s.shm_spin_us if s.shm_spin_us is not None else 0.0 if crowded else 50.0
+    direct = s.shm_direct_min if s.shm_direct_min is not None else 1 << 20 if crowded else 0
     t = ShmTransport(core.rank, tag, me, {}, slot_bytes=core.slice_bytes,
-                     nslots=int(env_float("RINGTREE_SHM_SLOTS", 4)), spin_us=spin, cores=cores,
-                     direct_min=int(env_float("RINGTREE_SHM_DIRECT_MIN",
-                                             1 << 20 if crowded else 0)),
-                     yield_us=env_float("RINGTREE_SHM_YIELD_US", 0.0))
+                     nslots=s.shm_slots, spin_us=spin, cores=cores, direct_min=direct,
+                     yield_us=s.shm_yield_us)
     try:
         store.set(f"{prefix}/shm/info/{core.rank}", f"{pid},{me.start},{me.ns}".encode())
         for r in ranks:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ringtree.core.ir import Collective
+from ringtree.core.collectives import IN_OUTPUT, OUT_INPUT, Collective
 from ringtree.core.planner import CallSpec
 from ringtree.dtypes import DType, as_flat
 from ringtree.ops import ReduceOp, resolve
@@ -27,6 +27,18 @@ _BARRIER_OP = resolve(ReduceOp.BOR, DType.UINT8)
 
 def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+def _in_place(coll: Collective, xa: np.ndarray, oa: np.ndarray, rank: int) -> bool:
+    """Do the operands sit the way the collective's record says they do in place?"""
+    spec = coll.spec
+    if not spec.in_place or xa.size == 0:
+        return False
+    if spec.alias == IN_OUTPUT:
+        return _addr(xa) == _addr(oa) + rank * xa.nbytes
+    if spec.alias == OUT_INPUT:
+        return _addr(oa) == _addr(xa) + rank * oa.nbytes
+    return _addr(oa) == _addr(xa)
 
 
 def _alloc_like(x: Any, shape: tuple[int, ...], dt: DType):
@@ -76,7 +88,8 @@ def for_all_reduce(comm, x, op, out, algo: str | None) -> CallSpec:
         oa, odt = as_flat(out, "all_reduce out")
         _same(dt, odt, xa.size, oa.size, "all_reduce")
     return _spec(Collective.ALL_REDUCE, xa.size, dt, resolve(op, dt), -1,
-                 _addr(oa) == _addr(xa), algo, xa, oa, x if out is None else out)
+                 _in_place(Collective.ALL_REDUCE, xa, oa, comm.rank), algo, xa, oa,
+                 x if out is None else out)
 
 
 def for_broadcast(comm, x, root: int, algo: str | None) -> CallSpec:
@@ -95,7 +108,8 @@ def for_reduce(comm, x, root: int, op, out, algo: str | None) -> CallSpec:
         if out is not None:
             oa, odt = as_flat(out, "reduce out")
             _same(dt, odt, xa.size, oa.size, "reduce")
-        in_place, result = _addr(oa) == _addr(xa), x if out is None else out
+        in_place = _in_place(Collective.REDUCE, xa, oa, comm.rank)
+        result = x if out is None else out
     else:
         oa, in_place, result = np.empty_like(xa), False, None
     return _spec(Collective.REDUCE, xa.size, dt, red, root, in_place, algo, xa, oa, result)
@@ -114,7 +128,7 @@ def for_all_gather(comm, x, out, algo: str | None) -> CallSpec:
         result = result if outs is not None else out
     oa, odt = as_flat(out, "all_gather out")
     _same(dt, odt, xa.size * n, oa.size, "all_gather (out must hold size × input)")
-    in_place = _addr(xa) == _addr(oa) + comm.rank * xa.nbytes and xa.size > 0
+    in_place = _in_place(Collective.ALL_GATHER, xa, oa, comm.rank)
     post = _scatter_into(oa, outs, xa.size, dt) if outs is not None else None
     return _spec(Collective.ALL_GATHER, xa.size, dt, None, -1, in_place, algo, xa, oa, result,
                  post=post)
@@ -146,7 +160,7 @@ def for_reduce_scatter(comm, x, op, out, algo: str | None) -> CallSpec:
     oa, odt = as_flat(out, "reduce_scatter out")
     _same(dt, odt, count, oa.size, "reduce_scatter (out must hold input/size)")
     red = resolve(op, dt)
-    in_place = _addr(oa) == _addr(xa) + comm.rank * oa.nbytes and count > 0
+    in_place = _in_place(Collective.REDUCE_SCATTER, xa, oa, comm.rank)
     return _spec(Collective.REDUCE_SCATTER, count, dt, red, -1, in_place, algo, xa, oa, out)
 
 
@@ -218,7 +232,7 @@ def for_all_to_all(comm, x, out, send_splits: Sequence[int] | None,
         out = _alloc_like(x, shp if blocks is None else (total // row, *shp[1:]), dt)
     oa, odt = as_flat(out, "all_to_all out")
     _same(dt, odt, total, oa.size, "all_to_all")
-    in_place = _addr(oa) == _addr(xa) and xa.size > 0
+    in_place = _in_place(Collective.ALL_TO_ALL, xa, oa, comm.rank)
     return _spec(Collective.ALL_TO_ALL, count, dt, None, -1, in_place, algo, xa, oa, out,
                  blocks=blocks)
 

@@ -206,40 +206,16 @@ def _postcondition(coll, programs, mem, keys, vals: _Values) -> None:
                              f"a different order than rank 0's (results would differ in bits)")
         return v
 
-    if coll is Collective.ALL_REDUCE:
-        for j in range(c):
-            v0 = expect(0, j, {(q, j) for q in range(n)})
-            for r in range(1, n):
-                expect(r, j, {(q, j) for q in range(n)}, v0)
-    elif coll is Collective.REDUCE:
-        for j in range(c):
-            expect(root, j, {(q, j) for q in range(n)})
-    elif coll is Collective.BROADCAST:
+    spec = coll.spec
+    if spec.sources is not None:  # the postcondition, read from the collective's record
+        nout = spec.blocks(n)[1] * c
+        first: dict[int, int] = {}
         for r in range(n):
-            for j in range(c):
-                expect(r, j, {(root, j)})
-    elif coll is Collective.ALL_GATHER:
-        for r in range(n):
-            for b in range(n):
-                for s in range(c):
-                    expect(r, b * c + s, {(b, s)})
-    elif coll is Collective.GATHER:
-        for b in range(n):
-            for s in range(c):
-                expect(root, b * c + s, {(b, s)})
-    elif coll is Collective.REDUCE_SCATTER:
-        for r in range(n):
-            for s in range(c):
-                expect(r, s, {(q, r * c + s) for q in range(n)})
-    elif coll is Collective.SCATTER:
-        for r in range(n):
-            for s in range(c):
-                expect(r, s, {(root, r * c + s)})
-    elif coll is Collective.ALL_TO_ALL:
-        for r in range(n):
-            for b in range(n):
-                for s in range(c):
-                    expect(r, b * c + s, {(b, r * c + s)})
+            for j in range(nout):
+                want = spec.expected(n, r, root, c, j)
+                if want is not None:
+                    v = expect(r, j, want, first.get(j) if spec.agree else None)
+                    first.setdefault(j, v)
     elif coll is Collective.BARRIER:
         everyone = {(q, 0) for q in range(n)}
         for r in range(n):
@@ -253,7 +229,6 @@ def check(collective: Collective | str, algo: str, nranks: int,
     """Check a registered algorithm out of place and (when it allows) in place."""
     programs = generate_all(collective, algo, nranks, opts)
     reports = [check_programs(programs, in_place=False)]
-    if all(p.in_place_ok for p in programs) and programs[0].collective not in (
-            Collective.GATHER, Collective.SCATTER, Collective.BARRIER):
+    if all(p.in_place_ok for p in programs) and programs[0].collective.spec.in_place:
         reports.append(check_programs(programs, in_place=True))
     return reports

@@ -21,7 +21,6 @@ can move. Calls are submitted as they are issued and driven by whichever thread 
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
 from collections import deque
@@ -29,11 +28,10 @@ from collections.abc import Callable, Generator
 
 import numpy as np
 
-from ringtree.core.ir import Buf, Collective
-from ringtree.core.plan import DEFAULT_SLICE_BYTES, HEADER, Call, CStep
-from ringtree.dtypes import DType
+from ringtree.core.ir import Buf
+from ringtree.core.plan import DEFAULT_SLICE_BYTES, Call, CStep
+from ringtree.core.wire import WireHeader
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
-from ringtree.ops import ReduceOp
 from ringtree.prof.recorder import Ev, prim_code
 from ringtree.prof.recorder import now as ns_now
 from ringtree.transports.base import HeaderMismatch, Request
@@ -211,7 +209,7 @@ class Executor:
 
     @staticmethod
     def _header(call: Call, nbytes: int) -> bytes:
-        return struct.pack("<Q", nbytes) + call.prefix
+        return WireHeader.frame(nbytes, call.prefix)
 
     # ---- the scheduler ----------------------------------------------------------------
     #
@@ -524,20 +522,8 @@ def _describe_timeout(rank: int, active, timeout: float) -> str:
 
 
 def _describe_mismatch(rank: int, e: HeaderMismatch, call: Call) -> str:
-    names = ["message bytes", "count", "sequence number", "algorithm", "collective",
-             "dtype", "op", "flags", "root"]
-    decode = {4: [c.value for c in Collective], 5: [d.value for d in DType],
-              6: [o.value for o in ReduceOp]}
-
-    def show(i: int, v: int) -> object:
-        table = decode.get(i)
-        return table[v] if table is not None and v < len(table) else v
-
-    mine, theirs = HEADER.unpack(e.expected), HEADER.unpack(e.got)
-    diffs = [f"{n}: rank {e.peer} has {show(i, t)}, rank {rank} has {show(i, m)}"
-             for i, (n, m, t) in enumerate(zip(names, mine, theirs)) if m != t]
-    if len(diffs) > 1:  # a different count explains a different message size
-        diffs = [d for d in diffs if not d.startswith("message bytes")]
+    diffs = WireHeader.unpack(e.expected).describe_difference(WireHeader.unpack(e.got), rank,
+                                                             e.peer)
     return (f"rank {rank} and rank {e.peer} disagree on {call.desc}: " + "; ".join(diffs)
             + " (ranks must call the same collectives in the same order with matching "
               "count, dtype, op and root)")

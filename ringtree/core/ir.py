@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import IntEnum
+
+from ringtree.core.collectives import (  # noqa: F401 - re-exported: the IR speaks of them
+    COLLECTIVE_ALIASES,
+    Collective,
+    parse_collective,
+)
 
 
 class Buf(IntEnum):
@@ -35,73 +41,6 @@ class Buf(IntEnum):
     @property
     def letter(self) -> str:
         return "ios"[self.value]
-
-
-class Collective(str, Enum):
-    """Collectives the IR can express. Values are the nccl-tests / NCCL names."""
-
-    ALL_REDUCE = "all_reduce"
-    ALL_GATHER = "all_gather"
-    REDUCE_SCATTER = "reduce_scatter"
-    BROADCAST = "broadcast"
-    REDUCE = "reduce"
-    GATHER = "gather"
-    SCATTER = "scatter"
-    ALL_TO_ALL = "all_to_all"
-    BARRIER = "barrier"
-
-    @property
-    def code(self) -> int:
-        """Position in the enumeration (the wire code in message headers)."""
-        return _COLLECTIVE_CODES[self]
-
-    @property
-    def reduces(self) -> bool:
-        return self in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.REDUCE)
-
-    def blocks(self, nranks: int) -> tuple[int, int]:
-        """(input blocks, output blocks): how many ``count``-element blocks each buffer has."""
-        n = nranks
-        return {
-            Collective.ALL_REDUCE: (1, 1),
-            Collective.ALL_GATHER: (1, n),
-            Collective.REDUCE_SCATTER: (n, 1),
-            Collective.BROADCAST: (1, 1),
-            Collective.REDUCE: (1, 1),
-            Collective.GATHER: (1, n),
-            Collective.SCATTER: (n, 1),
-            Collective.ALL_TO_ALL: (n, n),
-            Collective.BARRIER: (0, 0),
-        }[self]
-
-
-_COLLECTIVE_CODES = {c: i for i, c in enumerate(Collective)}
-
-COLLECTIVE_ALIASES = {
-    "allreduce": Collective.ALL_REDUCE,
-    "allgather": Collective.ALL_GATHER,
-    "reducescatter": Collective.REDUCE_SCATTER,
-    "alltoall": Collective.ALL_TO_ALL,
-    "bcast": Collective.BROADCAST,
-}
-
-
-def parse_collective(name: str | Collective) -> Collective:
-    """Accept ``all_reduce``, ``allreduce``, ``AllReduce`` ... ; raise ValueError otherwise."""
-    if isinstance(name, Collective):
-        return name
-    key = name.strip().lower().replace("-", "_")
-    try:
-        return Collective(key)
-    except ValueError:
-        pass
-    flat = key.replace("_", "")
-    if flat in COLLECTIVE_ALIASES:
-        return COLLECTIVE_ALIASES[flat]
-    for c in Collective:
-        if c.value.replace("_", "") == flat:
-            return c
-    raise ValueError(f"unknown collective {name!r}; expected one of {[c.value for c in Collective]}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,19 +214,13 @@ class Program:
         block of the output for all-gather; the output is this rank's block of the input
         for reduce-scatter.
         """
-        coll, c, r = self.collective, self.chunks, self.rank
+        spec, c, r = self.collective.spec, self.chunks, self.rank
 
         def key(buf: Buf, j: int) -> tuple[Buf, int]:
             if not in_place or buf is not Buf.OUTPUT:
                 return (buf, j)
-            if coll in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE,
-                        Collective.ALL_TO_ALL):
-                return (Buf.INPUT, j)
-            if coll is Collective.ALL_GATHER:
-                return (Buf.INPUT, j % c) if j // c == r else (buf, j)
-            if coll is Collective.REDUCE_SCATTER:
-                return (Buf.INPUT, r * c + j)
-            return (buf, j)
+            k = spec.output_alias(r, c, j)
+            return (buf, j) if k is None else (Buf.INPUT, k)
 
         return key
 

@@ -1,14 +1,12 @@
 """Compiling a Program for one call: chunk references become element regions, each step's
 data is cut into slices, and every step learns which earlier steps it must wait for.
 
-Also the records a call carries through the executor (:class:`Call`, :class:`Desc`) and
-the 32-byte message header that fingerprints it, so two ranks that disagree on a call
-find out from its first message.
+Also the records a call carries through the executor (:class:`Call`, :class:`Desc`); the
+message header that fingerprints a call is :mod:`ringtree.core.wire`.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from ringtree.core.ir import Buf, Program, Step, split_even
+from ringtree.core.wire import WireHeader, algo_code
 from ringtree.ops import Reducer
 
-HEADER = struct.Struct("<QQIIBBBBi")  # nbytes, count, seq, algo crc, coll, dtype, op, flags, root
 DEFAULT_SLICE_BYTES = 1 << 20
 
 
@@ -59,10 +57,13 @@ class Desc:
     algo: str
     coll_code: int
 
+    def header(self, nbytes: int = 0) -> WireHeader:
+        return WireHeader(nbytes, self.count, self.seq, algo_code(self.algo), self.coll_code,
+                          self.dtype_code, self.op_code, 0, self.root)
+
     def prefix(self) -> bytes:
-        crc = sum(self.algo.encode()) & 0xFFFFFFFF
-        return HEADER.pack(0, self.count, self.seq & 0xFFFFFFFF, crc, self.coll_code,
-                           self.dtype_code, self.op_code & 0xFF, 0, self.root)[8:]
+        """The call's part of every message header (:meth:`WireHeader.call_part`)."""
+        return self.header().call_part()
 
     def __str__(self) -> str:
         root = f", root={self.root}" if self.root >= 0 else ""

@@ -16,17 +16,7 @@ from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import schedule_stats
 
 # The default algorithm of each collective, used when the cost model has no opinion.
-DEFAULTS: dict[Collective, str] = {
-    Collective.ALL_REDUCE: "ring",
-    Collective.ALL_GATHER: "ring",
-    Collective.REDUCE_SCATTER: "ring",
-    Collective.BROADCAST: "ring",
-    Collective.REDUCE: "ring",
-    Collective.GATHER: "direct",
-    Collective.SCATTER: "direct",
-    Collective.ALL_TO_ALL: "pairwise",
-    Collective.BARRIER: "dissemination",
-}
+DEFAULTS: dict[Collective, str] = {c: c.spec.default_algo for c in Collective}
 
 
 def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:

@@ -1,6 +1,7 @@
 """Buffer sizes and bandwidth of each collective, exactly as nccl-tests computes them.
 
-One :class:`CollSpec` per test, transcribing ``src/<coll>.cu`` of nccl-tests:
+One :class:`CollSpec` per test, transcribing ``src/<coll>.cu`` of nccl-tests from the
+collective's record (:mod:`ringtree.core.collectives`):
 
 - ``counts`` is ``<Coll>GetCollByteCount``: from the swept size in bytes it gives the
   per-rank element counts of the send and receive buffers, the ``count`` argument of the
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from ringtree.core.collectives import Collective
 
 
 @dataclass(frozen=True)
@@ -43,29 +46,18 @@ def _same(count: int, eltsize: int, nranks: int) -> Counts:
     return Counts(count, count, count, 0, 0)
 
 
-def _all_gather(count: int, eltsize: int, nranks: int) -> Counts:
-    c = _aligned(count, eltsize, nranks)
-    return Counts(c, c * nranks, c, c, 0)
+def _counts_of(coll: Collective) -> Callable[[int, int, int], Counts]:
+    """``<Coll>GetCollByteCount`` from the collective's record: a buffer with a block per
+    rank splits the size into per-rank blocks of whole 16-byte units; in-place operands
+    sit where the record's aliasing puts them."""
+    spec = coll.spec
 
-
-def _reduce_scatter(count: int, eltsize: int, nranks: int) -> Counts:
-    c = _aligned(count, eltsize, nranks)
-    return Counts(c * nranks, c, c, 0, c)
-
-
-def _alltoall(count: int, eltsize: int, nranks: int) -> Counts:
-    c = _aligned(count, eltsize, nranks)
-    return Counts(c * nranks, c * nranks, c, 0, 0)
-
-
-def _gather(count: int, eltsize: int, nranks: int) -> Counts:
-    c = _aligned(count, eltsize, nranks)
-    return Counts(c, c * nranks, c, c, 0)
-
-
-def _scatter(count: int, eltsize: int, nranks: int) -> Counts:
-    c = _aligned(count, eltsize, nranks)
-    return Counts(c * nranks, c, c, 0, c)
+    def counts(count: int, eltsize: int, nranks: int) -> Counts:
+        nin, nout = spec.blocks(nranks)
+        c = _aligned(count, eltsize, nranks) if spec.per_rank else count
+        send_off, recv_off = spec.inplace_offsets(c)
+        return Counts(c * nin, c * nout, c, send_off, recv_off)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -90,26 +82,17 @@ class CollSpec:
         return algbw, algbw * self.factor(nranks)
 
 
-def _one(n: int) -> int:
-    return 1
+def _test(coll: Collective) -> CollSpec:
+    spec = coll.spec
+    return CollSpec(spec.perf_name, _counts_of(coll), spec.volume, spec.busbw,
+                    rooted=spec.rooted, reduces=spec.reduces)
 
 
-def _ring(n: int) -> float:
-    return (n - 1) / n
-
-
-COLLECTIVES: dict[str, CollSpec] = {
-    "all_reduce": CollSpec("all_reduce", _same, _one, lambda n: 2 * (n - 1) / n, reduces=True),
-    "all_gather": CollSpec("all_gather", _all_gather, lambda n: n, _ring),
-    "reduce_scatter": CollSpec("reduce_scatter", _reduce_scatter, lambda n: n, _ring,
-                               reduces=True),
-    "broadcast": CollSpec("broadcast", _same, _one, lambda n: 1.0, rooted=True),
-    "reduce": CollSpec("reduce", _same, _one, lambda n: 1.0, rooted=True, reduces=True),
-    "alltoall": CollSpec("alltoall", _alltoall, lambda n: n, _ring),
-    "gather": CollSpec("gather", _gather, lambda n: n, _ring, rooted=True),
-    "scatter": CollSpec("scatter", _scatter, lambda n: n, _ring, rooted=True),
-    "sendrecv": CollSpec("sendrecv", _same, _one, lambda n: 1.0, op_loop=True),
-}
+_ORDER = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
+          Collective.BROADCAST, Collective.REDUCE, Collective.ALL_TO_ALL, Collective.GATHER,
+          Collective.SCATTER)
+COLLECTIVES: dict[str, CollSpec] = {c.spec.perf_name: _test(c) for c in _ORDER}
+COLLECTIVES["sendrecv"] = CollSpec("sendrecv", _same, lambda n: 1, lambda n: 1.0, op_loop=True)
 
 ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather",
            "reducescatter": "reduce_scatter", "all_to_all": "alltoall", "bcast": "broadcast",

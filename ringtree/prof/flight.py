@@ -34,6 +34,8 @@ import threading
 import time
 import weakref
 
+from ringtree.core.wire import WireHeader
+
 DEFAULT_SIZE = 1024
 VERSION = 1
 STATES = ("scheduled", "started", "completed", "failed")
@@ -164,7 +166,7 @@ def _waiting(comm, cur: list | None) -> list[dict]:
     for _gen, req, _gid, cs, call in sorted(list(blocked), key=lambda a: a[2]):
         if call.desc is not cur[0] or req is None or (req.done and req.error is None):
             continue
-        nbytes = int.from_bytes(bytes(req.header[:8]), "little")  # header: payload size
+        nbytes = WireHeader.payload_bytes(bytes(req.header))
         out.append({
             "error": str(req.error).split("\n")[0][:200] if req.error is not None else None,
             "seq": call.desc.seq, "name": call.desc.name,

@@ -16,7 +16,9 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-HEADER_BYTES = 32
+from ringtree.core.wire import WireHeader
+
+HEADER_BYTES = WireHeader.SIZE  # the header is opaque here: compared, never parsed
 
 
 class HeaderMismatch(Exception):

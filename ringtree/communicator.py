@@ -66,6 +66,7 @@ class Communicator:
         from ringtree.bootstrap.job import host_identity
         from ringtree.bootstrap.netif import select_address
         from ringtree.transports.assign import build_fabric
+        from ringtree.transports.base import Setup
 
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} out of range for {size} ranks")
@@ -108,7 +109,9 @@ class Communicator:
         self.planner = Planner(rank, size, self.nodes, nchannels=self.nchannels,
                                slice_bytes=self.slice_bytes, algo_enabled=self.algo_enabled,
                                link=self._link_kind())
-        self.fabric = build_fabric(self, listener)
+        self.fabric = build_fabric(Setup(rank, tuple(self.peers), store, prefix, secret,
+                                         self.comm_id, self.slice_bytes, self.timeout, s),
+                                   listener)
         self.executor = Executor(rank, self.fabric, on_idle=self._check_abort,
                                  slice_bytes=self.slice_bytes)
         self.executor.on_error = self._on_error

@@ -25,7 +25,6 @@ Here only what torch adds:
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -81,8 +80,7 @@ class ProgressEngine:
         found.add_done_callback(matched)
         fabric = self.comm.fabric
         try:
-            self.comm._probe(channel, peers, lambda p, ch: _has_message(fabric, p, ch),
-                             found, timeout)
+            self.comm._probe(channel, peers, fabric.has_message, found, timeout)
         except BaseException as e:  # noqa: BLE001 - unusable communicator
             work._finish(None, e)
         return work
@@ -104,44 +102,3 @@ class ProgressEngine:
     def abort(self, err: BaseException) -> None:
         """Fail everything pending with ``err``."""
         self.comm._fail_pending(err)
-
-
-# ---- probes: "is a message waiting?" per transport (until transports offer ``probe``) ----
-
-def _has_message(fabric, peer: int, channel: int) -> bool:
-    """Is a message from ``peer`` waiting on ``channel`` with no receive posted?"""
-    transport = fabric.transport_for(peer)
-    method = getattr(transport, "probe", None)
-    if method is not None:
-        return bool(method(peer, channel))
-    peek = _PROBES.get(transport.name)
-    return peek is not None and peek(transport, peer, channel)
-
-
-def _probe_tcp(t, peer: int, channel: int) -> bool:
-    conn = t.conns.get((peer, channel))
-    if conn is None:
-        conn = t._conn(peer, channel)  # connect, or expect the peer's connection
-    if conn.sock is None or conn.recvq or conn.hpos or conn.dead is not None:
-        return False
-    try:
-        conn.sock.recv(1, socket.MSG_PEEK)
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
-        return True  # the receive posted next reports the failure
-    return True  # data, or EOF that the receive will report
-
-
-def _probe_shm(t, peer: int, channel: int) -> bool:
-    r = t._ring(peer, channel, False)
-    if r.q or r.dead is not None:
-        return False
-    try:
-        from ringtree.transports.shm_ring import HEAD
-    except ImportError:  # before the ring moved to its own module
-        from ringtree.transports.shm import HEAD  # type: ignore[attr-defined,no-redef]
-    return int(r.ctrl[HEAD]) > r.count
-
-
-_PROBES: dict[str, Callable[[Any, int, int], bool]] = {"tcp": _probe_tcp, "shm": _probe_shm}

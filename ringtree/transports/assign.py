@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from ringtree.transports.base import Setup
 from ringtree.transports.fabric import Fabric
 from ringtree.transports.tcp import TcpTransport
 
@@ -42,25 +43,25 @@ def plan_routes(choice: str, host_ids: list[str], rank: int) -> tuple[list[int],
     return near, [r for r in others if r not in near]
 
 
-def build_fabric(core, listener) -> Fabric:
-    """Connect ``core`` (a Communicator) to its peers."""
-    choice = core.settings.transport
-    host_ids = [p.host_id for p in core.peers]
-    near, far = plan_routes(choice, host_ids, core.rank)
+def build_fabric(setup: Setup, listener) -> Fabric:
+    """Connect this rank to its peers: shared memory to those on its host, TCP to the rest."""
+    choice = setup.settings.transport
+    host_ids = [p.host_id for p in setup.peers]
+    near, far = plan_routes(choice, host_ids, setup.rank)
     if near and not shm_supported():
         if choice == "shm":
             raise RuntimeError("RINGTREE_TRANSPORT=shm, but /dev/shm is not usable here")
         near, far = [], sorted(near + far)
     routes = {}
     if far:
-        addresses = [(p.host, p.port) for p in core.peers]
-        tcp = TcpTransport(core.rank, addresses, listener, core.comm_id, core.secret,
-                           connect_timeout=min(core.timeout, 60.0))
+        addresses = [(p.host, p.port) for p in setup.peers]
+        tcp = TcpTransport(setup.rank, addresses, listener, setup.comm_id, setup.secret,
+                           connect_timeout=min(setup.timeout, 60.0))
         routes.update(dict.fromkeys(far, tcp))
     else:
         listener.close()
     if near:
         from ringtree.transports.shm_setup import open_shm
 
-        routes.update(dict.fromkeys(near, open_shm(core, near)))
+        routes.update(dict.fromkeys(near, open_shm(setup, near)))
     return Fabric(routes)

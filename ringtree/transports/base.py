@@ -12,13 +12,33 @@ Rules every transport follows (DESIGN.md §3):
 
 from __future__ import annotations
 
+import math
+import select
+import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ringtree.core.wire import WireHeader
 
 HEADER_BYTES = WireHeader.SIZE  # the header is opaque here: compared, never parsed
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a transport needs from its communicator to connect, and nothing more."""
+
+    rank: int
+    peers: tuple  # every rank's rendezvous record: .host, .port, .host_id
+    store: Any    # the rendezvous store (set / get / compare_set / wait)
+    prefix: str   # the communicator's key prefix in the store
+    secret: bytes
+    comm_id: bytes
+    slice_bytes: int
+    timeout: float
+    settings: Any  # ringtree.settings.Settings
 
 
 class HeaderMismatch(Exception):
@@ -59,9 +79,20 @@ class Request:
 
 
 class Transport(ABC):
-    """Moves framed messages to and from a set of peers."""
+    """Moves framed messages to and from a set of peers: every method the fabric calls.
+
+    Four are required (``isend``, ``irecv``, ``poll``, ``close``); the rest have defaults
+    a transport overrides when it can do better (NCCL's ``struct ncclTransport``, gloo's
+    ``pair.h``: one table of hooks, the same for every backend).
+
+    Waiting is one protocol, so the fabric can sleep on several transports at once:
+    ``spin_phase`` (poll for a while; True if something moved), ``prepare_sleep`` (False:
+    something is ready, do not sleep), then a ``poll(2)`` on every transport's
+    ``wait_fds`` for at most ``nap`` seconds, then ``finish_sleep``.
+    """
 
     name = "transport"
+    nap = math.inf  # longest sleep the transport allows (shm checks peers' liveness)
 
     @abstractmethod
     def isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:
@@ -76,13 +107,69 @@ class Transport(ABC):
         """Make all progress possible without blocking; True if anything moved."""
 
     @abstractmethod
-    def wait(self, timeout: float) -> None:
-        """Block up to ``timeout`` seconds until progress may be possible."""
-
-    def fileno_for_wait(self) -> list[int]:
-        """File descriptors whose readiness signals progress (for combined waits)."""
-        return []
-
-    @abstractmethod
     def close(self) -> None:
         """Close every connection (peers see EOF)."""
+
+    def leave_reason(self, text: str) -> None:
+        """Before closing because of an abort: leave its first cause where peers read it."""
+        return None
+
+    def pending(self) -> bool:
+        """Is a request posted and unfinished? (An idle transport is not waited on.)"""
+        return True
+
+    def has_message(self, peer: int, channel: int) -> bool:
+        """A message from ``peer`` waits on ``channel`` with no receive posted for it (the
+        probe of a receive from any source)."""
+        raise NotImplementedError(f"the {self.name} transport cannot probe for messages")
+
+    # ---- zero-copy receives -----------------------------------------------------------
+
+    def can_view(self, peer: int, nbytes: int) -> bool:
+        """Can a message of ``nbytes`` from ``peer`` be read in place (``irecv_view``)?"""
+        return False
+
+    def irecv_view(self, peer: int, channel: int, header: bytes, nbytes: int) -> Request:
+        """Like ``irecv``, but ``req.buf`` becomes the transport's own memory (uint8);
+        give it back with :meth:`release` once read."""
+        raise NotImplementedError(f"the {self.name} transport has no zero-copy receives")
+
+    def release(self, req: Request) -> None:
+        """Give back the memory of a view received with :meth:`irecv_view`."""
+        return None
+
+    # ---- waiting ----------------------------------------------------------------------
+
+    def spin_phase(self) -> bool:
+        return False
+
+    def prepare_sleep(self) -> bool:
+        return True
+
+    def wait_fds(self) -> list[tuple[int, int]]:
+        """(fd, poll mask) of everything whose readiness means progress."""
+        return []
+
+    def finish_sleep(self, rung: bool = True) -> None:
+        """After the sleep (``rung``: woken by a descriptor rather than the timeout)."""
+        return None
+
+    def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, alone, through the protocol above."""
+        if self.spin_phase() or not self.prepare_sleep():
+            return
+        events: list = []
+        try:
+            fds = self.wait_fds()
+            if not fds:
+                time.sleep(min(timeout, 0.001))
+                return
+            p = select.poll()
+            for fd, mask in fds:
+                p.register(fd, mask)
+            try:
+                events = p.poll(max(0, int(min(timeout, self.nap) * 1000)))
+            except InterruptedError:
+                events = [()]
+        finally:
+            self.finish_sleep(bool(events))

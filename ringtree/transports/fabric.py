@@ -42,21 +42,21 @@ class Fabric:
     def irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
         return self.transport_for(peer).irecv(peer, channel, header, into)
 
-    # ---- zero-copy receives (shared memory) ------------------------------------------
+    # ---- zero-copy receives (shared memory) and probes ---------------------------------
 
     def can_view(self, peer: int, nbytes: int) -> bool:
         """True if a message of ``nbytes`` from ``peer`` can be read in place."""
         t = self.routes.get(peer)
-        return t is not None and getattr(t, "can_view", None) is not None and \
-            t.can_view(peer, nbytes)  # type: ignore[attr-defined]
+        return t is not None and t.can_view(peer, nbytes)
 
     def irecv_view(self, peer: int, channel: int, header: bytes, nbytes: int) -> Request:
-        """Like ``irecv``, but ``req.buf`` becomes the transport's own memory (uint8);
-        give it back with :meth:`release` once read."""
-        return self.routes[peer].irecv_view(peer, channel, header, nbytes)  # type: ignore
+        return self.routes[peer].irecv_view(peer, channel, header, nbytes)
 
     def release(self, req: Request) -> None:
-        self.routes[req.peer].release(req)  # type: ignore[attr-defined]
+        self.routes[req.peer].release(req)
+
+    def has_message(self, peer: int, channel: int) -> bool:
+        return self.transport_for(peer).has_message(peer, channel)
 
     # ---- progress ---------------------------------------------------------------------
 
@@ -74,40 +74,29 @@ class Fabric:
             pass  # full: a wake-up is pending anyway; closed: nobody sleeps
 
     def wait(self, timeout: float) -> None:
-        """Sleep until some transport may progress, :meth:`interrupt`, or ``timeout``."""
-        busy = [t for t in self.transports if getattr(t, "pending", lambda: True)()]
-        sleepers = [t for t in busy if hasattr(t, "prepare_sleep")]
-        others = [t for t in busy if not hasattr(t, "prepare_sleep")]
-        if any(not hasattr(t, "wait_fds") for t in others):  # cannot poll it jointly
-            if len(busy) == 1:
-                busy[0].wait(timeout)
-            else:
-                for t in busy:  # take turns
-                    t.wait(min(timeout, 0.0005))
-            return
-        for t in sleepers:
-            if t.spin_phase():  # type: ignore[attr-defined]
+        """Sleep until some transport may progress, :meth:`interrupt`, or ``timeout``:
+        every busy transport's spin, then one ``poll(2)`` over all their descriptors."""
+        busy = [t for t in self.transports if t.pending()]
+        for t in busy:
+            if t.spin_phase():
                 return
         ready = []
         try:
-            for t in sleepers:
-                if not t.prepare_sleep():  # type: ignore[attr-defined]
+            for t in busy:
+                if not t.prepare_sleep():
                     return
                 ready.append(t)
             p = select.poll()
             if self._wake_r >= 0:
                 p.register(self._wake_r, select.POLLIN)
             n = 0
-            fds = [fd for t in sleepers for fd in t.sleep_fds()]  # type: ignore[attr-defined]
-            fds += [fd for t in others for fd in t.wait_fds()]  # type: ignore[attr-defined]
-            for fd, mask in fds:
+            for fd, mask in (fd for t in busy for fd in t.wait_fds()):
                 if fd >= 0:  # a socket closed under us (abort) has no descriptor
                     p.register(fd, mask)
                     n += 1
             if n == 0:  # nothing that could wake us but another thread
                 timeout = min(timeout, IDLE_NAP)
-            elif sleepers:  # shm checks its peers' liveness between naps
-                timeout = min(timeout, 0.1)
+            timeout = min([timeout] + [t.nap for t in busy])
             try:
                 events = p.poll(max(0, int(timeout * 1000)))
             except InterruptedError:
@@ -116,7 +105,7 @@ class Fabric:
                 self._drain_wake()
         finally:
             for t in ready:
-                t.finish_sleep()  # type: ignore[attr-defined]
+                t.finish_sleep()
 
     def _drain_wake(self) -> None:
         try:
@@ -129,9 +118,8 @@ class Fabric:
         """Close every transport; ``reason``: the first cause of an abort, left where the
         peers can read it (shared memory) so they name that cause, not us."""
         for t in self.transports:
-            leave = getattr(t, "leave_reason", None)
-            if reason and leave is not None:
-                leave(reason)
+            if reason:
+                t.leave_reason(reason)
             t.close()
         for fd in (self._wake_r, self._wake_w):
             try:

@@ -122,6 +122,7 @@ def _install_sigterm() -> None:
 
 class ShmTransport(Transport):
     name = "shm"
+    nap = LIVENESS_PERIOD  # between naps, check that the peers are alive
 
     def __init__(self, rank: int, tag: str, me: PeerInfo, peers: dict[int, PeerInfo], *,
                  slot_bytes: int, nslots: int, spin_us: float, cores: int,
@@ -350,7 +351,7 @@ class ShmTransport(Transport):
             self.bell.drain()
         self._check_peers(time.monotonic() >= self._next_check)
 
-    def sleep_fds(self) -> list[tuple[int, int]]:
+    def wait_fds(self) -> list[tuple[int, int]]:
         return [(self.bell.fd, select.POLLIN)] if self.bell.fd >= 0 else []
 
     def _wake(self, r: Ring, flag: int) -> None:

@@ -14,11 +14,12 @@ import secrets
 
 from ringtree.bootstrap.job import usable_cores
 from ringtree.transports import shm_segment as seg
+from ringtree.transports.base import Setup
 from ringtree.transports.shm import ShmTransport
 from ringtree.transports.shm_segment import PeerInfo
 
 
-def open_shm(core, ranks: list[int]) -> ShmTransport:
+def open_shm(setup: Setup, ranks: list[int]) -> ShmTransport:
     """Collective over this rank and ``ranks`` (its shared-memory peers): create our
     doorbell, learn theirs through the store, map them, then unlink the names.
 
@@ -29,27 +30,27 @@ def open_shm(core, ranks: list[int]) -> ShmTransport:
     host's ranks outnumber its cores, else 0 — see :mod:`shm_cma` for the measurements).
     """
     seg.clean_stale()
-    store, prefix = core.store, core.prefix
+    store, prefix = setup.store, setup.prefix
     nonce = store.compare_set(f"{prefix}/shm/nonce", None, secrets.token_hex(4).encode())
-    tag = core.comm_id[:4].hex() + nonce.decode()
+    tag = setup.comm_id[:4].hex() + nonce.decode()
     pid = os.getpid()
-    me = PeerInfo(core.rank, pid, seg.start_time(pid), seg.pid_namespace())
-    s, cores = core.settings, usable_cores()
+    me = PeerInfo(setup.rank, pid, seg.start_time(pid), seg.pid_namespace())
+    s, cores = setup.settings, usable_cores()
     crowded = len(ranks) + 1 > cores
     spin = s.shm_spin_us if s.shm_spin_us is not None else 0.0 if crowded else 50.0
     direct = s.shm_direct_min if s.shm_direct_min is not None else 1 << 20 if crowded else 0
-    t = ShmTransport(core.rank, tag, me, {}, slot_bytes=core.slice_bytes,
+    t = ShmTransport(setup.rank, tag, me, {}, slot_bytes=setup.slice_bytes,
                      nslots=s.shm_slots, spin_us=spin, cores=cores, direct_min=direct,
                      yield_us=s.shm_yield_us)
     try:
-        store.set(f"{prefix}/shm/info/{core.rank}", f"{pid},{me.start},{me.ns}".encode())
+        store.set(f"{prefix}/shm/info/{setup.rank}", f"{pid},{me.start},{me.ns}".encode())
         for r in ranks:
-            raw = store.get(f"{prefix}/shm/info/{r}", timeout=core.timeout).decode()
+            raw = store.get(f"{prefix}/shm/info/{r}", timeout=setup.timeout).decode()
             p, st, ns = raw.split(",")
             t.peers[r] = PeerInfo(r, int(p), None if st == "None" else int(st), ns)
         t.attach_peers()
-        store.set(f"{prefix}/shm/ready/{core.rank}", b"1")
-        store.wait([f"{prefix}/shm/ready/{r}" for r in ranks], timeout=core.timeout)
+        store.set(f"{prefix}/shm/ready/{setup.rank}", b"1")
+        store.wait([f"{prefix}/shm/ready/{r}" for r in ranks], timeout=setup.timeout)
         t.unlink_names()
     except BaseException:
         t.close()

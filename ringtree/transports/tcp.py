@@ -232,19 +232,21 @@ class TcpTransport(Transport):
                 fds.append((conn.sock.fileno(), mask))
         return fds
 
-    def wait(self, timeout: float) -> None:
-        p = select.poll()
-        n = 0
-        for fd, mask in self.wait_fds():
-            p.register(fd, mask)
-            n += 1
-        if n == 0:
-            time.sleep(min(timeout, 0.001))
-            return
+    def has_message(self, peer: int, channel: int) -> bool:
+        """A message (or EOF, which the next receive reports) waits on the connection and
+        no receive is posted for it."""
+        conn = self.conns.get((peer, channel))
+        if conn is None:
+            conn = self._conn(peer, channel)  # connect, or expect the peer's connection
+        if conn.sock is None or conn.recvq or conn.hpos or conn.dead is not None:
+            return False
         try:
-            p.poll(max(0, int(timeout * 1000)))
-        except InterruptedError:
-            pass
+            conn.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True  # the receive posted next reports the failure
+        return True
 
     def pending(self) -> bool:
         return bool(self.active) or bool(self.hellos)

@@ -15,7 +15,8 @@ from ringtree.core.ir import Collective, Program, copy, inp, out, scr
 from ringtree.schedules.registry import Options, register
 
 
-@register(Collective.GATHER, "direct")
+@register(Collective.GATHER, "direct",
+          cost="(p−1)·α + (p−1)/p·n·β at the root (n = gathered bytes)")
 def gather(n: int, r: int, opts: Options) -> Program:
     root = opts.root
     if r == root:
@@ -26,7 +27,8 @@ def gather(n: int, r: int, opts: Options) -> Program:
     return Program(Collective.GATHER, "direct", n, r, 1, (tuple(steps),), root=root)
 
 
-@register(Collective.SCATTER, "direct")
+@register(Collective.SCATTER, "direct",
+          cost="(p−1)·α + (p−1)/p·n·β at the root (n = scattered bytes)")
 def scatter(n: int, r: int, opts: Options) -> Program:
     root = opts.root
     if r == root:
@@ -37,7 +39,8 @@ def scatter(n: int, r: int, opts: Options) -> Program:
     return Program(Collective.SCATTER, "direct", n, r, 1, (tuple(steps),), root=root)
 
 
-@register(Collective.ALL_TO_ALL, "pairwise")
+@register(Collective.ALL_TO_ALL, "pairwise",
+          cost="(p−1)·α + (p−1)/p·n·β (n = bytes each rank sends)")
 def all_to_all(n: int, r: int, opts: Options) -> Program:
     steps = [copy(inp(r), out(r))]
     for i in range(1, n):
@@ -48,7 +51,7 @@ def all_to_all(n: int, r: int, opts: Options) -> Program:
                    in_place_ok=False)
 
 
-@register(Collective.BARRIER, "dissemination")
+@register(Collective.BARRIER, "dissemination", cost="⌈lg p⌉·α")
 def barrier(n: int, r: int, opts: Options) -> Program:
     """A one-chunk scratch token; each round ORs in what the partner knew."""
     steps = []

@@ -33,7 +33,7 @@ def _wrap(n: int, start: int, count: int) -> list[tuple[int, int]]:
     return runs
 
 
-@register(Collective.ALL_GATHER, "bruck")
+@register(Collective.ALL_GATHER, "bruck", cost="⌈lg p⌉·α + (p−1)/p·n·β (n = gathered bytes), any p")
 def all_gather(n: int, r: int, opts: Options) -> Program:
     """Round k: send blocks r … r+m−1 to r − 2^k, receive r+2^k … r+2^k+m−1 from r + 2^k."""
     steps: list[Step] = [copy(inp(0), out(r))]
@@ -57,7 +57,8 @@ def _runs(positions: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-@register(Collective.ALL_TO_ALL, "bruck")
+@register(Collective.ALL_TO_ALL, "bruck",
+          cost="⌈lg p⌉·α + (n/2)·⌈lg p⌉·β + local copies (n = bytes each rank sends)")
 def all_to_all(n: int, r: int, opts: Options) -> Program:
     """Scratch: positions T[0:n], then a send pack S and a receive pack R."""
     rounds = []

@@ -44,7 +44,7 @@ def _reduce_in_rank_order(n: int, r: int, mine: Ref, save: Ref, dst: Ref) -> lis
     return steps
 
 
-@register(Collective.ALL_REDUCE, "direct")
+@register(Collective.ALL_REDUCE, "direct", cost="α + (p−1)·n·β + (p−1)·n·γ")
 def all_reduce(n: int, r: int, opts: Options) -> Program:
     """One-shot: send the input to every rank, reduce all inputs in rank order.
 
@@ -63,7 +63,7 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
     return Program(Collective.ALL_REDUCE, "direct", n, r, k, tuple(channels), scratch=k)
 
 
-@register(Collective.ALL_REDUCE, "direct2")
+@register(Collective.ALL_REDUCE, "direct2", cost="2α + 2(p−1)/p·n·β + (p−1)/p·n·γ")
 def all_reduce_two_shot(n: int, r: int, opts: Options) -> Program:
     """Two-shot: rank r reduces chunk r of everybody's input, then sends it to everybody."""
     k = opts.channels
@@ -80,7 +80,7 @@ def all_reduce_two_shot(n: int, r: int, opts: Options) -> Program:
                    scratch=n * k)
 
 
-@register(Collective.ALL_GATHER, "direct")
+@register(Collective.ALL_GATHER, "direct", cost="α + (p−1)/p·n·β (n = gathered bytes)")
 def all_gather(n: int, r: int, opts: Options) -> Program:
     """Send the input to every rank; receive every rank's block into its place."""
     k = opts.channels
@@ -93,7 +93,8 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
     return Program(Collective.ALL_GATHER, "direct", n, r, k, tuple(channels))
 
 
-@register(Collective.REDUCE_SCATTER, "direct")
+@register(Collective.REDUCE_SCATTER, "direct",
+          cost="α + (p−1)/p·n·β + (p−1)/p·n·γ (n = input bytes)")
 def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     """Send block q to rank q; reduce the p copies of block r in rank order."""
     k = opts.channels

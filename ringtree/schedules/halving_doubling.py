@@ -62,7 +62,8 @@ class Fold:
         return r < 2 * self.rem and r % 2 == 1
 
 
-@register(Collective.ALL_REDUCE, "recursive_doubling")
+@register(Collective.ALL_REDUCE, "recursive_doubling",
+          cost="lg p·α + n·lg p·β + n·lg p·γ (+ one local copy when lg p is odd)")
 def all_reduce_rd(n: int, r: int, opts: Options) -> Program:
     """lg p rounds of exchanging the whole vector with r ^ 2^k and reducing.
 
@@ -105,7 +106,8 @@ def all_reduce_rd(n: int, r: int, opts: Options) -> Program:
                    scratch=k)
 
 
-@register(Collective.ALL_REDUCE, "rabenseifner")
+@register(Collective.ALL_REDUCE, "rabenseifner",
+          cost="2·lg p·α + 2(p−1)/p·n·β + (p−1)/p·n·γ; non-power-of-two: (2⌊lg p⌋ + 2)·α + (2(p'−1)/p' + 2)·n·β + (1 + (p'−1)/p')·n·γ")
 def all_reduce_rabenseifner(n: int, r: int, opts: Options) -> Program:
     """Recursive-halving reduce-scatter of p' chunks, then recursive-doubling all-gather."""
     f = Fold(n)
@@ -154,7 +156,8 @@ def all_reduce_rabenseifner(n: int, r: int, opts: Options) -> Program:
                    tuple(channels))
 
 
-@register(Collective.ALL_GATHER, "recursive_doubling")
+@register(Collective.ALL_GATHER, "recursive_doubling",
+          cost="lg p·α + (p−1)/p·n·β (n = gathered bytes)")
 def all_gather_rd(n: int, r: int, opts: Options) -> Program:
     """lg p rounds; in round k exchange the 2^k blocks gathered so far with r ^ 2^k."""
     f = Fold(n)
@@ -179,7 +182,8 @@ def all_gather_rd(n: int, r: int, opts: Options) -> Program:
     return Program(Collective.ALL_GATHER, "recursive_doubling", n, r, 1, (tuple(steps),))
 
 
-@register(Collective.REDUCE_SCATTER, "halving")
+@register(Collective.REDUCE_SCATTER, "halving",
+          cost="lg p·α + (p−1)/p·n·β + (p−1)/p·n·γ (n = input bytes)")
 def reduce_scatter_halving(n: int, r: int, opts: Options) -> Program:
     """lg p rounds; in round k send the half of the blocks the partner r ^ 2^(lg p − 1 − k)
     keeps and reduce the half this rank keeps; working copy in scratch."""

@@ -152,7 +152,8 @@ def _program(coll: Collective, n: int, r: int, chunks: int, chans: list[list[Ste
                    root=root, scratch=scratch, meta={"inter": lay.inter})
 
 
-@register(Collective.ALL_REDUCE, "hierarchical")
+@register(Collective.ALL_REDUCE, "hierarchical",
+          cost="2(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n)")
 def all_reduce(n: int, r: int, opts: Options) -> Program:
     """Chain-reduce to the leader, inter-node all-reduce, chain-broadcast."""
     lay = _Layout(n, r, opts)
@@ -176,7 +177,7 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
     return _program(Collective.ALL_REDUCE, n, r, C, chans, lay, scratch=scratch)
 
 
-@register(Collective.BROADCAST, "hierarchical")
+@register(Collective.BROADCAST, "hierarchical", cost="T_inter(n) + (m−1+s−1)(α_i + n/s·β_i)")
 def broadcast(n: int, r: int, opts: Options) -> Program:
     """Inter-node broadcast among leaders (the root leads its node), then chains."""
     lay = _Layout(n, r, opts, root=opts.root)
@@ -200,7 +201,8 @@ def _one_chunk_sub(lay: _Layout, coll: Collective) -> Program:
     return sub
 
 
-@register(Collective.ALL_GATHER, "hierarchical")
+@register(Collective.ALL_GATHER, "hierarchical",
+          cost="(m−1)(α_i + n/p·β_i) + T_inter(n) + (m−1+s−1)(α_i + n/s·β_i)")
 def all_gather(n: int, r: int, opts: Options) -> Program:
     """Gather to the leader, inter-node all-gather of superblocks, chain-broadcast."""
     lay = _Layout(n, r, opts)
@@ -246,7 +248,8 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
     return _program(Collective.ALL_GATHER, n, r, 1, [steps], lay, scratch=scratch)
 
 
-@register(Collective.REDUCE_SCATTER, "hierarchical")
+@register(Collective.REDUCE_SCATTER, "hierarchical",
+          cost="(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n) + (m−1)(α_i + n/p·β_i)")
 def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     """Chain-reduce the input to the leader, inter-node reduce-scatter of superblocks,
     scatter the node's blocks from the leader."""

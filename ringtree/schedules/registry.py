@@ -38,8 +38,13 @@ Generator = Callable[[int, int, Options], Program]
 _REGISTRY: dict[tuple[Collective, str], Generator] = {}
 
 
-def register(collective: Collective | str, algo: str) -> Callable[[Generator], Generator]:
-    """Decorator: make ``gen`` the ``algo`` schedule for ``collective``."""
+_COSTS: dict[tuple[Collective, str], str] = {}
+
+
+def register(collective: Collective | str, algo: str, *,
+             cost: str = "") -> Callable[[Generator], Generator]:
+    """Decorator: make ``gen`` the ``algo`` schedule for ``collective``; ``cost`` is its
+    α-β-γ cost in the notation of ``ringtree algo list`` (p ranks, n bytes, s slices)."""
     coll = parse_collective(collective)
 
     def deco(gen: Generator) -> Generator:
@@ -47,9 +52,15 @@ def register(collective: Collective | str, algo: str) -> Callable[[Generator], G
         if key in _REGISTRY:
             raise ValueError(f"algorithm {algo!r} registered twice for {coll.value}")
         _REGISTRY[key] = gen
+        _COSTS[key] = cost
         return gen
 
     return deco
+
+
+def cost(collective: Collective | str, algo: str) -> str:
+    """The cost ``algo`` was registered with ('' if none, or not registered)."""
+    return _COSTS.get((parse_collective(collective), algo.lower()), "")
 
 
 def algorithms(collective: Collective | str | None = None) -> list[str]:

@@ -22,7 +22,7 @@ def _program(coll: Collective, n: int, r: int, opts: Options, chunks: int,
                    root=opts.root, **kw)  # type: ignore[arg-type]
 
 
-@register(Collective.ALL_REDUCE, "ring")
+@register(Collective.ALL_REDUCE, "ring", cost="2(p−1)·α + 2(p−1)/p·n·β + (p−1)/p·n·γ")
 def all_reduce(n: int, r: int, opts: Options) -> Program:
     """send, recvReduceSend ×(n−2), recvReduceCopySend, recvCopySend ×(n−2), recv."""
     k = opts.channels
@@ -46,7 +46,7 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
     return _program(Collective.ALL_REDUCE, n, r, opts, n * k, channels)
 
 
-@register(Collective.ALL_GATHER, "ring")
+@register(Collective.ALL_GATHER, "ring", cost="(p−1)·α + (p−1)/p·n·β")
 def all_gather(n: int, r: int, opts: Options) -> Program:
     """copySend own block, recvCopySend ×(n−2), recv."""
     k = opts.channels
@@ -65,7 +65,7 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
     return _program(Collective.ALL_GATHER, n, r, opts, k, channels)
 
 
-@register(Collective.REDUCE_SCATTER, "ring")
+@register(Collective.REDUCE_SCATTER, "ring", cost="(p−1)·α + (p−1)/p·n·β + (p−1)/p·n·γ")
 def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     """send, recvReduceSend ×(n−2), recvReduceCopy into the output."""
     k = opts.channels
@@ -85,7 +85,7 @@ def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     return _program(Collective.REDUCE_SCATTER, n, r, opts, k, channels)
 
 
-@register(Collective.BROADCAST, "ring")
+@register(Collective.BROADCAST, "ring", cost="(p−1+s−1)·(α + n/s·β)")
 def broadcast(n: int, r: int, opts: Options) -> Program:
     """Pipelined chain root → root+1 → … → root−1 (the executor slices the data)."""
     k, root = opts.channels, opts.root
@@ -103,7 +103,7 @@ def broadcast(n: int, r: int, opts: Options) -> Program:
     return _program(Collective.BROADCAST, n, r, opts, k, channels)
 
 
-@register(Collective.REDUCE, "ring")
+@register(Collective.REDUCE, "ring", cost="(p−1+s−1)·(α + n/s·β)")
 def reduce(n: int, r: int, opts: Options) -> Program:
     """Pipelined chain root+1 → root+2 → … → root, reducing on the way."""
     k, root = opts.channels, opts.root

@@ -90,13 +90,15 @@ def _all_reduce(n: int, r: int, opts: Options, algo: str, split: bool) -> Progra
                    meta={"trees": trees})
 
 
-@register(Collective.ALL_REDUCE, "tree")
+@register(Collective.ALL_REDUCE, "tree",
+          cost="2(d + s − 1)·α + 2·n·β + n·γ (d = tree depth, s = slices)")
 def all_reduce(n: int, r: int, opts: Options) -> Program:
     """Double binary tree, split mode: all reduce-up steps, then all broadcast-down steps."""
     return _all_reduce(n, r, opts, "tree", split=True)
 
 
-@register(Collective.ALL_REDUCE, "tree_updown")
+@register(Collective.ALL_REDUCE, "tree_updown",
+          cost="2(d + s − 1)·α + 2·n·β + n·γ (d = tree depth, s = slices)")
 def all_reduce_updown(n: int, r: int, opts: Options) -> Program:
     """Double binary tree, up-down mode: reduce then broadcast, chunk after chunk."""
     return _all_reduce(n, r, opts, "tree_updown", split=False)
@@ -126,13 +128,13 @@ def _rooted(coll: Collective, n: int, r: int, opts: Options) -> Program:
     return Program(coll, "tree", n, r, k * c, tuple(channels), root=opts.root)
 
 
-@register(Collective.BROADCAST, "tree")
+@register(Collective.BROADCAST, "tree", cost="(d + s − 1)·(α + 2·n/s·β)")
 def broadcast(n: int, r: int, opts: Options) -> Program:
     """Pipelined binary tree from the root (NCCL's btree relabelled to start at root)."""
     return _rooted(Collective.BROADCAST, n, r, opts)
 
 
-@register(Collective.REDUCE, "tree")
+@register(Collective.REDUCE, "tree", cost="(d + s − 1)·(α + 2·n/s·β + 2·n/s·γ)")
 def reduce(n: int, r: int, opts: Options) -> Program:
     """Pipelined binary tree into the root, reducing children into the input on the way."""
     return _rooted(Collective.REDUCE, n, r, opts)

@@ -10,7 +10,6 @@ performance model; ``ringtree sim`` is the tool for that.
 from __future__ import annotations
 
 import importlib
-import re
 import shutil
 from collections import deque
 from dataclasses import dataclass
@@ -226,72 +225,11 @@ def draw_png(programs: list[Program], path: str) -> None:
     plt.close(fig)
 
 
-_BULLET = re.compile(r"^\s*- (.*)$")
-
-
-def _bullets(doc: str) -> list[str]:
-    out: list[str] = []
-    cur: list[str] | None = None
-    for line in doc.splitlines():
-        m = _BULLET.match(line)
-        if m:
-            if cur:
-                out.append(" ".join(cur))
-            cur = [m.group(1).strip()]
-        elif cur is not None and line.strip() and line.startswith("  "):
-            cur.append(line.strip())
-        else:
-            if cur:
-                out.append(" ".join(cur))
-            cur = None
-    if cur:
-        out.append(" ".join(cur))
-    return out
-
-
-def _split_label(bullet: str) -> tuple[str, str | None]:
-    """Split ``label: text`` at the first colon outside parentheses."""
-    depth = 0
-    for i, ch in enumerate(bullet):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth = max(0, depth - 1)
-        elif ch == ":" and depth == 0:
-            return bullet[:i], bullet[i + 1:]
-    return bullet, None
 
 
 def cost_of(collective: Collective, algo: str) -> str:
-    """The α-β-γ cost line for (collective, algo), read from the docstring of the module
-    that registers it (a bullet ``- <collective>[, ``algo``]: <cost>``); '' if none."""
+    """The α-β-γ cost line of (collective, algo): what it was registered with
+    (``@register(..., cost=...)``); '' if none."""
     from ringtree.schedules import registry
 
-    gen = registry._REGISTRY.get((collective, algo))
-    if gen is None:
-        return ""
-    doc = importlib.import_module(gen.__module__).__doc__ or ""
-    want = collective.value.replace("_", "-")
-    best, best_score = "", -1
-    for b in _bullets(doc):
-        label, cost = _split_label(b)
-        if cost is None:
-            continue
-        if "Cost:" in cost:
-            cost = cost.split("Cost:", 1)[1]
-        colls = re.split(r"[,(`]", label)[0]
-        if want not in [t.strip() for t in colls.split("/")]:
-            continue
-        score = (2 if f"``{algo}``" in label else 0) + (1 if "α" in cost else 0)
-        if score > best_score:
-            best, best_score = cost.strip(), score
-    if not best:   # a "Cost …: a ≈ …; b ≈ …" paragraph: the part naming the algorithm
-        for para in re.split(r"\n\s*\n", doc):
-            text = " ".join(para.split())
-            if text.startswith("Cost"):
-                body = _split_label(text)[1] or text
-                parts = [x.strip() for x in body.split(";")]
-                words = algo.replace("_", " ").split()
-                named = [x for x in parts if x.split(" ")[0] in words]
-                return named[0] if named else body.strip()
-    return best
+    return registry.cost(collective, algo)

@@ -108,7 +108,10 @@ class Reducer:
 
     @property
     def name(self) -> str:
-        return self.user.name if self.user else self.op.value  # type: ignore[union-attr]
+        if self.user is not None:
+            return self.user.name
+        assert self.op is not None
+        return self.op.value
 
     def combine(self, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
         """out = a ⊕ b (``out`` may alias ``a`` or ``b``)."""

@@ -65,7 +65,7 @@ def _pack_error(e: BaseException) -> BaseException:
 
     try:
         pickle.loads(pickle.dumps(e))
-        e.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
+        setattr(e, "__traceback_text__", traceback.format_exc())  # noqa: B010 - on any type
         return e
     except Exception:  # noqa: BLE001
         return RemoteError(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")

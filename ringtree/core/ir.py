@@ -101,7 +101,9 @@ class Step:
     @property
     def ref(self) -> Ref:
         """The region this step moves (dst if it stores, else src)."""
-        return self.dst if self.dst is not None else self.src  # type: ignore[return-value]
+        ref = self.dst if self.dst is not None else self.src
+        assert ref is not None, "a step moves something"
+        return ref
 
     @property
     def name(self) -> str:

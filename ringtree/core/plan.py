@@ -128,7 +128,7 @@ def compile_program(p: Program, in_blocks: list[int], out_blocks: list[int], cou
         for s in chan:
             src = region(s.src) if s.src is not None else None
             dst = region(s.dst) if s.dst is not None else None
-            length = (dst or src).length  # type: ignore[union-attr]
+            length = dst.length if dst is not None else src.length if src is not None else 0
             nsl = -(-length // slice_elems) if length else 0
             slices = tuple(split_even(length, nsl, k) for k in range(nsl))
             # a plain copy onto its own storage (in place) moves nothing

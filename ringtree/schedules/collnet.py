@@ -48,7 +48,7 @@ from ringtree.schedules.tree_wiring import node_groups
 
 
 def _fanin(opts: Options, nnodes: int) -> int:
-    k = int(opts.param("collnet_fanin", 0) or 0)  # type: ignore[arg-type]
+    k = int(opts.param("collnet_fanin", 0) or 0)
     return k if 0 < k < nnodes else 0
 
 
@@ -89,7 +89,7 @@ def _plan(algo: str, n: int, opts: Options) -> tuple[list[list[int]], int, tuple
     groups = node_groups(n, opts.nodes)
     ppn = min(len(g) for g in groups)
     if algo == "collnet_direct":
-        h = int(opts.param("collnet_heads", 0) or ppn)  # type: ignore[arg-type]
+        h = int(opts.param("collnet_heads", 0) or ppn)
         heads_per_node = max(1, min(h, ppn))
     else:
         heads_per_node = 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from ringtree.core.ir import Collective, Program, parse_collective
 
@@ -29,7 +30,7 @@ class Options:
     nodes: tuple[int, ...] | None = None
     params: tuple[tuple[str, object], ...] = field(default=())
 
-    def param(self, key: str, default: object = None) -> object:
+    def param(self, key: str, default: Any = None) -> Any:
         return dict(self.params).get(key, default)
 
 

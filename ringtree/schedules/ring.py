@@ -11,15 +11,17 @@ Costs (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), p ranks, n byt
 
 from __future__ import annotations
 
+from typing import Any
+
 from ringtree.core import ir
 from ringtree.core.ir import Collective, Program, Step, copy, inp, out
 from ringtree.schedules.registry import Options, register
 
 
 def _program(coll: Collective, n: int, r: int, opts: Options, chunks: int,
-             channels: list[list[Step]], **kw: object) -> Program:
+             channels: list[list[Step]], **kw: Any) -> Program:
     return Program(coll, "ring", n, r, chunks, tuple(tuple(c) for c in channels),
-                   root=opts.root, **kw)  # type: ignore[arg-type]
+                   root=opts.root, **kw)
 
 
 @register(Collective.ALL_REDUCE, "ring", cost="2(p−1)·α + 2(p−1)/p·n·β + (p−1)/p·n·γ")

@@ -41,7 +41,7 @@ from ringtree.schedules.tree_wiring import TreeRank, nccl_trees, rooted_btree
 
 
 def _pipeline(opts: Options) -> int:
-    c = int(opts.param("pipeline", 2))  # type: ignore[arg-type]
+    c = int(opts.param("pipeline", 2))
     if c < 1:
         raise ValueError(f"pipeline must be >= 1, got {c}")
     return c

@@ -68,7 +68,7 @@ def dtree(n: int, rank: int) -> tuple[Links, Links]:
     else:
         u, d0, d1 = btree(n, n - 1 - rank)
         t1 = tuple(-1 if x == -1 else n - 1 - x for x in (u, d0, d1))
-    return t0, t1  # type: ignore[return-value]
+    return (t0[0], t0[1], t0[2]), (t1[0], t1[1], t1[2])
 
 
 def dtree_child_types(n: int, rank: int) -> tuple[int, int]:

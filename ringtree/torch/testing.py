@@ -51,7 +51,7 @@ def _pack(e: BaseException) -> BaseException:
     text = traceback.format_exc()
     try:
         pickle.loads(pickle.dumps(e))
-        e.__traceback_text__ = text  # type: ignore[attr-defined]
+        setattr(e, "__traceback_text__", text)  # noqa: B010 - on any exception type
         return e
     except Exception:  # noqa: BLE001
         return RemoteError(f"{type(e).__name__}: {e}\n{text}")

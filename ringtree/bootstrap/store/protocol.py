@@ -9,6 +9,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from enum import IntEnum
 
+from ringtree.errors import RingtreeError
+
 MAGIC = b"RTSTORE1"
 MAX_KEY_BYTES = 4096
 MAX_VALUE_BYTES = 64 << 20
@@ -24,7 +26,7 @@ _F64 = struct.Struct("!d")
 _I64 = struct.Struct("!q")
 
 
-class StoreError(RuntimeError):
+class StoreError(RingtreeError):
     """The store failed or refused a request (the message says which store and why)."""
 
 

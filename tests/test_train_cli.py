@@ -91,3 +91,34 @@ def test_record_links_sends_to_receives():
     assert out[1]["events"][2]["deps"] == [[1, 1], [0, 1]]
     with pytest.raises(ValueError, match="more often"):
         link([{"rank": 0, "events": []}, {"rank": 1, "events": [{"op": "recv", "peer": 0}]}])
+
+
+def test_record_comm_then_replay_on_a_modeled_cluster(tmp_path):
+    """A TP=2 x PP=2 step recorded by ``ringtree train --record-comm``: every TP and PP
+    operation the model implies is there, and ``ringtree sim --workload`` replays it."""
+    rec = tmp_path / "step.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    m = 3
+    cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", "4", sys.executable, "-m",
+           "ringtree.cli", "train", "--tp", "2", "--pp", "2", "--steps", "2",
+           "--micro-batches", str(m), "--batch-size", "6", "--eval-batches", "1",
+           "--record-comm", str(rec), *TINY]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(rec.read_text())
+    assert doc["format"] == "ringtree-comm/1" and doc["grid"] == {"dp": 1, "tp": 2, "pp": 2}
+    assert doc["step"] == 1 and len(doc["ranks"]) == 4
+    for r in doc["ranks"]:
+        first = r["coords"]["pp"] == 0
+        ops = [(e["op"], e["axis"]) for e in r["events"]]
+        # one layer per stage: forward 2 all-reduces (g) + the embedding's g (first stage)
+        # or the loss's 2 (last stage); backward 2 (f) + the head's f (last stage)
+        tp_per_mb = (2 + 1 + 2) if first else (2 + 2 + 2 + 1)
+        assert ops.count(("all_reduce", "tp")) == m * tp_per_mb
+        assert ops.count(("send", "pp")) == ops.count(("recv", "pp")) == m
+        assert not any(axis == "dp" for _, axis in ops)          # dp = 1: nothing to sync
+    out = subprocess.run([sys.executable, "-m", "ringtree.cli", "sim", "--workload", str(rec),
+                          "--topology", "dgx_h100", "--nodes", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "grid dp=2 tp=2 pp=2" in out.stdout and "step communication time" in out.stdout

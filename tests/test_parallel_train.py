@@ -50,7 +50,7 @@ def pools():
 
     def get(n: int) -> TorchRankPool:
         if n not in made:
-            made[n] = TorchRankPool(n, gloo=False, timeout=240, pg_timeout=120)
+            made[n] = TorchRankPool(n, gloo=False, timeout=600, pg_timeout=240)
         return made[n]
 
     yield get

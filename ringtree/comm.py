@@ -101,6 +101,17 @@ class CommCore:
         self.peers = peers
         order: dict[str, int] = {}
         self.nodes = tuple(order.setdefault(p.host_id, len(order)) for p in peers)
+        if world_ranks is None and len(set(self.nodes)) > 1:  # a job across hosts
+            from ringtree.bootstrap import netcheck
+
+            if netcheck.enabled():
+                try:
+                    netcheck.check_peers(store, prefix, netcheck.Advert.local(
+                        rank, host, listener.getsockname()[1], self.host_id), size,
+                        self.timeout)
+                except BaseException:
+                    listener.close()
+                    raise
         self.local_rank = local_rank if local_rank is not None else sum(
             1 for p in peers[:rank] if p.host_id == self.host_id)
         self.fabric = build_fabric(self, listener)
@@ -382,6 +393,12 @@ class CommCore:
             err = PeerError(e.peer, reason)
         else:
             err = e
+        if isinstance(err, CollectiveTimeout):  # a partition? say whom we cannot reach
+            from ringtree.bootstrap.netcheck import unreachable_note
+
+            note = unreachable_note([(p.rank, p.host, p.port) for p in self.peers
+                                     if p.host_id != self.host_id])
+            err = CollectiveTimeout(f"{err}{note}") if note else err
         if isinstance(err, (CollectiveTimeout, PeerError)):  # ask every rank; name the culprit
             from ringtree.prof.watch import with_diagnosis
 

@@ -114,6 +114,15 @@ def main(argv: list[str]) -> int:
             print(f"{PROG}: --master port must be below 65535 (port+1 is MASTER_PORT)",
                   file=sys.stderr)
             return 2
+        if opts.check_net:
+            from ringtree.bootstrap.netmatrix import launcher_check
+
+            try:
+                if launcher_check(addr, port, token, opts.node_rank, opts.nnodes):
+                    return 1
+            except StoreError as e:
+                print(f"{PROG}: --check-net: {e}", file=sys.stderr)
+                return 1
         return _Job(opts, addr, port, torch_port, token, server).run()
     finally:
         if server is not None:

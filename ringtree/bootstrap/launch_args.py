@@ -29,7 +29,7 @@ _VALUED = {
     "--master-addr": True, "--master_addr": True, "--master-port": True,
     "--master_port": True, "--timeout": True, "--grace": True, "--bind-to": True,
     "-x": True, "--tag-output": False, "--standalone": False, "--oversubscribe": False,
-    "--allow-run-as-root": False, "-h": False, "--help": False,
+    "--allow-run-as-root": False, "-h": False, "--help": False, "--check-net": False,
 }
 _REFUSED = {
     "--rdzv-backend": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
@@ -65,6 +65,7 @@ class Options:
     command: list[str]
     bind_to: str = "none"
     export: dict[str, str | None] = field(default_factory=dict)  # -x: None = inherit
+    check_net: bool = False
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -127,6 +128,9 @@ def parse(argv: list[str]) -> Options:
                         help="pin each rank to one CPU (core, hwthread) or not (none)")
     parser.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VAL]",
                         help="export VAR (or set it to VAL) in every rank, as mpirun -x")
+    parser.add_argument("--check-net", action="store_true",
+                        help="before starting ranks, check that every node reaches the "
+                             "addresses the others advertise (prints a host x address table)")
     parser.add_argument("--standalone", action="store_true", help="torchrun's: one node")
     parser.add_argument("--oversubscribe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allow-run-as-root", action="store_true", help=argparse.SUPPRESS)
@@ -176,7 +180,7 @@ def parse(argv: list[str]) -> Options:
     if command[0].endswith(".py"):
         command = [sys.executable, *command]  # torchrun runs scripts with Python too
     return Options(ns.nproc, nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
-                   ns.grace, command, ns.bind_to, export)
+                   ns.grace, command, ns.bind_to, export, ns.check_net)
 
 
 def parse_master(text: str) -> tuple[str, int]:

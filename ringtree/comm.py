@@ -122,6 +122,13 @@ class CommCore:
         from ringtree.prof import attach
 
         attach(self)  # flight recorder, SIGUSR1 dump, doctor watcher, RINGTREE_PROFILE
+        self.topology = None  # ringtree.core.topology.Topology when ranks span hosts
+        if len(set(self.nodes)) > 1:
+            from ringtree.core.topology import learn
+
+            self.topology = learn(self, MODELS["tcp"].overhead)
+            if self.debug in ("INFO", "TRACE") and rank == 0:
+                print(f"ringtree: topology: {self.topology.describe()}", flush=True)
 
     # ---- issuing ----------------------------------------------------------------------
 
@@ -132,12 +139,29 @@ class CommCore:
         cached = self._choices.get(key)
         if cached is None:
             opts = Options(channels=self.nchannels, nodes=self.nodes)
-            cached = choose(coll, nbytes, self.size, self.algo_enabled.get(coll),
-                            MODELS[self._link_kind()], opts)
+            model = self._model()
+            cached = choose(coll, nbytes, self.size, self.algo_enabled.get(coll), model, opts)
+            if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._choices) < 64:
+                from ringtree.core.tuner import ranking
+
+                rank_text = ", ".join(f"{a} {t * 1e6:,.0f}" for a, t in ranking(
+                    coll, nbytes, self.size, self.algo_enabled.get(coll), model, opts)[:4])
+                print(f"ringtree: {coll.value} {nbytes} B: chose {cached}; predicted us: "
+                      f"{rank_text}", flush=True)
             if len(self._choices) > 4096:
                 self._choices.clear()
             self._choices[key] = cached
         return cached
+
+    def _model(self):
+        """The tuner's cost model: per link class when ranks span hosts."""
+        if self.topology is None:
+            return MODELS[self._link_kind()]
+        from ringtree.core.tuner import host_model
+
+        intra = "tcp" if os.environ.get("RINGTREE_TRANSPORT", "auto").strip().lower() \
+            not in ("", "auto", "shm") else ("shm_crowded" if self.topology.crowded else "shm")
+        return host_model(self.topology, MODELS[intra])
 
     def _link_kind(self) -> str:
         """The cost model every rank agrees on: shm when the whole job is on one host

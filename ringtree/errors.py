@@ -20,9 +20,6 @@ class PeerError(RingtreeError):
     def __reduce__(self):
         return (type(self), (self.peer, str(self), self.cause))
 
-    def __reduce__(self):  # picklable (errors travel between processes)
-        return type(self), (self.peer, str(self))
-
 
 class MismatchError(RingtreeError):
     """Ranks called different collectives (or the same one with different arguments)."""

@@ -58,7 +58,7 @@ def test_partition_every_rank_raises_naming_a_lost_peer():
             when, kind, msg = res
             assert kind is not None, f"rank {r} never noticed the partition"
             took = when - cut_at[0]
-            assert took < TIMEOUT + 5, f"rank {r} raised {took:.1f} s after the cut: {msg}"
+            assert took < TIMEOUT + 8, f"rank {r} raised {took:.1f} s after the cut: {msg}"
             others = (2, 3) if pool.rank_hosts[r] == 0 else (0, 1)
             assert any(f"rank {q}" in msg for q in others), f"rank {r}: {kind}: {msg}"
 
@@ -81,10 +81,10 @@ def split_net():
 def test_unreachable_interface_fails_fast_naming_host_address_and_interface(split_net):
     tb = split_net
     t0 = time.monotonic()
-    results = run_hosts(tb, [1, 2], hello, env={"RINGTREE_TIMEOUT": 60},
+    results = run_hosts(tb, [1, 2], hello, env={"RINGTREE_TIMEOUT": 120},
                         host_env={1: {"RINGTREE_SOCKET_IFNAME": "ib0"}}, timeout=60)
     took = time.monotonic() - t0
-    assert took < 20, f"the job took {took:.1f} s to fail"
+    assert took < 40, f"the job took {took:.1f} s to fail (the timeout is 120 s)"
     for r, res in enumerate(results):
         assert isinstance(res, Exception), f"rank {r} did not fail: {res!r}"
         msg = str(res)

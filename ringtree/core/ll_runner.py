@@ -25,14 +25,14 @@ from ringtree.transports.shm_ll import LL, fingerprint, open_ll
 from ringtree.transports.shm_ll_coll import LLOp, fits
 
 MAX_RANKS = 255          # the fingerprint's root field and the cost of polling every line
-SMALL_CELL = 64 << 10    # cells when LL only carries small calls
-STREAM_CELL = 1 << 20    # cells when all-reduces of any size stream through LL (2 ranks)
+CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
+SMALL_CELL = 64 << 10    # with many ranks: the segment is nranks x 2 cells
 
 
 def default_cell(nranks: int) -> int:
-    """Cell bytes per rank and parity: with two ranks every all-reduce streams through
-    the cells (``benchmarks/ll_threshold.py``), so they are larger."""
-    return STREAM_CELL if nranks == 2 else SMALL_CELL
+    """Cells hold the largest contribution :data:`ringtree.core.proto.THRESHOLDS` gives
+    LL (pages are touched only as far as calls use them)."""
+    return CELL if nranks <= 8 else SMALL_CELL
 
 
 class LLRunner:

@@ -21,8 +21,10 @@ import os
 
 from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
+from ringtree.errors import RingtreeError
 from ringtree.transports.shm_ll import LL, fingerprint, open_ll
 from ringtree.transports.shm_ll_coll import LLOp, fits
+from ringtree.work import Work
 
 MAX_RANKS = 255          # the fingerprint's root field and the cost of polling every line
 CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
@@ -33,6 +35,23 @@ def default_cell(nranks: int) -> int:
     """Cells hold the largest contribution :data:`ringtree.core.proto.THRESHOLDS` gives
     LL (pages are touched only as far as calls use them)."""
     return CELL if nranks <= 8 else SMALL_CELL
+
+
+class LLDesc:
+    """What the flight recorder and error messages show of an LL call (the fields of
+    :class:`~ringtree.core.plan.Desc` they read)."""
+
+    __slots__ = ("name", "count", "dtype", "op", "root", "seq")
+    algo = "LL"
+
+    def __init__(self, op: LLOp, opname: str, seq: int):
+        self.name, self.count, self.dtype = op.name, op.count, op.dtype.value
+        self.op, self.root, self.seq = opname, op.root, seq
+
+    def __str__(self) -> str:
+        root = f", root={self.root}" if self.root >= 0 else ""
+        return (f"{self.name}(count={self.count}, {self.dtype}, {self.op}{root}, "
+                f"proto=LL) seq {self.seq}")
 
 
 class LLRunner:
@@ -62,6 +81,45 @@ class LLRunner:
                 self.ops.clear()
             o = self.ops[key] = LLOp(self.ll, coll, dt, count, op_code, root)
         return o
+
+    def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):
+        """Run ``spec`` (a :class:`~ringtree.core.planner.CallSpec`) on ``op`` now, on this
+        thread; a failure goes through ``comm._on_error`` (recorded for every rank)."""
+        t = comm.timeout if timeout is None else timeout
+        if comm.executor.busy:  # async Simple work in flight: keep the memory order
+            self._order(comm, spec)
+        fr = comm.flight
+        red = spec.reducer
+        e = fr.begin(LLDesc(op, red.name if red is not None else "-", seq)) \
+            if fr is not None else None
+        try:
+            op.run(spec.inp, spec.out, red, t)
+            if spec.post is not None:
+                spec.post()
+        except RingtreeError as err:
+            err = comm._on_error(err)
+            if e is not None:
+                fr.end(e, err)
+            if not async_op:
+                raise err from None
+            work = Work(op.name)
+            work._finish(None, err)
+            return work
+        if e is not None:
+            fr.end(e)
+        if async_op:
+            work = Work(op.name)
+            work._finish(spec.result)
+            return work
+        return spec.result
+
+    @staticmethod
+    def _order(comm, spec) -> None:
+        progress = comm.progress
+        with progress.cv:
+            before = comm.executor.overlapping((spec.inp, spec.out), (False, True))
+        if before:
+            progress.drive_until(lambda: all(b.done for b in before))
 
     @staticmethod
     def simple_fingerprint(coll: Collective, dt: DType, count: int, op_code: int,

@@ -192,7 +192,7 @@ class LLOp:
     def _reduce(self, x, out, red, timeout) -> None:
         self._put(x, red)
         p = self.ll.sync(self.fp, timeout, self.describe)
-        if out is not None:
+        if self.ll.rank == self.root:
             self._fold(p, out, red)
 
     def _reduce_scatter(self, x, out, red, timeout) -> None:

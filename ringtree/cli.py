@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("ringtree.prof.doctor", "analyse dumped flight recorders of a hung job"),
     "testbed": ("ringtree.testbed.cli", "namespace hosts on shaped links: run a job on them"),
     "switch": ("ringtree.switch.cli", "a software SHARP switch (in-network aggregation)"),
+    "generate": ("ringtree.serve.cli", "greedy GPT generation with a paged, prefix-cached KV"),
 }
 
 

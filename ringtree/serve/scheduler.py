@@ -14,8 +14,9 @@ Per step (the policy of vLLM's v1 scheduler, without chunked prefill):
    cached prefix of full blocks (capped one token short of the sequence, so the last
    token is computed and yields logits), takes references on those blocks and
    allocates the rest. The first one that does not fit stops admission (FIFO).
-3. After the model step, :meth:`Scheduler.update` appends each sampled token, caches
-   blocks that became full (chained hashes), and frees finished requests.
+3. Blocks the step will fill are indexed by their chained hashes when planned (see
+   :meth:`Scheduler._commit`). After the model step, :meth:`Scheduler.update` appends
+   each sampled token and frees finished requests.
 """
 
 from __future__ import annotations
@@ -126,6 +127,15 @@ class Scheduler:
             req.hashes += block_hashes(toks, self.pool.block_size, parent, len(req.hashes))
         return req.hashes
 
+    def _commit(self, req: Request) -> None:
+        """Index the blocks this step fills. Their keys and values are written in each
+        layer before any attention of that layer reads, so a request admitted in the
+        same step may already share them."""
+        hashes = self._hashes(req)
+        for b in range(req.num_committed, len(hashes)):
+            self.pool.commit(req.blocks[b], hashes[b])
+        req.num_committed = len(hashes)
+
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.pool.release(req.blocks)
@@ -151,6 +161,7 @@ class Scheduler:
             if req not in self.running:
                 continue
             req.blocks += self.pool.allocate(need)
+            self._commit(req)
             plan.seqs.append(SeqStep(req.id, req.num_computed,
                                      req.tokens[req.num_computed:], list(req.blocks)))
         if plan.preempted:
@@ -172,6 +183,7 @@ class Scheduler:
             req.blocks = hit + self.pool.allocate(need)
             req.num_computed, req.num_committed = len(hit) * bs, len(hit)
             budget -= todo
+            self._commit(req)
             self.running.append(req)
             plan.seqs.append(SeqStep(req.id, req.num_computed, toks[req.num_computed:],
                                      list(req.blocks)))
@@ -182,18 +194,12 @@ class Scheduler:
         the requests that finished."""
         if len(sampled) != len(plan.seqs):
             raise ValueError(f"{len(sampled)} sampled tokens for {len(plan.seqs)} sequences")
-        bs = self.pool.block_size
         done = []
         for s, tok in zip(plan.seqs, sampled):
             req = self.requests[s.seq]
             if len(s.tokens) > 1 or req.num_computed == 0:
                 req.prefill_computed += len(s.tokens)
             req.num_computed = s.start + len(s.tokens)
-            hashes = self._hashes(req)
-            full = req.num_computed // bs
-            for b in range(req.num_committed, full):
-                self.pool.commit(req.blocks[b], hashes[b])
-            req.num_committed = max(req.num_committed, full)
             req.output.append(int(tok))
             if req.done:
                 self.running.remove(req)

@@ -15,9 +15,10 @@ from ringtree.kvcache.pool import (
     PoolExhausted,
     block_hash,
     block_hashes,
+    ideal_hit_tokens,
 )
 
 __all__ = [
     "ROOT_HASH", "BlockPool", "CacheMetrics", "EvictionPolicy", "LFUPolicy", "LRUCache",
-    "LRUPolicy", "LinkedMap", "PoolExhausted", "block_hash", "block_hashes",
+    "LRUPolicy", "LinkedMap", "PoolExhausted", "block_hash", "block_hashes", "ideal_hit_tokens",
 ]

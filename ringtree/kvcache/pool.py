@@ -51,6 +51,22 @@ def block_hashes(tokens: Sequence[int], block_size: int, parent: bytes = ROOT_HA
     return out
 
 
+def ideal_hit_tokens(prompts: Sequence[Sequence[int]], block_size: int) -> int:
+    """The most prefix-cache hit tokens block-granular caching can get on ``prompts``
+    served in order: an unbounded cache, each prompt hitting every full block (one
+    token short of its end) whose chained hash an earlier prompt produced."""
+    seen: set[bytes] = set()
+    total = 0
+    for p in prompts:
+        hashes = block_hashes(p, block_size)
+        for h in hashes[:(len(p) - 1) // block_size]:
+            if h not in seen:
+                break
+            total += block_size
+        seen.update(hashes)
+    return total
+
+
 @dataclass
 class CacheMetrics:
     """Token-granular prefix cache counters (``hit_tokens / query_tokens`` = hit rate)."""

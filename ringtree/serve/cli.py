@@ -60,8 +60,10 @@ def main(argv: list[str]) -> int:
     import ringtree
     from ringtree.models.data import decode
     from ringtree.models.gpt import GPTConfig
+    from ringtree.serve.engine import check_tp
     from ringtree.serve.generate import generate, load_model, read_prompts
-    from ringtree.serve.runner import CacheOptions
+    from ringtree.serve.runner import CacheOptions, validate
+    from ringtree.serve.scheduler import Request
 
     for name in ("tp", "max_new_tokens", "cache_blocks", "block_size", "max_batch"):
         if getattr(args, name) < 1:
@@ -69,6 +71,13 @@ def main(argv: list[str]) -> int:
     try:
         prompts = read_prompts(args.prompts)
         cfg, sd = load_model(args.checkpoint, args.seed, GPTConfig(block_size=args.context))
+        opts = CacheOptions(num_blocks=args.cache_blocks, block_size=args.block_size,
+                            policy=args.policy, prefix_cache=not args.no_prefix_cache,
+                            max_batch=args.max_batch,
+                            pin_tokens=prompts[0][:args.pin_prefix] or None)
+        check_tp(cfg, args.tp)      # every rank checks before any rank connects
+        validate([Request(i, p, args.max_new_tokens) for i, p in enumerate(prompts)],
+                 cfg, opts)
     except (ValueError, OSError) as e:
         return _fail(str(e))
     world = ringtree.init()
@@ -76,10 +85,6 @@ def main(argv: list[str]) -> int:
         if args.replicas is not None and args.replicas * args.tp != world.size:
             return _fail(f"--replicas {args.replicas} x --tp {args.tp} needs "
                          f"{args.replicas * args.tp} ranks, the world has {world.size}")
-        opts = CacheOptions(num_blocks=args.cache_blocks, block_size=args.block_size,
-                            policy=args.policy, prefix_cache=not args.no_prefix_cache,
-                            max_batch=args.max_batch,
-                            pin_tokens=prompts[0][:args.pin_prefix] or None)
         try:
             summary = generate(world, prompts, args.max_new_tokens, tp=args.tp, cfg=cfg,
                                state_dict=sd, opts=opts, router=args.router,

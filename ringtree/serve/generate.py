@@ -116,11 +116,11 @@ def tp_comm(world, tp: int, backend: str) -> TPComm:
     """This rank's tp group over ringtree or gloo (``world`` is the ringtree world)."""
     if backend not in ("ringtree", "gloo"):
         raise ValueError(f"unknown tp backend {backend!r}; choose ringtree or gloo")
-    if backend == "gloo" and world.size > 1:
-        group = gloo_groups(world, tp)
-        return group if tp > 1 else SoloTP()
-    sub = world.split(color=world.rank // tp)
-    return RingtreeTP(sub) if tp > 1 else SoloTP()
+    if tp == 1:
+        return SoloTP()
+    if backend == "gloo":
+        return gloo_groups(world, tp)
+    return RingtreeTP(world.split(color=world.rank // tp))
 
 
 def generate(world, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
@@ -136,7 +136,7 @@ def generate(world, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     reqs = [Request(i, list(p), max_new_tokens) for i, p in enumerate(prompts)]
     validate(reqs, cfg, opts)
     where = route_all([r.prompt for r in reqs], replicas, opts.block_size, router, beta,
-                      capacity_blocks=opts.num_blocks)
+                      capacity_blocks=opts.num_blocks, batch=opts.max_batch)
     comm = comm or tp_comm(world, tp, backend)
     g = world.rank // tp
     engine = TPEngine(cfg, state_dict, comm, opts.num_blocks, opts.block_size, dtype)

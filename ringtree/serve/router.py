@@ -6,11 +6,15 @@ replica's cache built from the requests it routed there — the chained block ha
 each prompt, in an :class:`~ringtree.kvcache.lru.LRUCache` bounded by the replica's
 pool — and scores
 
-    score_r = matched_tokens_r / prompt_tokens − β · load_r / Σ load
+    score_r = matched_tokens_r / prompt_tokens − β · load_r / (mean_load + batch)
 
 where ``matched_tokens_r`` is the longest block-aligned prefix of the prompt found in
-replica r's picture and ``load_r`` its outstanding requests. The best score wins (ties
-to the least loaded, then the lowest index). β = 1 as in the production stack.
+replica r's picture and ``load_r`` its outstanding requests. The load is relative to
+the mean plus one batch (``batch``: sequences a replica runs at once), so affinity wins
+while a replica is less than about a batch ahead of the others and balance wins beyond
+that; normalising by the total load instead would make the first request's replica
+look fully loaded and alternate replicas from the start. The best score wins (ties to
+the least loaded, then the lowest index). β = 1 as in the production stack.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ ROUTERS = ("cache", "round-robin")
 
 class Router:
     def __init__(self, replicas: int, block_size: int, kind: str = "cache",
-                 beta: float = 1.0, capacity_blocks: int = 1 << 16):
+                 beta: float = 1.0, capacity_blocks: int = 1 << 16, batch: int = 16):
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         if kind not in ROUTERS:
             raise ValueError(f"unknown router {kind!r}; choose from {list(ROUTERS)}")
         self.replicas, self.block_size, self.kind, self.beta = replicas, block_size, kind, beta
+        self.batch = batch
         self.load = [0] * replicas
         self.seen = [LRUCache(capacity_blocks) for _ in range(replicas)]
         self._next = 0
@@ -50,9 +55,9 @@ class Router:
             r = self._next
             self._next = (self._next + 1) % self.replicas
         else:
-            total = sum(self.load) or 1
+            norm = sum(self.load) / self.replicas + self.batch
             scores = [self.matched_tokens(i, hashes) / max(1, len(tokens))
-                      - self.beta * self.load[i] / total for i in range(self.replicas)]
+                      - self.beta * self.load[i] / norm for i in range(self.replicas)]
             r = max(range(self.replicas), key=lambda i: (scores[i], -self.load[i], -i))
         for h in hashes:
             self.seen[r].get(h)          # refresh recency of the shared part
@@ -67,7 +72,7 @@ class Router:
 
 def route_all(prompts: Sequence[Sequence[int]], replicas: int, block_size: int,
               kind: str = "cache", beta: float = 1.0,
-              capacity_blocks: int = 1 << 16) -> list[int]:
+              capacity_blocks: int = 1 << 16, batch: int = 16) -> list[int]:
     """Replica of each prompt, routed in order (every request outstanding at once)."""
-    router = Router(replicas, block_size, kind, beta, capacity_blocks)
+    router = Router(replicas, block_size, kind, beta, capacity_blocks, batch)
     return [router.route(p) for p in prompts]

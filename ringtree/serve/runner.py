@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ringtree.kvcache.pool import BlockPool, block_hashes
 from ringtree.models.gpt import GPTConfig
 from ringtree.serve.engine import TPEngine
-from ringtree.serve.scheduler import Request, Scheduler, blocks_for
+from ringtree.serve.scheduler import Plan, Request, Scheduler, blocks_for
 from ringtree.serve.tpcomm import TPComm
 
 STOP = [-1]
@@ -77,16 +77,25 @@ def validate(requests: Sequence[Request], cfg: GPTConfig, opts: CacheOptions) ->
                 f"it cannot hold even this one request")
 
 
+def _warm_up(engine: TPEngine, comm: TPComm, rounds: int = 3) -> None:
+    """Open the group's connections before the clock starts (both ranks call it)."""
+    import torch
+
+    t = torch.zeros(1, engine.cfg.n_embd, dtype=engine.dtype)
+    for _ in range(rounds):
+        comm.all_reduce(t)
+        comm.broadcast_ints([0] if comm.rank == 0 else None)
+
+
 def serve(engine: TPEngine, comm: TPComm, requests: Sequence[Request] | None,
           opts: CacheOptions) -> ReplicaResult | None:
     """Serve ``requests`` (given on group rank 0) to completion; rank 0 gets the result."""
+    _warm_up(engine, comm)
     if comm.rank != 0:
         while True:
             words = comm.broadcast_ints(None)
             if words == STOP:
                 return None
-            from ringtree.serve.scheduler import Plan
-
             engine.forward(Plan.decode(words))
     assert requests is not None
     pool = BlockPool(opts.num_blocks, opts.block_size, opts.policy,

@@ -23,6 +23,7 @@ from ringtree.serve.generate import generate  # noqa: E402
 from ringtree.serve.router import Router, route_all  # noqa: E402
 from ringtree.serve.runner import CacheOptions  # noqa: E402
 from ringtree.serve.scheduler import Plan, Request, Scheduler  # noqa: E402
+from ringtree.testing import free_port  # noqa: E402
 from ringtree.torch.testing import TorchRankPool  # noqa: E402
 
 CFG = GPTConfig(block_size=256, n_layer=2, n_head=4, n_embd=64)
@@ -103,27 +104,42 @@ def test_tp1_cached_equals_uncached_equals_model(prompts, reference, policy):
     assert cached["evicted"] > 0 and cached["preemptions"] > 0 and plain["preemptions"] > 0
 
 
-def _on_ranks(ctx, fn, *args):
-    """Run ``fn(comm, *args)`` with this rank's ringtree world (made once per rank)."""
+def _on_ranks(ctx, port, fn, *args):
+    """Run ``fn(comm, *args)`` with this rank's ringtree world (made once per rank, its
+    store on ``port``)."""
     import ringtree
 
     comm = ctx.scratch.get("comm")
     if comm is None:
-        comm = ctx.scratch["comm"] = ringtree.init(timeout=60)
+        comm = ctx.scratch["comm"] = ringtree.init(master_port=port, timeout=60)
     if fn is None:
         comm.close()
         return None
     return fn(comm, *args)
 
 
+class _Ranks:
+    """A rank pool whose functions get a ringtree world."""
+
+    def __init__(self, n: int):
+        self.pool = TorchRankPool(n, backend=None, gloo=False, timeout=150)
+        self.port = free_port()
+
+    def run(self, fn, *args):
+        return self.pool.run_ok(_on_ranks, self.port, fn, *args)
+
+    def close(self) -> None:
+        if self.pool.alive:
+            self.pool.run(_on_ranks, self.port, None)
+        self.pool.close()
+
+
 def _pool(n):
-    pool = TorchRankPool(n, backend=None, gloo=False, timeout=150)
+    ranks = _Ranks(n)
     try:
-        yield pool
+        yield ranks
     finally:
-        if pool.alive:
-            pool.run(_on_ranks, None)
-        pool.close()
+        ranks.close()
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +155,7 @@ def pool4():
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_cached_equals_uncached(prompts, reference, tp, request):
     pool = request.getfixturevalue(f"pool{tp}")
-    res = pool.run_ok(_on_ranks, _cached_and_uncached, prompts, tp, "lru")
+    res = pool.run(_cached_and_uncached, prompts, tp, "lru")
     cached, plain = res[0]
     assert all(r == [None, None] for r in res[1:])
     assert cached["outputs"] == plain["outputs"] == reference
@@ -150,7 +166,7 @@ def test_two_replicas_route_by_prefix(pool2):
     prompts = _prompts(8, groups=2)
     ref = _reference(prompts)
     opts = CacheOptions(num_blocks=64, block_size=8, max_batch=4)
-    got = pool2.run_ok(_on_ranks, _serve, prompts, 1, opts)[0]
+    got = pool2.run(_serve, prompts, 1, opts)[0]
     assert got["outputs"] == ref
     where = got["replica_of"]
     assert {where[i] for i in range(0, 8, 2)} != {where[i] for i in range(1, 8, 2)}

@@ -127,13 +127,17 @@ def generate(world, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              tp: int, cfg: GPTConfig, state_dict: dict[str, torch.Tensor],
              opts: CacheOptions, router: str = "cache", beta: float = 1.0,
              backend: str = "ringtree", dtype: torch.dtype = torch.float64,
-             comm: TPComm | None = None) -> Summary | None:
-    """Serve ``prompts`` on ``world.size // tp`` replicas; the summary on world rank 0."""
+             comm: TPComm | None = None,
+             arrivals: Sequence[float] | None = None) -> Summary | None:
+    """Serve ``prompts`` on ``world.size // tp`` replicas; the summary on world rank 0.
+    ``arrivals`` gives each request's arrival time in seconds (default: all at 0)."""
     check_tp(cfg, tp)
     if world.size % tp:
         raise ValueError(f"the world of {world.size} ranks is not a multiple of --tp {tp}")
     replicas = world.size // tp
-    reqs = [Request(i, list(p), max_new_tokens) for i, p in enumerate(prompts)]
+    times = list(arrivals) if arrivals is not None else [0.0] * len(prompts)
+    reqs = [Request(i, list(p), max_new_tokens, arrival=t)
+            for i, (p, t) in enumerate(zip(prompts, times))]
     validate(reqs, cfg, opts)
     where = route_all([r.prompt for r in reqs], replicas, opts.block_size, router, beta,
                       capacity_blocks=opts.num_blocks, batch=opts.max_batch)

@@ -2,9 +2,10 @@
 
 Group rank 0 owns the :class:`~ringtree.serve.scheduler.Scheduler` and its block pool.
 Each step it broadcasts the encoded plan (``[-1]`` means stop), all ranks run
-:meth:`TPEngine.forward`, and rank 0 applies the sampled tokens. All requests arrive
-when serving starts; time to first token is measured from then to the end of the step
-that produced the request's first token.
+:meth:`TPEngine.forward`, and rank 0 applies the sampled tokens. A request joins the
+scheduler at its ``arrival`` time (seconds after serving starts; 0 for a prompt file)
+and its time to first token runs from then to the end of the step that produced its
+first token.
 """
 
 from __future__ import annotations
@@ -103,14 +104,19 @@ def serve(engine: TPEngine, comm: TPComm, requests: Sequence[Request] | None,
     if opts.pin_tokens and opts.prefix_cache:
         pool.pin(block_hashes(opts.pin_tokens, opts.block_size))
     sched = Scheduler(pool, opts.max_batch, opts.max_prefill_tokens)
-    for r in requests:
-        sched.add(r)
+    arrivals = sorted(requests, key=lambda r: r.arrival)
     ttft: dict[int, float] = {}
     steps = generated = decode_tokens = 0
     decode_s = 0.0
     t0 = time.perf_counter()
     try:
-        while sched.has_work:
+        while arrivals or sched.has_work:
+            now = time.perf_counter() - t0
+            while arrivals and arrivals[0].arrival <= now:
+                sched.add(arrivals.pop(0))
+            if not sched.has_work:
+                time.sleep(arrivals[0].arrival - now)
+                continue
             plan = sched.schedule()
             if not plan.seqs:
                 if plan.preempted:
@@ -128,7 +134,7 @@ def serve(engine: TPEngine, comm: TPComm, requests: Sequence[Request] | None,
                 decode_s += now - ts
             for s in plan.seqs:
                 if s.seq not in ttft:
-                    ttft[s.seq] = (now - t0) * 1e3
+                    ttft[s.seq] = (now - t0 - sched.requests[s.seq].arrival) * 1e3
     finally:
         comm.broadcast_ints(STOP)
     wall = time.perf_counter() - t0

@@ -35,6 +35,7 @@ class Request:
     id: int
     prompt: list[int]
     max_new_tokens: int
+    arrival: float = 0.0           # seconds after serving starts
     output: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)

@@ -5,7 +5,7 @@
 Workload: requests of the form *system prompt + few-shot examples + unique tail*, as
 characters of the standard library's source (the training corpus), with Poisson
 arrivals. Each configuration runs as its own job (``ringtree run -n N``), ``--reps``
-times; tables give medians. Sections:
+times, configurations interleaved; tables give medians. Sections:
 
 1. prefix caching on / off (tp 1): hit rate in tokens against the ideal for the
    workload (:func:`ringtree.kvcache.ideal_hit_tokens`), prefill tokens computed,
@@ -14,7 +14,7 @@ times; tables give medians. Sections:
    of one-off prefixes, some longer than the pool (a scan that flushes an LRU) (a scan that flushes an LRU);
 3. cache-aware routing vs round-robin, 2 replicas of tp 1, 8 prefix groups;
 4. tp 2 decode tokens/s with the all-reduces (2 per layer) and plan broadcasts on
-   ringtree vs on gloo.
+   gloo, on ringtree with its Simple protocol only, and on ringtree (LL below 64 KiB).
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def run_job(spec: dict, ranks: int) -> dict:
     try:
         cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", str(ranks),
                sys.executable, HERE, "--rank-job", json.dumps(spec), "--out", out]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        env = {**os.environ, **spec.get("env", {})}
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
         if p.returncode:
             raise RuntimeError(f"job {spec} failed:\n{p.stdout}\n{p.stderr}")
         with open(out) as f:
@@ -138,12 +139,18 @@ def compare(specs: dict[str, dict], ranks: int, reps: int) -> dict[str, dict]:
             runs[name].append(run_job(spec, ranks))
     out = {}
     for name, rs in runs.items():
-        if any(r["outputs"] != rs[0]["outputs"] for r in rs):
-            raise AssertionError(f"outputs differ between repetitions of {name}")
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "outputs"}
-        med["outputs"] = rs[0]["outputs"]
+        # timing decides how requests batch; with float32 that may move a near-tie
+        med["outputs"] = rs[0]["outputs"] if all(r["outputs"] == rs[0]["outputs"]
+                                                 for r in rs) else None
         out[name] = med
     return out
+
+
+def agree(*results: dict) -> bool:
+    """Every run of every configuration produced the same tokens."""
+    first = results[0]["outputs"]
+    return first is not None and all(r["outputs"] == first for r in results)
 
 
 def loadavg() -> str:
@@ -173,7 +180,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=32, help="new tokens per request")
     ap.add_argument("--rate", type=float, default=2.0, help="arrivals per second")
     ap.add_argument("--checkpoint", help="serve a training checkpoint (default: seed 0)")
-    ap.add_argument("--dtype", default="float64", choices=("float64", "float32"))
+    ap.add_argument("--dtype", default="float32", choices=("float64", "float32"),
+                    help="engine arithmetic (the tests use float64)")
     ap.add_argument("--sections", default="1234")
     ap.add_argument("--rank-job", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -185,25 +193,34 @@ def main() -> None:
                 policy="lru", cache=True, batch=16, new=a.new, tp=1, router="cache",
                 backend="ringtree", checkpoint=a.checkpoint, dtype=a.dtype)
     print(f"# KV cache benchmark: {a.requests} requests, {a.new} new tokens each, "
-          f"{a.rate:g} arrivals/s, block 16, medians of {a.reps}; loadavg {loadavg()}")
+          f"{a.rate:g} arrivals/s (burst: all at once), block 16, {a.dtype}, "
+          f"medians of {a.reps}; loadavg {loadavg()}")
 
     if "1" in a.sections:
-        got = compare({"on": base, "off": {**base, "cache": False}}, 1, a.reps)
+        burst = {**base, "rate": 0.0}
+        got = compare({"on": base, "off": {**base, "cache": False}, "on0": burst,
+                       "off0": {**burst, "cache": False}}, 1, a.reps)
         on, off = got["on"], got["off"]
-        assert on["outputs"] == off["outputs"], "prefix caching changed the outputs"
+        same = agree(*got.values())
         rows = []
-        for name, r in (("off", off), ("on", on)):
+        for name in ("off", "on"):
+            r, r0 = got[name], got[name + "0"]
             rows.append([name, pct(r["hit_tokens"], r["query_tokens"]),
                          pct(r["ideal_hit_tokens"], r["prompt_tokens"]),
                          f"{r['prefill_tokens']:.0f}", f"{r['ttft_ms']:.1f}",
-                         f"{r['ttft_p90_ms']:.1f}", f"{r['tokens_per_s']:.0f}"])
+                         f"{r['ttft_p90_ms']:.1f}", f"{r0['ttft_ms']:.1f}",
+                         f"{r0['tokens_per_s']:.0f}"])
         table("1. prefix caching (tp 1, shared system prompt + 3 few-shot sets)",
               ["prefix cache", "hit rate (tokens)", "ideal hit rate", "prefill tokens",
-               "TTFT median ms", "TTFT p90 ms", "tokens/s"], rows)
-        print(f"\nprefill tokens saved: {off['prefill_tokens'] - on['prefill_tokens']:.0f} "
-              f"({pct(off['prefill_tokens'] - on['prefill_tokens'], off['prefill_tokens'])})"
-              f"; TTFT {off['ttft_ms'] / on['ttft_ms']:.2f}x lower; tokens/s "
-              f"{on['tokens_per_s'] / off['tokens_per_s']:.2f}x; loadavg {loadavg()}")
+               f"TTFT median ms ({a.rate:g}/s)", "TTFT p90 ms", "TTFT median ms (burst)",
+               "tokens/s (burst)"], rows)
+        saved = off["prefill_tokens"] - on["prefill_tokens"]
+        print(f"\nprefill tokens saved: {saved:.0f} ({pct(saved, off['prefill_tokens'])}); "
+              f"TTFT {off['ttft_ms'] / on['ttft_ms']:.2f}x lower with caching (burst: "
+              f"{got['off0']['ttft_ms'] / got['on0']['ttft_ms']:.2f}x); tokens/s (burst) "
+              f"{got['on0']['tokens_per_s'] / got['off0']['tokens_per_s']:.2f}x; outputs "
+              f"identical with and without caching: {'yes' if same else 'NO'}; "
+              f"loadavg {loadavg()}")
 
     if "2" in a.sections:
         scan = {**base, "workload": "scan", "blocks": 64, "batch": 4}
@@ -237,16 +254,21 @@ def main() -> None:
     if "4" in a.sections:
         dec = {**base, "workload": "chat", "tp": 2, "rate": 0.0, "new": 128}
         rows = []
-        got = compare({b: {**dec, "backend": b} for b in ("gloo", "ringtree")}, 2, a.reps)
+        got = compare({"gloo": {**dec, "backend": "gloo"},
+                       "ringtree Simple": {**dec, "env": {"RINGTREE_PROTO": "Simple"}},
+                       "ringtree": dec}, 2, a.reps)
         for backend, r in got.items():
             rows.append([backend, f"{r['decode_tokens_per_s']:.0f}",
                          f"{r['tokens_per_s']:.0f}", f"{r['ttft_ms']:.1f}"])
-        assert got["gloo"]["outputs"] == got["ringtree"]["outputs"]
+        same = agree(*got.values())
         table("4. tp 2 decode, system prompt + tail, all requests at once, 128 new tokens",
-              ["all-reduce backend", "decode tokens/s", "tokens/s", "TTFT median ms"],
+              ["tp communication", "decode tokens/s", "tokens/s", "TTFT median ms"],
               rows)
         ratio = got["ringtree"]["decode_tokens_per_s"] / got["gloo"]["decode_tokens_per_s"]
-        print(f"\nringtree / gloo decode tokens/s: {ratio:.2f}x; loadavg {loadavg()}")
+        simple = got["ringtree Simple"]["decode_tokens_per_s"] / got["gloo"]["decode_tokens_per_s"]
+        print(f"\nringtree / gloo decode tokens/s: {ratio:.2f}x (Simple protocol only: "
+              f"{simple:.2f}x); outputs identical: {'yes' if same else 'NO'}; "
+              f"loadavg {loadavg()}")
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ outputs of ``o`` and ``down``; their biases are added once, after the sum. Embed
 LayerNorms and ``lm_head`` are replicated, so every rank computes the same logits and
 the same greedy token without further communication.
 
-Each rank caches keys and values for its own heads only: a ``(layers, blocks*B, heads,
-head_dim)`` tensor pair addressed by *slot* = ``block * B + offset``, with block ids
-from the shared :class:`~ringtree.serve.scheduler.Plan`. A step writes the new tokens'
-keys and values to their slots, then each query attends to its sequence's slots
-``0 .. position`` (PagedAttention, Kwon et al. 2023): decoding sequences in one padded
-batch, prefills one by one with a causal mask offset by the cached prefix.
+Each rank caches keys and values for its own heads only: a ``(layers, blocks, B, heads,
+head_dim)`` tensor pair; token ``p`` of a sequence lives in *slot* ``table[p // B] * B +
+p % B``, with block ids from the shared :class:`~ringtree.serve.scheduler.Plan`. A step
+writes the new tokens' keys and values to their slots, then each query attends to its
+sequence's positions ``0 .. p`` (PagedAttention, Kwon et al. 2023), gathering whole
+blocks through the block table: decoding sequences in one padded batch with a length
+mask, prefills one by one with a causal mask offset by the cached prefix.
 
 The engine computes in float64 by default: BLAS results depend on batch shapes in the
 last bits, and cached and uncached runs batch tokens differently; float64 keeps greedy
@@ -73,7 +74,7 @@ class TPEngine:
                 up=w(p + "mlp.up.weight")[m].T.contiguous(), up_b=w(p + "mlp.up.bias")[m],
                 down=w(p + "mlp.down.weight")[:, m].T.contiguous(),
                 down_b=w(p + "mlp.down.bias")))
-        shape = (cfg.n_layer, num_blocks * block_size, self.heads, hd)
+        shape = (cfg.n_layer, num_blocks, block_size, self.heads, hd)
         self.k_cache = torch.zeros(shape, dtype=dtype)
         self.v_cache = torch.zeros(shape, dtype=dtype)
         self.all_reduces = 0
@@ -85,59 +86,50 @@ class TPEngine:
     @torch.no_grad()
     def forward(self, plan: Plan) -> list[int]:
         """Run one step; returns the greedy next token of every planned sequence."""
-        cfg, hl, hd = self.cfg, self.heads, self.cfg.head_dim
-        toks, pos, slots, ctx_slots = [], [], [], []
+        cfg, hl, hd, bs = self.cfg, self.heads, self.cfg.head_dim, self.block_size
+        toks, pos, slots, starts = [], [], [], []
         for s in plan.seqs:
             n = len(s.tokens)
+            starts.append(len(toks))
             toks += s.tokens
             pos += range(s.start, s.start + n)
             slots += self._slots(s.start, n, s.table)
-            ctx_slots.append(self._slots(0, s.start + n, s.table))
         x = self.wte[torch.tensor(toks)] + self.wpe[torch.tensor(pos)]
         slot_t = torch.tensor(slots)
         decode = [i for i, s in enumerate(plan.seqs) if len(s.tokens) == 1]
-        dec_rows, dec_idx, dec_mask = None, None, None
-        if decode:
-            width = max(len(ctx_slots[i]) for i in decode)
-            idx = torch.zeros(len(decode), width, dtype=torch.long)
-            dec_mask = torch.zeros(len(decode), 1, 1, width, dtype=torch.bool)
-            for j, i in enumerate(decode):
-                c = ctx_slots[i]
-                idx[j, :len(c)] = torch.tensor(c)
-                dec_mask[j, 0, 0, :len(c)] = True
-            dec_idx = idx
-        starts, off = [], 0
-        for s in plan.seqs:
-            starts.append(off)
-            off += len(s.tokens)
-        if decode:
+        if decode:      # padded block tables and a mask of each sequence's context
+            width = max(len(plan.seqs[i].table) for i in decode)
+            tables = torch.tensor([plan.seqs[i].table + [0] * (width - len(plan.seqs[i].table))
+                                   for i in decode])
+            ctx = torch.tensor([plan.seqs[i].start + 1 for i in decode])
+            dec_mask = (torch.arange(width * bs)[None, :] < ctx[:, None])[:, None, None, :]
             dec_rows = torch.tensor([starts[i] for i in decode])
+        prefills = [(i, s) for i, s in enumerate(plan.seqs) if len(s.tokens) > 1]
         scale = 1.0 / math.sqrt(hd)
         d = cfg.n_embd
         for li, L in enumerate(self.layers):
             h = F.layer_norm(x, (d,), *L["ln_1"])
             qkv = torch.addmm(L["qkv_b"], h, L["qkv"]).view(-1, 3, hl, hd)
             q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
-            kc, vc = self.k_cache[li], self.v_cache[li]
-            kc.index_copy_(0, slot_t, k)
-            vc.index_copy_(0, slot_t, v)
+            kc, vc = self.k_cache[li], self.v_cache[li]           # (blocks, B, hl, hd)
+            kc.view(-1, hl, hd).index_copy_(0, slot_t, k)
+            vc.view(-1, hl, hd).index_copy_(0, slot_t, v)
             att = torch.empty(x.shape[0], hl, hd, dtype=self.dtype)
             if decode:
+                S = len(decode)
                 qd = q[dec_rows].unsqueeze(2)                        # (S, hl, 1, hd)
-                kd = kc[dec_idx].permute(0, 2, 1, 3)                  # (S, hl, C, hd)
-                vd = vc[dec_idx].permute(0, 2, 1, 3)
+                kd = kc[tables].view(S, -1, hl, hd).transpose(1, 2)  # (S, hl, C, hd)
+                vd = vc[tables].view(S, -1, hl, hd).transpose(1, 2)
                 yd = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=dec_mask,
                                                     scale=scale)
                 att[dec_rows] = yd.squeeze(2)
-            for i, s in enumerate(plan.seqs):
-                n = len(s.tokens)
-                if n == 1:
-                    continue
-                c = torch.tensor(ctx_slots[i])
+            for i, s in prefills:
+                n, c = len(s.tokens), s.start + len(s.tokens)
+                table = torch.tensor(s.table)
                 qp = q[starts[i]:starts[i] + n].transpose(0, 1)       # (hl, n, hd)
-                kp, vp = kc[c].transpose(0, 1), vc[c].transpose(0, 1)  # (hl, C, hd)
-                mask = (torch.arange(len(c))[None, :]
-                        <= torch.arange(s.start, s.start + n)[:, None])
+                kp = kc[table].view(-1, hl, hd)[:c].transpose(0, 1)   # (hl, c, hd)
+                vp = vc[table].view(-1, hl, hd)[:c].transpose(0, 1)
+                mask = torch.arange(c)[None, :] <= torch.arange(s.start, c)[:, None]
                 yp = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale)
                 att[starts[i]:starts[i] + n] = yp.transpose(0, 1)
             y = att.reshape(-1, hl * hd) @ L["o"]

@@ -44,9 +44,9 @@ class LLDesc:
     __slots__ = ("name", "count", "dtype", "op", "root", "seq")
     algo = "LL"
 
-    def __init__(self, op: LLOp, opname: str, seq: int):
-        self.name, self.count, self.dtype = op.name, op.count, op.dtype.value
-        self.op, self.root, self.seq = opname, op.root, seq
+    def __init__(self, label: tuple, seq: int):
+        self.name, self.count, self.dtype, self.op, self.root = label
+        self.seq = seq
 
     def __str__(self) -> str:
         root = f", root={self.root}" if self.root >= 0 else ""
@@ -83,19 +83,23 @@ class LLRunner:
         return o
 
     def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):
-        """Run ``spec`` (a :class:`~ringtree.core.planner.CallSpec`) on ``op`` now, on this
-        thread; a failure goes through ``comm._on_error`` (recorded for every rank)."""
+        """Run ``spec`` (a :class:`~ringtree.core.planner.CallSpec`) on ``op`` now."""
+        return self.run_arrays(comm, op, spec.inp, spec.out, spec.reducer, spec.result,
+                               spec.post, seq, async_op, timeout)
+
+    def run_arrays(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
+                   async_op: bool, timeout: float | None):
+        """Run call ``seq`` on ``op`` now, on this thread; a failure goes through
+        ``comm._on_error`` (recorded for every rank)."""
         t = comm.timeout if timeout is None else timeout
         if comm.executor.busy:  # async Simple work in flight: keep the memory order
-            self._order(comm, spec)
+            self._order(comm, inp, out)
         fr = comm.flight
-        red = spec.reducer
-        e = fr.begin(LLDesc(op, red.name if red is not None else "-", seq)) \
-            if fr is not None else None
+        e = fr.begin(LLDesc(op.label, seq)) if fr is not None else None
         try:
-            op.run(spec.inp, spec.out, red, t)
-            if spec.post is not None:
-                spec.post()
+            op.run(inp, out, red, t)
+            if post is not None:
+                post()
         except RingtreeError as err:
             err = comm._on_error(err)
             if e is not None:
@@ -109,15 +113,15 @@ class LLRunner:
             fr.end(e)
         if async_op:
             work = Work(op.name)
-            work._finish(spec.result)
+            work._finish(result)
             return work
-        return spec.result
+        return result
 
     @staticmethod
-    def _order(comm, spec) -> None:
+    def _order(comm, inp, out) -> None:
         progress = comm.progress
         with progress.cv:
-            before = comm.executor.overlapping((spec.inp, spec.out), (False, True))
+            before = comm.executor.overlapping((inp, out), (False, True))
         if before:
             progress.drive_until(lambda: all(b.done for b in before))
 

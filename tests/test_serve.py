@@ -152,6 +152,22 @@ def pool4():
     yield from _pool(4)
 
 
+def test_pinned_system_prompt_survives_pressure(prompts, reference):
+    from ringtree.serve.engine import TPEngine
+    from ringtree.serve.runner import serve
+    from ringtree.serve.tpcomm import SoloTP
+
+    opts = CacheOptions(num_blocks=20, block_size=8, max_batch=4, pin_cap_ratio=0.3,
+                        pin_tokens=prompts[0][:40])
+    eng = TPEngine(CFG, init_state_dict(CFG, SEED), SoloTP(), 20, 8)
+    reqs = [Request(i, p, NEW) for i, p in enumerate(prompts)]
+    res = serve(eng, SoloTP(), reqs, opts)
+    assert [res.outputs[i] for i in range(len(prompts))] == reference
+    assert res.cache["pinned_tokens"] == 40 and res.cache["evicted_blocks"] > 0
+    # every request after the first found the pinned 40 tokens (5 blocks) cached
+    assert res.cache["hit_tokens"] >= 40 * (len(prompts) - 1)
+
+
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_cached_equals_uncached(prompts, reference, tp, request):
     pool = request.getfixturevalue(f"pool{tp}")
@@ -277,3 +293,30 @@ def test_generate_json_schema_tp2_matches_tp1(tmp_path):
                for r in a["requests"])
     assert [r["tokens"] for r in a["requests"]] == [r["tokens"] for r in b["requests"]]
     assert a["cache"] == b["cache"]
+
+
+def test_generate_serves_a_training_checkpoint(tmp_path, capsys):
+    """A checkpoint in the training layer's format gives what the same weights give."""
+    from ringtree.serve import cli
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "meta.json").write_text(json.dumps({
+        "format": "ringtree-train/1", "step": 0, "grid": {"dp": 1, "tp": 1, "pp": 1},
+        "model": CFG.to_dict(), "spec": {}}))
+    torch.save({"model": init_state_dict(CFG, SEED)}, ckpt / "rank00000.pt")
+    prompts = _write(tmp_path, [{"tokens": p} for p in _prompts(3)])
+    outs = []
+    for i, source in enumerate((["--checkpoint", str(ckpt)],
+                                ["--seed", str(SEED), "--layers", "2", "--embd", "64"])):
+        out = tmp_path / f"{i}.json"
+        flags = ["--prompts", prompts, "--max-new-tokens", "5", "--json", str(out), "--quiet"]
+        assert cli.main([*flags, *source]) == 0, capsys.readouterr()
+        outs.append([r["tokens"] for r in json.loads(out.read_text())["requests"]])
+    assert outs[0] == outs[1] == _reference(_prompts(3), 5)
+    with pytest.raises(SystemExit):
+        cli.main(["--prompts", prompts, "--max-new-tokens", "5", "--seed", "1",
+                  "--checkpoint", str(ckpt)])
+    assert cli.main(["--prompts", prompts, "--max-new-tokens", "5",
+                     "--checkpoint", str(tmp_path / "nothing")]) == 2
+    assert "not a ringtree checkpoint" in capsys.readouterr().err

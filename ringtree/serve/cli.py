@@ -44,6 +44,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     p.add_argument("--context", type=int, default=256,
                    help="context length of a --seed model")
+    p.add_argument("--layers", type=int, default=4, help="layers of a --seed model")
+    p.add_argument("--heads", type=int, default=4, help="attention heads of a --seed model")
+    p.add_argument("--embd", type=int, default=128, help="width of a --seed model")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--quiet", action="store_true", help="no per-request lines")
     return p
 
@@ -65,12 +69,17 @@ def main(argv: list[str]) -> int:
     from ringtree.serve.runner import CacheOptions, validate
     from ringtree.serve.scheduler import Request
 
-    for name in ("tp", "max_new_tokens", "cache_blocks", "block_size", "max_batch"):
+    for name in ("tp", "max_new_tokens", "cache_blocks", "block_size", "max_batch",
+                 "threads"):
         if getattr(args, name) < 1:
             return _fail(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    torch.set_num_threads(args.threads)
     try:
         prompts = read_prompts(args.prompts)
-        cfg, sd = load_model(args.checkpoint, args.seed, GPTConfig(block_size=args.context))
+        shape = GPTConfig(block_size=args.context, n_layer=args.layers, n_head=args.heads,
+                          n_embd=args.embd)
+        shape.validate()
+        cfg, sd = load_model(args.checkpoint, args.seed, shape)
         opts = CacheOptions(num_blocks=args.cache_blocks, block_size=args.block_size,
                             policy=args.policy, prefix_cache=not args.no_prefix_cache,
                             max_batch=args.max_batch,

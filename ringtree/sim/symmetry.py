@@ -200,7 +200,7 @@ def template_period(t: Program, topo: Topology, devices: list[int], count: int,
     if not gs or n != topo.nranks:
         return 0
     regs = regions(t, count)
-    gs = [g for g in gs if symbolic.shift_ok(t, g, regs, in_place)]
+    gs = symbolic.shift_periods(t, gs, regs, in_place)
     if not gs:
         return 0
     offs = symbolic.offsets(t)

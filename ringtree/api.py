@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ringtree.core.aliasing import check_out
 from ringtree.core.ir import Buf, Collective, Step, inp, out, split_even
 from ringtree.core.plan import Call, CStep, Desc, Region
 from ringtree.dtypes import DType, as_flat
@@ -105,6 +106,7 @@ class CollectivesMixin:
             self._same(dt, odt, xa.size, oa.size, "all_reduce")
         red = resolve(op, dt)
         in_place = _addr(oa) == _addr(xa)
+        check_out("all_reduce", xa, oa, in_place)
         call = self._call(Collective.ALL_REDUCE, xa, oa, dt, red, xa.size, -1, algo,
                           (xa.size,), (xa.size,), in_place)
         return self._run(call, async_op, x if out is None else out, timeout)
@@ -131,6 +133,7 @@ class CollectivesMixin:
                 oa, odt = as_flat(out, "reduce out")
                 self._same(dt, odt, xa.size, oa.size, "reduce")
             in_place = _addr(oa) == _addr(xa)
+            check_out("reduce", xa, oa, in_place)
             result = x if out is None else out
         else:
             oa, in_place, result = np.empty_like(xa), False, None
@@ -155,6 +158,7 @@ class CollectivesMixin:
         oa, odt = as_flat(out, "all_gather out")
         self._same(dt, odt, xa.size * n, oa.size, "all_gather (out must hold size × input)")
         in_place = _addr(xa) == _addr(oa) + self.rank * xa.nbytes and xa.size > 0
+        check_out("all_gather", xa, oa, in_place)
         post = _scatter_into(oa, outs, xa.size, dt) if outs is not None else None
         call = self._call(Collective.ALL_GATHER, xa, oa, dt, None, xa.size, -1, algo,
                           (xa.size,), (xa.size,) * n, in_place)
@@ -193,6 +197,7 @@ class CollectivesMixin:
         self._same(dt, odt, count, oa.size, "reduce_scatter (out must hold input/size)")
         red = resolve(op, dt)
         in_place = _addr(oa) == _addr(xa) + self.rank * oa.nbytes and count > 0
+        check_out("reduce_scatter", xa, oa, in_place)
         call = self._call(Collective.REDUCE_SCATTER, xa, oa, dt, red, count, -1, algo,
                           (count,) * n, (count,), in_place)
         return self._run(call, async_op, out, timeout)
@@ -208,6 +213,7 @@ class CollectivesMixin:
                 out = _alloc_like(x, (n, *_shape(x)), dt)
             oa, odt = as_flat(out, "gather out")
             self._same(dt, odt, xa.size * n, oa.size, "gather (out must hold size × input)")
+            check_out("gather", xa, oa, False)
             result = out
         else:
             oa, result = None, None
@@ -233,6 +239,7 @@ class CollectivesMixin:
                                   dt)
             oa, odt = as_flat(out, "scatter out")
             self._same(dt, odt, count, oa.size, "scatter (out must hold input/size)")
+            check_out("scatter", xa, oa, False)
         else:
             if out is None:
                 raise ValueError("scatter: non-root ranks must pass out=")
@@ -285,6 +292,7 @@ class CollectivesMixin:
         oa, odt = as_flat(out, "all_to_all out")
         self._same(dt, odt, sum(out_blocks), oa.size, "all_to_all")
         in_place = _addr(oa) == _addr(xa) and xa.size > 0
+        check_out("all_to_all", xa, oa, in_place)
         call = self._call(Collective.ALL_TO_ALL, xa, oa, dt, None, count, -1, algo,
                           in_blocks, out_blocks, in_place)
         return self._run(call, async_op, out, timeout)
@@ -303,6 +311,7 @@ class CollectivesMixin:
              timeout: float | None):
         if not isinstance(peer, (int, np.integer)) or not 0 <= int(peer) < self.size:
             raise ValueError(f"peer rank {peer!r} out of range for {self.size} ranks")
+        self._precheck(timeout)  # type: ignore[attr-defined]
         peer = int(peer)
         if peer == self.rank:
             raise ValueError(f"rank {self.rank} cannot send to or receive from itself")

@@ -75,6 +75,9 @@ class CommCore:
         self._broken: BaseException | None = None
         self._after_abort: str | None = None  # the first cause, when another rank failed
         self._failing = False
+        from ringtree.core.owner import ThreadOwner
+
+        self._owner = ThreadOwner()
         self.store_host_rank: int | None = None  # the rank whose process serves the store
         self._closed = False
         self._plans: dict = {}
@@ -199,12 +202,16 @@ class CommCore:
 
     def _desc(self, coll: Collective, count: int, dtype, red, root: int, algo: str) -> Desc:
         return Desc(coll.value, count, dtype.value if dtype else "-", dtype.code if dtype else 0,
-                    red.name if red else "-", red.code if red else 0, root, self._next_seq(),
-                    algo, coll.code)
+                    red.name if red else "-", red.code if red else 0, root, 0, algo,
+                    coll.code)  # numbered in _issue, once the call is known to be valid
 
     def _issue(self, call: Call, async_op: bool, result: object, timeout: float | None):
         """Run now, hand to the progress thread, or add to the open group."""
         self._check_usable()
+        timeout = self._precheck(timeout)  # before the call takes a sequence number
+        if call.desc.algo != "p2p":
+            call.desc.seq = self._next_seq()
+            call.prefix = call.desc.prefix()
         if self.flight is not None:
             self.flight.scheduled(call)
         if self.debug in ("INFO", "TRACE") and call.desc.seq <= 10:
@@ -360,6 +367,9 @@ class CommCore:
             if self._group_depth == 0:
                 items, self._group = self._group or [], None
                 if ok and items:
+                    from ringtree.core.aliasing import order_group
+
+                    order_group([c for c, _, _ in items])
                     calls = [c for c, _, _ in items]
                     works = [w for _, w, _ in items]
                     results = [r for _, _, r in items]
@@ -371,13 +381,29 @@ class CommCore:
         return f"{self.prefix}/abort"
 
     def _check_abort(self) -> None:
-        """Called while waiting: raise if another rank has aborted the communicator."""
+        """Called while waiting: raise if another rank has aborted the communicator, or
+        if the call we wait in is not the one the other waiting ranks are in."""
         try:
             why = self.store.try_get(self._abort_key())
         except Exception:  # noqa: BLE001 - the store itself may be gone
             return
         if why:
-            raise CommAborted(why.decode())
+            kind = self.store.try_get(self._abort_key() + "_kind")
+            raise (MismatchError if kind == b"mismatch" else CommAborted)(why.decode())
+        from ringtree.core.fingerprint import check_stalled
+
+        check_stalled(self)
+
+    def _precheck(self, timeout) -> float | None:
+        """Before a call is numbered: the issuing thread, and its timeout."""
+        if self.submit is None:
+            self._owner.check(self.rank)
+        return None if timeout is None else as_timeout(timeout)
+
+    def bind_thread(self) -> None:
+        """Make the calling thread the one that issues on this communicator (see
+        :mod:`ringtree.core.owner`); call it at the same point on every rank."""
+        self._owner.bind()
 
     def _fail(self, e: BaseException) -> BaseException:
         """Record the failure for everyone, close the sockets, and say who started it.
@@ -398,6 +424,11 @@ class CommCore:
             except Exception:  # noqa: BLE001 - the store may have died with rank 0
                 theirs, store_ok = None, False
             first = theirs.decode() if theirs else getattr(e, "cause", None)
+            if first and self._abort_kind() == b"mismatch":  # the cause, and its type
+                err = MismatchError(f"rank {self.rank}: {first}")
+                self._broken = err
+                self.fabric.close(first)
+                return err
             if first:
                 err = CommAborted(f"rank {self.rank}: lost the connection to rank {e.peer}; "
                                   f"the communicator was aborted because {first}")
@@ -429,6 +460,11 @@ class CommCore:
             err = with_diagnosis(self, err)
             reason = str(err)
         won = self._record_abort(reason)
+        if won == reason and isinstance(err, MismatchError):
+            try:
+                self.store.compare_set(self._abort_key() + "_kind", None, b"mismatch")
+            except Exception:  # noqa: BLE001
+                pass
         if won is not None and won != reason and isinstance(err, (CollectiveTimeout,
                                                                   PeerError)):
             err = CommAborted(f"rank {self.rank}: the communicator was aborted because "
@@ -437,6 +473,12 @@ class CommCore:
         self._broken = err
         self.fabric.close(reason)
         return err
+
+    def _abort_kind(self) -> bytes | None:
+        try:
+            return self.store.try_get(self._abort_key() + "_kind")
+        except Exception:  # noqa: BLE001 - the store may be gone
+            return None
 
     def _record_abort(self, reason: str) -> str | None:
         """Write the abort line unless one exists; the line that stands (None: no store)."""

@@ -77,8 +77,8 @@ def pool2():
         yield p
 
 
-@pytest.mark.parametrize("state, bucket_cap_mb", [("group", 25.0), ("group", 0.002),
-                                                  ("communicator", 0.002)])
+@pytest.mark.parametrize("state", ["group", "communicator"])
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.002])
 def test_hook_matches_plain_ddp_two_ranks(pool2, state, bucket_cap_mb):
     plain = pool2.run_ok(_train, None, False, bucket_cap_mb)
     hooked = pool2.run_ok(_train, state, False, bucket_cap_mb)

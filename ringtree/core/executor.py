@@ -541,6 +541,10 @@ def _describe_mismatch(rank: int, e: HeaderMismatch, call: Call) -> str:
               6: [o.value for o in ReduceOp]}
 
     def show(i: int, v: int) -> object:
+        if i == 3:
+            from ringtree.core.fingerprint import algo_name
+
+            return algo_name(v)
         table = decode.get(i)
         return table[v] if table is not None and v < len(table) else v
 

@@ -59,7 +59,9 @@ class Desc:
     coll_code: int
 
     def prefix(self) -> bytes:
-        crc = sum(self.algo.encode()) & 0xFFFFFFFF
+        from ringtree.core.fingerprint import algo_code
+
+        crc = algo_code(self.algo)
         return HEADER.pack(0, self.count, self.seq & 0xFFFFFFFF, crc, self.coll_code,
                            self.dtype_code, self.op_code & 0xFF, 0, self.root)[8:]
 

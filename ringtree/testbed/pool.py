@@ -35,12 +35,13 @@ def _host_entry(host: Host, rank: int, n: int, port: int, token: str, env: dict,
 
 
 def _job(testbed: Testbed, layout: int | Sequence[int], env: dict | None,
-         host_env: dict[int, dict] | None) -> tuple[list[int], Callable[..., tuple]]:
+         host_env: dict[int, dict] | None, token: str | None = None
+         ) -> tuple[list[int], Callable[..., tuple]]:
     """(host of each rank, per-rank process arguments but the pipe and the function)."""
     per = layout_hosts(layout, len(testbed.hosts))
     rank_hosts = [h for h, p in enumerate(per) for _ in range(p)]
     n = len(rank_hosts)
-    port, token = testbed.port(), secrets.token_hex(8)
+    port, token = testbed.port(), token or secrets.token_hex(8)
     master = testbed.hosts[rank_hosts[0]].addr
 
     def args(r: int, child, fn: Callable | None = None) -> tuple:
@@ -59,14 +60,15 @@ class HostPool(testing.RankPool):
 
     ``layout``: ranks per host (an int for every host, or a list); ``env``: extra
     environment for every rank (None values unset a variable), ``host_env``: per-host
-    extras, e.g. ``{1: {"RINGTREE_SOCKET_IFNAME": "ib0"}}``.
+    extras, e.g. ``{1: {"RINGTREE_SOCKET_IFNAME": "ib0"}}``; ``token``: the job token (a
+    fresh one by default), for services such as a switch that must admit the job.
     """
 
     def __init__(self, testbed: Testbed, layout: int | Sequence[int] = 2,
                  env: dict | None = None, timeout: float = 120.0,
-                 host_env: dict[int, dict] | None = None):
+                 host_env: dict[int, dict] | None = None, token: str | None = None):
         self.testbed = testbed
-        self.rank_hosts, args = _job(testbed, layout, env, host_env)
+        self.rank_hosts, args = _job(testbed, layout, env, host_env, token)
         self._start(testing._ctx(), len(self.rank_hosts), timeout, _host_entry, args)
 
 

@@ -13,8 +13,8 @@ call, and, from the kernel's counters (``/sys/class/net/eth0/statistics/tx_bytes
 each host, read by its first rank), the bytes each host sent per call, next to the
 theory — ≈ M up and M down through a switch, against 2(n−1)/n·M for a ring of n hosts
 (BytePS, docs/rationale.md; SHARP's "bandwidth halving"). The prediction comes from
-``ringtree.sim`` on a switch topology with the same link rate, the switch flagged as
-reducing, and its per-chunk processing measured here (``--calibrate``).
+``ringtree.sim`` on a one-leaf fat-tree with the same link rate and latency, the leaf
+reducing, charged the software switch's hop measured here (see :func:`predict`).
 
     python benchmarks/collnet.py                         # 4x1 and 4x2, 8 B .. 64 MiB
     python benchmarks/collnet.py --layouts 4x1 --sizes 16M --reps 5 --drop 0.01
@@ -104,18 +104,23 @@ def theory_bytes(algo: str, nbytes: int, hosts: int) -> float:
 
 
 def predict(algo: str, nbytes: int, hosts: int, ppn: int, rate_bps: float,
-            switch_us: float) -> float | None:
-    """The simulator's time (s) for the same topology, or None if it has no model."""
+            link_us: float, switch_us: float) -> float | None:
+    """The simulator's time (s) for the same topology, or None if it has no model.
+
+    Hosts sit on a one-leaf fat-tree: one NIC per host at the link rate with the link's
+    one-way latency (``link_us``, what ringtree measured), a reducing leaf. Host-to-host
+    traffic crosses the kernel's bridge, which costs nothing more; traffic through the
+    software switch pays its time per hop (``switch_us``, from the 8 B CollNet time
+    less the two link latencies), charged as the leaf's switching latency."""
     from ringtree.sim import simulate
     from ringtree.sim import topology as T
 
     gbs = rate_bps / 8 / 1e9
-    if ppn == 1:
-        topo = T.switch(hosts, gbs, switch_us * 1e3, sharp=True, name="testbed")
-    else:
-        topo = T.multidim([("switch", ppn, 4.0, 10_000.0), ("switch", hosts, gbs,
-                                                             switch_us * 1e3)],
-                          sharp=True, name="testbed")
+    hop = switch_us if algo.startswith("collnet") else 0.0
+    topo = T.fat_tree(hosts, gpus_per_node=ppn, nics_per_node=1, nvlink_gbps=4.0,
+                      nvlink_ns=10e3, pcie_gbps=100.0, pcie_ns=0.0, nic_gbps=gbs,
+                      nic_ns=link_us * 1e3, switch_ns=hop * 1e3, leaf_ports=max(8, hosts),
+                      levels=2, sharp=True, channels=1, name="testbed")
     try:
         return simulate("all_reduce", algo, topo, nbytes).time_ns / 1e9
     except (ValueError, KeyError):
@@ -150,47 +155,14 @@ def run_layout(hosts: int, ppn: int, args, sizes: list[int]) -> dict:
         for k, v in res[r]["times"].items():
             tx.setdefault(k, []).append(v["tx"])
     return {"times": {k: v["time"] for k, v in times.items()},
-            "tx": {k: statistics.mean(v) for k, v in tx.items()}}
+            "tx": {k: statistics.mean(v) for k, v in tx.items()}, "alpha": res[0]["alpha"]}
 
 
 def _job(comm, sizes, algos, reps):
     local = int(os.environ.get("RINGTREE_LOCAL_RANK", "0"))
-    return {"times": measure(comm, sizes, algos, reps, local)}
-
-
-def calibrate_switch(args) -> float:
-    """The software switch's added time per chunk (µs), from a 2-worker loopback run."""
-    import threading
-
-    from ringtree.dtypes import DType
-    from ringtree.ops import ReduceOp
-    from ringtree.switch.client import SwitchLink
-    from ringtree.switch.server import SwitchServer
-
-    srv = SwitchServer("127.0.0.1", 0, ["cal"])
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    lat = []
-
-    def member(m: int) -> None:
-        link = SwitchLink(srv.address, "cal", timeout=60)
-        g = link.join(b"cal", m, 2, 3, window=1, chunk_bytes=1024)
-        x = np.ones(2, np.float32)
-        for i in range(300):
-            t0 = time.perf_counter()
-            link.all_reduce(g, x, x.copy(), DType.FLOAT32, ReduceOp.SUM)
-            if m == 0 and i >= 50:
-                lat.append(time.perf_counter() - t0)
-        link.close()
-    ths = [threading.Thread(target=member, args=(m,)) for m in range(2)]
-    for th in ths:
-        th.start()
-    for th in ths:
-        th.join()
-    srv.stop()
-    t.join()
-    srv.close()
-    return statistics.median(lat) * 1e6 / 2  # half of the round trip: one hop's share
+    topo = getattr(comm, "topology", None)
+    return {"times": measure(comm, sizes, algos, reps, local),
+            "alpha": topo.alpha if topo is not None else 50e-6}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,15 +180,20 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rate = parse_rate(args.rate)
-    hop_us = calibrate_switch(args)
-    print(f"# switch hop (measured on loopback): {hop_us:.0f} µs; link {args.rate}; "
-          f"drop {args.drop}; load {open('/proc/loadavg').read().split()[:3]}")
-    doc = {"rate": args.rate, "drop": args.drop, "switch_hop_us": hop_us, "layouts": {}}
+    print(f"# link {args.rate}; drop {args.drop}; load "
+          f"{open('/proc/loadavg').read().split()[:3]}")
+    doc = {"rate": args.rate, "drop": args.drop, "layouts": {}}
     algos = args.algos.split(",")
     for lay in args.layouts.split(","):
         hosts, ppn = (int(v) for v in lay.lower().split("x"))
         r = run_layout(hosts, ppn, args, sizes)
         doc["layouts"][lay] = r
+        link_us = r["alpha"] * 1e6
+        small = min(sizes)
+        hop_us = max(0.0, r["times"].get(f"collnet_direct/{small}", 0.0) * 1e6 - 2 * link_us)
+        r["switch_hop_us"] = hop_us
+        print(f"\n# {lay}: link latency {link_us:.0f} µs (measured by ringtree), switch hop "
+              f"{hop_us:.0f} µs (the {show(small)} CollNet time less two link latencies)")
         print(f"\n## {lay} ({hosts} hosts x {ppn} ranks), ms per all_reduce (median of "
               f"{args.reps}); MiB sent per host per call [theory]; sim = simulator")
         head = "| size | " + " | ".join(algos) + " | ring ÷ switch | " + \
@@ -230,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 "collnet_direct" in t else float("nan")
             txc = [f"{r['tx'][f'{a}/{n}'] / 2**20:.2f} [{theory_bytes(a, n, hosts) / 2**20:.2f}]"
                    for a in algos]
-            ps = predict("collnet_direct", n, hosts, ppn, rate, hop_us)
-            pr = predict("ring", n, hosts, ppn, rate, hop_us)
+            ps = predict("collnet_direct", n, hosts, ppn, rate, link_us, hop_us)
+            pr = predict("ring", n, hosts, ppn, rate, link_us, hop_us)
             sim = [f"{v * 1e3:.2f}" if v else "-" for v in (ps, pr)]
             print(f"| {show(n)} | " + " | ".join(cells) + f" | {ratio:.2f} | " +
                   " | ".join(txc) + " | " + " | ".join(sim) + " |")

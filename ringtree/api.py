@@ -65,7 +65,11 @@ class CollectivesMixin:
               in_place: bool) -> Call:
         itemsize = dt.itemsize
         nbytes = count * itemsize * max(len(in_blocks), len(out_blocks), 1)
+        explicit = algo is not None
         algo = self._choose_algo(coll, nbytes, algo)  # type: ignore[attr-defined]
+        if algo.startswith("collnet"):
+            algo = self._collnet_algo(coll, algo, red, dt, nbytes,  # type: ignore
+                                      explicit)
         prog, steps = self._plan(coll, algo, root, in_blocks, out_blocks,  # type: ignore
                                  count, itemsize, in_place)
         if red is not None and red.op is ReduceOp.PREMUL_SUM and inp is not None:

@@ -26,7 +26,7 @@ from ringtree.core.ir import Collective, Program
 from ringtree.core.plan import DEFAULT_SLICE_BYTES, Call, Desc, compile_program
 from ringtree.core.tuner import MODELS, choose, parse_algo_spec
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
-from ringtree.schedules import Options, generate
+from ringtree.schedules import Options, algorithms, generate
 from ringtree.settings import as_timeout, env_int, env_timeout
 from ringtree.transports.tcp import make_listener
 from ringtree.work import Work
@@ -118,6 +118,11 @@ class CommCore:
         self.local_rank = local_rank if local_rank is not None else sum(
             1 for p in peers[:rank] if p.host_id == self.host_id)
         self.fabric = build_fabric(self, listener)
+        self.collnet = None  # ringtree.switch.collnet.CollNet with RINGTREE_COLLNET_ENABLE=1
+        if os.environ.get("RINGTREE_COLLNET_ENABLE", "0").strip() not in ("", "0"):
+            from ringtree.switch.collnet import from_env
+
+            self.collnet = from_env(self)
         self.executor = Executor(rank, self.fabric, on_idle=self._check_abort,
                                  slice_bytes=self.slice_bytes)
         self.executor.on_error = self._on_error
@@ -143,7 +148,13 @@ class CommCore:
         if cached is None:
             opts = Options(channels=self.nchannels, nodes=self.nodes)
             model = self._model()
-            cached = choose(coll, nbytes, self.size, self.algo_enabled.get(coll), model, opts)
+            enabled = self.algo_enabled.get(coll)
+            if self.collnet is None and len(set(self.nodes)) > 1:  # no switch to run on
+                enabled = {a for a in (enabled or algorithms(coll))
+                           if not a.startswith("collnet")}
+            cached = choose(coll, nbytes, self.size, enabled, model, opts)
+            if self.collnet is not None and cached.startswith("collnet"):
+                cached = self.collnet.prefer(coll, nbytes, self.size, enabled, model, opts)
             if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._choices) < 64:
                 from ringtree.core.tuner import ranking
 
@@ -155,6 +166,30 @@ class CommCore:
                 self._choices.clear()
             self._choices[key] = cached
         return cached
+
+    def _collnet_algo(self, coll: Collective, algo: str, red, dt, nbytes: int,
+                      explicit: bool) -> str:
+        """``algo`` if the switch can serve this call; else a clear error when the caller
+        asked for CollNet, or the best host algorithm when the tuner did (the switch
+        reduces SUM, MIN and MAX on SHARP's dtypes only: never a wrong answer)."""
+        from ringtree.switch.wire import check_call
+
+        nnodes = len(set(self.nodes))
+        if nnodes < 2:
+            return algo  # one host: the schedule never reaches a switch
+        if self.collnet is None:
+            raise ValueError(f"{algo} runs on an in-network aggregation switch: set "
+                             "RINGTREE_COLLNET_ENABLE=1 and RINGTREE_COLLNET_SWITCH=ADDR:PORT")
+        op = None if red is None or red.user is not None else red.op
+        why = check_call(op, dt, nbytes, nnodes)
+        if why is None:
+            return algo
+        if explicit:
+            raise ValueError(f"{algo}: {why}")
+        host = {a for a in (self.algo_enabled.get(coll) or algorithms(coll))
+                if not a.startswith("collnet")}
+        return choose(coll, nbytes, self.size, host, self._model(),
+                      Options(channels=self.nchannels, nodes=self.nodes))
 
     def _model(self):
         """The tuner's cost model: per link class when ranks span hosts."""
@@ -177,7 +212,10 @@ class CommCore:
 
     def _program(self, coll: Collective, algo: str, root: int) -> Program:
         opts = Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)
-        return generate(coll, algo, self.size, self.rank, opts)
+        prog = generate(coll, algo, self.size, self.rank, opts)
+        if self.collnet is not None and prog.meta.get("virtual_programs"):
+            self.collnet.ensure(prog)  # join the switch groups this rank talks to
+        return prog
 
     def _plan(self, coll: Collective, algo: str, root: int, in_blocks: tuple[int, ...],
               out_blocks: tuple[int, ...], count: int, itemsize: int, in_place: bool):

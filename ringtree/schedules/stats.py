@@ -97,18 +97,22 @@ class HostStats:
 @lru_cache(maxsize=1024)
 def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) -> HostStats:
     programs = generate_all(collective, algo, nranks, opts)
-    if any(p.meta.get("virtual_programs") for p in programs):
-        raise ValueError(f"{algo} needs in-network aggregation switches (simulator only)")
     node = list(opts.nodes) if opts.nodes is not None else [0] * nranks
     hosts = max(node) + 1
+    # CollNet: the switches are virtual ranks, each its own "host" (a switch port per
+    # host link); only the real hosts' links and messages are charged
+    virtual = list(programs[0].meta.get("virtual_programs", ())) if programs else []
+    programs = programs + virtual
+    node += [hosts + i for i in range(len(virtual))]
     deps = [_deps_by_position(p) for p in programs]
     finish: list[dict[tuple[int, int], tuple[int, int]]] = [{} for _ in programs]
-    intra = [0.0] * nranks
-    reduced = [0.0] * nranks
-    m_in = [0] * nranks
-    m_out = [0] * nranks
-    h_out = [0.0] * hosts
-    h_in = [0.0] * hosts
+    total = len(programs)
+    intra = [0.0] * total
+    reduced = [0.0] * total
+    m_in = [0] * total
+    m_out = [0] * total
+    h_out = [0.0] * (hosts + len(virtual))
+    h_in = [0.0] * (hosts + len(virtual))
     worst = [0, 0]
 
     def run(r: int, c: int, i: int, s, arrivals: list) -> tuple[int, int]:
@@ -132,5 +136,6 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
         return t, e
 
     walk(programs, run)
-    return HostStats(worst[0], worst[1], max(m_in), max(m_out), max(intra), max(h_out),
-                     max(h_in), max(reduced))
+    n = nranks
+    return HostStats(worst[0], worst[1], max(m_in[:n]), max(m_out[:n]), max(intra[:n]),
+                     max(h_out[:hosts]), max(h_in[:hosts]), max(reduced[:n]))

@@ -15,18 +15,23 @@ invisible to NCCL's CollNet plugin.
 
 from __future__ import annotations
 
+import os
+
 from ringtree.core.ir import Program
 from ringtree.switch.client import DEFAULT_CHUNK, DEFAULT_WINDOW, SwitchLink
 from ringtree.switch.wire import SwitchError
 from ringtree.transports.collnet import CollNetTransport, group_key
+
+HOP_US = 300.0  # a software switch's time per pass, measured on the testbed (docs/collnet.md)
 
 
 class CollNet:
     """Lazily joined switch groups for one communicator rank."""
 
     def __init__(self, *, rank: int, size: int, comm_id: str, store, prefix: str,
-                 address: str, token: str, timeout: float, window: int = DEFAULT_WINDOW,
-                 chunk_bytes: int = DEFAULT_CHUNK):
+                 address: str, token: str, timeout: float, fabric=None,
+                 window: int = DEFAULT_WINDOW, chunk_bytes: int = DEFAULT_CHUNK,
+                 hop_us: float = HOP_US):
         if not address:
             raise ValueError("RINGTREE_COLLNET_ENABLE=1 needs RINGTREE_COLLNET_SWITCH=ADDR:PORT")
         host, sep, port = address.rpartition(":")
@@ -36,8 +41,25 @@ class CollNet:
         self.store, self.prefix = store, prefix
         self.address, self.token, self.timeout = address, token, float(timeout)
         self.window, self.chunk_bytes = window, chunk_bytes
+        self.fabric = fabric
+        self.hop_s = hop_us * 1e-6
         self._switches: list[str] | None = None
         self._transport: CollNetTransport | None = None
+
+    def prefer(self, coll, nbytes: int, n: int, enabled, model, opts) -> str:
+        """The tuner's choice once the switch's own time is charged: the cost model
+        prices a switch like a host link (:func:`ringtree.schedules.stats.host_stats`);
+        a software switch also spends ``hop_s`` per pass (up, then down)."""
+        from ringtree.core.tuner import ranking
+
+        ranked = ranking(coll, nbytes, n, enabled, model, opts)
+        best_host = next(((a, t) for a, t in ranked if not a.startswith("collnet")), None)
+        best_cn = next(((a, t) for a, t in ranked if a.startswith("collnet")), None)
+        if best_cn is None:
+            return best_host[0] if best_host else ranked[0][0]
+        if best_host is not None and best_cn[1] + 2 * self.hop_s >= best_host[1]:
+            return best_host[0]
+        return best_cn[0]
 
     def switches(self) -> list[str]:
         """Every rank's switch address (published once through the store)."""
@@ -85,8 +107,29 @@ class CollNet:
             except SwitchError as e:
                 raise SwitchError(f"rank {self.rank}: {e}") from None
             t.add_group(v, g)
+            if self.fabric is not None:
+                self.fabric.add_route(v, t)
         return t
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+def from_env(comm) -> CollNet:
+    """The CollNet of ``comm`` from ``RINGTREE_COLLNET_SWITCH`` (and the job token the
+    switch admits: ``RINGTREE_COLLNET_TOKEN``, else ``RINGTREE_TOKEN``)."""
+    token = os.environ.get("RINGTREE_COLLNET_TOKEN") or os.environ.get("RINGTREE_TOKEN")
+    if not token:
+        raise ValueError("RINGTREE_COLLNET_ENABLE=1: the switch admits jobs by token; set "
+                         "RINGTREE_TOKEN (or RINGTREE_COLLNET_TOKEN) to one it serves")
+    hop = os.environ.get("RINGTREE_COLLNET_HOP_US", "").strip()
+    try:
+        hop_us = float(hop) if hop else HOP_US
+    except ValueError:
+        raise ValueError(f"RINGTREE_COLLNET_HOP_US must be a number of microseconds, "
+                         f"not {hop!r}") from None
+    return CollNet(rank=comm.rank, size=comm.size, comm_id=comm.comm_id.hex(),
+                   store=comm.store, prefix=comm.prefix,
+                   address=os.environ.get("RINGTREE_COLLNET_SWITCH", "").strip(),
+                   token=token, timeout=comm.timeout, fabric=comm.fabric, hop_us=hop_us)

@@ -44,72 +44,88 @@ class CollNetTransport(Transport):
     def __init__(self, link: SwitchLink):
         self.link = link
         self.groups: dict[int, SwitchGroup] = {}
-        self._sends: dict[int, deque[Request]] = {}
+        self._ops: dict[int, deque[SwitchOp]] = {}
         self._recvs: dict[int, deque[Request]] = {}
-        self._active: list[tuple[SwitchOp, Request, Request]] = []
 
     def add_group(self, vrank: int, group: SwitchGroup) -> None:
         self.groups[vrank] = group
-        self._sends.setdefault(vrank, deque())
+        self._ops.setdefault(vrank, deque())
         self._recvs.setdefault(vrank, deque())
 
     # ---- the transport contract --------------------------------------------------------
+    #
+    # A send is staged (copied) and streamed at once, and the send completes: the
+    # executor may then reuse or overwrite that memory — an in-place all-reduce's
+    # down-step writes the very buffer the up-step sent — while the switch still may
+    # ask for a retransmission. The result lands in the staging buffer chunk by chunk
+    # (a chunk is never resent once its result is back) and is copied into the k-th
+    # receive posted from the same virtual rank.
 
     def isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:
         req = Request(peer, channel, header, payload, True)
-        self._queue(self._sends, req)
+        g = self.groups.get(peer)
+        if g is None:
+            req.fail(ValueError(f"virtual rank {peer} has no switch group"))
+            return req
+        if self.link.error is not None:
+            req.fail(self.link.error)
+            return req
+        dcode, ocode = header[_DTYPE_AT], header[_OP_AT]
+        if dcode >= len(_DTYPES) or ocode >= len(_OPS):
+            req.fail(ValueError("the switch reduces SUM, MIN and MAX on SHARP's dtypes only"))
+            return req
+        dtype, op = _DTYPES[dcode], _OPS[ocode]
+        stage = payload.reshape(-1).view(dtype.storage).copy()
+        try:
+            o = g.post(stage, stage, dtype, op, header)
+        except ValueError as e:
+            req.fail(e)
+            return req
+        self._ops[peer].append(o)
+        req.done = True
+        self._match(peer)
         return req
 
     def irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
         req = Request(peer, channel, header, into, False)
-        self._queue(self._recvs, req)
+        if peer not in self.groups:
+            req.fail(ValueError(f"virtual rank {peer} has no switch group"))
+            return req
+        self._recvs[peer].append(req)
+        self._match(peer)
         return req
 
-    def _queue(self, table: dict[int, deque[Request]], req: Request) -> None:
-        if req.peer not in self.groups:
-            req.fail(ValueError(f"virtual rank {req.peer} has no switch group"))
-            return
-        if self.link.error is not None:
-            req.fail(self.link.error)
-            return
-        table[req.peer].append(req)
-        sends, recvs = self._sends[req.peer], self._recvs[req.peer]
-        while sends and recvs:
-            s, r = sends.popleft(), recvs.popleft()
-            dtype = _DTYPES[s.header[_DTYPE_AT]]
-            op = _OPS[s.header[_OP_AT]]
-            src = s.buf.reshape(-1).view(dtype.storage)
-            dst = r.buf.reshape(-1).view(dtype.storage)
-            try:
-                o = self.groups[req.peer].post(src, dst, dtype, op, s.header)
-            except ValueError as e:
-                s.fail(e)
-                r.fail(e)
+    def _match(self, peer: int) -> bool:
+        """Complete receives whose switch all-reduce is done (FIFO per virtual rank)."""
+        ops, recvs = self._ops[peer], self._recvs[peer]
+        moved = False
+        while ops and recvs and ops[0].done:
+            o, r = ops.popleft(), recvs.popleft()
+            if o.error is not None:
+                r.fail(o.error)
                 continue
-            self._active.append((o, s, r))
+            dst = r.buf.reshape(-1).view(np.uint8)
+            src = o.recv.view(np.uint8)
+            if dst.nbytes != src.nbytes:
+                r.fail(ValueError(f"receive of {dst.nbytes} bytes from virtual rank {peer} "
+                                  f"pairs with a {src.nbytes}-byte send"))
+                continue
+            np.copyto(dst, src)
+            r.done = moved = True
+        return moved
 
     def poll(self) -> bool:
         moved = self.link.poll()
-        if self._active:
-            still = []
-            for o, s, r in self._active:
-                if not o.done:
-                    still.append((o, s, r))
-                elif o.error is not None:
-                    s.fail(o.error)
-                    r.fail(o.error)
-                else:
-                    s.done = r.done = True
-                    moved = True
-            self._active = still
+        for peer in self.groups:
+            moved |= self._match(peer)
         if self.link.error is not None:
-            for q in (*self._sends.values(), *self._recvs.values()):
+            for q in self._recvs.values():
                 while q:
                     q.popleft().fail(self.link.error)
         return moved
 
     def pending(self) -> bool:
-        return bool(self._active) or self.link.pending()
+        return any(self._recvs.values()) or self.link.pending()
 
     def wait_fds(self) -> list[tuple[int, int]]:
         return self.link.wait_fds()

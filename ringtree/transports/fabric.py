@@ -31,6 +31,12 @@ class Fabric:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.closers: list = []  # called first by close()
 
+    def add_route(self, peer: int, transport: Transport) -> None:
+        """Route ``peer`` (e.g. a CollNet virtual rank, joined lazily) to ``transport``."""
+        self.routes[peer] = transport
+        if all(t is not transport for t in self.transports):
+            self.transports.append(transport)
+
     def transport_for(self, peer: int) -> Transport:
         try:
             return self.routes[peer]

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ringtree.core.aliasing import check_out
 from ringtree.core.collectives import IN_OUTPUT, OUT_INPUT, Collective
 from ringtree.core.planner import CallSpec
 from ringtree.dtypes import DType, as_flat
@@ -87,9 +88,10 @@ def for_all_reduce(comm, x, op, out, algo: str | None) -> CallSpec:
     if out is not None:
         oa, odt = as_flat(out, "all_reduce out")
         _same(dt, odt, xa.size, oa.size, "all_reduce")
-    return _spec(Collective.ALL_REDUCE, xa.size, dt, resolve(op, dt), -1,
-                 _in_place(Collective.ALL_REDUCE, xa, oa, comm.rank), algo, xa, oa,
-                 x if out is None else out)
+    in_place = _in_place(Collective.ALL_REDUCE, xa, oa, comm.rank)
+    check_out("all_reduce", xa, oa, in_place)
+    return _spec(Collective.ALL_REDUCE, xa.size, dt, resolve(op, dt), -1, in_place, algo,
+                 xa, oa, x if out is None else out)
 
 
 def for_broadcast(comm, x, root: int, algo: str | None) -> CallSpec:
@@ -109,6 +111,7 @@ def for_reduce(comm, x, root: int, op, out, algo: str | None) -> CallSpec:
             oa, odt = as_flat(out, "reduce out")
             _same(dt, odt, xa.size, oa.size, "reduce")
         in_place = _in_place(Collective.REDUCE, xa, oa, comm.rank)
+        check_out("reduce", xa, oa, in_place)
         result = x if out is None else out
     else:
         oa, in_place, result = np.empty_like(xa), False, None
@@ -129,6 +132,7 @@ def for_all_gather(comm, x, out, algo: str | None) -> CallSpec:
     oa, odt = as_flat(out, "all_gather out")
     _same(dt, odt, xa.size * n, oa.size, "all_gather (out must hold size × input)")
     in_place = _in_place(Collective.ALL_GATHER, xa, oa, comm.rank)
+    check_out("all_gather", xa, oa, in_place)
     post = _scatter_into(oa, outs, xa.size, dt) if outs is not None else None
     return _spec(Collective.ALL_GATHER, xa.size, dt, None, -1, in_place, algo, xa, oa, result,
                  post=post)
@@ -161,6 +165,7 @@ def for_reduce_scatter(comm, x, op, out, algo: str | None) -> CallSpec:
     _same(dt, odt, count, oa.size, "reduce_scatter (out must hold input/size)")
     red = resolve(op, dt)
     in_place = _in_place(Collective.REDUCE_SCATTER, xa, oa, comm.rank)
+    check_out("reduce_scatter", xa, oa, in_place)
     return _spec(Collective.REDUCE_SCATTER, count, dt, red, -1, in_place, algo, xa, oa, out)
 
 
@@ -174,6 +179,7 @@ def for_gather(comm, x, root: int, out, algo: str | None) -> CallSpec:
             out = _alloc_like(x, (n, *_shape(x)), dt)
         oa, odt = as_flat(out, "gather out")
         _same(dt, odt, xa.size * n, oa.size, "gather (out must hold size × input)")
+        check_out("gather", xa, oa, False)
     else:
         out = None
     return _spec(Collective.GATHER, xa.size, dt, None, root, False, algo, xa, oa, out)
@@ -193,6 +199,7 @@ def for_scatter(comm, x, root: int, out, algo: str | None) -> CallSpec:
             out = _alloc_like(x, shp[1:] if len(shp) > 1 and shp[0] == n else (count,), dt)
         oa, odt = as_flat(out, "scatter out")
         _same(dt, odt, count, oa.size, "scatter (out must hold input/size)")
+        check_out("scatter", xa, oa, False)
     else:
         if out is None:
             raise ValueError("scatter: non-root ranks must pass out=")
@@ -233,6 +240,7 @@ def for_all_to_all(comm, x, out, send_splits: Sequence[int] | None,
     oa, odt = as_flat(out, "all_to_all out")
     _same(dt, odt, total, oa.size, "all_to_all")
     in_place = _in_place(Collective.ALL_TO_ALL, xa, oa, comm.rank)
+    check_out("all_to_all", xa, oa, in_place)
     return _spec(Collective.ALL_TO_ALL, count, dt, None, -1, in_place, algo, xa, oa, out,
                  blocks=blocks)
 

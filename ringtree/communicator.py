@@ -87,6 +87,9 @@ class Communicator:
         self._broken: BaseException | None = None
         self._after_abort: str | None = None  # the first cause, when another rank failed
         self._failing = False
+        from ringtree.core.owner import ThreadOwner
+
+        self._owner = ThreadOwner()
         self.store_host_rank: int | None = None  # the rank whose process serves the store
         self._closed = False
         self._group: list[tuple[Call, Work | None, object]] | None = None
@@ -104,14 +107,30 @@ class Communicator:
                       enumerate(meet(store, prefix, rank, size, me.encode(), init_timeout))]
         order: dict[str, int] = {}
         self.nodes = tuple(order.setdefault(p.host_id, len(order)) for p in self.peers)
+        if world_ranks is None and len(set(self.nodes)) > 1:  # a job across hosts
+            from ringtree.bootstrap import netcheck
+
+            if netcheck.enabled():
+                try:
+                    netcheck.check_peers(store, prefix, netcheck.Advert.local(
+                        rank, host, listener.getsockname()[1], self.host_id), size,
+                        self.timeout)
+                except BaseException:
+                    listener.close()
+                    raise
         self.local_rank = local_rank if local_rank is not None else sum(
             1 for p in self.peers[:rank] if p.host_id == self.host_id)
         self.planner = Planner(rank, size, self.nodes, nchannels=self.nchannels,
                                slice_bytes=self.slice_bytes, algo_enabled=self.algo_enabled,
-                               link=self._link_kind())
+                               link=self._link_kind(), transport=s.transport, debug=self.debug)
         self.fabric = build_fabric(Setup(rank, tuple(self.peers), store, prefix, secret,
                                          self.comm_id, self.slice_bytes, self.timeout, s),
                                    listener)
+        self.collnet = None  # ringtree.switch.collnet.CollNet with RINGTREE_COLLNET_ENABLE=1
+        if s.collnet_enable:
+            from ringtree.switch.collnet import from_env
+
+            self.collnet = self.planner.collnet = from_env(self)
         self.executor = Executor(rank, self.fabric, on_idle=self._check_abort,
                                  slice_bytes=self.slice_bytes)
         self.executor.on_error = self._on_error
@@ -120,6 +139,14 @@ class Communicator:
         from ringtree.prof import attach
 
         attach(self)  # flight recorder, SIGUSR1 dump, doctor watcher, RINGTREE_PROFILE
+        self.topology = None  # ringtree.core.topology.Topology when ranks span hosts
+        if len(set(self.nodes)) > 1:
+            from ringtree.core.topology import learn
+            from ringtree.core.tuner import MODELS
+
+            self.topology = self.planner.topology = learn(self, MODELS["tcp"].overhead)
+            if self.debug in ("INFO", "TRACE") and rank == 0:
+                print(f"ringtree: topology: {self.topology.describe()}", flush=True)
 
     def _link_kind(self) -> str:
         """The cost model every rank agrees on: shm when the whole job is on one host
@@ -214,6 +241,7 @@ class Communicator:
     def _run(self, spec: CallSpec, async_op: bool, timeout: float | None):
         """Plan ``spec`` and run it now, hand it to the worker, or add it to the group."""
         self._check_usable()
+        timeout = self._precheck(timeout)  # before the call takes a sequence number
         if spec.coll is None:  # send/recv: numbered per (peer, tag, direction)
             key = (spec.root, spec.tag, spec.algo)
             seq = self._p2p_seq[key] = self._p2p_seq.get(key, 0) + 1
@@ -296,7 +324,10 @@ class Communicator:
             if self._group_depth == 0:
                 items, self._group = self._group or [], None
                 if ok and items:
+                    from ringtree.core.aliasing import order_group
+
                     calls, works, results = (list(v) for v in zip(*items))
+                    order_group(calls)
                     self.progress.wait(self._submit(calls, works, results,
                                                     max(self.timeout, 1e-3)))
 
@@ -314,6 +345,17 @@ class Communicator:
 
     def _fail(self, e: BaseException) -> BaseException:
         return failure.fail(self, e)
+
+    def _precheck(self, timeout) -> float | None:
+        """Before a call is numbered: the issuing thread, and its timeout."""
+        if self.submit is None:
+            self._owner.check(self.rank)
+        return None if timeout is None else as_timeout(timeout)
+
+    def bind_thread(self) -> None:
+        """Make the calling thread the one that issues on this communicator (see
+        :mod:`ringtree.core.owner`); call it at the same point on every rank."""
+        self._owner.bind()
 
     def monitored_barrier(self, timeout: float | None = None,
                           wait_all_ranks: bool = True) -> None:

@@ -11,7 +11,7 @@ functions are the policy.
 
 from __future__ import annotations
 
-from ringtree.errors import CollectiveTimeout, CommAborted, PeerError
+from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
 
 
 def abort_key(comm) -> str:
@@ -25,7 +25,18 @@ def check_abort(comm) -> None:
     except Exception:  # noqa: BLE001 - the store itself may be gone
         return
     if why:
-        raise CommAborted(why.decode())
+        kind = comm.store.try_get(abort_key(comm) + "_kind")
+        raise (MismatchError if kind == b"mismatch" else CommAborted)(why.decode())
+    from ringtree.core.fingerprint import check_stalled
+
+    check_stalled(comm)
+
+
+def abort_kind(comm) -> bytes | None:
+    try:
+        return comm.store.try_get(abort_key(comm) + "_kind")
+    except Exception:  # noqa: BLE001 - the store may be gone
+        return None
 
 
 def fail(comm, e: BaseException) -> BaseException:
@@ -47,6 +58,11 @@ def fail(comm, e: BaseException) -> BaseException:
         except Exception:  # noqa: BLE001 - the store may have died with rank 0
             theirs, store_ok = None, False
         first = theirs.decode() if theirs else getattr(e, "cause", None)
+        if first and abort_kind(comm) == b"mismatch":  # the cause, and its type
+            err = MismatchError(f"rank {comm.rank}: {first}")
+            comm._broken = err
+            comm.fabric.close(first)
+            return err
         if first:
             err = CommAborted(f"rank {comm.rank}: lost the connection to rank {e.peer}; "
                               f"the communicator was aborted because {first}")
@@ -66,12 +82,23 @@ def fail(comm, e: BaseException) -> BaseException:
         err = PeerError(e.peer, reason)
     else:
         err = e
+    if isinstance(err, CollectiveTimeout):  # a partition? say whom we cannot reach
+        from ringtree.bootstrap.netcheck import unreachable_note
+
+        note = unreachable_note([(p.rank, p.host, p.port) for p in comm.peers
+                                 if p.host_id != comm.host_id])
+        err = CollectiveTimeout(f"{err}{note}") if note else err
     if isinstance(err, (CollectiveTimeout, PeerError)):  # ask every rank; name the culprit
         from ringtree.prof.watch import with_diagnosis
 
         err = with_diagnosis(comm, err)
         reason = str(err)
     won = record_abort(comm, reason)
+    if won == reason and isinstance(err, MismatchError):
+        try:
+            comm.store.compare_set(abort_key(comm) + "_kind", None, b"mismatch")
+        except Exception:  # noqa: BLE001
+            pass
     if won is not None and won != reason and isinstance(err, (CollectiveTimeout,
                                                               PeerError)):
         err = CommAborted(f"rank {comm.rank}: the communicator was aborted because "

@@ -145,6 +145,21 @@ declare("RINGTREE_SHM_SPIN_US", number, None,
 declare("RINGTREE_SHM_DIRECT_MIN", whole, None,
         "bytes from which shm reads straight from the sender's memory (0 = never; default "
         "1 MiB when a host's ranks outnumber its cores, else 0)")
+declare("RINGTREE_STORE_OP_TIMEOUT", number, None,
+        "seconds one store request may take (default 60)")
+declare("RINGTREE_CHECK_NET", flag, True,
+        "at init, check that ranks on different hosts reach each other (0 = off)")
+declare("RINGTREE_CHECK_NET_TIMEOUT", number, None,
+        "seconds each cross-host reachability probe waits")
+declare("RINGTREE_TOPO_FILE", text, None,
+        "a file describing the hosts' links, used instead of measuring them at init")
+declare("RINGTREE_COLLNET_ENABLE", flag, False,
+        "run the collnet_* algorithms on an in-network aggregation switch")
+declare("RINGTREE_COLLNET_SWITCH", text, None, "the switch's ADDR:PORT")
+declare("RINGTREE_COLLNET_TOKEN", text, None,
+        "the token the switch admits this job with (default: RINGTREE_TOKEN)")
+declare("RINGTREE_COLLNET_HOP_US", number, None,
+        "the switch's hop time in µs for the tuner (default: measured)")
 declare("RINGTREE_PROTO", text, "",
         "protocols to use: NCCL_PROTO syntax, e.g. `LL`, `^LL`, `Simple;allreduce:LL`")
 declare("RINGTREE_LL_CELL", integer, None,
@@ -176,6 +191,9 @@ declare("RINGTREE_STORE_EXTERNAL", flag, False,
         "the launcher hosts the store (rank 0 must not)", "job")
 declare("RINGTREE_HOST_ID", text, None,
         "override the host identity (tests fake several hosts on one machine)", "job")
+declare("RINGTREE_SSH", text, None,
+        "the command `ringtree run` starts remote ranks with (default `ssh -o BatchMode=yes`)",
+        "tools")
 declare("RINGTREE_PERF_CHILD", flag, False,
         "set by `ringtree perf --nranks` on the ranks it starts", "tools")
 declare("RINGTREE_TESTBED_HOST", integer, None,

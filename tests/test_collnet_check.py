@@ -49,3 +49,15 @@ def test_a_program_beyond_the_ranks_must_be_virtual():
     fake = dataclasses.replace(progs[-1], meta={})
     with pytest.raises(CheckError, match="not a virtual rank"):
         check_programs(progs[:-1] + [fake])
+
+
+def test_the_tuner_charges_a_switch_like_a_port():
+    from ringtree.core.ir import Collective
+    from ringtree.schedules.stats import host_stats
+
+    opts = Options(nodes=(0, 1, 2, 3))
+    cn = host_stats(Collective.ALL_REDUCE, "collnet_direct", 4, opts)
+    ring = host_stats(Collective.ALL_REDUCE, "ring", 4, opts)
+    assert cn.host_out == cn.host_in == 1.0       # M up, M down through the switch
+    assert ring.host_out == ring.host_in == 1.5   # 2(n-1)/n M for a ring of 4 hosts
+    assert cn.inter_depth == 2                    # host -> switch -> host

@@ -78,7 +78,8 @@ def test_mpirun_and_torchrun_flags_are_accepted():
 @pytest.mark.parametrize("args,message", [
     (("--rdzv-backend", "c10d"), "--rdzv-backend is not supported"),
     (("--max-restarts", "3"), "--max-restarts is not supported"),
-    (("--hostfile", "h"), "--hostfile is not supported"),
+    (("--hostfile", "/nonexistent/h"), "--hostfile /nonexistent/h: No such file"),
+    (("-H", "a:2,b:x"), "'b:x': slots must be a positive integer"),
     (("--frobnicate",), "unknown option '--frobnicate'"),
     (("--nnodes", "1:2"), "no elastic node ranges"),
     (("-x", "NOT_SET_ANYWHERE_X"), "-x NOT_SET_ANYWHERE_X: not set"),

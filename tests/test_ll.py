@@ -120,7 +120,8 @@ def test_ranks_agree_bitwise(pool):
 
 def sleepy(comm, calls: int) -> int:
     """One rank naps at random between calls, the others race ahead; each call's
-    result is checked, inline and cell sizes alternating (both parities, both kinds)."""
+    result is checked, inline and cell sizes alternating (both parities, both kinds),
+    with Simple calls' announcements in between (they shift the parities)."""
     c = _ll(comm, "sleepy", spin=0.0, yield_us=200.0)
     n, r = comm.size, comm.rank
     rng = random.Random(r)
@@ -132,6 +133,9 @@ def sleepy(comm, calls: int) -> int:
         elif rng.random() < 0.05:
             time.sleep(rng.random() * 0.0005)
         count = 3 if k % 3 else 900
+        if k % 5 == 0:  # calls that run on Simple announce themselves and do not wait
+            for _ in range(k % 3 + 1):
+                c.ll.announce(fingerprint(0, 0, 0, -1, 1, simple=True))
         x = np.full(count, (k + 1) * (r + 1), np.int64)
         c.all_reduce(x, DType.INT64, red)
         bad += int(not (x == (k + 1) * n * (n + 1) // 2).all())

@@ -3,7 +3,12 @@
 ::
 
     ringtree run -n N [--nnodes M --node-rank R --master HOST:PORT] [--tag-output]
-                 [--timeout S] [--grace S] [--] CMD ARGS...
+                 [--timeout S] [--grace S] [--check-net] [--] CMD ARGS...
+    ringtree run -H host1:4,host2:4 | --hostfile FILE [options] [--] CMD ARGS...
+
+``-H``/``--hostfile`` start the per-node launchers over ssh (:mod:`ringtree.bootstrap.ssh`);
+``--check-net`` first checks that every node reaches the addresses the others advertise
+(:mod:`ringtree.bootstrap.netmatrix`).
 
 The launcher of node 0 hosts the job's :class:`~ringtree.bootstrap.store.StoreServer` (so rank 0 does
 not: ``RINGTREE_STORE_EXTERNAL=1``), authenticated by ``RINGTREE_TOKEN`` (random for one node;
@@ -84,6 +89,10 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
 
+    if opts.hosts is not None:  # -H / --hostfile: every node over ssh
+        from ringtree.bootstrap.ssh import launch
+
+        return launch(opts, PROG)
     token = os.environ.get("RINGTREE_TOKEN") or ""
     if not token:
         if opts.nnodes > 1:
@@ -114,6 +123,15 @@ def main(argv: list[str]) -> int:
             print(f"{PROG}: --master port must be below 65535 (port+1 is MASTER_PORT)",
                   file=sys.stderr)
             return 2
+        if opts.check_net:
+            from ringtree.bootstrap.netmatrix import launcher_check
+
+            try:
+                if launcher_check(addr, port, token, opts.node_rank, opts.nnodes):
+                    return 1
+            except StoreError as e:
+                print(f"{PROG}: --check-net: {e}", file=sys.stderr)
+                return 1
         return _Job(opts, addr, port, torch_port, token, server).run()
     finally:
         if server is not None:

@@ -1,7 +1,8 @@
 """``ringtree run``'s command line: its own options, and the mpirun / torchrun ones people
 type out of habit.
 
-Accepted from mpirun: ``-np N`` (= ``-n``), ``-x VAR`` / ``-x VAR=VALUE`` (export to the
+Accepted from mpirun: ``-H host:slots,...`` and ``--hostfile FILE`` (start the nodes over
+ssh, :mod:`ringtree.bootstrap.ssh`), ``-np N`` (= ``-n``), ``-x VAR`` / ``-x VAR=VALUE`` (export to the
 ranks), ``--bind-to core|hwthread|none`` (``core``: rank *i* of this node runs on the *i*-th
 CPU it may use, modulo their number), ``--oversubscribe`` and ``--allow-run-as-root`` (no
 effect: ringtree never refuses either). From torchrun: ``--nproc-per-node``,
@@ -9,7 +10,7 @@ effect: ringtree never refuses either). From torchrun: ``--nproc-per-node``,
 ``--master-port`` (= ``--master HOST:PORT``), ``--nnodes N`` and ``--node-rank``.
 
 Options that ask for something ringtree run does not do are refused by name with what to
-use instead (elastic rendezvous, restarts, host files, mapping policies); any other unknown
+use instead (elastic rendezvous, restarts, mapping policies); any other unknown
 option is refused by name too. The command starts at the first word that is not an option
 (or after ``--``); a command ending in ``.py`` runs with the current Python, as torchrun does.
 """
@@ -29,7 +30,8 @@ _VALUED = {
     "--master-addr": True, "--master_addr": True, "--master-port": True,
     "--master_port": True, "--timeout": True, "--grace": True, "--bind-to": True,
     "-x": True, "--tag-output": False, "--standalone": False, "--oversubscribe": False,
-    "--allow-run-as-root": False, "-h": False, "--help": False,
+    "--allow-run-as-root": False, "-h": False, "--help": False, "--check-net": False,
+    "-H": True, "--host": True, "--hostfile": True,
 }
 _REFUSED = {
     "--rdzv-backend": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
@@ -40,10 +42,6 @@ _REFUSED = {
     "--no-python": "give the program itself as the command (only *.py runs with Python)",
     "-m": "give the program as `python -m MODULE ...` after the options",
     "--module": "give the program as `python -m MODULE ...` after the options",
-    "-H": "start one `ringtree run --nnodes N --node-rank R --master HOST:PORT` per host",
-    "--host": "start one `ringtree run --nnodes N --node-rank R --master HOST:PORT` per host",
-    "--hostfile": "start one `ringtree run --nnodes N --node-rank R --master HOST:PORT` "
-                  "per host",
     "--map-by": "ringtree run places ranks in order; use --bind-to core to pin them",
     "--rank-by": "ringtree run numbers ranks node by node, in order",
 }
@@ -65,6 +63,8 @@ class Options:
     command: list[str]
     bind_to: str = "none"
     export: dict[str, str | None] = field(default_factory=dict)  # -x: None = inherit
+    check_net: bool = False
+    hosts: list[tuple[str, int]] | None = None  # -H / --hostfile: start them over ssh
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -127,11 +127,29 @@ def parse(argv: list[str]) -> Options:
                         help="pin each rank to one CPU (core, hwthread) or not (none)")
     parser.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VAL]",
                         help="export VAR (or set it to VAL) in every rank, as mpirun -x")
+    parser.add_argument("--check-net", action="store_true",
+                        help="before starting ranks, check that every node reaches the "
+                             "addresses the others advertise (prints a host x address table)")
+    parser.add_argument("-H", "--host", dest="hosts", metavar="HOST[:SLOTS],...",
+                        help="start SLOTS ranks on each HOST over ssh (mpirun syntax; "
+                             "$RINGTREE_SSH is the ssh command)")
+    parser.add_argument("--hostfile", metavar="FILE",
+                        help="hosts in Open MPI's hostfile format (host slots=N)")
     parser.add_argument("--standalone", action="store_true", help="torchrun's: one node")
     parser.add_argument("--oversubscribe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allow-run-as-root", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args(opt_words)
 
+    hosts = _hosts(ns)
+    if hosts is not None:
+        total = sum(n for _, n in hosts)
+        if ns.nproc is not None and ns.nproc != total:
+            raise UsageError(f"-n {ns.nproc} disagrees with the {total} slots of the hosts; "
+                             "drop -n (each host runs its slots)")
+        if ns.nnodes != "1" or ns.node_rank != 0:
+            raise UsageError("-H/--hostfile start every node themselves; drop --nnodes and "
+                             "--node-rank")
+        ns.nproc, ns.nnodes = hosts[0][1], str(len(hosts))
     if ns.nproc is None:
         raise UsageError("-n N (ranks on this node) is required; usage: ringtree run -n N "
                          "[options] [--] CMD ARGS...")
@@ -162,7 +180,7 @@ def parse(argv: list[str]) -> Options:
             raise UsageError("give --master HOST:PORT or --master-addr/--master-port, not both")
         master_text = f"{ns.master_addr or '127.0.0.1'}:{ns.master_port or 29500}"
     master = parse_master(master_text) if master_text else None
-    if master is None and nnodes > 1:
+    if master is None and nnodes > 1 and hosts is None:
         raise UsageError(
             "--master HOST:PORT is required with --nnodes > 1: node 0's address, reachable "
             "from every node, and a free port for the store"
@@ -176,7 +194,22 @@ def parse(argv: list[str]) -> Options:
     if command[0].endswith(".py"):
         command = [sys.executable, *command]  # torchrun runs scripts with Python too
     return Options(ns.nproc, nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
-                   ns.grace, command, ns.bind_to, export)
+                   ns.grace, command, ns.bind_to, export, ns.check_net, hosts)
+
+
+def _hosts(ns) -> list[tuple[str, int]] | None:
+    from ringtree.bootstrap.ssh import parse_hostfile, parse_hosts
+
+    if ns.hosts and ns.hostfile:
+        raise UsageError("give -H or --hostfile, not both")
+    try:
+        if ns.hosts:
+            return parse_hosts(ns.hosts)
+        if ns.hostfile:
+            return parse_hostfile(ns.hostfile)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return None
 
 
 def parse_master(text: str) -> tuple[str, int]:

@@ -256,6 +256,17 @@ class Executor:
     def busy(self) -> bool:
         return bool(self._batches)
 
+    def overlapping(self, bufs: tuple, writes: tuple) -> list[Batch]:
+        """Batches in flight that a call on ``bufs`` (arrays or None; ``writes[i]``: the
+        call writes ``bufs[i]``) must wait for — the memory-order rule of :meth:`submit`,
+        for work that runs outside the executor. Caller holds the lock."""
+        probe = Batch([], 0.0, 0.0, None)
+        for a, w in zip(bufs, writes):
+            span = _span(a)
+            if span is not None:
+                (probe.writes if w else probe.reads).append(span)
+        return [b for b in self._batches if b.conflicts(probe)]
+
     def _round(self) -> tuple[bool, bool]:
         """Issue what may start, resume what may continue: (moved, a batch completed)."""
         moved = finished = False
@@ -416,7 +427,7 @@ class Executor:
                 next_idle = now + 1.0
                 try:
                     self.on_idle()
-                except CommAborted as e:
+                except (CommAborted, MismatchError) as e:  # aborted; a peer runs another call
                     self._abort(e)
                     lock.notify_all()
                     continue

@@ -21,18 +21,37 @@ import os
 
 from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
+from ringtree.errors import RingtreeError
 from ringtree.transports.shm_ll import LL, fingerprint, open_ll
 from ringtree.transports.shm_ll_coll import LLOp, fits
+from ringtree.work import Work
 
 MAX_RANKS = 255          # the fingerprint's root field and the cost of polling every line
-SMALL_CELL = 64 << 10    # cells when LL only carries small calls
-STREAM_CELL = 1 << 20    # cells when all-reduces of any size stream through LL (2 ranks)
+CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
+SMALL_CELL = 64 << 10    # with many ranks: the segment is nranks x 2 cells
 
 
 def default_cell(nranks: int) -> int:
-    """Cell bytes per rank and parity: with two ranks every all-reduce streams through
-    the cells (``benchmarks/ll_threshold.py``), so they are larger."""
-    return STREAM_CELL if nranks == 2 else SMALL_CELL
+    """Cells hold the largest contribution :data:`ringtree.core.proto.THRESHOLDS` gives
+    LL (pages are touched only as far as calls use them)."""
+    return CELL if nranks <= 8 else SMALL_CELL
+
+
+class LLDesc:
+    """What the flight recorder and error messages show of an LL call (the fields of
+    :class:`~ringtree.core.plan.Desc` they read)."""
+
+    __slots__ = ("name", "count", "dtype", "op", "root", "seq")
+    algo = "LL"
+
+    def __init__(self, label: tuple, seq: int):
+        self.name, self.count, self.dtype, self.op, self.root = label
+        self.seq = seq
+
+    def __str__(self) -> str:
+        root = f", root={self.root}" if self.root >= 0 else ""
+        return (f"{self.name}(count={self.count}, {self.dtype}, {self.op}{root}, "
+                f"proto=LL) seq {self.seq}")
 
 
 class LLRunner:
@@ -62,6 +81,49 @@ class LLRunner:
                 self.ops.clear()
             o = self.ops[key] = LLOp(self.ll, coll, dt, count, op_code, root)
         return o
+
+    def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):
+        """Run ``spec`` (a :class:`~ringtree.core.planner.CallSpec`) on ``op`` now."""
+        return self.run_arrays(comm, op, spec.inp, spec.out, spec.reducer, spec.result,
+                               spec.post, seq, async_op, timeout)
+
+    def run_arrays(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
+                   async_op: bool, timeout: float | None):
+        """Run call ``seq`` on ``op`` now, on this thread; a failure goes through
+        ``comm._on_error`` (recorded for every rank)."""
+        t = comm.timeout if timeout is None else timeout
+        if comm.executor.busy:  # async Simple work in flight: keep the memory order
+            self._order(comm, inp, out)
+        fr = comm.flight
+        e = fr.begin(LLDesc(op.label, seq)) if fr is not None else None
+        try:
+            op.run(inp, out, red, t)
+            if post is not None:
+                post()
+        except RingtreeError as err:
+            err = comm._on_error(err)
+            if e is not None:
+                fr.end(e, err)
+            if not async_op:
+                raise err from None
+            work = Work(op.name)
+            work._finish(None, err)
+            return work
+        if e is not None:
+            fr.end(e)
+        if async_op:
+            work = Work(op.name)
+            work._finish(result)
+            return work
+        return result
+
+    @staticmethod
+    def _order(comm, inp, out) -> None:
+        progress = comm.progress
+        with progress.cv:
+            before = comm.executor.overlapping((inp, out), (False, True))
+        if before:
+            progress.drive_until(lambda: all(b.done for b in before))
 
     @staticmethod
     def simple_fingerprint(coll: Collective, dt: DType, count: int, op_code: int,

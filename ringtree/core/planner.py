@@ -28,7 +28,7 @@ from ringtree.core.plan import Call, CStep, Desc, Region, compile_program
 from ringtree.core.tuner import MODELS, choose
 from ringtree.dtypes import DType
 from ringtree.ops import ReduceOp, Reducer
-from ringtree.schedules import Options, generate
+from ringtree.schedules import Options, algorithms, generate
 
 P2P_CODE = 200          # the collective code of send/recv in message headers
 P2P_CHANNEL_BASE = 64   # send/recv with tag t run on channel P2P_CHANNEL_BASE + t
@@ -127,10 +127,14 @@ class Planner:
     """Chooses algorithms and builds plans for one rank of a communicator."""
 
     def __init__(self, rank: int, size: int, nodes: tuple[int, ...], *, nchannels: int,
-                 slice_bytes: int, algo_enabled: dict, link: str):
+                 slice_bytes: int, algo_enabled: dict, link: str, transport: str = "auto",
+                 debug: str = ""):
         self.rank, self.size, self.nodes = rank, size, nodes
         self.nchannels, self.slice_bytes = nchannels, slice_bytes
         self.algo_enabled, self.link = algo_enabled, link
+        self.transport, self.debug = transport, debug
+        self.collnet: Any = None   # ringtree.switch.collnet.CollNet, set by the communicator
+        self.topology: Any = None  # ringtree.core.topology.Topology when ranks span hosts
         self._plans: dict[tuple, Plan] = {}
         self._choices: dict[tuple[Collective, int], str] = {}
         self._last: Plan | None = None
@@ -157,16 +161,68 @@ class Planner:
         cached = self._choices.get(key)
         if cached is None:
             opts = Options(channels=self.nchannels, nodes=self.nodes)
-            cached = choose(coll, nbytes, self.size, self.algo_enabled.get(coll),
-                            MODELS[self.link], opts)
+            model = self.model()
+            enabled = self.algo_enabled.get(coll)
+            if self.collnet is None and len(set(self.nodes)) > 1:  # no switch to run on
+                enabled = {a for a in (enabled or algorithms(coll))
+                           if not a.startswith("collnet")}
+            cached = choose(coll, nbytes, self.size, enabled, model, opts)
+            if self.collnet is not None and cached.startswith("collnet"):
+                cached = self.collnet.prefer(coll, nbytes, self.size, enabled, model, opts)
+            if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._choices) < 64:
+                from ringtree.core.tuner import ranking
+
+                rank_text = ", ".join(f"{a} {t * 1e6:,.0f}" for a, t in ranking(
+                    coll, nbytes, self.size, self.algo_enabled.get(coll), model, opts)[:4])
+                print(f"ringtree: {coll.value} {nbytes} B: chose {cached}; predicted us: "
+                      f"{rank_text}", flush=True)
             if len(self._choices) > 4096:
                 self._choices.clear()
             self._choices[key] = cached
         return cached
 
+    def model(self):
+        """The tuner's cost model: per link class when ranks span hosts."""
+        if self.topology is None:
+            return MODELS[self.link]
+        from ringtree.core.tuner import host_model
+
+        intra = "tcp" if self.transport == "tcp" else \
+            "shm_crowded" if self.topology.crowded else "shm"
+        return host_model(self.topology, MODELS[intra])
+
     def program(self, coll: Collective, algo: str, root: int) -> Program:
         opts = Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)
-        return generate(coll, algo, self.size, self.rank, opts)
+        prog = generate(coll, algo, self.size, self.rank, opts)
+        if self.collnet is not None and prog.meta.get("virtual_programs"):
+            self.collnet.ensure(prog)  # join the switch groups this rank talks to
+        return prog
+
+    def _collnet_algo(self, spec: CallSpec, algo: str, nbytes: int) -> str:
+        """``algo`` if the switch can serve this call; else a clear error when the caller
+        asked for CollNet, or the best host algorithm when the tuner did (the switch
+        reduces SUM, MIN and MAX on SHARP's dtypes only: never a wrong answer)."""
+        from ringtree.switch.wire import check_call
+
+        nnodes = len(set(self.nodes))
+        if nnodes < 2:
+            return algo  # one host: the schedule never reaches a switch
+        if self.collnet is None:
+            raise ValueError(f"{algo} runs on an in-network aggregation switch: set "
+                             "RINGTREE_COLLNET_ENABLE=1 and RINGTREE_COLLNET_SWITCH=ADDR:PORT")
+        red = spec.reducer
+        op = None if red is None or red.user is not None else red.op
+        why = check_call(op, spec.dtype, nbytes, nnodes)
+        if why is None:
+            return algo
+        if spec.algo is not None:
+            raise ValueError(f"{algo}: {why}")
+        coll = spec.coll
+        assert coll is not None
+        host = {a for a in (self.algo_enabled.get(coll) or algorithms(coll))
+                if not a.startswith("collnet")}
+        return choose(coll, nbytes, self.size, host, self.model(),
+                      Options(channels=self.nchannels, nodes=self.nodes))
 
     # ---- building -------------------------------------------------------------------------
 
@@ -181,6 +237,8 @@ class Planner:
             in_blocks, out_blocks = (count,) * nin, (count,) * nout
         nbytes = count * itemsize * max(len(in_blocks), len(out_blocks), 1)
         algo = self.choose(coll, nbytes, spec.algo)
+        if algo.startswith("collnet"):
+            algo = self._collnet_algo(spec, algo, nbytes)
         protocol = self._protocol(spec, nbytes)
         prog = self.program(coll, algo, spec.root)
         stage, in_place = 0, spec.in_place

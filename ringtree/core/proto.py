@@ -29,15 +29,19 @@ LL_COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE,
                             Collective.ALL_GATHER, Collective.BARRIER})
 
 # Largest call (bytes of the whole buffer: input for reductions and broadcast, output for
-# all_gather) that LL carries by default, per collective, for 2 ranks and for more. Measured
-# with benchmarks/ll_threshold.py: below these LL is faster than the executor's best
-# schedule; the cell size (RINGTREE_LL_CELL) bounds them.
+# all_gather) that LL carries by default, per collective: (2 ranks, more ranks). Measured
+# with benchmarks/ll_threshold.py on the 2-core development host (LL against the
+# executor's best schedule, same run): with 4 ranks LL wins all_reduce and reduce up to
+# 16 KiB (0.5-0.7x at 64 KiB), reduce_scatter up to 64 KiB, broadcast and all_gather at
+# every size a cell holds (5-20x at 1 MiB); with 2 ranks every collective up to the cell
+# (1 MiB) except broadcast (0.7x at 1 MiB), and all_reduce, which streams through the
+# cells, up to 16 MiB (1.1x; 0.9x at 64 MiB).
 THRESHOLDS: dict[Collective, tuple[int, int]] = {
-    Collective.ALL_REDUCE: (64 << 10, 64 << 10),
-    Collective.REDUCE: (64 << 10, 64 << 10),
-    Collective.REDUCE_SCATTER: (64 << 10, 64 << 10),
-    Collective.BROADCAST: (64 << 10, 64 << 10),
-    Collective.ALL_GATHER: (64 << 10, 64 << 10),
+    Collective.ALL_REDUCE: (16 << 20, 16 << 10),
+    Collective.REDUCE: (1 << 20, 16 << 10),
+    Collective.REDUCE_SCATTER: (1 << 20, 64 << 10),
+    Collective.BROADCAST: (256 << 10, 1 << 20),
+    Collective.ALL_GATHER: (1 << 20, 1 << 20),
     Collective.BARRIER: (1 << 62, 1 << 62),
 }
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import Options, algorithms
-from ringtree.schedules.stats import schedule_stats
+from ringtree.schedules.stats import host_stats, schedule_stats
 
 # The default algorithm of each collective, used when the cost model has no opinion.
 DEFAULTS: dict[Collective, str] = {c: c.spec.default_algo for c in Collective}
@@ -76,13 +76,40 @@ MODELS = {
 }
 
 
+@dataclass(frozen=True)
+class HostModel:
+    """Two link classes: ``intra`` (shared memory inside a host) and ``inter`` (TCP over
+    a host's link, with α and β from :mod:`ringtree.core.topology`)."""
+
+    intra: LinkModel
+    inter: LinkModel
+
+
+def host_model(topo, intra: LinkModel) -> HostModel:
+    """The :class:`HostModel` of a learned :class:`~ringtree.core.topology.Topology`."""
+    tcp = MODELS["tcp"]
+    return HostModel(intra, LinkModel(alpha=topo.alpha, overhead=tcp.overhead,
+                                      beta=1 / topo.bandwidth, gamma=tcp.gamma))
+
+
 def estimate(coll: Collective, algo: str, nbytes: int, n: int,
-             model: LinkModel = MODELS["tcp"], opts: Options | None = None) -> float:
+             model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None
+             ) -> float:
     """Predicted seconds for ``algo`` on ``nbytes`` per block: α·depth + o·messages +
     β·sent + γ·reduced, with depth, messages and volumes read off the schedule itself
-    (:mod:`ringtree.schedules.stats`). Infinite for what the executor cannot run."""
+    (:mod:`ringtree.schedules.stats`). Infinite for what the executor cannot run.
+
+    With a :class:`HostModel` and ranks on several hosts, each link class is charged for
+    its own traffic: α_i·depth + (α_e − α_i)·(host crossings on the critical path) +
+    o_i·(messages inside a host) + o_e·(messages out of it) + β_i·(bytes a rank sends
+    inside its host) + β_e·(bytes the busiest host sends or receives over its link) +
+    γ·reduced."""
     if n == 1:
         return 0.0
+    if isinstance(model, HostModel):
+        if opts is not None and opts.nodes is not None and len(set(opts.nodes)) > 1:
+            return _estimate_hosts(coll, algo, nbytes, n, model, opts)
+        model = model.intra
     try:
         st = schedule_stats(coll, algo, n, opts)
     except ValueError:
@@ -92,8 +119,30 @@ def estimate(coll: Collective, algo: str, nbytes: int, n: int,
             + m.gamma * st.reduce * nbytes)
 
 
+def _estimate_hosts(coll: Collective, algo: str, nbytes: int, n: int, hm: HostModel,
+                    opts: Options) -> float:
+    try:
+        st = host_stats(coll, algo, n, opts)
+    except ValueError:
+        return math.inf
+    i, e = hm.intra, hm.inter
+    return (i.alpha * st.depth + max(0.0, e.alpha - i.alpha) * st.inter_depth
+            + i.overhead * st.msgs_intra + e.overhead * st.msgs_inter
+            + i.beta * st.send_intra * nbytes + e.beta * max(st.host_out, st.host_in) * nbytes
+            + i.gamma * st.reduce * nbytes)
+
+
+def ranking(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
+            model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None
+            ) -> list[tuple[str, float]]:
+    """Every enabled algorithm that can run here with its predicted seconds, best first."""
+    cands = set(algorithms(coll)) if enabled is None else set(enabled)
+    est = [(a, estimate(coll, a, nbytes, n, model, opts)) for a in sorted(cands)]
+    return sorted([(a, t) for a, t in est if not math.isinf(t)], key=lambda x: x[1])
+
+
 def choose(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
-           model: LinkModel = MODELS["tcp"], opts: Options | None = None) -> str:
+           model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None) -> str:
     """The enabled algorithm with the lowest estimate (ties: the collective's default)."""
     cands = set(algorithms(coll)) if enabled is None else set(enabled)
     if not cands:

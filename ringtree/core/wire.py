@@ -5,7 +5,7 @@ Layout (little-endian, ``<QQIIBBBBi``)::
     nbytes  u64   payload bytes of this message (one slice)
     count   u64   elements per block of the call
     seq     u32   the call's sequence number (per communicator; per (peer, tag) for p2p)
-    algo    u32   CRC-32 of the algorithm's name
+    algo    u32   the algorithm's code (:func:`ringtree.core.fingerprint.algo_code`)
     coll    u8    collective code (:mod:`ringtree.core.collectives`; 200 = send/recv)
     dtype   u8    dtype code
     op      u8    reduction op code (255 = a user op; 0 when nothing reduces)
@@ -22,7 +22,6 @@ one 8-byte pack and a concatenation.
 from __future__ import annotations
 
 import struct
-import zlib
 from typing import NamedTuple
 
 _LAYOUT = struct.Struct("<QQIIBBBBi")
@@ -35,8 +34,10 @@ _FIELDS = ("message bytes", "count", "sequence number", "algorithm", "collective
 
 
 def algo_code(name: str) -> int:
-    """The 32-bit wire code of an algorithm name (CRC-32; decoded back by name)."""
-    return zlib.crc32(name.encode())
+    """The 32-bit wire code of an algorithm name (:mod:`ringtree.core.fingerprint`)."""
+    from ringtree.core.fingerprint import algo_code as code
+
+    return code(name)
 
 
 class WireHeader(NamedTuple):
@@ -99,12 +100,7 @@ def _show(field: int, value: int) -> object:
         ops = list(ReduceOp)
         return "user op" if value == USER_OP else ops[value].value if value < len(ops) else value
     if field == 3:
-        return _algo_names().get(value, f"{value:#010x}")
+        from ringtree.core.fingerprint import algo_name
+
+        return algo_name(value)
     return value
-
-
-def _algo_names() -> dict[int, str]:
-    from ringtree.schedules import registry
-
-    names = set(registry.algorithms()) | {"p2p"}
-    return {algo_code(n): n for n in names}

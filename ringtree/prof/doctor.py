@@ -16,6 +16,8 @@ each other and the report says so.
 
 ``ringtree doctor DIR`` prints the report for every communicator found in DIR's
 ``fr_rank*.json`` files and exits 1 if something is stuck, 0 if not, 2 without files.
+``ringtree doctor --net``, run as a job, prints which hosts reach which advertised
+addresses (:mod:`ringtree.bootstrap.netmatrix`).
 """
 
 from __future__ import annotations
@@ -287,6 +289,11 @@ def load_dir(directory: str) -> dict[str, list[dict | None]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--net" in argv:  # reachability of every host's addresses (run it as a job)
+        from ringtree.bootstrap.netmatrix import main as net_main
+
+        return net_main([a for a in argv if a != "--net"])
     ap = argparse.ArgumentParser(prog="ringtree doctor",
                                  description="Diagnose a hung job from its dumped flight "
                                              "recorders (fr_rank*.json).")

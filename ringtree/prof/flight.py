@@ -99,6 +99,24 @@ class FlightRecorder:
                 e[1] = 3
                 e[5] = f"{type(error).__name__}: {error}".split("\n")[0][:300]
 
+    def begin(self, desc) -> list:
+        """A call that runs outside the executor (LL) starts now: one entry, already
+        started (``desc`` has the fields of :class:`~ringtree.core.plan.Desc`)."""
+        t = time.time_ns()
+        e = [desc, 1, t, t, 0, None, -1]
+        self.ring[self.count % self.size] = e
+        self.count += 1
+        self.last_enqueued = self.last_started = desc.seq
+        return e
+
+    def end(self, e: list, error: BaseException | None = None) -> None:
+        if error is None:
+            e[1], e[4] = 2, time.time_ns()
+            self.last_completed = e[0].seq
+        else:
+            e[1] = 3
+            e[5] = f"{type(error).__name__}: {error}".split("\n")[0][:300]
+
     # ---- reading ------------------------------------------------------------------------
 
     def entries(self, last: int | None = None) -> list[dict]:

@@ -66,3 +66,76 @@ def _deps_by_position(p) -> dict[tuple[int, int], list[tuple[int, int]]]:
     """:meth:`Program.memory_deps` (out of place), keyed by (channel, index)."""
     pos = [(c, i) for c, ch in enumerate(p.channels) for i in range(len(ch))]
     return {pos[g]: [pos[d] for d in ds] for g, ds in enumerate(p.memory_deps(False))}
+
+
+@dataclass(frozen=True)
+class HostStats:
+    """What a schedule costs per link class when ranks live on several hosts
+    (``opts.nodes``), in units of ``count`` for volumes:
+
+    - ``depth``: dependent steps on the critical path; ``inter_depth``: the most
+      host-crossing hops on any dependency path (so α_intra·depth + (α_inter − α_intra)
+      ·inter_depth bounds the latency term);
+    - ``msgs_intra`` / ``msgs_inter``: the most messages any rank sends inside / out of its
+      host (each costs that transport's per-message overhead);
+    - ``send_intra``: the most any rank sends to ranks on its own host;
+    - ``host_out`` / ``host_in``: the most any *host* sends out / takes in over its link —
+      the ranks of a host share one NIC, which is what flat algorithms forget;
+    - ``reduce``: the most any rank reduces.
+    """
+
+    depth: int
+    inter_depth: int
+    msgs_intra: int
+    msgs_inter: int
+    send_intra: float
+    host_out: float
+    host_in: float
+    reduce: float
+
+
+@lru_cache(maxsize=1024)
+def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) -> HostStats:
+    programs = generate_all(collective, algo, nranks, opts)
+    node = list(opts.nodes) if opts.nodes is not None else [0] * nranks
+    hosts = max(node) + 1
+    # CollNet: the switches are virtual ranks, each its own "host" (a switch port per
+    # host link); only the real hosts' links and messages are charged
+    virtual = list(programs[0].meta.get("virtual_programs", ())) if programs else []
+    programs = programs + virtual
+    node += [hosts + i for i in range(len(virtual))]
+    deps = [_deps_by_position(p) for p in programs]
+    finish: list[dict[tuple[int, int], tuple[int, int]]] = [{} for _ in programs]
+    total = len(programs)
+    intra = [0.0] * total
+    reduced = [0.0] * total
+    m_in = [0] * total
+    m_out = [0] * total
+    h_out = [0.0] * (hosts + len(virtual))
+    h_in = [0.0] * (hosts + len(virtual))
+    worst = [0, 0]
+
+    def run(r: int, c: int, i: int, s, arrivals: list) -> tuple[int, int]:
+        before = [finish[r][d] for d in deps[r][(c, i)]]
+        before += [(t, e + (node[q] != node[r])) for q, (t, e) in zip(s.recv_from, arrivals)]
+        t = max((b[0] for b in before), default=0) + 1
+        e = max((b[1] for b in before), default=0)
+        finish[r][(c, i)] = (t, e)
+        worst[0], worst[1] = max(worst[0], t), max(worst[1], e)
+        size = s.ref.count / programs[r].chunks
+        if s.reduce:
+            reduced[r] += size * max(1, len(s.recv_from))
+        for q in s.send_to:
+            if node[q] == node[r]:
+                intra[r] += size
+                m_in[r] += 1
+            else:
+                h_out[node[r]] += size
+                h_in[node[q]] += size
+                m_out[r] += 1
+        return t, e
+
+    walk(programs, run)
+    n = nranks
+    return HostStats(worst[0], worst[1], max(m_in[:n]), max(m_out[:n]), max(intra[:n]),
+                     max(h_out[:hosts]), max(h_in[:hosts]), max(reduced[:n]))

@@ -4,12 +4,22 @@
 >>> r = simulate("all_reduce", "ring", presets.get("dgx_h100", nodes=2), 1 << 30)
 >>> r.time_ns, r.busbw          # doctest: +SKIP
 
-The same Programs the executor runs (``ringtree.schedules.generate_all``) are executed on a
-:class:`~ringtree.sim.topology.Topology` by the event engine (:mod:`.engine`) under a
-congestion-aware or -unaware network model (:mod:`.model`), or by the vectorised α-β fast
-path (:mod:`.fast`). CollNet Programs bring *virtual ranks* (in-network reduction
-switches, see ``ringtree.schedules.collnet``) which are placed on the topology's
-reduction-capable switches.
+The same Programs the executor runs (``ringtree.schedules``) are executed on a
+:class:`~ringtree.sim.topology.Topology` (:mod:`.topology`, :mod:`.routing`,
+:mod:`.presets`) under a congestion-aware or -unaware network model (:mod:`.model`):
+
+- :mod:`.compile` flattens Programs with the executor's own compiler;
+- :mod:`.engine` is the event engine, :mod:`.fast` the α-β model as one longest-path
+  problem in numpy;
+- :mod:`.symbolic` runs a schedule generator on a symbolic rank to get one shared
+  template Program for every rank, :mod:`.symmetry` proves when the run is symmetric
+  under a shift of ranks, and :mod:`.fold` chooses what to simulate; :mod:`.wave` runs a
+  template for all simulated ranks at once (numpy), falling back to the event engine
+  when it cannot keep the engine's order.
+
+CollNet Programs bring *virtual ranks* (in-network reduction switches, see
+``ringtree.schedules.collnet``) which are placed on the topology's reduction-capable
+switches.
 """
 
 from __future__ import annotations
@@ -166,7 +176,8 @@ def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_b
     simulated = plan.rank_fold or cp.nranks
     if model == "fast":
         t = fast.run(cp, topo, devices)
-        return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None, cp.nmsgs,
+        chunks = sum(len(cp.step_slices[s]) for s in cp.msg_sstep)
+        return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None, chunks,
                       simulated)
     res = engine.run(cp, topo, devices, m, trace=trace, progress=_progress.get())
     res.time_ns += topo.launch_ns

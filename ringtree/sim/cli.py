@@ -76,6 +76,11 @@ def _row(run: SimRun, count: int, dtype: str, root: int, best: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--workload" or a.startswith("--workload=") for a in argv):
+        from ringtree.sim.workload import main as replay_workload  # training-step replay
+
+        return replay_workload(argv)
     args = _parser().parse_args(argv)
     try:
         coll = parse_collective(args.collective)

@@ -54,7 +54,7 @@ class Compiled:
         return len(self.msg_src)
 
 
-def _ops(cs) -> int:
+def passes(cs) -> int:
     """Passes over a slice's bytes the step's rank makes: k−1 for a k-input reduction,
     one for a copy between different storage, none for receiving in place."""
     s = cs.step
@@ -92,7 +92,7 @@ class _Builder:
                 cp.step_prev.append(prev)
                 cp.step_deps.append(tuple(base + d for d in cs.deps))
                 cp.step_slices.append(sl)
-                cp.step_ops.append(_ops(cs))
+                cp.step_ops.append(passes(cs))
                 cp.step_name.append(self._name(s))
                 for q in s.send_to:
                     cp.declared.add((rank, q, c))

@@ -183,27 +183,29 @@ def _disjoint(fams: dict, fixed: dict) -> bool:
     return True
 
 
-def shift_ok(t: Program, g: int, regs: dict, in_place: bool) -> bool:
-    """Is every rank's Program rank (r − g)'s with peers shifted by g and chunks renamed
-    by a size-preserving bijection, and are a channel's peers distinct modulo g?"""
+def shift_periods(t: Program, gs: list[int], regs: dict, in_place: bool) -> list[int]:
+    """The shifts g in ``gs`` under which every rank's Program is rank (r − g)'s with peers
+    shifted by g and chunks renamed by a size-preserving bijection, and a channel's peers
+    stay distinct modulo g (a folded connection must be one peer)."""
     n = t.nranks
-    if n % g:
-        return False
     got = _families(t, regs, in_place)
     if got is None or not _disjoint(*got):
-        return False
-    for (_, buf, m, mod, b) in got[0]:
-        rg = regs[buf]
-        if any(rg[m * i + b] != rg[m * ((i + g) % mod) + b] for i in range(mod)):
-            return False
-    for ch in t.channels:
-        cls: dict[int, int] = {}
-        for s in ch:
-            for q in s.recv_from + s.send_to:
-                a = peer_offset(q, n)
-                if cls.setdefault(a % g, a) != a:   # type: ignore[operator]
-                    return False
-    return True
+        return []
+    peers = [{peer_offset(q, n) for s in ch for q in s.recv_from + s.send_to}
+             for ch in t.channels]
+    out = []
+    for g in gs:
+        if n % g or any(len({a % g for a in ps}) != len(ps) for ps in peers):  # type: ignore[operator]
+            continue
+        if all(all(regs[buf][m * i + b] == regs[buf][m * ((i + g) % mod) + b]
+                   for i in range(mod)) for (_, buf, m, mod, b) in got[0]):
+            out.append(g)
+    return out
+
+
+def shift_ok(t: Program, g: int, regs: dict, in_place: bool) -> bool:
+    """:func:`shift_periods` for one shift."""
+    return shift_periods(t, [g], regs, in_place) == [g]
 
 
 def offsets(t: Program) -> list[set[int]]:

@@ -165,7 +165,10 @@ def period(programs: list[Program], topo: Topology, devices: list[int], count: i
     n = topo.nranks
     if len(programs) != n or n < 2:
         return 0
-    gs = candidates(topo, devices)
+    regs = regions(programs[0], count)
+    # cheap first: the Program g ranks on must be rank 0's, shifted
+    gs = [g for g in candidates(topo, devices)
+          if same_shape(programs[g], programs[0], g, n, regs, in_place)]
     if not gs:
         return 0
     conns = sorted({(r, q, c) for r, p in enumerate(programs)
@@ -174,8 +177,6 @@ def period(programs: list[Program], topo: Topology, devices: list[int], count: i
     g = next((g for g in gs if routes.periodic(g, n)), 0)
     if not g or not _peers_distinct(programs, g):
         return 0
-    p0 = programs[0]
-    regs = regions(p0, count)
     for r in range(g, n):
         if not same_shape(programs[r], programs[r - g], g, n, regs, in_place):
             return 0
@@ -200,7 +201,7 @@ def template_period(t: Program, topo: Topology, devices: list[int], count: int,
     if not gs or n != topo.nranks:
         return 0
     regs = regions(t, count)
-    gs = [g for g in gs if symbolic.shift_ok(t, g, regs, in_place)]
+    gs = symbolic.shift_periods(t, gs, regs, in_place)
     if not gs:
         return 0
     offs = symbolic.offsets(t)

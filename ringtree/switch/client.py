@@ -67,7 +67,8 @@ class SwitchGroup:
     def __init__(self, link: SwitchLink, gid: int, window: int, chunk_bytes: int):
         self.link, self.gid, self.window, self.chunk_bytes = link, gid, window, chunk_bytes
         self.seq = 0                                  # next chunk sequence, never reset
-        self.ops: deque[SwitchOp] = deque()
+        self.ops: deque[SwitchOp] = deque()          # posted, not yet complete
+        self.unsent: deque[SwitchOp] = deque()       # posted, chunks still to send
         self.inflight: dict[int, list] = {}          # seq -> [op, chunk, sent_at, tries]
 
     def post(self, send: np.ndarray, recv: np.ndarray, dtype: DType, op: ReduceOp,
@@ -81,6 +82,7 @@ class SwitchGroup:
         o = SwitchOp(self, send.reshape(-1), recv.reshape(-1), dtype, op, header)
         if not o.done:
             self.ops.append(o)
+            self.unsent.append(o)
             self.link.pump()
         return o
 
@@ -194,10 +196,12 @@ class SwitchLink:
         moved = False
         for g in self.groups.values():
             # chunk s may go only once s - window is back: it reuses that slot's set
-            while g.ops and g.seq - g.window not in g.inflight:
-                o = g.ops[0]
-                if o.next_chunk >= o.nchunks:
-                    break  # all out: wait for results before the next op's chunks
+            # (the next call's chunks follow the previous call's without waiting for
+            # its results: calls pipeline through the window like slices do)
+            while g.unsent and g.seq - g.window not in g.inflight:
+                o = g.unsent[0]
+                if o.next_chunk + 1 >= o.nchunks:
+                    g.unsent.popleft()
                 if o.first_seq < 0:
                     o.first_seq = g.seq
                 k = o.next_chunk
@@ -335,7 +339,7 @@ class SwitchLink:
         o.done_chunks += 1
         if o.done_chunks == o.nchunks:
             o.done = True
-            g.ops.popleft()
+            g.ops.remove(o)
 
     def _fail(self, err: BaseException) -> None:
         if self.error is None:
@@ -345,6 +349,7 @@ class SwitchLink:
                 if not o.done:
                     o.error, o.done = err, True
             g.ops.clear()
+            g.unsent.clear()
             g.inflight.clear()
 
     def _recv_exact(self, n: int) -> bytes:

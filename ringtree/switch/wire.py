@@ -24,6 +24,7 @@ import struct
 from enum import IntEnum
 
 from ringtree.dtypes import DType
+from ringtree.errors import RingtreeError
 from ringtree.ops import ReduceOp
 
 MAGIC = b"RTSWTCH1"
@@ -57,7 +58,7 @@ class Kind(IntEnum):
     LEAVE = 6
 
 
-class SwitchError(RuntimeError):
+class SwitchError(RingtreeError):
     """The switch refused, failed or went away (the message names its address)."""
 
 

@@ -23,6 +23,7 @@ if not _dist.is_available():  # pragma: no cover
     raise ImportError("ringtree.torch needs a PyTorch build with torch.distributed")
 
 from ringtree.torch.backend import BACKEND, RingtreeProcessGroup, create_backend, register
+from ringtree.torch.hook import allreduce_hook
 from ringtree.torch.launcher_env import fill_torch_env
 from ringtree.torch.monitored import install as install_monitored_barrier
 from ringtree.torch.work import RingtreeWork
@@ -31,5 +32,5 @@ register()
 install_monitored_barrier()  # dist.monitored_barrier accepts ringtree groups too
 fill_torch_env()  # mpirun / srun: give env:// its RANK, WORLD_SIZE, MASTER_ADDR/PORT
 
-__all__ = ["BACKEND", "RingtreeProcessGroup", "RingtreeWork", "create_backend",
+__all__ = ["BACKEND", "RingtreeProcessGroup", "RingtreeWork", "allreduce_hook", "create_backend",
            "fill_torch_env", "register"]

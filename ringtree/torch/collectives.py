@@ -105,7 +105,7 @@ class CollectiveOps:
     def allgather(self, output_tensors, input_tensors, opts=None):
         outs = _one(output_tensors, "allgather")
         inp = for_move(_one(input_tensors, "allgather"), writes=False)
-        return self._gather_list("allgather", outs, inp, self._tmo(opts), output_tensors)
+        return self._gather_list("allgather", outs, inp, self._tmo(opts), list(outs))
 
     def _gather_list(self, name: str, outs, inp: Staged, tmo: float, value) -> RingtreeWork:
         if len(outs) != self.size():
@@ -177,7 +177,7 @@ class CollectiveOps:
             for k, o in enumerate(outs):
                 o.obj.copy_(flat[k].reshape(o.obj.shape))
             run_all([o.finish for o in outs])
-        return self._launch("gather", output_tensors, lambda: [
+        return self._launch("gather", list(output_tensors[0]), lambda: [
             self.comm.gather(inp.obj, root, out=flat, async_op=True, timeout=tmo)], [unpack])
 
     def scatter(self, output_tensors, input_tensors, opts=None):

@@ -20,6 +20,8 @@ import os
 import secrets
 from datetime import timedelta
 
+from ringtree.bootstrap.store import StoreTimeout
+
 
 class TorchStore:
     """The interface :class:`ringtree.Communicator` uses, over a c10d ``Store``."""
@@ -32,8 +34,7 @@ class TorchStore:
         self.store.set(key, value)
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
-        t = self.timeout if timeout is None else float(timeout)
-        self.store.wait([key], timedelta(seconds=t))
+        self.wait([key], timeout)
         return bytes(self.store.get(key))
 
     def try_get(self, key: str) -> bytes | None:
@@ -45,8 +46,17 @@ class TorchStore:
         return int(self.store.add(key, amount))
 
     def wait(self, keys: list[str], timeout: float | None = None) -> None:
+        """Like ``StoreClient.wait``: a timeout raises ``StoreTimeout`` (torch's stores
+        raise a bare ``RuntimeError("Wait timeout")``, which callers waiting in slices,
+        such as the rendezvous, must tell from a real failure)."""
         t = self.timeout if timeout is None else float(timeout)
-        self.store.wait(list(keys), timedelta(seconds=t))
+        try:
+            self.store.wait(list(keys), timedelta(seconds=t))
+        except RuntimeError as e:
+            if "timeout" not in str(e).lower() or isinstance(e, StoreTimeout):
+                raise
+            raise StoreTimeout(f"keys {list(keys)[:3]} not in torch's store after {t:g} s: "
+                               f"{e}") from e
 
     def check(self, keys: list[str]) -> bool:
         return bool(self.store.check(list(keys)))

@@ -29,6 +29,13 @@ class Fabric:
             if all(t is not u for u in self.transports):
                 self.transports.append(t)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.closers: list = []  # called first by close()
+
+    def add_route(self, peer: int, transport: Transport) -> None:
+        """Route ``peer`` (e.g. a CollNet virtual rank, joined lazily) to ``transport``."""
+        self.routes[peer] = transport
+        if all(t is not transport for t in self.transports):
+            self.transports.append(transport)
 
     def transport_for(self, peer: int) -> Transport:
         try:
@@ -117,6 +124,8 @@ class Fabric:
     def close(self, reason: str | None = None) -> None:
         """Close every transport; ``reason``: the first cause of an abort, left where the
         peers can read it (shared memory) so they name that cause, not us."""
+        for close in self.closers:  # protocols beside the transports (the LL segment)
+            close()
         for t in self.transports:
             if reason:
                 t.leave_reason(reason)

@@ -45,8 +45,6 @@ from __future__ import annotations
 import atexit
 import os
 import select
-import signal
-import threading
 import time
 import weakref
 
@@ -96,30 +94,6 @@ def _close_all() -> None:
             pass
 
 
-def _on_sigterm(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-    """SIGTERM (``ringtree run`` stopping a failed job, a batch system's kill): unlink our
-    names in /dev/shm as a normal exit does, then die of the signal as before."""
-    for t in list(_LIVE):
-        try:
-            if os.getpid() == t.me.pid:
-                seg.remove_names(t.tag, t.me.pid)
-        except Exception:  # noqa: BLE001 - never fail in a handler
-            pass
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_sigterm() -> None:
-    """Clean up on SIGTERM unless the program handles it itself (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):
-        pass
-
-
 class ShmTransport(Transport):
     name = "shm"
     nap = LIVENESS_PERIOD  # between naps, check that the peers are alive
@@ -141,7 +115,7 @@ class ShmTransport(Transport):
         self.closed = False
         self.failed: dict[int, PeerError] = {}
         self._next_check = 0.0
-        _install_sigterm()
+        seg.install_sigterm(_LIVE)
         self.bell = seg.Fifo(seg.rank_name(tag, "bell", rank, me.pid, me.ns))
         self.doorbell = seg.Segment.create_or_attach(seg.rank_name(tag, "db", rank, me.pid,
                                                                    me.ns),
@@ -390,19 +364,12 @@ class ShmTransport(Transport):
 
     def leave_reason(self, text: str) -> None:
         """Say why we are about to close (another rank's failure), for the peers to read."""
-        raw = text.encode("utf-8", "replace")[:REASON_MAX]
-        try:
-            self.doorbell.array[REASON_AT:REASON_AT + len(raw)] = np.frombuffer(raw, np.uint8)
-            self.my_words[REASON_LEN] = len(raw)
-        except (ValueError, TypeError):
-            pass
+        seg.write_reason(self.doorbell.array, self.my_words, REASON_LEN, REASON_AT,
+                         REASON_MAX, text)
 
     def _reason_of(self, peer: int) -> str | None:
-        n = self.peer_words[peer][REASON_LEN]
-        if not 0 < n <= REASON_MAX:
-            return None
-        raw = bytes(self.peer_dbs[peer].array[REASON_AT:REASON_AT + n])
-        return raw.decode("utf-8", "replace")
+        return seg.read_reason(self.peer_dbs[peer].array, self.peer_words[peer], REASON_LEN,
+                               REASON_AT, REASON_MAX)
 
     def _fail_peer(self, peer: int, err: PeerError) -> None:
         self.failed[peer] = err

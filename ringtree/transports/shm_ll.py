@@ -55,7 +55,9 @@ LINE = 64                  # one cache line
 INLINE = LINE - 16         # payload bytes that ride in the line itself
 RANK_STRIDE = 3 * LINE     # per rank: line of parity 0, line of parity 1, state line
 LINES_OFF = 4096           # header page first: magic, nranks, cell bytes
-SLEEP, CLOSED = 0, 1       # state-line words: "ring my bell", "I closed"
+# state-line words: "ring my bell", "I closed", and the last call this rank runs on
+# Simple (its sequence number and fingerprint: see LL.announce)
+SLEEP, CLOSED, ANN_SEQ, ANN_FP = 0, 1, 2, 3
 LIVENESS_PERIOD = 0.1
 IDLE_PERIOD = 1.0
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -117,6 +119,9 @@ class LL:
         self.peer_sleep = tuple((r, base + r * stride + 16 + SLEEP) for r in range(self.n)
                                 if r != rank)
         self.my_state = base + rank * stride + 16
+        self.peer_state = tuple((r, base + r * stride + 16) for r in range(self.n)
+                                if r != rank)
+        self.synced = self.seq  # every peer has posted at least this call
 
     # ---- layout ---------------------------------------------------------------------
 
@@ -148,9 +153,31 @@ class LL:
 
     # ---- one synchronisation ----------------------------------------------------------
 
+    def parity(self, timeout: float, what) -> int:
+        """The parity the next call writes. Writing it is safe once every peer has
+        finished the call that last used it (two calls ago): immediate after an LL call
+        (its wait saw everyone post); after Simple calls, which announce without waiting,
+        it may have to wait for the slowest peer to catch up."""
+        s = self.seq + 1
+        if self.synced < s - 1:
+            W = self.W
+            for r, k in self.peer_state:
+                lines = self.peer_seq[0][self._idx(r)][1], self.peer_seq[1][self._idx(r)][1]
+
+                def done(a=lines[0], b=lines[1], k=k) -> bool:
+                    return max(W[a], W[b], W[k + ANN_SEQ]) >= s - 1
+                if not done():
+                    self._wait(r, done, s - 1, timeout, what, None)
+            self.synced = s - 1
+        return s & 1
+
+    def _idx(self, r: int) -> int:
+        return r if r < self.rank else r - 1
+
     def sync(self, fp: int, timeout: float, what) -> int:
-        """Publish this rank's call (its data is already in parity ``seq+1 & 1``), wait
-        for every rank's, check their fingerprints. Returns the parity to read."""
+        """Publish this rank's call (its data is already in parity ``seq+1 & 1``, see
+        :meth:`parity`), wait for every rank's, check their fingerprints. Returns the
+        parity to read."""
         W = self.W
         s = self.seq + 1
         p = s & 1
@@ -160,28 +187,30 @@ class LL:
             seg.fence()
         W[i] = s
         self.seq = s
-        seg.fence()  # our seq before their sleep flags (Dekker with _sleep)
-        for r, j in self.peer_sleep:
-            if W[j]:
-                seg.ring_bell(self.peer_bells[r])
+        if self.peer_sleep:
+            seg.fence()  # our seq before their sleep flags (Dekker with _sleep)
+            for r, j in self.peer_sleep:
+                if W[j]:
+                    seg.ring_bell(self.peer_bells[r])
         for r, j in self.peer_seq[p]:
             if W[j] < s:
-                self._wait(r, j, s, timeout, what)
+                self._wait(r, lambda j=j: W[j] >= s, s, timeout, what, (j, fp))
             if W[j + 1] != fp or W[j] != s:
                 raise MismatchError(self._mismatch(r, fp, int(W[j + 1]), s, int(W[j]), what))
+        self.synced = s
         return p
 
     def announce(self, fp: int) -> None:
-        """A call that runs on Simple takes its sequence number here too, so a rank that
-        chose LL for the same call (it disagrees on the size) sees a different
-        fingerprint instead of waiting forever; see :meth:`check_announced`."""
+        """A call that runs on Simple takes its sequence number too and shows it in the
+        state line (not in the parity lines, which only LL calls write), so a rank that
+        chose LL for the same call — it disagrees on the size — gets a MismatchError
+        instead of waiting forever; see also :meth:`check_announced`."""
         W = self.W
         s = self.seq + 1
-        i = self.my_seq[s & 1]
-        W[i + 1] = fp
+        W[self.my_state + ANN_FP] = fp
         if not _TSO:
             seg.fence()
-        W[i] = s
+        W[self.my_state + ANN_SEQ] = s
         self.seq = s
         seg.fence()
         for r, j in self.peer_sleep:
@@ -189,12 +218,12 @@ class LL:
                 seg.ring_bell(self.peer_bells[r])
 
     def check_announced(self, what) -> None:
-        """While a Simple call waits: raise MismatchError if a peer has published our
-        current call number with another fingerprint (it runs a different call)."""
+        """While a Simple call waits: raise MismatchError if a peer runs our latest
+        call (which we announced) on LL."""
         W, s = self.W, self.seq
-        if s == 0:
+        if s == 0 or W[self.my_state + ANN_SEQ] != s:
             return
-        fp = W[self.my_seq[s & 1] + 1]
+        fp = W[self.my_state + ANN_FP]
         for r, j in self.peer_seq[s & 1]:
             if W[j] == s and W[j + 1] != fp:
                 raise MismatchError(self._mismatch(r, int(fp), int(W[j + 1]), s, s, what))
@@ -226,14 +255,15 @@ class LL:
 
     # ---- waiting ----------------------------------------------------------------------
 
-    def _wait(self, peer: int, j: int, s: int, timeout: float, what) -> None:
-        """Until word ``j`` (``peer``'s seq) reaches ``s``: spin, yield, then sleep."""
-        W = self.W
+    def _wait(self, peer: int, done, s: int, timeout: float, what, mine) -> None:
+        """Until ``done()`` (``peer`` has reached call ``s``): spin, yield, then sleep.
+        ``mine``: (peer's line word, our fingerprint) when ``s`` is an LL call — a peer
+        that announced ``s`` or later on Simple runs another call (MismatchError)."""
         clock = time.perf_counter
         start = clock()
         if self.spin > 0:
             end = start + self.spin
-            while W[j] < s:
+            while not done():
                 if clock() > end:
                     break
             else:
@@ -241,7 +271,7 @@ class LL:
         if self.yield_s > 0:
             end = start + self.yield_s
             yld = os.sched_yield
-            while W[j] < s:
+            while not done():
                 yld()
                 if clock() > end:
                     break
@@ -249,8 +279,14 @@ class LL:
                 return
         deadline = time.monotonic() + timeout
         next_idle = time.monotonic() + IDLE_PERIOD
-        while W[j] < s:
-            self._check(peer, j, s, what)
+        W = self.W
+        state = LINES_OFF // 8 + peer * RANK_STRIDE // 8 + 16
+        while not done():
+            if mine is not None and W[state + ANN_SEQ] >= s:
+                ann = int(W[state + ANN_SEQ])
+                theirs = int(W[state + ANN_FP]) if ann == s else mine[1] | 1 << 63
+                raise MismatchError(self._mismatch(peer, mine[1], theirs, s, ann, what))
+            self._check(peer, done, s, what)
             now = time.monotonic()
             if now > deadline:
                 raise CollectiveTimeout(f"rank {self.rank}: {what()} (LL call {s}) timed "
@@ -258,14 +294,14 @@ class LL:
             if self.on_idle is not None and now > next_idle:
                 next_idle = now + IDLE_PERIOD
                 self.on_idle()
-            self._sleep(j, s, min(LIVENESS_PERIOD, max(0.0, deadline - now)))
+            self._sleep(done, min(LIVENESS_PERIOD, max(0.0, deadline - now)))
 
-    def _sleep(self, j: int, s: int, seconds: float) -> None:
+    def _sleep(self, done, seconds: float) -> None:
         W = self.W
         W[self.my_state + SLEEP] = 1
         seg.fence()  # our flag before their seq (Dekker with sync)
         try:
-            if W[j] >= s:
+            if done():
                 return
             p = select.poll()
             p.register(self.bell.fd, select.POLLIN)
@@ -277,7 +313,7 @@ class LL:
         finally:
             W[self.my_state + SLEEP] = 0
 
-    def _check(self, peer: int, j: int, s: int, what) -> None:
+    def _check(self, peer: int, done, s: int, what) -> None:
         """Raise PeerError if ``peer`` (not yet at ``s``) closed or died."""
         if self.closed:
             raise PeerError(peer, f"rank {self.rank}: LL closed during {what()}")
@@ -288,7 +324,7 @@ class LL:
             how = "closed its communicator"
         elif not seg.alive(info.pid, info.start):
             how = f"died (pid {info.pid} is gone)"
-        if how is not None and self.W[j] < s:
+        if how is not None and not done():
             raise PeerError(peer, f"rank {peer} {how} while rank {self.rank} waited for it "
                                   f"in {what()} (LL call {s})")
 

@@ -58,7 +58,8 @@ class LLOp:
     """One prepared call shape; ``run(x, out, reducer, timeout)`` executes it."""
 
     __slots__ = ("ll", "coll", "count", "root", "fp", "mine", "rows", "rowlist", "scratch",
-                 "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "own", "chunk")
+                 "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "own", "chunk",
+                 "label")
 
     def __init__(self, ll: LL, coll: Collective, dt: DType, count: int, op_code: int,
                  root: int, name: str = ""):
@@ -66,6 +67,9 @@ class LLOp:
         storage = dt.storage
         self.ll, self.coll, self.count, self.root, self.dtype = ll, coll, count, root, dt
         self.name = name or coll.value
+        opname = "user" if op_code == 255 else list(ReduceOp)[op_code].value \
+            if coll.reduces else "-"
+        self.label = (self.name, count, dt.value, opname, root)  # for the flight recorder
         self.fp = fingerprint(coll.code, dt.code, op_code, root, count)
         size = contribution_bytes(coll, count, storage.itemsize, n)
         self.chunk = 0
@@ -103,9 +107,9 @@ class LLOp:
 
     # ---- the pieces ---------------------------------------------------------------------
 
-    def _put(self, x: np.ndarray, red: Reducer | None) -> int:
+    def _put(self, x: np.ndarray, red: Reducer | None, timeout: float) -> int:
         """Write our contribution into the parity the next call uses."""
-        p = (self.ll.seq + 1) & 1
+        p = self.ll.parity(timeout, self.describe)
         if self.premul:
             red.premultiply(x, self.mine[p])  # type: ignore[union-attr]
         else:
@@ -143,7 +147,7 @@ class LLOp:
     # ---- the collectives ------------------------------------------------------------------
 
     def _all_reduce(self, x, out, red, timeout) -> None:
-        self._put(x, red)
+        self._put(x, red, timeout)
         p = self.ll.sync(self.fp, timeout, self.describe)
         self._fold(p, out, red)
 
@@ -154,7 +158,7 @@ class LLOp:
         for lo in range(0, total, C):
             hi = min(total, lo + C)
             m = hi - lo
-            p = (ll.seq + 1) & 1
+            p = ll.parity(timeout, what)
             if self.premul:
                 red.premultiply(x[lo:hi], self.mine[p][:m])
             else:
@@ -190,31 +194,33 @@ class LLOp:
             red.postdivide(out, n)
 
     def _reduce(self, x, out, red, timeout) -> None:
-        self._put(x, red)
+        self._put(x, red, timeout)
         p = self.ll.sync(self.fp, timeout, self.describe)
-        if out is not None:
+        if self.ll.rank == self.root:
             self._fold(p, out, red)
 
     def _reduce_scatter(self, x, out, red, timeout) -> None:
-        self._put(x, red)
+        self._put(x, red, timeout)
         p = self.ll.sync(self.fp, timeout, self.describe)
         self._fold(p, out, red)
 
     def _broadcast(self, x, out, red, timeout) -> None:
         ll = self.ll
         if ll.rank == self.root:
-            self._put(x, None)
+            self._put(x, None, timeout)
             ll.sync(self.fp, timeout, self.describe)
         else:
+            ll.parity(timeout, self.describe)
             p = ll.sync(self.fp, timeout, self.describe)
             out[...] = self.own[p]
 
     def _all_gather(self, x, out, red, timeout) -> None:
-        self._put(x, None)
+        self._put(x, None, timeout)
         p = self.ll.sync(self.fp, timeout, self.describe)
         out.reshape(self.ll.n, self.count)[...] = self.rows[p]
 
     def _barrier(self, x, out, red, timeout) -> None:
+        self.ll.parity(timeout, self.describe)
         self.ll.sync(self.fp, timeout, self.describe)
 
 

@@ -25,6 +25,7 @@ import errno
 import mmap
 import os
 import re
+import signal
 import threading
 from dataclasses import dataclass
 
@@ -283,4 +284,49 @@ def ring_bell(fd: int) -> None:
     except (BlockingIOError, InterruptedError, BrokenPipeError):
         pass  # full pipe: the owner is awake anyway; gone: liveness checks report it
     except OSError:
+        pass
+
+
+# ---- leaving: why we closed, and SIGTERM ---------------------------------------------
+
+
+def write_reason(array, words, len_word: int, at: int, limit: int, text: str) -> None:
+    """Write ``text`` (UTF-8, at most ``limit`` bytes) at byte ``at``, then its length in
+    word ``len_word`` — before the closed flag, so a peer that sees us closed reads it."""
+    raw = text.encode("utf-8", "replace")[:limit]
+    try:
+        array[at:at + len(raw)] = np.frombuffer(raw, np.uint8)
+        words[len_word] = len(raw)
+    except (ValueError, TypeError):
+        pass
+
+
+def read_reason(array, words, len_word: int, at: int, limit: int) -> str | None:
+    n = words[len_word]
+    if not 0 < n <= limit:
+        return None
+    return bytes(array[at:at + n]).decode("utf-8", "replace")
+
+
+def install_sigterm(live) -> None:
+    """On SIGTERM (``ringtree run`` stopping a failed job, a batch system's kill), unlink
+    the names of every transport in ``live`` as a normal exit does, then die of the signal
+    as before. Only if the program does not handle SIGTERM itself (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_sigterm(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        for t in list(live):
+            try:
+                if os.getpid() == t.me.pid:
+                    remove_names(t.tag, t.me.pid)
+            except Exception:  # noqa: BLE001 - never fail in a handler
+                pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    try:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):
         pass

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
+import os
 import select
 import socket
 import struct
@@ -53,12 +54,17 @@ def make_listener(host: str) -> socket.socket:
 
 
 class _Conn:
-    __slots__ = ("peer", "channel", "sock", "sendq", "recvq", "hdr", "hpos", "dead")
+    __slots__ = ("peer", "channel", "sock", "up", "sendq", "recvq", "hdr", "hpos", "dead",
+                 "out", "deadline", "retry_at")
 
     def __init__(self, peer: int, channel: int):
         self.peer = peer
         self.channel = channel
         self.sock: socket.socket | None = None
+        self.up = False         # connected and introduced: messages may flow
+        self.out = b""          # hello bytes still to send while connecting
+        self.deadline = 0.0     # connect deadline (monotonic)
+        self.retry_at = 0.0
         self.sendq: deque[Request] = deque()
         self.recvq: deque[Request] = deque()
         self.hdr = bytearray(HEADER_BYTES)
@@ -79,6 +85,7 @@ class TcpTransport(Transport):
         self.connect_timeout = connect_timeout
         self.conns: dict[tuple[int, int], _Conn] = {}
         self.active: set[_Conn] = set()
+        self.connecting: set[_Conn] = set()  # our connects in flight (or waiting to retry)
         self.hellos: list[tuple[socket.socket, bytearray]] = []
         self.closed = False
 
@@ -98,30 +105,70 @@ class TcpTransport(Transport):
         return conn
 
     def _connect(self, conn: _Conn) -> None:
+        """Start a nonblocking connect; :meth:`_progress_connect` finishes it. Nothing
+        here waits, so a peer that cannot be reached holds up only the steps that need
+        it, and those fail at their collective's deadline naming it."""
+        if conn.deadline == 0.0:
+            conn.deadline = time.monotonic() + self.connect_timeout
         host, port = self.addresses[conn.peer]
-        deadline = time.monotonic() + self.connect_timeout
-        while True:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            _tune(sock)
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            try:
-                sock.connect((host, port))
-                sock.sendall(_HELLO.pack(_MAGIC, self.comm_id, self.rank, conn.channel,
-                                         self._mac(self.rank, conn.channel)))
-                break
-            except OSError as e:
-                sock.close()
-                # The peer listened before it published its address, so a refusal means
-                # its listener is gone: it closed or died. Only silence is worth a retry.
-                if isinstance(e, ConnectionRefusedError) or time.monotonic() > deadline:
-                    how = "is not accepting connections (closed or died)" if isinstance(
-                        e, ConnectionRefusedError) else "cannot be reached"
-                    conn.dead = PeerError(conn.peer, f"rank {conn.peer} at {host}:{port} "
-                                                     f"{how}: {e}")
-                    return
-                time.sleep(0.05)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        _tune(sock)
         sock.setblocking(False)
+        err = sock.connect_ex((host, port))
+        if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+            sock.close()
+            self._connect_failed(conn, OSError(err, os.strerror(err)))
+            return
         conn.sock = sock
+        conn.out = _HELLO.pack(_MAGIC, self.comm_id, self.rank, conn.channel,
+                               self._mac(self.rank, conn.channel))
+        self.connecting.add(conn)
+
+    def _progress_connect(self, conn: _Conn) -> bool:
+        """Push the hello through a connecting socket; True once it is on its way."""
+        sock = conn.sock
+        if sock is None:  # waiting to retry
+            if time.monotonic() >= conn.retry_at:
+                self._connect(conn)
+            return False
+        try:
+            n = sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            if time.monotonic() > conn.deadline:
+                sock.close()
+                conn.sock = None
+                self._connect_failed(conn, TimeoutError(
+                    f"no answer within {self.connect_timeout:g} s"))
+            return False
+        except OSError as e:
+            sock.close()
+            conn.sock = None
+            self._connect_failed(conn, e)
+            return False
+        conn.out = conn.out[n:]
+        if conn.out:
+            return True
+        self.connecting.discard(conn)
+        conn.up = True
+        if conn.sendq or conn.recvq:
+            self.active.add(conn)
+        return True
+
+    def _connect_failed(self, conn: _Conn, e: OSError) -> None:
+        # The peer listened before it published its address, so a refusal means its
+        # listener is gone: it closed or died. Only silence or a missing route is worth
+        # retrying (until the connect deadline).
+        host, port = self.addresses[conn.peer]
+        refused = isinstance(e, ConnectionRefusedError) or \
+            getattr(e, "errno", None) == errno.ECONNREFUSED
+        if not refused and time.monotonic() < conn.deadline:
+            conn.retry_at = time.monotonic() + 0.05
+            self.connecting.add(conn)
+            return
+        self.connecting.discard(conn)
+        how = "is not accepting connections (closed or died)" if refused else \
+            "cannot be reached"
+        self._die(conn, f"at {host}:{port} {how}: {e}", close=False)
 
     def _accept(self) -> bool:
         moved = False
@@ -166,6 +213,7 @@ class TcpTransport(Transport):
                 sock.close()
                 continue
             conn.sock = sock
+            conn.up = True
             if conn.sendq or conn.recvq:
                 self.active.add(conn)
         self.hellos = keep
@@ -180,7 +228,7 @@ class TcpTransport(Transport):
             req.fail(conn.dead)
             return req
         conn.sendq.append(req)
-        if conn.sock is not None:
+        if conn.up:
             if len(conn.sendq) == 1:
                 self._pump_send(conn)
             if conn.sendq:
@@ -194,7 +242,7 @@ class TcpTransport(Transport):
             req.fail(conn.dead)
             return req
         conn.recvq.append(req)
-        if conn.sock is not None:
+        if conn.up:
             if len(conn.recvq) == 1:
                 self._pump_recv(conn)
             if conn.recvq:
@@ -203,8 +251,10 @@ class TcpTransport(Transport):
 
     def poll(self) -> bool:
         moved = self._accept() if (self.hellos or self._awaiting_accept()) else False
+        for conn in list(self.connecting):
+            moved |= self._progress_connect(conn)
         for conn in list(self.active):
-            if conn.sock is None:
+            if not conn.up:
                 continue
             if conn.sendq:
                 moved |= self._pump_send(conn)
@@ -215,7 +265,8 @@ class TcpTransport(Transport):
         return moved
 
     def _awaiting_accept(self) -> bool:
-        return any(c.sock is None and c.dead is None for c in self.conns.values())
+        return any(not c.up and c.dead is None and c not in self.connecting
+                   for c in self.conns.values())
 
     def wait_fds(self) -> list[tuple[int, int]]:
         """(fd, poll mask) of everything whose readiness means progress (for a fabric
@@ -224,8 +275,9 @@ class TcpTransport(Transport):
         if self.hellos or self._awaiting_accept():
             fds.append((self.listener.fileno(), select.POLLIN))
             fds += [(sock.fileno(), select.POLLIN) for sock, _ in self.hellos]
+        fds += [(c.sock.fileno(), select.POLLOUT) for c in self.connecting if c.sock is not None]
         for conn in self.active:
-            if conn.sock is None:
+            if not conn.up:
                 continue
             mask = (select.POLLIN if conn.recvq else 0) | (select.POLLOUT if conn.sendq else 0)
             if mask:
@@ -249,7 +301,7 @@ class TcpTransport(Transport):
         return True
 
     def pending(self) -> bool:
-        return bool(self.active) or bool(self.hellos)
+        return bool(self.active) or bool(self.hellos) or bool(self.connecting)
 
     def close(self) -> None:
         if self.closed:

@@ -32,6 +32,9 @@ from ringtree.bootstrap.store.protocol import (
     _mac,
     _recv_frame,
 )
+from ringtree.settings import current
+
+OP_TIMEOUT = 5.0  # default deadline of a request that does not wait for a key
 
 
 class StoreClient:
@@ -41,6 +44,14 @@ class StoreClient:
     ``timeout`` is the default deadline of blocking ``get``/``wait``. Requests are serialized
     by a lock, so a thread blocked in ``get`` holds the connection: give threads that wait
     concurrently their own clients.
+
+    Every request has a deadline, so a store cut off by a network partition makes each
+    caller fail instead of hanging: ``get``/``wait`` their own timeout plus a small reply
+    margin; everything else (``set``, ``try_get``, ``add``, ``compare_set``, ...) at most
+    ``op_timeout`` seconds (``RINGTREE_STORE_OP_TIMEOUT``, default 5; longer for values of
+    many megabytes), and that includes waiting for another thread to finish its request. A
+    request whose reply does not come in time drops the connection (its request/reply
+    pairing is lost), so later requests fail at once.
     """
 
     def __init__(
@@ -51,10 +62,13 @@ class StoreClient:
         *,
         timeout: float = 300.0,
         connect_timeout: float = 60.0,
+        op_timeout: float | None = None,
     ) -> None:
         self.host = host
         self.port = int(port)
         self.timeout = float(timeout)
+        self.op_timeout = float(op_timeout) if op_timeout is not None else \
+            (current().store_op_timeout or OP_TIMEOUT)
         self._where = f"{host}:{port}"
         self._lock = threading.Lock()
         self._sock: socket.socket | None = self._connect(token.encode("utf-8"), connect_timeout)
@@ -136,11 +150,14 @@ class StoreClient:
         self, op: Op, fields: Sequence[bytes], what: str, wait: float | None = None
     ) -> tuple[int, list[bytes]]:
         frame = _encode(op, fields)
-        if wait is None:
-            sock_timeout: float | None = self.timeout
+        if wait is None:  # a quick request: a short deadline (1 s more per MB it carries)
+            sock_timeout: float | None = min(self.timeout, self.op_timeout) + len(frame) / 1e6
         else:
             sock_timeout = wait + _REPLY_MARGIN if math.isfinite(wait) else None
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if sock_timeout is None else sock_timeout):
+            raise StoreTimeout(f"{what}: the connection to the store at {self._where} stayed "
+                               f"busy with another thread's request for {sock_timeout:g}s")
+        try:
             sock = self._sock
             if sock is None:
                 raise StoreError(f"{what}: the client of the store at {self._where} is closed")
@@ -159,6 +176,8 @@ class StoreClient:
                 raise StoreError(
                     f"{what}: lost the connection to the store at {self._where}: {e}"
                 ) from e
+        finally:
+            self._lock.release()
         code, out = _decode(body)
         if code == Status.ERROR:
             msg = out[0].decode("utf-8", "replace") if out else "unknown error"

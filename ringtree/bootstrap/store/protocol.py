@@ -18,7 +18,7 @@ MAX_FRAME_BYTES = 2 * MAX_VALUE_BYTES + (1 << 20)  # compare_set carries two val
 MAX_HELLO_BYTES = 1024
 HANDSHAKE_TIMEOUT = 30.0
 _NONCE_BYTES = 32
-_REPLY_MARGIN = 30.0  # extra client-side patience beyond a server-side deadline
+_REPLY_MARGIN = 5.0  # extra client-side patience beyond a server-side deadline
 _MAX_LISTED_KEYS = 8
 
 _LEN = struct.Struct("!I")

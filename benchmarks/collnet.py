@@ -1,0 +1,222 @@
+"""In-network aggregation on the namespace testbed: all_reduce through a software switch
+against ring and hierarchical, with the bytes each host put on its link and the
+simulator's prediction for the same topology.
+
+Topology: H hosts × P ranks, every host link shaped to ``--rate`` each way (``tc tbf``),
+and one more host that runs ``ringtree switch`` on an unshaped link (a switch port per
+host). ringtree reaches it with ``RINGTREE_COLLNET_ENABLE=1`` and
+``RINGTREE_COLLNET_SWITCH``; ``algo=collnet_direct`` runs the CollNet schedule with the
+switch as its virtual rank.
+
+Measured per size and algorithm: the median over ``--reps`` of the slowest rank's time per
+call, and, from the kernel's counters (``/sys/class/net/eth0/statistics/tx_bytes`` of
+each host, read by its first rank), the bytes each host sent per call, next to the
+theory — ≈ M up and M down through a switch, against 2(n−1)/n·M for a ring of n hosts
+(BytePS, docs/rationale.md; SHARP's "bandwidth halving"). The prediction comes from
+``ringtree.sim`` on a one-leaf fat-tree with the same link rate and latency, the leaf
+reducing, charged the software switch's hop measured here (see :func:`predict`).
+
+    python benchmarks/collnet.py                         # 4x1 and 4x2, 8 B .. 64 MiB
+    python benchmarks/collnet.py --layouts 4x1 --sizes 16M --reps 5 --drop 0.01
+
+Needs root, ``ip`` and ``tc`` (the testbed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import sys
+import time
+
+import numpy as np
+
+SIZES = "8,64K,1M,16M,64M"
+ALGOS = ("collnet_direct", "ring", "hierarchical")
+SWITCH_PORT = 7300
+
+
+def parse_size(s: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = s.strip().upper().removesuffix("B")
+    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
+
+
+def show(n: int) -> str:
+    for unit, m in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m}{unit}"
+    return f"{n}"
+
+
+# ---- inside the ranks -----------------------------------------------------------------
+
+def _tx() -> int:
+    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def _slowest(comm, t: float) -> float:
+    v = np.array([t], np.float64)
+    comm.all_reduce(v, op="max", algo="ring")
+    return float(v[0])
+
+
+def measure(comm, sizes: list[int], algos: list[str], reps: int, local_rank: int) -> dict:
+    """Times (s per call) and host tx bytes per call, for every (size, algo)."""
+    out: dict = {}
+    for nbytes in sizes:
+        count = max(1, nbytes // 4)
+        x = np.full(count, comm.rank + 1, np.float32)
+        want = np.float32(comm.size * (comm.size + 1) // 2)
+        for algo in algos:
+            y = np.empty_like(x)
+            comm.all_reduce(x, out=y, algo=algo)          # warm: connections, groups
+            if not np.all(y == want):
+                raise AssertionError(f"{algo} {nbytes} B: wrong result")
+            iters = 1 if nbytes >= 1 << 24 else (4 if nbytes >= 1 << 20 else 20)
+            times, txs = [], []
+            for _ in range(reps):
+                comm.barrier()
+                tx0 = _tx() if local_rank == 0 else 0
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    comm.all_reduce(x, out=y, algo=algo)
+                dt = (time.perf_counter() - t0) / iters
+                tx = (_tx() - tx0) / iters if local_rank == 0 else 0.0
+                times.append(_slowest(comm, dt))
+                txs.append(tx)
+            out[f"{algo}/{nbytes}"] = {"time": statistics.median(times),
+                                       "tx": statistics.median(txs) if local_rank == 0
+                                       else None}
+    return out
+
+
+# ---- the driver -----------------------------------------------------------------------
+
+def theory_bytes(algo: str, nbytes: int, hosts: int) -> float:
+    if algo.startswith("collnet"):
+        return float(nbytes)
+    return 2 * (hosts - 1) / hosts * nbytes
+
+
+def predict(algo: str, nbytes: int, hosts: int, ppn: int, rate_bps: float,
+            link_us: float, switch_us: float) -> float | None:
+    """The simulator's time (s) for the same topology, or None if it has no model.
+
+    Hosts sit on a one-leaf fat-tree: one NIC per host at the link rate with the link's
+    one-way latency (``link_us``, what ringtree measured), a reducing leaf. Host-to-host
+    traffic crosses the kernel's bridge, which costs nothing more; traffic through the
+    software switch pays its time per hop (``switch_us``, from the 8 B CollNet time
+    less the two link latencies), charged as the leaf's switching latency."""
+    from ringtree.sim import simulate
+    from ringtree.sim import topology as T
+
+    gbs = rate_bps / 8 / 1e9
+    hop = switch_us if algo.startswith("collnet") else 0.0
+    topo = T.fat_tree(hosts, gpus_per_node=ppn, nics_per_node=1, nvlink_gbps=4.0,
+                      nvlink_ns=10e3, pcie_gbps=100.0, pcie_ns=0.0, nic_gbps=gbs,
+                      nic_ns=link_us * 1e3, switch_ns=hop * 1e3, leaf_ports=max(8, hosts),
+                      levels=2, sharp=True, channels=1, name="testbed")
+    try:
+        return simulate("all_reduce", algo, topo, nbytes).time_ns / 1e9
+    except (ValueError, KeyError):
+        return None
+
+
+def run_layout(hosts: int, ppn: int, args, sizes: list[int]) -> dict:
+    from ringtree.testbed import Testbed
+    from ringtree.testbed.pool import HostPool
+
+    token = secrets.token_hex(16)
+    with Testbed(hosts, rate=args.rate) as tb:
+        sw_host = tb.add_host(rate=None, name=f"{tb.name}-sw")
+        sw_addr = f"{sw_host.addr}:{SWITCH_PORT}"
+        cmd = [sys.executable, "-m", "ringtree.cli", "switch", "--listen", sw_addr,
+               "--token", token, "--drop", str(args.drop), "--seed", "1"]
+        sw = sw_host.popen(cmd, stdout=open(os.devnull, "w"))
+        tb._children.append(sw)
+        time.sleep(1.0)
+        env = {"RINGTREE_COLLNET_ENABLE": "1", "RINGTREE_COLLNET_SWITCH": sw_addr,
+               "RINGTREE_TIMEOUT": "120"}
+        layout = [ppn] * hosts + [0]
+        with HostPool(tb, layout, env=env, timeout=3600, token=token) as pool:
+            res = pool.run(_job, sizes, list(args.algos.split(",")), args.reps)
+    errors = [r for r in res if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    times = res[0]["times"]
+    tx = {}
+    for h in range(hosts):
+        r = h * ppn
+        for k, v in res[r]["times"].items():
+            tx.setdefault(k, []).append(v["tx"])
+    return {"times": {k: v["time"] for k, v in times.items()},
+            "tx": {k: statistics.mean(v) for k, v in tx.items()}, "alpha": res[0]["alpha"]}
+
+
+def _job(comm, sizes, algos, reps):
+    local = int(os.environ.get("RINGTREE_LOCAL_RANK", "0"))
+    topo = getattr(comm, "topology", None)
+    return {"times": measure(comm, sizes, algos, reps, local),
+            "alpha": topo.alpha if topo is not None else 50e-6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layouts", default="4x1,4x2")
+    p.add_argument("--sizes", default=SIZES)
+    p.add_argument("--algos", default=",".join(ALGOS))
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--drop", type=float, default=0.0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from ringtree.testbed.netns import parse_rate
+
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    rate = parse_rate(args.rate)
+    print(f"# link {args.rate}; drop {args.drop}; load "
+          f"{open('/proc/loadavg').read().split()[:3]}")
+    doc = {"rate": args.rate, "drop": args.drop, "layouts": {}}
+    algos = args.algos.split(",")
+    for lay in args.layouts.split(","):
+        hosts, ppn = (int(v) for v in lay.lower().split("x"))
+        r = run_layout(hosts, ppn, args, sizes)
+        doc["layouts"][lay] = r
+        link_us = r["alpha"] * 1e6
+        small = min(sizes)
+        hop_us = max(0.0, r["times"].get(f"collnet_direct/{small}", 0.0) * 1e6 - 2 * link_us)
+        r["switch_hop_us"] = hop_us
+        print(f"\n# {lay}: link latency {link_us:.0f} µs (measured by ringtree), switch hop "
+              f"{hop_us:.0f} µs (the {show(small)} CollNet time less two link latencies)")
+        print(f"\n## {lay} ({hosts} hosts x {ppn} ranks), ms per all_reduce (median of "
+              f"{args.reps}); MiB sent per host per call [theory]; sim = simulator")
+        head = "| size | " + " | ".join(algos) + " | ring ÷ switch | " + \
+            " | ".join(f"{a} MiB [th]" for a in algos) + " | sim switch | sim ring |"
+        print(head)
+        print("|" + "---|" * (head.count("|") - 1))
+        for n in sizes:
+            t = {a: r["times"][f"{a}/{n}"] for a in algos}
+            cells = [f"{t[a] * 1e3:.2f}" for a in algos]
+            ratio = t["ring"] / t["collnet_direct"] if "ring" in t and \
+                "collnet_direct" in t else float("nan")
+            txc = [f"{r['tx'][f'{a}/{n}'] / 2**20:.2f} [{theory_bytes(a, n, hosts) / 2**20:.2f}]"
+                   for a in algos]
+            ps = predict("collnet_direct", n, hosts, ppn, rate, link_us, hop_us)
+            pr = predict("ring", n, hosts, ppn, rate, link_us, hop_us)
+            sim = [f"{v * 1e3:.2f}" if v else "-" for v in (ps, pr)]
+            print(f"| {show(n)} | " + " | ".join(cells) + f" | {ratio:.2f} | " +
+                  " | ".join(txc) + " | " + " | ".join(sim) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""Many hosts on the namespace testbed: ringtree's default, every ringtree algorithm and
+torch gloo, on shaped links.
+
+For each link rate (``--rates``, tc units) and layout (``--layouts`` HxP: H hosts of P
+ranks) it builds a :class:`ringtree.testbed.Testbed`, runs all_reduce, all_gather and
+reduce_scatter over ``--sizes`` (nccl-tests sizes: all_gather's is the gathered output,
+reduce_scatter's the input) with ringtree's default choice and with each algorithm,
+interleaved per repetition so machine noise hits all alike, then the same sweep through
+gloo (``torchrun`` on the same hosts, ``GLOO_SOCKET_IFNAME=eth0``). It prints, per size,
+the median time, the default's bus bandwidth and its fraction of the link bound, the
+default ÷ best-ringtree ratio and gloo ÷ default, and writes the raw numbers (``--json``)
+and a plot (``--plot``).
+
+Method: float32 zeros; each repetition is ``barrier; t0; iters × op; t1`` on every rank,
+and its time is the slowest rank's (t1−t0)/iters; ``iters`` makes a repetition last about
+50 ms. An algorithm more than 2.5× slower than the best at some size ≥ 1 MiB is not run
+at the larger sizes (printed as ``-``), which keeps a full sweep under an hour.
+
+Link bound (each host's link carries ``rate`` each way; L hosts, S bytes): all_reduce
+2(L−1)/L·S/rate (each host must send that much), all_gather and reduce_scatter
+(L−1)/L·S/rate (what each host must receive). tbf counts frame bytes, so TCP payload tops
+out near 95% of it.
+
+    python benchmarks/multihost.py                                  # the full sweep
+    python benchmarks/multihost.py --layouts 2x2 --rates 1gbit --colls all_reduce \\
+        --sizes 8,64K,16M --reps 3 --no-gloo
+
+Needs root, ``ip``, ``tc`` (the testbed) and torch for gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+COLLS = ["all_reduce", "all_gather", "reduce_scatter"]
+SIZES = "8,256,8K,256K,1M,4M,16M,64M"
+LAYOUTS = "2x2,4x1,2x4"
+RATES = "1gbit,200mbit"
+PRUNE_RATIO, PRUNE_FROM = 2.5, 1 << 20
+
+
+def parse_size(s: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = s.strip().upper().removesuffix("B")
+    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
+
+
+def show_size(n: int) -> str:
+    for unit, m in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m}{unit}"
+    return f"{n}"
+
+
+def counts(coll: str, nbytes: int, n: int) -> int:
+    """Elements each rank passes in (float32), nccl-tests size conventions."""
+    elems = max(1, nbytes // 4)
+    if coll == "all_gather":
+        return max(1, elems // n)
+    if coll == "reduce_scatter":
+        return max(n, elems // n * n)
+    return elems
+
+
+def busbw_factor(coll: str, n: int) -> float:
+    return 2 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n
+
+
+def link_bound(coll: str, nbytes: int, hosts: int, rate_bps: float) -> float:
+    share = 2 * (hosts - 1) / hosts if coll == "all_reduce" else (hosts - 1) / hosts
+    return share * nbytes / (rate_bps / 8)
+
+
+# ---- ringtree ranks (run inside the testbed hosts) ---------------------------------------
+
+_BUFS: dict = {}
+
+
+def _op(comm, coll: str, count: int, algo):
+    key = (coll, count)
+    if key not in _BUFS:
+        _BUFS.clear()
+        x = np.zeros(count, np.float32)
+        out = np.zeros(count * comm.size if coll == "all_gather" else
+                       (count // comm.size if coll == "reduce_scatter" else count), np.float32)
+        _BUFS[key] = (x, out)
+    x, out = _BUFS[key]
+    if coll == "all_reduce":
+        return lambda: comm.all_reduce(x, algo=algo)
+    if coll == "all_gather":
+        return lambda: comm.all_gather(x, out=out.reshape(comm.size, count), algo=algo)
+    return lambda: comm.reduce_scatter(x, out=out, algo=algo)
+
+
+def _slowest(comm, t: float) -> float:
+    v = np.array([t], np.float64)
+    comm.all_reduce(v, op="max", algo="ring")
+    return float(v[0])
+
+
+def rt_time(comm, coll: str, count: int, algo) -> float:
+    f = _op(comm, coll, count, algo)
+    comm.barrier()
+    t0 = time.perf_counter()
+    f()
+    iters = max(1, min(300, int(0.05 / max(_slowest(comm, time.perf_counter() - t0), 1e-6))))
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        f()
+    return _slowest(comm, (time.perf_counter() - t0) / iters)
+
+
+def rt_choice(comm, coll: str, count: int) -> str:
+    from ringtree.core.ir import parse_collective
+
+    c = parse_collective(coll)
+    nbytes = count * 4
+    return comm._choose_algo(c, nbytes, None)
+
+
+def rt_topology(comm):
+    t = comm.topology
+    return None if t is None else (t.alpha, t.bandwidth, t.source)
+
+
+# ---- gloo ranks (torchrun inside the testbed hosts) --------------------------------------
+
+def gloo_worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    res = {}
+    for coll in args.colls.split(","):
+        for s in args.sizes.split(","):
+            nbytes = parse_size(s)
+            count = counts(coll, nbytes, n)
+            x = torch.zeros(count)
+            out = torch.zeros(count * n if coll == "all_gather" else max(1, count // n))
+            if coll == "all_reduce":
+                def f(x=x):
+                    dist.all_reduce(x)
+            elif coll == "all_gather":
+                def f(x=x, out=out):
+                    dist.all_gather_into_tensor(out, x)
+            else:
+                def f(x=x, out=out):
+                    dist.reduce_scatter_tensor(out, x)
+            times = []
+            for rep in range(args.reps + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                f()
+                t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                iters = max(1, min(300, int(0.05 / max(float(t), 1e-6))))
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    f()
+                t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                if rep:
+                    times.append(float(t))
+            res[f"{coll}/{nbytes}"] = times
+    if rank == 0:
+        with open(args.gloo_out, "w") as fh:
+            json.dump(res, fh)
+    dist.destroy_process_group()
+
+
+def run_gloo(tb, hosts: int, ppn: int, args) -> dict:
+    out = os.path.join(tempfile.mkdtemp(prefix="rt-mh-"), "gloo.json")
+    port = tb.port()
+    procs = []
+    for i in range(hosts):
+        h = tb.hosts[i]
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=h.ifname, OMP_NUM_THREADS="1")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(hosts),
+               "--nproc-per-node", str(ppn), "--node-rank", str(i),
+               "--master-addr", tb.hosts[0].addr, "--master-port", str(port),
+               os.path.abspath(__file__), "--gloo-worker", "--gloo-out", out,
+               "--colls", args.colls, "--sizes", args.sizes, "--reps", str(args.reps)]
+        procs.append(h.popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True))
+    errs = [p.communicate(timeout=7200)[1] for p in procs]
+    if any(p.returncode for p in procs) or not os.path.exists(out):
+        print(f"  gloo failed: {[p.returncode for p in procs]} {errs[0][-500:]}", flush=True)
+        return {}
+    with open(out) as fh:
+        return json.load(fh)
+
+
+# ---- the sweep ----------------------------------------------------------------------------
+
+def sweep(pool, hosts: int, coll: str, sizes: list[int], reps: int, n: int) -> dict:
+    from ringtree.schedules import algorithms
+
+    algos = [None] + [a for a in algorithms(coll) if not a.startswith("collnet")]
+    res: dict = {}
+    pruned: set = set()
+    for nbytes in sizes:
+        count = counts(coll, nbytes, n)
+        live = [a for a in algos if a not in pruned]
+        times: dict = {a: [] for a in live}
+        for _ in range(reps):
+            for a in live:
+                times[a].append(pool.run_ok(rt_time, coll, count, a)[0])
+        choice = pool.run_ok(rt_choice, coll, count)[0]
+        med = {a: statistics.median(v) for a, v in times.items()}
+        best = min(v for a, v in med.items() if a is not None)
+        if nbytes >= PRUNE_FROM:
+            pruned |= {a for a in live if a is not None and med[a] > PRUNE_RATIO * best}
+        res[str(nbytes)] = {"choice": choice, "times": {str(a): v for a, v in times.items()}}
+        print(f"    {coll} {show_size(nbytes):>4}: default ({choice}) {med[None] * 1e3:.3f} ms,"
+              f" best {best * 1e3:.3f} ms", flush=True)
+    return res
+
+
+def table(entry: dict, gloo: dict) -> str:
+    coll, hosts, n, rate = entry["coll"], entry["hosts"], entry["n"], entry["rate_bps"]
+    rows = ["| size | default (choice) | best ringtree | default/best | gloo | gloo/default "
+            "| busbw GB/s | link bound | of bound |", "|" + "---|" * 9]
+    for nbytes_s, r in entry["results"].items():
+        nbytes = int(nbytes_s)
+        med = {a: statistics.median(v) for a, v in r["times"].items()}
+        d = med["None"]
+        ba, bt = min(((a, t) for a, t in med.items() if a != "None"), key=lambda x: x[1])
+        g = gloo.get(f"{coll}/{nbytes}")
+        gm = statistics.median(g) if g else math.nan
+        bus = nbytes / d * busbw_factor(coll, n) / 1e9
+        bound = link_bound(coll, nbytes, hosts, rate)
+        rows.append(f"| {show_size(nbytes)} | {d * 1e3:,.3f} ms ({r['choice']}) | "
+                    f"{bt * 1e3:,.3f} ms ({ba}) | {d / bt:.2f} | {gm * 1e3:,.3f} ms | "
+                    f"{gm / d:.2f} | {bus:.3f} | {bound * 1e3:,.3f} ms | {bound / d:.0%} |")
+    return "\n".join(rows)
+
+
+def plot(entries: list[dict], glos: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(entries), 1, figsize=(9, 3.2 * len(entries)), squeeze=False)
+    for ax, e in zip(axes[:, 0], entries):
+        sizes = [int(s) for s in e["results"]]
+        algos = sorted({a for r in e["results"].values() for a in r["times"]})
+        for a in algos:
+            pts = [(s, statistics.median(e["results"][str(s)]["times"][a])) for s in sizes
+                   if a in e["results"][str(s)]["times"]]
+            style = dict(lw=2.5, color="k") if a == "None" else dict(lw=1, alpha=0.7)
+            ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts],
+                    label="default" if a == "None" else a, marker=".", **style)
+        g = glos.get(e["key"], {})
+        gp = [(s, statistics.median(g[f"{e['coll']}/{s}"])) for s in sizes
+              if f"{e['coll']}/{s}" in g]
+        if gp:
+            ax.plot([p[0] for p in gp], [p[1] * 1e3 for p in gp], "r--", lw=2, label="gloo")
+        ax.plot(sizes, [link_bound(e["coll"], s, e["hosts"], e["rate_bps"]) * 1e3
+                        for s in sizes], "g:", label="link bound")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{e['coll']} {e['layout']} @ {e['rate']}")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layouts", default=LAYOUTS)
+    ap.add_argument("--rates", default=RATES)
+    ap.add_argument("--colls", default=",".join(COLLS))
+    ap.add_argument("--sizes", default=SIZES)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-gloo", action="store_true")
+    ap.add_argument("--json", default="multihost.json")
+    ap.add_argument("--plot", default="multihost.png")
+    ap.add_argument("--gloo-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--gloo-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.gloo_worker:
+        gloo_worker(args)
+        return 0
+
+    from ringtree.testbed import Testbed, available, parse_rate
+    from ringtree.testbed.pool import HostPool
+
+    ok, why = available()
+    if not ok:
+        print(f"multihost: {why}", file=sys.stderr)
+        return 1
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    entries, glos = [], {}
+    with open("/proc/loadavg") as fh:
+        print(f"load before: {fh.read().strip()}", flush=True)
+    for rate in args.rates.split(","):
+        for layout in args.layouts.split(","):
+            hosts, ppn = (int(v) for v in layout.split("x"))
+            n = hosts * ppn
+            key = f"{layout}@{rate}"
+            print(f"== {key}", flush=True)
+            with Testbed(hosts, rate=rate) as tb:
+                with HostPool(tb, ppn, env={"RINGTREE_TOKEN": secrets.token_hex(8)},
+                              timeout=3600) as pool:
+                    topo = pool.run_ok(rt_topology)[0]
+                    print(f"  learned: {topo}", flush=True)
+                    for coll in args.colls.split(","):
+                        entries.append({"key": key, "layout": layout, "rate": rate,
+                                        "rate_bps": parse_rate(rate), "hosts": hosts, "n": n,
+                                        "coll": coll, "topology": topo,
+                                        "results": sweep(pool, hosts, coll, sizes, args.reps,
+                                                         n)})
+                if not args.no_gloo:
+                    glos[key] = run_gloo(tb, hosts, ppn, args)
+            with open(args.json, "w") as fh:
+                json.dump({"entries": entries, "gloo": glos}, fh, indent=1)
+    with open("/proc/loadavg") as fh:
+        print(f"load after: {fh.read().strip()}", flush=True)
+    for e in entries:
+        print(f"\n### {e['coll']}, {e['layout']} at {e['rate']} (medians of {args.reps})\n")
+        print(table(e, glos.get(e["key"], {})))
+    plot(entries, glos, args.plot)
+    print(f"\nraw numbers: {args.json}; plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

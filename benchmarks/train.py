@@ -1,0 +1,116 @@
+"""Training throughput of ``ringtree train`` on the ringtree backend against gloo.
+
+    python benchmarks/train.py                     # the table of the closing note
+    python benchmarks/train.py --steps 30 --repeat 5 --json out.json
+
+For each grid (DP=4, TP=2 x DP=2, PP=2 x DP=2, DP=2 x TP=2 x PP=2) and each backend it
+launches ``ringtree run -n N ringtree train ... --json`` (the CLI users run), repeats it,
+and reports the median tokens/s and median step time, then ringtree's tokens/s over
+gloo's. Then the pipeline bubble: measured by the 1F1B executor (share of a stage's step
+spent outside compute) against (p-1)/(m+p-1), for PP=2 and PP=4 at several m.
+
+Same model, data, seed and global batch on every row; the first step of each run is
+left out of tokens/s (warm-up). ``/proc/loadavg`` is printed before and after: on a
+shared machine the numbers move, rerun before quoting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+GRIDS = [("DP=4", 4, 1, 1), ("TP=2 x DP=2", 2, 2, 1), ("PP=2 x DP=2", 2, 1, 2),
+         ("DP=2 x TP=2 x PP=2", 2, 2, 2)]
+BUBBLE = re.compile(r"bubble measured ([0-9.]+), formula \(p-1\)/\(m\+p-1\) = ([0-9.]+)")
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().strip()
+    except OSError:
+        return "n/a"
+
+
+def run_train(dp: int, tp: int, pp: int, backend: str, args, micro: int | None = None,
+              extra: list[str] | None = None) -> tuple[dict, float | None]:
+    n = dp * tp * pp
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", str(n), sys.executable,
+               "-m", "ringtree.cli", "train", "--dp", str(dp), "--tp", str(tp), "--pp",
+               str(pp), "--micro-batches", str(micro or args.micro_batches), "--steps",
+               str(args.steps), "--batch-size", str(args.batch_size), "--backend", backend,
+               "--layers", str(args.layers), "--embd", str(args.embd), "--heads", "4",
+               "--block-size", str(args.block_size), "--eval-batches", "1", "--no-progress",
+               "--json", out, *(extra or [])]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
+        with open(out) as f:
+            res = json.load(f)
+    m = BUBBLE.search(p.stdout)
+    return res, float(m.group(1)) if m else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--embd", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--no-bubble", action="store_true")
+    ap.add_argument("--json", help="write every measurement here")
+    args = ap.parse_args(argv)
+    print(f"# loadavg before: {loadavg()}")
+    print(f"# model: {args.layers} layers, d={args.embd}, T={args.block_size}; global batch "
+          f"{args.batch_size} sequences, {args.micro_batches} micro-batches, {args.steps} "
+          f"steps, median of {args.repeat} runs")
+    rows, raw = [], {}
+    for name, dp, tp, pp in GRIDS:
+        cell = {}
+        for backend in ("ringtree", "gloo"):
+            tps, ms = [], []
+            for _ in range(args.repeat):
+                res, _ = run_train(dp, tp, pp, backend, args)
+                tps.append(res["tokens_per_s"])
+                ms.append(statistics.median(res["step_ms"][1:] or res["step_ms"]))
+            cell[backend] = (statistics.median(tps), statistics.median(ms))
+            raw[f"{name}/{backend}"] = {"tokens_per_s": tps, "step_ms_median": ms}
+        rows.append((name, cell))
+    print("\n| grid | ringtree tokens/s | gloo tokens/s | ratio | ringtree step ms | "
+          "gloo step ms |")
+    print("|---|---|---|---|---|---|")
+    for name, cell in rows:
+        (rt, rms), (gt, gms) = cell["ringtree"], cell["gloo"]
+        print(f"| {name} | {rt:,.0f} | {gt:,.0f} | {rt / gt:.2f} | {rms:.1f} | {gms:.1f} |")
+    if not args.no_bubble:
+        print("\n| pipeline | m | measured bubble (1F1B, ringtree) | (p-1)/(m+p-1) |")
+        print("|---|---|---|---|")
+        for pp in (2, 4):
+            for m in (1, 2, 4, 8):
+                if args.batch_size % m:
+                    continue
+                bubbles = [run_train(1, 1, pp, "ringtree", args, micro=m)[1]
+                           for _ in range(args.repeat)]
+                b = statistics.median(x for x in bubbles if x is not None)
+                raw[f"bubble/pp{pp}/m{m}"] = bubbles
+                print(f"| PP={pp} | {m} | {b:.3f} | {(pp - 1) / (m + pp - 1):.3f} |")
+    print(f"\n# loadavg after: {loadavg()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

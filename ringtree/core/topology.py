@@ -1,0 +1,156 @@
+"""What a communicator knows about the machines under it: which ranks share a host, and
+how fast the path between hosts is.
+
+- Hosts come from the host identities published at rendezvous (``comm.nodes``).
+- The inter-host path (one-way latency α and bandwidth B of a host's link) is read from
+  ``RINGTREE_TOPO_FILE`` — a topology in the simulator's format
+  (:func:`ringtree.sim.topology.load`; the route from a rank of node 0 to a rank of
+  node 1: latencies summed, the narrowest link's bandwidth) — or else measured once per
+  job by the first communicator that spans hosts: rank 0 ping-pongs a small message with
+  the first rank of every other host (α = half the best round trip, less the per-message
+  software cost the model charges separately), then times a 1 MiB message (B = bytes /
+  (time − round trip)), and keeps the slowest host. Rank 0 broadcasts the numbers, so
+  every rank's tuner sees the same ones and picks the same algorithm.
+
+The tuner then charges each algorithm for what it moves over each link class
+(:func:`ringtree.schedules.stats.host_stats`, :func:`ringtree.core.tuner.estimate`):
+intra-host bytes at shared-memory speed, the bytes that leave or enter a host at B — the
+ranks of a host share its link — and the host-crossing hops at α.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+PROBE_BYTES = 1 << 20
+_JOB: Topology | None = None  # measured by this process's first multi-host communicator
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``nodes[r]``: host index of rank r; the inter-host link's ``alpha`` (s, one way)
+    and ``bandwidth`` (bytes/s, each direction); ``source`` says where they came from."""
+
+    nodes: tuple[int, ...]
+    alpha: float
+    bandwidth: float
+    source: str
+    cpus: int = 0  # cores of rank 0's host (taken for every host)
+
+    @property
+    def crowded(self) -> bool:
+        """Some host runs more ranks than it has cores (then fewer, larger messages win)."""
+        return max(self.nodes.count(h) for h in set(self.nodes)) > max(1, self.cpus)
+
+    @property
+    def hosts(self) -> int:
+        return len(set(self.nodes))
+
+    def describe(self) -> str:
+        per: dict[int, list[int]] = {}
+        for r, h in enumerate(self.nodes):
+            per.setdefault(h, []).append(r)
+        layout = "; ".join(f"host {h}: ranks {_span(rs)}" for h, rs in sorted(per.items()))
+        return (f"{self.hosts} hosts ({layout}); inter-host link {self.bandwidth * 8 / 1e6:,.0f}"
+                f" Mbit/s, latency {self.alpha * 1e6:.0f} us ({self.source})")
+
+
+def _span(rs: list[int]) -> str:
+    return f"{rs[0]}-{rs[-1]}" if rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 1 \
+        else ",".join(map(str, rs))
+
+
+def from_file(path: str) -> tuple[float, float]:
+    """(alpha s, bandwidth B/s) between node 0 and node 1 of a simulator topology file."""
+    from ringtree.sim.topology import load
+
+    t = load(path)
+    nodes = t.nodes()
+    a = next((d for r, d in enumerate(t.ranks) if nodes[r] == 0), None)
+    b = next((d for r, d in enumerate(t.ranks) if nodes[r] not in (0, -1)), None)
+    if a is None or b is None:
+        raise ValueError(f"RINGTREE_TOPO_FILE={path!r}: the topology has no two nodes "
+                         f"with ranks (nodes of its ranks: {sorted(set(nodes))})")
+    links = [t.links[i] for i in t.route(a, b)]
+    alpha = sum(lk.latency for lk in links) * 1e-9
+    bw = min(lk.bandwidth for lk in links) * t.gb
+    return alpha, bw
+
+
+def _leaders(nodes: tuple[int, ...]) -> list[int]:
+    seen: dict[int, int] = {}
+    for r, h in enumerate(nodes):
+        seen.setdefault(h, r)
+    return [r for h, r in sorted(seen.items(), key=lambda kv: kv[1]) if h != nodes[0]]
+
+
+def measure(comm, overhead: float) -> tuple[float, float, float]:
+    """Collective over ``comm``: (alpha, bandwidth, cores) rank 0 measured, on every
+    rank."""
+    small = np.zeros(1, np.float64)
+    big = np.zeros(PROBE_BYTES, np.uint8)
+    res = np.zeros(3, np.float64)
+    if comm.rank == 0:
+        alphas, bws = [], []
+        for peer in _leaders(comm.nodes):
+            rtts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                comm.send(small, peer)
+                comm.recv(small, peer)
+                rtts.append(time.perf_counter() - t0)
+            rtt = min(rtts)
+            best = 0.0
+            for _ in range(2):
+                t0 = time.perf_counter()
+                comm.send(big, peer)
+                comm.recv(small, peer)
+                best = max(best, big.nbytes / max(time.perf_counter() - t0 - rtt, 1e-6))
+            alphas.append(max(5e-6, rtt / 2 - overhead))
+            bws.append(best)
+        res[:] = (max(alphas), min(bws), os.cpu_count() or 1)
+    elif comm.rank in _leaders(comm.nodes):
+        for _ in range(5):
+            comm.recv(small, 0)
+            comm.send(small, 0)
+        for _ in range(2):
+            comm.recv(big, 0)
+            comm.send(small, 0)
+    comm.broadcast(res, root=0, algo="ring")
+    return float(res[0]), float(res[1]), float(res[2])
+
+
+def learn(comm, overhead: float) -> Topology | None:
+    """The communicator's topology, or None on one host (collective when it measures)."""
+    global _JOB
+    nodes = tuple(comm.nodes)
+    if len(set(nodes)) < 2:
+        return None
+    if _JOB is not None:
+        return Topology(nodes, _JOB.alpha, _JOB.bandwidth, _JOB.source, _JOB.cpus)
+    from ringtree.settings import current
+
+    path = (current().topo_file or "").strip()
+    res = np.zeros(3, np.float64)
+    if path:
+        err = None
+        if comm.rank == 0:  # rank 0's reading is everyone's, as with a measurement
+            try:
+                res[:] = (*from_file(path), os.cpu_count() or 1)
+            except (OSError, ValueError, KeyError) as e:
+                err, res[:] = e, np.nan
+        comm.broadcast(res, root=0, algo="ring")
+        if np.isnan(res).any():
+            raise ValueError(f"RINGTREE_TOPO_FILE={path!r}: " + (
+                str(err) if err else "rank 0 could not read it (see rank 0's error)"))
+        source = f"RINGTREE_TOPO_FILE={path}"
+    else:
+        res[:] = measure(comm, overhead)
+        source = "measured by rank 0"
+    topo = Topology(nodes, float(res[0]), float(res[1]), source, int(res[2]))
+    _JOB = topo
+    return topo

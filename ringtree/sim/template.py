@@ -1,0 +1,132 @@
+"""A shared template Program compiled for the batched engine (:mod:`.wave`): per step
+and simulated rank, the slices (the executor's ``split_even`` of the step's region), the
+reduction passes, the memory dependencies (``Program.memory_deps`` via the executor's
+compiler, the same for every rank of a proven template), which send feeds which receive,
+and the template's dependency levels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtree.core.ir import Program
+from ringtree.core.plan import compile_program
+from ringtree.sim.compile import passes
+from ringtree.sim.symbolic import Sym, peer_offset
+from ringtree.sim.symmetry import regions
+
+
+class Unordered(Exception):
+    """A link would serve chunks out of arrival order, or the template's messages do not
+    pair up: use the event engine."""
+
+
+class Template:
+    """A template Program compiled for ranks 0..g−1 of an n-rank run (g = n: all)."""
+
+    def __init__(self, t: Program, p0: Program, g: int, count: int, itemsize: int,
+                 slice_bytes: int, in_place: bool) -> None:
+        n = self.n = t.nranks
+        self.g = g
+        ib, ob = t.collective.blocks(n)
+        cs0 = compile_program(p0, [count] * ib, [count] * ob, count, itemsize, slice_bytes,
+                              in_place)
+        regs = {b: np.asarray(v, np.int64) for b, v in regions(t, count).items()}
+        ranks = np.arange(g)
+        elems = max(1, slice_bytes // max(1, itemsize))
+        self.steps = [(c, j, s) for c, ch in enumerate(t.channels) for j, s in enumerate(ch)]
+        self.nchan = len(t.channels)
+        self.maxj = max((len(ch) for ch in t.channels), default=0) + 1
+        self.prev: list[int] = []
+        self.deps: list[tuple[int, ...]] = []
+        self.ops: list[int] = []
+        self.nsl: list[np.ndarray] = []
+        self.sl: list[np.ndarray] = []          # (g, K) slice bytes, 0-padded
+        flat = [cs for ch in cs0 for cs in ch]
+        for gid, (_, j, s) in enumerate(self.steps):
+            self.prev.append(gid - 1 if j else -1)
+            self.deps.append(flat[gid].deps)
+            self.ops.append(passes(flat[gid]))
+            length = _length(s.dst if s.dst is not None else s.src, regs, ranks)
+            nsl = -(-length // elems)
+            k = int(nsl.max()) if nsl.size else 0
+            base, extra = np.divmod(length, np.maximum(nsl, 1))
+            idx = np.arange(k)
+            sl = (base[:, None] + (idx[None, :] < extra[:, None])) * (idx[None, :] < nsl[:, None])
+            self.nsl.append(self._intern(nsl))
+            self.sl.append(self._intern((sl * itemsize).astype(np.float64)))
+        self._pair(t)
+        self.order: list[list[int]] = []
+
+    def _intern(self, a: np.ndarray) -> np.ndarray:
+        """One array for every step with the same contents (a ring's steps all share)."""
+        pool = self.__dict__.setdefault("_pool", {})
+        return pool.setdefault((a.dtype.str, a.shape, a.tobytes()), a)
+
+    def _pair(self, t: Program) -> None:
+        """The k-th send of every (channel, offset) meets the k-th receive (IR rule)."""
+        n = self.n
+        sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        recvs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for gid, (c, _, s) in enumerate(self.steps):
+            for pos, q in enumerate(s.send_to):
+                sends.setdefault((c, peer_offset(q, n)), []).append((gid, pos))  # type: ignore[arg-type]
+            for pos, q in enumerate(s.recv_from):
+                recvs.setdefault((c, (-peer_offset(q, n)) % n), []).append((gid, pos))  # type: ignore[operator]
+        self.recv_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rstep,pos)->(sstep,c,a)
+        self.send_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (sstep,pos)->(rstep,rpos,a)
+        for key in set(sends) | set(recvs):
+            ss, rr = sends.get(key, []), recvs.get(key, [])
+            if len(ss) != len(rr):
+                raise Unordered(f"channel {key[0]}: {len(ss)} sends but {len(rr)} receives")
+            c, a = key
+            for (s1, p1), (s2, p2) in zip(ss, rr):
+                src_cls = (np.arange(self.g) - a) % n % self.g
+                if not np.array_equal(self.nsl[s1][src_cls], self.nsl[s2]) or not \
+                        np.array_equal(self.sl[s1][src_cls], self.sl[s2]):
+                    raise Unordered("message sizes differ between sender and receiver")
+                self.recv_of[(s2, p2)] = (s1, c, a)
+                self.send_of[(s1, p1)] = (s2, p2, a)
+
+    def levels(self) -> list[list[int]]:
+        """Template steps grouped by depth in the dependency graph (Kahn)."""
+        ns = len(self.steps)
+        preds: list[set[int]] = [set() for _ in range(ns)]
+        for s in range(ns):
+            if self.prev[s] >= 0:
+                preds[s].add(self.prev[s])
+            preds[s].update(self.deps[s])
+        for (s2, _), (s1, _, _) in self.recv_of.items():
+            preds[s2].add(s1)
+        depth = [0] * ns
+        order = sorted(range(ns), key=lambda s: (self.steps[s][1], self.steps[s][0]))
+        left = {s: set(p) for s, p in enumerate(preds)}
+        succ: list[list[int]] = [[] for _ in range(ns)]
+        for s, p in enumerate(preds):
+            for q in p:
+                succ[q].append(s)
+        frontier = [s for s in order if not left[s]]
+        out: list[list[int]] = []
+        seen = 0
+        while frontier:
+            out.append(frontier)
+            seen += len(frontier)
+            nxt = []
+            for s in frontier:
+                for d in succ[s]:
+                    left[d].discard(s)
+                    if not left[d]:
+                        depth[d] = len(out)
+                        nxt.append(d)
+            frontier = sorted(nxt)
+        if seen != ns:
+            raise Unordered("a step waits on itself through another rank (pipelined chain)")
+        return out
+
+
+def _length(ref, regs: dict, ranks: np.ndarray) -> np.ndarray:
+    rg = regs[ref.buf]
+    if isinstance(ref.index, Sym):
+        x = ref.index
+        idx = x.m * ((ranks + x.a) % x.mod) + x.b if x.mod else x.m * ranks + x.b
+        return rg[idx]
+    return np.full(ranks.size, int(rg[ref.index:ref.index + ref.count].sum()), np.int64)

@@ -1,0 +1,185 @@
+"""CollNet for real: ranks on namespace hosts, the switch on a host of its own.
+
+Every supported op and dtype through ``collnet_direct`` and ``collnet_chain`` (intra-host
+over shared memory, inter-host through the switch), bitwise against NumPy; what the switch
+cannot do; a dropped chunk; a switch that dies mid-collective.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ringtree.testbed import available
+
+ok, why = available()
+pytestmark = pytest.mark.skipif(not ok, reason=why)
+
+TOKEN = "collnet-testbed-token"
+PORT = 7300
+
+
+@pytest.fixture(scope="module")
+def bed():
+    from ringtree.testbed import Testbed
+
+    with Testbed(2, rate="1gbit", name="rtcn") as tb:
+        sw_host = tb.add_host(rate=None, name="rtcn-sw")
+        yield tb, sw_host
+
+
+def _start_switch(tb, host, *args: str):
+    addr = f"{host.addr}:{PORT}"
+    cmd = [sys.executable, "-m", "ringtree.cli", "switch", "--listen", addr,
+           "--token", TOKEN, *args]
+    import subprocess
+
+    p = host.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = p.stdout.readline()
+    assert "listening on" in line, line
+    return p, addr
+
+
+def _stop(p) -> str:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=20)
+    return out
+
+
+def _pool(tb, addr, layout=(2, 2, 0), timeout=60.0):
+    from ringtree.testbed.pool import HostPool
+
+    env = {"RINGTREE_COLLNET_ENABLE": "1", "RINGTREE_COLLNET_SWITCH": addr,
+           "RINGTREE_TIMEOUT": "20"}
+    return HostPool(tb, list(layout), env=env, timeout=timeout, token=TOKEN)
+
+
+def _every_op_and_dtype(comm):
+    import ml_dtypes
+
+    from ringtree.dtypes import DType
+
+    n, r = comm.size, comm.rank
+    count = 5000
+    bad = []
+    for algo in ("collnet_direct", "collnet_chain"):
+        for dtype in DType:
+            for op in ("sum", "min", "max"):
+                vals = (np.arange(count) * 7 + 3 * r) % 5 + r
+                allv = np.stack([(np.arange(count) * 7 + 3 * q) % 5 + q for q in range(n)])
+                red = {"sum": allv.sum(0), "min": allv.min(0), "max": allv.max(0)}[op]
+                if dtype is DType.BFLOAT16:
+                    x = vals.astype(np.float32).astype(ml_dtypes.bfloat16)
+                    want = red.astype(np.float32).astype(ml_dtypes.bfloat16)
+                else:
+                    x, want = vals.astype(dtype.storage), red.astype(dtype.storage)
+                y = np.empty_like(x)
+                comm.all_reduce(x, op=op, out=y, algo=algo)
+                if y.tobytes() != want.tobytes():
+                    bad.append((algo, dtype.value, op))
+                comm.all_reduce(x, op=op, algo=algo)  # in place
+                if x.tobytes() != want.tobytes():
+                    bad.append((algo, dtype.value, op, "in place"))
+    return bad
+
+
+def test_every_op_and_dtype_through_the_switch(bed):
+    tb, sw_host = bed
+    p, addr = _start_switch(tb, sw_host)
+    try:
+        with _pool(tb, addr) as pool:
+            res = pool.run(_every_op_and_dtype)
+    finally:
+        report = _stop(p)
+    for r in res:
+        assert r == [], r
+    assert "results=" in report and "groups=" in report
+
+
+def _limits(comm):
+    x = (np.arange(1000) + comm.rank) % 3 + 1.0  # products stay exact in float32
+    x = x.astype(np.float32)
+    out = {}
+    try:
+        comm.all_reduce(x.copy(), op="prod", algo="collnet_direct")
+        out["explicit"] = "no error"
+    except ValueError as e:
+        out["explicit"] = str(e)
+    y = x.copy()
+    comm.all_reduce(y, op="prod")  # the tuner may pick CollNet only where it can run
+    want = np.prod(np.stack([(np.arange(1000) + q) % 3 + 1.0 for q in range(comm.size)]),
+                   axis=0).astype(np.float32)
+    out["fallback_ok"] = bool(np.array_equal(y, want))
+    return out
+
+
+def test_what_the_switch_cannot_do_is_named_or_falls_back(bed):
+    tb, sw_host = bed
+    p, addr = _start_switch(tb, sw_host)
+    try:
+        with _pool(tb, addr) as pool:
+            res = pool.run(_limits)
+    finally:
+        _stop(p)
+    for r in res:
+        assert "SUM, MIN and MAX only" in r["explicit"], r
+        assert r["fallback_ok"], r
+
+
+def _sum_int(comm, calls):
+    x = np.full(300_000, comm.rank + 1, np.int32)
+    y = np.empty_like(x)
+    for _ in range(calls):
+        comm.all_reduce(x, out=y, algo="collnet_direct")
+        if not np.all(y == comm.size * (comm.size + 1) // 2):
+            return "wrong"
+    return "ok"
+
+
+def test_dropped_chunks_are_recovered_exactly(bed):
+    tb, sw_host = bed
+    p, addr = _start_switch(tb, sw_host, "--drop", "0.05", "--seed", "3")
+    try:
+        with _pool(tb, addr) as pool:
+            res = pool.run(_sum_int, 3)
+    finally:
+        report = _stop(p)
+    assert res == ["ok"] * 4, res
+    assert "dropped=0," not in report, report
+
+
+def _until_it_fails(comm):
+    x = np.ones(1 << 18, np.float32)
+    t0 = time.monotonic()
+    try:
+        for _ in range(10_000):
+            comm.all_reduce(x, algo="collnet_direct")
+            x[:] = 1
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        return type(e).__name__, str(e), time.monotonic() - t0
+    return "none", "", 0.0
+
+
+def test_a_killed_switch_is_named_by_every_rank(bed):
+    tb, sw_host = bed
+    p, addr = _start_switch(tb, sw_host)
+    try:
+        with _pool(tb, addr, timeout=90) as pool:
+            import threading
+
+            killer = threading.Timer(3.0, p.kill)
+            killer.start()
+            res = pool.run(_until_it_fails)
+            killer.cancel()
+    finally:
+        _stop(p)
+    for r in res:
+        assert not isinstance(r, BaseException), r
+        name, msg, _ = r
+        assert name != "none", r
+        assert addr in msg or addr.split(":")[0] in msg or "switch" in msg, r

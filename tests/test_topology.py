@@ -1,0 +1,92 @@
+"""Topology-aware tuning: per-link-class schedule costs, the host model, the topology a
+communicator learns (measured or from RINGTREE_TOPO_FILE) and what RINGTREE_DEBUG=INFO
+says about it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ringtree.core.ir import Collective
+from ringtree.core.topology import Topology, from_file
+from ringtree.core.tuner import MODELS, choose, estimate, host_model
+from ringtree.schedules import Options
+from ringtree.schedules.stats import host_stats
+from ringtree.sim import topology as simtopo
+from ringtree.testbed import available
+
+TWO_BY_TWO = Options(nodes=(0, 0, 1, 1))
+
+
+def test_host_stats_charge_the_shared_host_link():
+    ring = host_stats(Collective.ALL_REDUCE, "ring", 4, TWO_BY_TWO)
+    hier = host_stats(Collective.ALL_REDUCE, "hierarchical", 4, TWO_BY_TWO)
+    halving = host_stats(Collective.ALL_REDUCE, "rabenseifner", 4, TWO_BY_TWO)
+    # per host, in units of the buffer: ring crosses once per host with 2(p-1)/p, the
+    # leaders' ring 2(L-1)/L, halving-doubling twice (both ranks of a host cross)
+    assert (ring.host_out, hier.host_out, halving.host_out) == (1.5, 1.0, 2.0)
+    one_per_host = host_stats(Collective.ALL_REDUCE, "ring", 4, Options(nodes=(0, 1, 2, 3)))
+    assert one_per_host.msgs_intra == 0 and one_per_host.send_intra == 0
+    gather = host_stats(Collective.ALL_GATHER, "hierarchical", 4, TWO_BY_TWO)
+    assert gather.host_out == 2.0  # a host's two blocks leave it once
+
+
+def _slow_link(rate_bps: float) -> Topology:
+    return Topology((0, 0, 1, 1), alpha=100e-6, bandwidth=rate_bps / 8, source="test",
+                    cpus=4)
+
+
+@pytest.mark.parametrize("coll", [Collective.ALL_REDUCE, Collective.ALL_GATHER,
+                                  Collective.REDUCE_SCATTER])
+def test_large_messages_on_slow_links_minimise_host_traffic(coll):
+    hm = host_model(_slow_link(1e9), MODELS["shm"])
+    algo = choose(coll, 16 << 20, 4, None, hm, TWO_BY_TWO)
+    least = min(host_stats(coll, a, 4, TWO_BY_TWO).host_out
+                for a in ("ring", "hierarchical", "direct"))
+    assert host_stats(coll, algo, 4, TWO_BY_TWO).host_out == least, algo
+
+
+def test_one_host_keeps_the_flat_model():
+    hm = host_model(_slow_link(1e9), MODELS["shm"])
+    one = Options(nodes=(0, 0, 0, 0))
+    for size in (8, 1 << 20):
+        assert estimate(Collective.ALL_REDUCE, "ring", size, 4, hm, one) == \
+            estimate(Collective.ALL_REDUCE, "ring", size, 4, MODELS["shm"], one)
+
+
+def test_topology_file_gives_the_inter_host_path(tmp_path):
+    t = simtopo.fat_tree(2, gpus_per_node=2, nics_per_node=1, nic_gbps=0.125, nic_ns=20_000,
+                         switch_ns=5_000, name="two_hosts_1gbit")
+    path = tmp_path / "topo.json"
+    simtopo.save(t, path)
+    alpha, bw = from_file(str(path))
+    assert bw == pytest.approx(0.125e9)
+    assert alpha > 40e-6  # two NIC hops and a switch at least
+    one = tmp_path / "one.json"
+    simtopo.save(simtopo.fat_tree(1, gpus_per_node=4, nics_per_node=1), one)
+    with pytest.raises(ValueError, match="no two nodes"):
+        from_file(str(one))
+
+
+@pytest.mark.skipif(not available()[0], reason=available()[1] or "no testbed")
+def test_debug_info_prints_the_learned_topology_and_choices(tmp_path):
+    t = simtopo.fat_tree(2, gpus_per_node=2, nics_per_node=1, nic_gbps=0.025, name="tb")
+    path = tmp_path / "topo.json"
+    simtopo.save(t, path)
+    script = ("import numpy as np, ringtree\n"
+              "c = ringtree.init()\n"
+              "c.all_reduce(np.ones(1 << 20, np.float32))\n"
+              "c.close()\n")
+    cmd = [sys.executable, "-m", "ringtree.cli", "testbed", "--hosts", "2", "--rate",
+           "200mbit", "--", "sh", "-c",
+           f"RINGTREE_DEBUG=INFO RINGTREE_TOPO_FILE={path} {sys.executable} -m ringtree.cli "
+           "run -n 2 --nnodes 2 --node-rank $RINGTREE_TESTBED_HOST "
+           f"--master $RINGTREE_TESTBED_MASTER:29500 {sys.executable} -c '{script}'"]
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    out = cp.stdout
+    assert "topology: 2 hosts (host 0: ranks 0-1; host 1: ranks 2-3)" in out, out
+    assert "200 Mbit/s" in out and "RINGTREE_TOPO_FILE" in out, out
+    assert "all_reduce 4194304 B: chose" in out and "predicted us" in out, out

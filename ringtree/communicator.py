@@ -17,12 +17,11 @@ import hashlib
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 
 from ringtree import api, failure
-from ringtree.bootstrap.rendezvous import meet
+from ringtree.bootstrap.rendezvous import Peer, meet
 from ringtree.core.executor import Executor
 from ringtree.core.plan import Call
 from ringtree.core.planner import CallSpec, Planner
@@ -33,22 +32,6 @@ from ringtree.ops import ReduceOp
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
 from ringtree.work import Work
-
-
-@dataclass(frozen=True)
-class Peer:
-    """What a rank published at rendezvous: ``host:port|host_id``."""
-
-    rank: int
-    host: str
-    port: int
-    host_id: str
-
-    @classmethod
-    def parse(cls, rank: int, record: bytes) -> Peer:
-        addr, _, hid = record.decode().partition("|")
-        h, _, p = addr.rpartition(":")
-        return cls(rank, h, int(p), hid)
 
 
 class Communicator:

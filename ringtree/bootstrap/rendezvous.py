@@ -22,10 +22,11 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import dataclass
 
 from ringtree.errors import CommAborted, RendezvousError
 
-__all__ = ["meet"]
+__all__ = ["Peer", "meet"]
 
 _SLICE = 1.0
 
@@ -90,3 +91,19 @@ def meet(store, prefix: str, rank: int, size: int, me: bytes, timeout: float) ->
     if why:  # a late duplicate or a wrong size: do not start with a broken job
         raise CommAborted(f"rank {rank}: could not form the communicator: {why.decode()}")
     return [store.get(k, timeout=max(timeout, 1.0)) for k in keys]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What a rank published at rendezvous: ``host:port|host_id``."""
+
+    rank: int
+    host: str
+    port: int
+    host_id: str
+
+    @classmethod
+    def parse(cls, rank: int, record: bytes) -> Peer:
+        addr, _, hid = record.decode().partition("|")
+        h, _, p = addr.rpartition(":")
+        return cls(rank, h, int(p), hid)

@@ -40,11 +40,15 @@ class Topology:
     bandwidth: float
     source: str
     cpus: int = 0  # cores of rank 0's host (taken for every host)
+    machines: tuple[int, ...] = ()  # physical machine of each rank (hosts may share one)
 
     @property
     def crowded(self) -> bool:
-        """Some host runs more ranks than it has cores (then fewer, larger messages win)."""
-        return max(self.nodes.count(h) for h in set(self.nodes)) > max(1, self.cpus)
+        """Some machine runs more ranks than it has cores (then fewer, larger messages
+        win). Namespace or container "hosts" that share one kernel (the same boot id)
+        share its cores too, so ranks are counted per machine, not per host."""
+        where = self.machines or self.nodes
+        return max(where.count(m) for m in set(where)) > max(1, self.cpus)
 
     @property
     def hosts(self) -> int:
@@ -55,8 +59,11 @@ class Topology:
         for r, h in enumerate(self.nodes):
             per.setdefault(h, []).append(r)
         layout = "; ".join(f"host {h}: ranks {_span(rs)}" for h, rs in sorted(per.items()))
+        shared = len(set(self.machines)) < self.hosts if self.machines else False
         return (f"{self.hosts} hosts ({layout}); inter-host link {self.bandwidth * 8 / 1e6:,.0f}"
-                f" Mbit/s, latency {self.alpha * 1e6:.0f} us ({self.source})")
+                f" Mbit/s, latency {self.alpha * 1e6:.0f} us ({self.source})"
+                + ("; hosts share one machine's cores" if shared else "")
+                + ("; more ranks than cores" if self.crowded else ""))
 
 
 def _span(rs: list[int]) -> str:
@@ -124,14 +131,22 @@ def measure(comm, overhead: float) -> tuple[float, float, float]:
     return float(res[0]), float(res[1]), float(res[2])
 
 
+def machines(host_ids: list[str]) -> tuple[int, ...]:
+    """Index of each rank's physical machine: host identities are ``hostname|boot_id``,
+    and hosts with one boot id run on one kernel."""
+    order: dict[str, int] = {}
+    return tuple(order.setdefault(h.rpartition("|")[2] or h, len(order)) for h in host_ids)
+
+
 def learn(comm, overhead: float) -> Topology | None:
     """The communicator's topology, or None on one host (collective when it measures)."""
     global _JOB
     nodes = tuple(comm.nodes)
     if len(set(nodes)) < 2:
         return None
+    where = machines([p.host_id for p in comm.peers])
     if _JOB is not None:
-        return Topology(nodes, _JOB.alpha, _JOB.bandwidth, _JOB.source, _JOB.cpus)
+        return Topology(nodes, _JOB.alpha, _JOB.bandwidth, _JOB.source, _JOB.cpus, where)
     path = os.environ.get("RINGTREE_TOPO_FILE", "").strip()
     res = np.zeros(3, np.float64)
     if path:
@@ -149,6 +164,6 @@ def learn(comm, overhead: float) -> Topology | None:
     else:
         res[:] = measure(comm, overhead)
         source = "measured by rank 0"
-    topo = Topology(nodes, float(res[0]), float(res[1]), source, int(res[2]))
+    topo = Topology(nodes, float(res[0]), float(res[1]), source, int(res[2]), where)
     _JOB = topo
     return topo

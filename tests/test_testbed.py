@@ -207,3 +207,24 @@ def test_several_sockets_per_peer(testbed):
         for r, (ok, stripes) in enumerate(p.run_ok(striped)):
             assert all(ok), f"rank {r}: {ok}"
             assert stripes == [0, 1, 2, 3], f"rank {r}: sockets {stripes}"
+
+
+def _serve_name(port: int) -> None:
+    s = socket.create_server(("0.0.0.0", port))
+    while True:
+        c, _ = s.accept()
+        c.sendall(socket.gethostname().encode())
+        c.close()
+
+
+def test_an_extra_unshaped_host_runs_a_non_rank_process():
+    with _Testbed(1, rate="200mbit") as tb:
+        extra = tb.add_host(rate=None, name="rt-switch")
+        port = tb.port()
+        extra.spawn(_serve_name, port)
+        probe = (f"import socket, time\nfor _ in range(200):\n    try:\n"
+                 f"        s = socket.create_connection(('{extra.addr}', {port}), timeout=2)\n"
+                 f"        break\n    except ConnectionRefusedError:\n"
+                 f"        time.sleep(0.05)\nprint(s.recv(100).decode())\n")
+        assert tb.hosts[0].run([sys.executable, "-c", probe]).stdout.strip() == "rt-switch"
+        assert "tbf" not in extra.run(["tc", "qdisc", "show", "dev", "eth0"]).stdout

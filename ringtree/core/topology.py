@@ -8,8 +8,8 @@ how fast the path between hosts is.
   node 1: latencies summed, the narrowest link's bandwidth) — or else measured once per
   job by the first communicator that spans hosts: rank 0 ping-pongs a small message with
   the first rank of every other host (α = half the best round trip, less the per-message
-  software cost the model charges separately), then times a 1 MiB message (B = bytes /
-  (time − round trip)), and keeps the slowest host. Rank 0 broadcasts the numbers, so
+  software cost the model charges separately), then times a 1 MiB message, best of 4
+  (B = bytes / (time − round trip)), and keeps the slowest host. Rank 0 broadcasts the numbers, so
   every rank's tuner sees the same ones and picks the same algorithm.
 
 The tuner then charges each algorithm for what it moves over each link class
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PROBE_BYTES = 1 << 20
+PROBE_REPS = 4  # best of: a busy CPU only ever makes a transfer look slower
 _JOB: Topology | None = None  # measured by this process's first multi-host communicator
 
 
@@ -112,7 +113,7 @@ def measure(comm, overhead: float) -> tuple[float, float, float]:
                 rtts.append(time.perf_counter() - t0)
             rtt = min(rtts)
             best = 0.0
-            for _ in range(2):
+            for _ in range(PROBE_REPS):
                 t0 = time.perf_counter()
                 comm.send(big, peer)
                 comm.recv(small, peer)
@@ -124,7 +125,7 @@ def measure(comm, overhead: float) -> tuple[float, float, float]:
         for _ in range(5):
             comm.recv(small, 0)
             comm.send(small, 0)
-        for _ in range(2):
+        for _ in range(PROBE_REPS):
             comm.recv(big, 0)
             comm.send(small, 0)
     comm.broadcast(res, root=0, algo="ring")

@@ -131,6 +131,12 @@ declare("RINGTREE_TRANSPORT", choice("auto", "shm", "tcp"), "auto",
         "`auto`: shared memory between ranks on one host, TCP across; `shm`; `tcp`")
 declare("RINGTREE_SOCKET_IFNAME", text, None,
         "interfaces to listen on (`eth0`, `^docker,lo`, `=ib0`: NCCL_SOCKET_IFNAME syntax)")
+declare("RINGTREE_NSOCKS_PERTHREAD", integer, 1,
+        "TCP sockets per peer and thread (NCCL_NSOCKS_PERTHREAD); large messages stripe")
+declare("RINGTREE_SOCKET_NTHREADS", integer, 1,
+        "TCP socket threads per peer (NCCL_SOCKET_NTHREADS); sockets = the product")
+declare("RINGTREE_SOCKET_BUFFER", integer, None,
+        "bytes of socket buffer to ask for where kernel autotuning cannot reach it (4 MiB)")
 declare("RINGTREE_BUFFSIZE", integer, 4 << 20,
         "pipeline buffer in bytes; slices are a quarter of it (at least 4 KiB)")
 declare("RINGTREE_NCHANNELS", integer, 1, "parallel channels per collective")

@@ -67,6 +67,10 @@ def _serve(world, prompts, tp, opts, **kw):
             "json": s.to_json()}
 
 
+def _serve_gloo(world, prompts, tp, opts):
+    return _serve(world, prompts, tp, opts, backend="gloo")
+
+
 def _cached_and_uncached(comm, prompts, tp, policy):
     return [_serve(comm, prompts, tp, CacheOptions(prefix_cache=c, policy=policy, **SMALL))
             for c in (True, False)]
@@ -176,6 +180,12 @@ def test_tensor_parallel_cached_equals_uncached(prompts, reference, tp, request)
     assert all(r == [None, None] for r in res[1:])
     assert cached["outputs"] == plain["outputs"] == reference
     assert cached["evicted"] > 0 and cached["preemptions"] > 0
+
+
+def test_gloo_tp_backend_gives_the_same_tokens(pool2, prompts, reference):
+    opts = CacheOptions(**SMALL)
+    res = pool2.run(_serve_gloo, prompts, 2, opts)
+    assert res[0]["outputs"] == reference and res[1] is None
 
 
 def test_two_replicas_route_by_prefix(pool2):

@@ -177,3 +177,54 @@ def test_movements_bitwise(pool, coll):
     sizes = sizes_for(pool.nranks)
     for algo in _algos(coll):
         _clean(pool.run(movement_cases, coll, ["int8", "float64"], sizes, algo))
+
+
+def striped(comm):
+    """Big messages split over 4 sockets per peer: bitwise results, and the sockets."""
+    from collective_cases import make_input, reference_reduce, same_bits
+
+    from ringtree.dtypes import DType
+
+    n = (3 << 20) // 4 + 5  # > 256 KiB per message in every algorithm, odd
+    want = reference_reduce([make_input(q, n, DType.FLOAT32, "sum") for q in range(comm.size)],
+                            DType.FLOAT32, "sum")
+    ok = []
+    for algo in ("ring", "hierarchical", "rabenseifner"):
+        x = make_input(comm.rank, n, DType.FLOAT32, "sum")
+        comm.all_reduce(x, algo=algo)
+        ok.append(same_bits(x, want))
+    got = comm.all_gather(make_input(comm.rank, n, DType.INT8, "move"))
+    ok.append(all(same_bits(got[q], make_input(q, n, DType.INT8, "move"))
+                  for q in range(comm.size)))
+    tcp = next(t for t in comm.fabric.transports if t.name == "tcp")
+    stripes = {key[1] >> 24 for key in tcp.conns}
+    return ok, sorted(stripes)
+
+
+def test_several_sockets_per_peer(testbed):
+    env = {"RINGTREE_NSOCKS_PERTHREAD": 2, "RINGTREE_SOCKET_NTHREADS": 2}
+    with HostPool(testbed, [2, 2], env=env, timeout=180) as p:
+        for r, (ok, stripes) in enumerate(p.run_ok(striped)):
+            assert all(ok), f"rank {r}: {ok}"
+            assert stripes == [0, 1, 2, 3], f"rank {r}: sockets {stripes}"
+
+
+def _serve_name(port: int) -> None:
+    s = socket.create_server(("0.0.0.0", port))
+    while True:
+        c, _ = s.accept()
+        c.sendall(socket.gethostname().encode())
+        c.close()
+
+
+def test_an_extra_unshaped_host_runs_a_non_rank_process():
+    with _Testbed(1, rate="200mbit") as tb:
+        extra = tb.add_host(rate=None, name="rt-switch")
+        port = tb.port()
+        extra.spawn(_serve_name, port)
+        probe = (f"import socket, time\nfor _ in range(200):\n    try:\n"
+                 f"        s = socket.create_connection(('{extra.addr}', {port}), timeout=2)\n"
+                 f"        break\n    except ConnectionRefusedError:\n"
+                 f"        time.sleep(0.05)\nprint(s.recv(100).decode())\n")
+        assert tb.hosts[0].run([sys.executable, "-c", probe]).stdout.strip() == "rt-switch"
+        assert "tbf" not in extra.run(["tc", "qdisc", "show", "dev", "eth0"]).stdout

@@ -18,10 +18,13 @@ collective through the store, like the shm transport's setup). From then on:
 from __future__ import annotations
 
 import os
+import threading
+from collections import deque
 
 from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
+from ringtree.prof.recorder import Ev
 from ringtree.transports.shm_ll import LL, fingerprint, open_ll
 from ringtree.transports.shm_ll_coll import LLOp, fits
 from ringtree.work import Work
@@ -61,6 +64,12 @@ class LLRunner:
         self.ll = ll
         self.cell = ll.cell_bytes
         self.ops: dict[tuple, LLOp] = {}
+        # async LL calls run in issue order on a thread of their own; anything else that
+        # takes a sequence number (an LL call, a Simple call's announcement) drains it
+        self.pending = 0
+        self._queue: deque = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
 
     @classmethod
     def open(cls, comm, *, cell_bytes: int, spin_us: float, yield_us: float) -> LLRunner:
@@ -83,9 +92,62 @@ class LLRunner:
         return o
 
     def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):
-        """Run ``spec`` (a :class:`~ringtree.core.planner.CallSpec`) on ``op`` now."""
+        """Run ``spec`` (a :class:`~ringtree.core.planner.CallSpec`) on ``op``: now, or,
+        if ``async_op``, on the LL thread (the Work completes there)."""
+        if async_op:
+            return self.submit(comm, op, spec.inp, spec.out, spec.reducer, spec.result,
+                               spec.post, seq, timeout)
+        if self.pending:
+            self.drain()
         return self.run_arrays(comm, op, spec.inp, spec.out, spec.reducer, spec.result,
-                               spec.post, seq, async_op, timeout)
+                               spec.post, seq, False, timeout)
+
+    # ---- async calls: one thread, issue order --------------------------------------------
+
+    def submit(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
+               timeout: float | None) -> Work:
+        work = Work(op.name)
+        with self._cv:
+            self._queue.append((comm, op, inp, out, red, result, post, seq, timeout, work))
+            self.pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name=f"ringtree-ll-rank{comm.rank}")
+                self._thread.start()
+            self._cv.notify_all()
+        return work
+
+    def drain(self) -> None:
+        """Wait until every async LL call issued so far has finished."""
+        with self._cv:
+            while self.pending:
+                self._cv.wait(0.1)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    if self._thread is not threading.current_thread():
+                        return
+                    self._cv.wait(0.5)
+                comm, op, inp, out, red, result, post, seq, timeout, work = \
+                    self._queue.popleft()
+            try:
+                self.run_arrays(comm, op, inp, out, red, result, post, seq, False, timeout)
+                err = None
+            except BaseException as e:  # noqa: BLE001 - the Work raises it
+                err = e
+            with self._cv:
+                self.pending -= 1
+                self._cv.notify_all()
+            work._finish(None if err is not None else result, err)
+
+    def announce(self, fp: int) -> None:
+        if self.pending:
+            self.drain()
+        self.ll.announce(fp)
+
+    # ---- one call ---------------------------------------------------------------------------
 
     def run_arrays(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
                    async_op: bool, timeout: float | None):
@@ -96,10 +158,15 @@ class LLRunner:
             self._order(comm, inp, out)
         fr = comm.flight
         e = fr.begin(LLDesc(op.label, seq)) if fr is not None else None
+        rec = comm.executor.rec  # the profiler: the call's entry and exit, no steps
+        if rec is not None:
+            self._entry(rec, op, inp, out, seq)
         try:
             op.run(inp, out, red, t)
             if post is not None:
                 post()
+            if rec is not None:
+                rec.ev(Ev.COLL_EXIT, 0, -1, seq, -1, op.coll.code, 0, 0)
         except RingtreeError as err:
             err = comm._on_error(err)
             if e is not None:
@@ -118,6 +185,12 @@ class LLRunner:
         return result
 
     @staticmethod
+    def _entry(rec, op: LLOp, inp, out, seq: int) -> None:
+        nbytes = max(0 if inp is None else inp.nbytes, 0 if out is None else out.nbytes)
+        rec.ev(Ev.COLL_ENTRY, 0, -1, seq, -1, op.coll.code, nbytes,
+               rec.call_id(LLDesc(op.label, seq), nbytes))
+
+    @staticmethod
     def _order(comm, inp, out) -> None:
         progress = comm.progress
         with progress.cv:
@@ -130,15 +203,16 @@ class LLRunner:
                            root: int) -> int:
         return fingerprint(coll.code, dt.code, op_code, root, count, simple=True)
 
-    def announce(self, fp: int) -> None:
-        self.ll.announce(fp)
-
     def check(self) -> None:
         """Idle hook of a Simple call: MismatchError if a peer runs another call."""
         self.ll.check_announced(lambda: "the current call")
 
     def close(self) -> None:
+        """Close the segment (a thread waiting in it fails) and let the LL thread go."""
         self.ll.close()
+        with self._cv:
+            self._thread = None
+            self._cv.notify_all()
 
 
 def crowded(nranks: int) -> bool:

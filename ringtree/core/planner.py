@@ -163,7 +163,7 @@ class Planner:
             opts = Options(channels=self.nchannels, nodes=self.nodes)
             model = self.model()
             enabled = self.algo_enabled.get(coll)
-            if self.collnet is None and len(set(self.nodes)) > 1:  # no switch to run on
+            if self.collnet is None:  # CollNet only where a switch was set up, as NCCL
                 enabled = {a for a in (enabled or algorithms(coll))
                            if not a.startswith("collnet")}
             cached = choose(coll, nbytes, self.size, enabled, model, opts)

@@ -8,8 +8,8 @@ how fast the path between hosts is.
   node 1: latencies summed, the narrowest link's bandwidth) — or else measured once per
   job by the first communicator that spans hosts: rank 0 ping-pongs a small message with
   the first rank of every other host (α = half the best round trip, less the per-message
-  software cost the model charges separately), then times a 1 MiB message (B = bytes /
-  (time − round trip)), and keeps the slowest host. Rank 0 broadcasts the numbers, so
+  software cost the model charges separately), then times a 1 MiB message, best of 4
+  (B = bytes / (time − round trip)), and keeps the slowest host. Rank 0 broadcasts the numbers, so
   every rank's tuner sees the same ones and picks the same algorithm.
 
 The tuner then charges each algorithm for what it moves over each link class
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PROBE_BYTES = 1 << 20
+PROBE_REPS = 4  # best of: a busy CPU only ever makes a transfer look slower
 _JOB: Topology | None = None  # measured by this process's first multi-host communicator
 
 
@@ -40,11 +41,15 @@ class Topology:
     bandwidth: float
     source: str
     cpus: int = 0  # cores of rank 0's host (taken for every host)
+    machines: tuple[int, ...] = ()  # physical machine of each rank (hosts may share one)
 
     @property
     def crowded(self) -> bool:
-        """Some host runs more ranks than it has cores (then fewer, larger messages win)."""
-        return max(self.nodes.count(h) for h in set(self.nodes)) > max(1, self.cpus)
+        """Some machine runs more ranks than it has cores (then fewer, larger messages
+        win). Namespace or container "hosts" that share one kernel (the same boot id)
+        share its cores too, so ranks are counted per machine, not per host."""
+        where = self.machines or self.nodes
+        return max(where.count(m) for m in set(where)) > max(1, self.cpus)
 
     @property
     def hosts(self) -> int:
@@ -55,8 +60,11 @@ class Topology:
         for r, h in enumerate(self.nodes):
             per.setdefault(h, []).append(r)
         layout = "; ".join(f"host {h}: ranks {_span(rs)}" for h, rs in sorted(per.items()))
+        shared = len(set(self.machines)) < self.hosts if self.machines else False
         return (f"{self.hosts} hosts ({layout}); inter-host link {self.bandwidth * 8 / 1e6:,.0f}"
-                f" Mbit/s, latency {self.alpha * 1e6:.0f} us ({self.source})")
+                f" Mbit/s, latency {self.alpha * 1e6:.0f} us ({self.source})"
+                + ("; hosts share one machine's cores" if shared else "")
+                + ("; more ranks than cores" if self.crowded else ""))
 
 
 def _span(rs: list[int]) -> str:
@@ -105,7 +113,7 @@ def measure(comm, overhead: float) -> tuple[float, float, float]:
                 rtts.append(time.perf_counter() - t0)
             rtt = min(rtts)
             best = 0.0
-            for _ in range(2):
+            for _ in range(PROBE_REPS):
                 t0 = time.perf_counter()
                 comm.send(big, peer)
                 comm.recv(small, peer)
@@ -117,11 +125,18 @@ def measure(comm, overhead: float) -> tuple[float, float, float]:
         for _ in range(5):
             comm.recv(small, 0)
             comm.send(small, 0)
-        for _ in range(2):
+        for _ in range(PROBE_REPS):
             comm.recv(big, 0)
             comm.send(small, 0)
     comm.broadcast(res, root=0, algo="ring")
     return float(res[0]), float(res[1]), float(res[2])
+
+
+def machines(host_ids: list[str]) -> tuple[int, ...]:
+    """Index of each rank's physical machine: host identities are ``hostname|boot_id``,
+    and hosts with one boot id run on one kernel."""
+    order: dict[str, int] = {}
+    return tuple(order.setdefault(h.rpartition("|")[2] or h, len(order)) for h in host_ids)
 
 
 def learn(comm, overhead: float) -> Topology | None:
@@ -130,8 +145,9 @@ def learn(comm, overhead: float) -> Topology | None:
     nodes = tuple(comm.nodes)
     if len(set(nodes)) < 2:
         return None
+    where = machines([p.host_id for p in comm.peers])
     if _JOB is not None:
-        return Topology(nodes, _JOB.alpha, _JOB.bandwidth, _JOB.source, _JOB.cpus)
+        return Topology(nodes, _JOB.alpha, _JOB.bandwidth, _JOB.source, _JOB.cpus, where)
     from ringtree.settings import current
 
     path = (current().topo_file or "").strip()
@@ -151,6 +167,6 @@ def learn(comm, overhead: float) -> Topology | None:
     else:
         res[:] = measure(comm, overhead)
         source = "measured by rank 0"
-    topo = Topology(nodes, float(res[0]), float(res[1]), source, int(res[2]))
+    topo = Topology(nodes, float(res[0]), float(res[1]), source, int(res[2]), where)
     _JOB = topo
     return topo

@@ -81,7 +81,9 @@ class HostStats:
     - ``send_intra``: the most any rank sends to ranks on its own host;
     - ``host_out`` / ``host_in``: the most any *host* sends out / takes in over its link —
       the ranks of a host share one NIC, which is what flat algorithms forget;
-    - ``reduce``: the most any rank reduces.
+    - ``reduce``: the most any rank reduces;
+    - ``fan_in``: the most remote ranks sending into one host in the same step (incast:
+      concurrent TCP flows into one link share its queue and lose packets to each other).
     """
 
     depth: int
@@ -92,6 +94,7 @@ class HostStats:
     host_out: float
     host_in: float
     reduce: float
+    fan_in: int = 1
 
 
 @lru_cache(maxsize=1024)
@@ -114,6 +117,7 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
     h_out = [0.0] * (hosts + len(virtual))
     h_in = [0.0] * (hosts + len(virtual))
     worst = [0, 0]
+    flows: dict[tuple[int, int], set[int]] = {}  # (host, step time) -> remote senders
 
     def run(r: int, c: int, i: int, s, arrivals: list) -> tuple[int, int]:
         before = [finish[r][d] for d in deps[r][(c, i)]]
@@ -133,9 +137,11 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
                 h_out[node[r]] += size
                 h_in[node[q]] += size
                 m_out[r] += 1
+                flows.setdefault((node[q], t), set()).add(r)
         return t, e
 
     walk(programs, run)
     n = nranks
+    fan_in = max((len(f) for (h, _), f in flows.items() if h < hosts), default=1)
     return HostStats(worst[0], worst[1], max(m_in[:n]), max(m_out[:n]), max(intra[:n]),
-                     max(h_out[:hosts]), max(h_in[:hosts]), max(reduced[:n]))
+                     max(h_out[:hosts]), max(h_in[:hosts]), max(reduced[:n]), fan_in)

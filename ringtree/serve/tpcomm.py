@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-PLAN_WORDS = 1024
+PLAN_WORDS = 512
 
 
 class TPComm(Protocol):
@@ -92,7 +92,7 @@ class RingtreeTP(_BroadcastInts):
         self.comm, self.rank, self.size = comm, comm.rank, comm.size
 
     def all_reduce(self, t: torch.Tensor) -> None:
-        self.comm.all_reduce(t)
+        self.comm.all_reduce(t.numpy())     # a zero-copy view: skips the torch adapter
 
     def _bcast(self, a: np.ndarray) -> None:
         self.comm.broadcast(a, root=0)

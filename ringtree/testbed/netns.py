@@ -152,6 +152,18 @@ class Host:
         self.testbed._children.append(p)
         return p
 
+    def spawn(self, fn, *args, **kwargs):
+        """Run ``fn(*args, **kwargs)`` in a forked process inside this host (e.g. a switch
+        or a server that is not a rank); a ``multiprocessing.Process``, stopped when the
+        testbed closes."""
+        import multiprocessing as mp
+
+        p = mp.get_context("fork").Process(target=_in_host, args=(self, fn, args, kwargs),
+                                           daemon=True)
+        p.start()
+        self.testbed._spawned.append(p)
+        return p
+
     def enter(self) -> None:
         """Move the calling process into this host's namespaces (call it in a fresh,
         single-threaded child, e.g. right after ``fork``)."""
@@ -169,6 +181,12 @@ class Host:
 
     def close(self) -> None:
         self._keeper.close()
+
+
+def _in_host(host: Host, fn, args: tuple, kwargs: dict) -> None:
+    die_with_parent()
+    host.enter()
+    fn(*args, **kwargs)
 
 
 class Testbed:
@@ -189,6 +207,7 @@ class Testbed:
         self.name = name
         self.hosts: list[Host] = []
         self._children: list[subprocess.Popen] = []
+        self._spawned: list = []  # multiprocessing.Process objects from Host.spawn
         self._creator = threading.get_ident()
         self._next_port = 29400
         self._closed = False
@@ -284,6 +303,13 @@ class Testbed:
         if self._closed:
             return
         self._closed = True
+        for q in self._spawned:
+            if q.is_alive():
+                q.terminate()
+            q.join(timeout=5)
+            if q.is_alive():
+                q.kill()
+                q.join()
         for p in self._children:
             if p.poll() is None:
                 p.terminate()

@@ -94,8 +94,8 @@ class LLOp:
             self.ufunc = _UFUNC[list(ReduceOp)[op_code]]
             self.quiet = dt.is_float
         self.run = {
-            Collective.ALL_REDUCE: self._all_reduce_streamed if self.chunk else
-            self._all_reduce, Collective.REDUCE: self._reduce,
+            Collective.ALL_REDUCE: self._all_reduce_alone if n == 1 else
+            self._all_reduce_streamed if self.chunk else self._all_reduce, Collective.REDUCE: self._reduce,
             Collective.REDUCE_SCATTER: self._reduce_scatter,
             Collective.BROADCAST: self._broadcast, Collective.ALL_GATHER: self._all_gather,
             Collective.BARRIER: self._barrier,
@@ -150,6 +150,13 @@ class LLOp:
         self._put(x, red, timeout)
         p = self.ll.sync(self.fp, timeout, self.describe)
         self._fold(p, out, red)
+
+    def _all_reduce_alone(self, x, out, red, timeout) -> None:
+        """One rank: the result is the input (pre-scaled for PREMUL_SUM)."""
+        if self.premul:
+            red.premultiply(x, out)
+        elif out is not x:
+            out[...] = x
 
     def _all_reduce_streamed(self, x, out, red, timeout) -> None:
         ll, C, fp, what = self.ll, self.chunk, self.fp, self.describe

@@ -1,4 +1,13 @@
-"""TCP transport: one socket per (peer, channel), opened lazily, full duplex, zero-copy.
+"""TCP transport: sockets per (peer, channel), opened lazily, full duplex, zero-copy.
+
+- ``RINGTREE_NSOCKS_PERTHREAD`` × ``RINGTREE_SOCKET_NTHREADS`` sockets per (peer, channel)
+  (NCCL's names; default 1): messages of at least 256 KiB are cut into that many
+  contiguous parts, one per socket, so several TCP streams share a fat or lossy path.
+  Socket buffers: the kernel's autotuning, unless it cannot reach
+  ``RINGTREE_SOCKET_BUFFER`` (default 4 MiB), then that size is set.
+- Per message the Python work is constant (a header, a ``sendmsg``/``recv_into`` per
+  socket-buffer's worth): the kernel copies the payload straight from and into NumPy
+  memory.
 
 - The lower rank connects, the higher rank accepts (so two ranks that need each other at
   the same moment never open two sockets). A connection introduces itself with a hello:
@@ -27,26 +36,15 @@ import numpy as np
 
 from ringtree.errors import PeerError
 from ringtree.transports.base import HEADER_BYTES, HeaderMismatch, Request, Transport
+from ringtree.transports.tcp_socket import STRIPE_MIN, STRIPE_SHIFT, sockets_per_peer, tune
 
 _MAGIC = b"RTc1"
 _HELLO = struct.Struct("<4s16sII16s")
-SOCKET_BUFFER = 4 << 20
-
-
-def _tune(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
-        except OSError:
-            pass
-
-
 def make_listener(host: str) -> socket.socket:
     """A nonblocking listening socket on ``host`` (any free port)."""
     lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _tune(lst)
+    tune(lst)
     lst.bind((host, 0))
     lst.listen(4096)
     lst.setblocking(False)
@@ -86,6 +84,8 @@ class TcpTransport(Transport):
         self.conns: dict[tuple[int, int], _Conn] = {}
         self.active: set[_Conn] = set()
         self.connecting: set[_Conn] = set()  # our connects in flight (or waiting to retry)
+        self.nsocks = sockets_per_peer()
+        self.striped: list[tuple[Request, list[Request]]] = []  # split messages in flight
         self.hellos: list[tuple[socket.socket, bytearray]] = []
         self.closed = False
 
@@ -112,7 +112,7 @@ class TcpTransport(Transport):
             conn.deadline = time.monotonic() + self.connect_timeout
         host, port = self.addresses[conn.peer]
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        _tune(sock)
+        tune(sock)
         sock.setblocking(False)
         err = sock.connect_ex((host, port))
         if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
@@ -180,7 +180,7 @@ class TcpTransport(Transport):
             except OSError:
                 break
             sock.setblocking(False)
-            _tune(sock)
+            tune(sock)
             self.hellos.append((sock, bytearray()))
             moved = True
         keep = []
@@ -222,6 +222,45 @@ class TcpTransport(Transport):
     # ---- the Transport interface ------------------------------------------------------
 
     def isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:
+        if self.nsocks > 1 and payload.nbytes >= STRIPE_MIN and payload.flags.c_contiguous:
+            return self._stripe(peer, channel, header, payload, True)
+        return self._isend(peer, channel, header, payload)
+
+    def irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
+        if self.nsocks > 1 and into.nbytes >= STRIPE_MIN and into.flags.c_contiguous:
+            return self._stripe(peer, channel, header, into, False)
+        return self._irecv(peer, channel, header, into)
+
+    def _stripe(self, peer: int, channel: int, header: bytes, buf: np.ndarray,
+                send: bool) -> Request:
+        """One message as ``nsocks`` contiguous parts, part j on the peer's socket j, each
+        framed with the message's header. Sender and receiver split alike (the rule
+        depends on the size only), and each socket stays FIFO."""
+        whole = Request(peer, channel, header, buf, send)
+        flat = buf.reshape(-1).view(np.uint8)
+        k, n = self.nsocks, flat.nbytes
+        cuts = [n * j // k for j in range(k + 1)]
+        post = self._isend if send else self._irecv
+        parts = [post(peer, channel | (j << STRIPE_SHIFT), header, flat[cuts[j]:cuts[j + 1]])
+                 for j in range(k)]
+        self.striped.append((whole, parts))
+        self._settle()
+        return whole
+
+    def _settle(self) -> None:
+        """Finish the split messages whose parts are all done (or fail them)."""
+        keep = []
+        for whole, parts in self.striped:
+            err = next((p.error for p in parts if p.error is not None), None)
+            if err is not None:
+                whole.fail(err)
+            elif all(p.done for p in parts):
+                whole.done = True
+            else:
+                keep.append((whole, parts))
+        self.striped = keep
+
+    def _isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:
         req = Request(peer, channel, header, payload, True)
         conn = self._conn(peer, channel)
         if conn.dead is not None:
@@ -235,7 +274,7 @@ class TcpTransport(Transport):
                 self.active.add(conn)
         return req
 
-    def irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
+    def _irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
         req = Request(peer, channel, header, into, False)
         conn = self._conn(peer, channel)
         if conn.dead is not None:
@@ -262,6 +301,8 @@ class TcpTransport(Transport):
                 moved |= self._pump_recv(conn)
             if not conn.sendq and not conn.recvq:
                 self.active.discard(conn)
+        if self.striped:
+            self._settle()
         return moved
 
     def _awaiting_accept(self) -> bool:
@@ -323,7 +364,9 @@ class TcpTransport(Transport):
     # ---- byte pumps -------------------------------------------------------------------
 
     def _die(self, conn: _Conn, how: str, close: bool = True) -> None:
-        err = PeerError(conn.peer, f"rank {conn.peer} {how} (tcp channel {conn.channel})")
+        where = f"tcp channel {conn.channel & ((1 << STRIPE_SHIFT) - 1)}" + (
+            f", socket {conn.channel >> STRIPE_SHIFT}" if conn.channel >> STRIPE_SHIFT else "")
+        err = PeerError(conn.peer, f"rank {conn.peer} {how} ({where})")
         conn.dead = err
         for q in (conn.sendq, conn.recvq):
             while q:

@@ -31,9 +31,14 @@ def _addr(a: np.ndarray) -> int:
 
 
 def _in_place(coll: Collective, xa: np.ndarray, oa: np.ndarray, rank: int) -> bool:
+    """Does ringtree run this call in place (the operands at the record's layout)?"""
+    return coll.spec.in_place and _aliased(coll, xa, oa, rank)
+
+
+def _aliased(coll: Collective, xa: np.ndarray, oa: np.ndarray, rank: int) -> bool:
     """Do the operands sit the way the collective's record says they do in place?"""
     spec = coll.spec
-    if not spec.in_place or xa.size == 0:
+    if xa.size == 0:
         return False
     if spec.alias == IN_OUTPUT:
         return _addr(xa) == _addr(oa) + rank * xa.nbytes
@@ -179,7 +184,7 @@ def for_gather(comm, x, root: int, out, algo: str | None) -> CallSpec:
             out = _alloc_like(x, (n, *_shape(x)), dt)
         oa, odt = as_flat(out, "gather out")
         _same(dt, odt, xa.size * n, oa.size, "gather (out must hold size × input)")
-        check_out("gather", xa, oa, False)
+        check_out("gather", xa, oa, _aliased(Collective.GATHER, xa, oa, comm.rank))
     else:
         out = None
     return _spec(Collective.GATHER, xa.size, dt, None, root, False, algo, xa, oa, out)
@@ -199,7 +204,7 @@ def for_scatter(comm, x, root: int, out, algo: str | None) -> CallSpec:
             out = _alloc_like(x, shp[1:] if len(shp) > 1 and shp[0] == n else (count,), dt)
         oa, odt = as_flat(out, "scatter out")
         _same(dt, odt, count, oa.size, "scatter (out must hold input/size)")
-        check_out("scatter", xa, oa, False)
+        check_out("scatter", xa, oa, _aliased(Collective.SCATTER, xa, oa, comm.rank))
     else:
         if out is None:
             raise ValueError("scatter: non-root ranks must pass out=")

@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--embd", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--no-bubble", action="store_true")
+    ap.add_argument("--only-bubble", action="store_true", help="skip the throughput table")
     ap.add_argument("--bubble-repeat", type=int, default=1, help="runs per bubble point")
     ap.add_argument("--json", help="write every measurement here")
     args = ap.parse_args(argv)
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.batch_size} sequences, {args.micro_batches} micro-batches, {args.steps} "
           f"steps, median of {args.repeat} runs")
     rows, raw = [], {}
-    for name, dp, tp, pp in GRIDS:
+    for name, dp, tp, pp in ([] if args.only_bubble else GRIDS):
         cell = {}
         for backend in ("ringtree", "gloo"):
             tps, ms = [], []

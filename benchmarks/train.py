@@ -69,14 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--embd", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--no-bubble", action="store_true")
+    ap.add_argument("--only-bubble", action="store_true", help="skip the throughput table")
+    ap.add_argument("--bubble-repeat", type=int, default=1, help="runs per bubble point")
     ap.add_argument("--json", help="write every measurement here")
     args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured
     print(f"# loadavg before: {loadavg()}")
     print(f"# model: {args.layers} layers, d={args.embd}, T={args.block_size}; global batch "
           f"{args.batch_size} sequences, {args.micro_batches} micro-batches, {args.steps} "
           f"steps, median of {args.repeat} runs")
     rows, raw = [], {}
-    for name, dp, tp, pp in GRIDS:
+    for name, dp, tp, pp in ([] if args.only_bubble else GRIDS):
         cell = {}
         for backend in ("ringtree", "gloo"):
             tps, ms = [], []
@@ -87,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             cell[backend] = (statistics.median(tps), statistics.median(ms))
             raw[f"{name}/{backend}"] = {"tokens_per_s": tps, "step_ms_median": ms}
         rows.append((name, cell))
-    print("\n| grid | ringtree tokens/s | gloo tokens/s | ratio | ringtree step ms | "
-          "gloo step ms |")
-    print("|---|---|---|---|---|---|")
+    if rows:
+        print("\n| grid | ringtree tokens/s | gloo tokens/s | ratio | ringtree step ms | "
+              "gloo step ms |")
+        print("|---|---|---|---|---|---|")
     for name, cell in rows:
         (rt, rms), (gt, gms) = cell["ringtree"], cell["gloo"]
         print(f"| {name} | {rt:,.0f} | {gt:,.0f} | {rt / gt:.2f} | {rms:.1f} | {gms:.1f} |")
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.batch_size % m:
                     continue
                 bubbles = [run_train(1, 1, pp, "ringtree", args, micro=m)[1]
-                           for _ in range(args.repeat)]
+                           for _ in range(args.bubble_repeat)]
                 b = statistics.median(x for x in bubbles if x is not None)
                 raw[f"bubble/pp{pp}/m{m}"] = bubbles
                 print(f"| PP={pp} | {m} | {b:.3f} | {(pp - 1) / (m + pp - 1):.3f} |")

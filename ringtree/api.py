@@ -217,7 +217,8 @@ class CollectivesMixin:
                 out = _alloc_like(x, (n, *_shape(x)), dt)
             oa, odt = as_flat(out, "gather out")
             self._same(dt, odt, xa.size * n, oa.size, "gather (out must hold size × input)")
-            check_out("gather", xa, oa, False)
+            check_out("gather", xa, oa,  # in place: the root's input is its block of out
+                      _addr(xa) == _addr(oa) + self.rank * xa.nbytes)
             result = out
         else:
             oa, result = None, None
@@ -243,7 +244,8 @@ class CollectivesMixin:
                                   dt)
             oa, odt = as_flat(out, "scatter out")
             self._same(dt, odt, count, oa.size, "scatter (out must hold input/size)")
-            check_out("scatter", xa, oa, False)
+            check_out("scatter", xa, oa,  # in place: out is the root's block of the input
+                      _addr(oa) == _addr(xa) + self.rank * oa.nbytes)
         else:
             if out is None:
                 raise ValueError("scatter: non-root ranks must pass out=")

@@ -6,14 +6,18 @@ rank's block of the output / the output this rank's block of the input), or it d
 touch the input at all. A partial overlap — ``all_reduce(x[:-k], out=x[k:])`` — would let
 the call read what it has already written, so it is a ``ValueError``.
 
-Within one group (:meth:`Communicator.group`), whose operations run concurrently:
+Within one group (:meth:`Communicator.group`), whose sends and receives run
+concurrently:
 
-- two operations that *write* overlapping memory (two receives into one buffer, a
-  receive into a collective's output) are a ``ValueError``: no order would be right;
-- an operation that only *reads* memory another one of the group writes (a send of the
-  buffer a receive fills, the README's ring shift) reads it as it was when the group was
-  closed: ringtree takes a private copy of that input before anything is sent
-  (``MPI_Sendrecv_replace``'s semantics, one copy of the overlapping input only).
+- two receives into overlapping memory are a ``ValueError``: no order would be right;
+- a send of memory that another operation of the group writes (the buffer a receive
+  fills, the README's ring shift) sends it as it was when the group was closed: ringtree
+  takes a private copy of that buffer before anything is sent (``MPI_Sendrecv_replace``'s
+  semantics, one copy of the overlapping buffer only).
+
+Collectives inside one group are left as they are: they run concurrently like the rest
+of the group (``ringtree perf -a`` aggregates iterations on one buffer on purpose), so
+give collectives of one group separate buffers.
 
 Between calls in flight the executor orders overlapping calls as one NCCL stream would
 (:meth:`Executor.submit`), so separate calls need no rule here.
@@ -81,15 +85,20 @@ def order_group(calls: list) -> None:
     """Apply the group rules to ``calls`` (before they are submitted): raise on two writers
     of the same memory, give readers of memory the group writes a private copy."""
     uses = [_uses(c) for c in calls]
+    p2p = [c.desc.algo == "p2p" for c in calls]
     for i, (_, wi) in enumerate(uses):
+        if not p2p[i]:
+            continue
         for j in range(i + 1, len(calls)):
+            if not p2p[j]:
+                continue
             if any(_meets(a, b) for a in wi for b in uses[j][1]):
                 raise ValueError(
                     f"group: {calls[i].desc.name} and {calls[j].desc.name} write "
                     "overlapping memory in one group, whose operations run concurrently; "
                     "use separate buffers or separate groups")
     for i, (ri, _) in enumerate(uses):
-        if not ri:
+        if not ri or not p2p[i]:
             continue
         hit = any(_meets(a, b) for j, (_, wj) in enumerate(uses) if j != i
                   for a in ri for b in wj)

@@ -13,7 +13,7 @@ from tests.test_launch import child_env, py, run
 
 JOB = """
     import os, signal, sys, time, numpy as np, ringtree
-    comm = ringtree.init(timeout=60)
+    comm = ringtree.init()  # RINGTREE_TIMEOUT from the test
     x = np.ones(1024, np.float32)
     for i in range(200):
         if i == 5 and comm.rank == 2:
@@ -31,7 +31,7 @@ def _summary(stderr: str) -> str:
 
 def test_root_cause_is_the_rank_that_left_not_the_first_nonzero_exit():
     proc, _ = run("-n", "4", *py(JOB.format(action="sys.exit(0)")), timeout=120,
-                  env=child_env(RINGTREE_TRANSPORT="tcp"))
+                  env=child_env(RINGTREE_TRANSPORT="tcp", RINGTREE_TIMEOUT="60"))
     assert proc.returncode != 0
     s = _summary(proc.stderr)
     assert "root cause (first failure): rank 2 " in s and "exited with code 0" in s, s

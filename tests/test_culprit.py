@@ -92,7 +92,7 @@ def test_rank_zero_leaving_first_keeps_the_abort_readable():
         env.update(RINGTREE_RANK=str(r), RINGTREE_WORLD_SIZE="3", RINGTREE_LOCAL_RANK=str(r),
                    RINGTREE_LOCAL_WORLD_SIZE="3", RINGTREE_MASTER_ADDR="127.0.0.1",
                    RINGTREE_MASTER_PORT=str(port), RINGTREE_TOKEN="leaver",
-                   RINGTREE_TRANSPORT="tcp", RINGTREE_DOCTOR_WAIT="1",
+                   RINGTREE_TRANSPORT="tcp", RINGTREE_DOCTOR_WAIT="1", RINGTREE_PROTO="simple",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
                                                             env.get("PYTHONPATH")])))
         procs.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(LEAVER)],
@@ -108,5 +108,6 @@ def test_rank_zero_leaving_first_keeps_the_abort_readable():
     late = outs[2]
     # the late rank learns why the others gave up (they timed out waiting for it),
     # instead of blaming rank 0 for leaving
-    assert "aborted" in late and "timed out" in late, late
-    assert not BLAME.search(late.split("aborted", 1)[0]), late
+    # (its call may also complete from data the others sent before they gave up)
+    assert late == "RESULT ok" or ("aborted" in late and "timed out" in late), late
+    assert not BLAME.search(late), late

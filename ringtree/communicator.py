@@ -318,7 +318,10 @@ class Communicator:
 
     def _on_error(self, e: BaseException) -> BaseException:
         """The executor failed: record it for every rank and say who started it."""
-        if isinstance(e, (PeerError, MismatchError, CollectiveTimeout, CommAborted)):
+        from ringtree.switch.wire import SwitchError
+
+        if isinstance(e, (PeerError, MismatchError, CollectiveTimeout, CommAborted,
+                          SwitchError)):  # a dead switch is a dead peer for everyone
             return self._fail(e)
         return e
 

@@ -187,7 +187,9 @@ def analyze(statuses: list[dict | None], comm: str = "?",
         cands = terminals if blocked else {
             r for r in range(size) if statuses[r] is None or not statuses[r].get("current")
             or (stuck is not None and not _same(statuses[r]["current"], stuck))}
-        reasons = {r: _why(r, statuses[r], stuck, missing) for r in sorted(cands)}
+        reasons = {r: _why(r, statuses[r], stuck, missing) if r < size else
+                   (f"virtual rank {r}: the in-network aggregation switch did not answer",
+                    True) for r in sorted(cands)}
         strong = [r for r, (_, ok) in reasons.items() if ok]
         if not strong and unreachable:  # the only candidates are reporting the failure
             reasons.update({r: (missing, True) for r in unreachable})

@@ -135,7 +135,7 @@ class SwitchLink:
         deadline = time.monotonic() + self.timeout
         while not self.joined:
             self._drive(deadline, f"forming group {key.hex()[:8]} (member {member} of "
-                                  f"{members})")
+                                  f"{members})", lambda: bool(self.joined))
         gid, win, chunk = self.joined.popleft()
         g = SwitchGroup(self, gid, win, chunk)
         self.groups[gid] = g
@@ -146,11 +146,13 @@ class SwitchLink:
         o = group.post(send, recv, dtype, op, header)
         deadline = time.monotonic() + self.timeout
         while not o.done:
-            self._drive(deadline, f"all_reduce of {send.nbytes} bytes")
+            self._drive(deadline, f"all_reduce of {send.nbytes} bytes", lambda: o.done)
         o.result()
 
-    def _drive(self, deadline: float, what: str) -> None:
+    def _drive(self, deadline: float, what: str, done=lambda: False) -> None:
         self.poll()
+        if done():  # what we wait for arrived, even if an error came in behind it
+            return
         if self.error is not None:
             raise self.error
         left = deadline - time.monotonic()

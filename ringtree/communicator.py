@@ -23,10 +23,13 @@ import numpy as np
 from ringtree import api, failure
 from ringtree.bootstrap.rendezvous import Peer, meet
 from ringtree.core.executor import Executor
+from ringtree.core.ir import Collective
 from ringtree.core.plan import Call
 from ringtree.core.planner import CallSpec, Planner
 from ringtree.core.progress import Progress
+from ringtree.core.proto import parse_proto_spec
 from ringtree.core.tuner import parse_algo_spec
+from ringtree.dtypes import DType
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
 from ringtree.ops import ReduceOp
 from ringtree.settings import as_timeout, current
@@ -114,7 +117,11 @@ class Communicator:
             from ringtree.switch.collnet import from_env
 
             self.collnet = self.planner.collnet = from_env(self)
-        self.executor = Executor(rank, self.fabric, on_idle=self._check_abort,
+        self.proto_enabled = parse_proto_spec(s.proto)
+        self._fast: dict[tuple, tuple] = {}  # (dtype, size, op) -> (LLOp, Reducer)
+        self.ll = self._open_ll()
+        self.planner.ll, self.planner.proto_enabled = self.ll, self.proto_enabled
+        self.executor = Executor(rank, self.fabric, on_idle=self._idle,
                                  slice_bytes=self.slice_bytes)
         self.executor.on_error = self._on_error
         self.progress = Progress(self.executor, f"ringtree-rank{rank}")
@@ -131,6 +138,31 @@ class Communicator:
             if self.debug in ("INFO", "TRACE") and rank == 0:
                 print(f"ringtree: topology: {self.topology.describe()}", flush=True)
 
+    def _open_ll(self):
+        """The LL segment (:mod:`ringtree.core.ll_runner`) when every rank is on this host
+        and shared memory is in use; None otherwise (every call then runs on Simple)."""
+        from ringtree.bootstrap.job import crowded
+        from ringtree.core.ll_runner import MAX_RANKS, LLRunner, default_cell
+        from ringtree.core.proto import LL
+        from ringtree.transports.assign import shm_supported
+
+        s = self.settings
+        if self.size > MAX_RANKS or len(set(self.nodes)) != 1 or s.transport == "tcp" or \
+                not shm_supported() or all(LL not in v for v in self.proto_enabled.values()):
+            return None
+        ll = LLRunner.open(
+            self, cell_bytes=s.ll_cell or default_cell(self.size),
+            spin_us=s.ll_spin_us if s.ll_spin_us is not None else
+            0.0 if crowded(self.size) else 5.0, yield_us=s.ll_yield_us)
+        self.fabric.closers.append(ll.close)
+        return ll
+
+    def _idle(self) -> None:
+        """The executor waits: has another rank aborted, or does one run another call?"""
+        self._check_abort()
+        if self.ll is not None:
+            self.ll.check()
+
     def _link_kind(self) -> str:
         """The cost model every rank agrees on: shm when the whole job is on one host
         (and shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
@@ -145,6 +177,17 @@ class Communicator:
     def all_reduce(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
                    algo: str | None = None, timeout: float | None = None):
         """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
+        if out is None and algo is None and type(x) is np.ndarray:
+            # the hot path: an in-place NumPy all-reduce whose shape ran on LL before
+            hit = self._fast.get((x.dtype, x.size, op))
+            if hit is not None and not async_op and self._group is None and \
+                    self._broken is None and not self.ll.pending:
+                f = x.flags
+                if f.c_contiguous and f.writeable and not self._closed:
+                    xa = x if x.ndim == 1 else x.reshape(-1)
+                    self.seq += 1
+                    return self.ll.run_arrays(self, hit[0], xa, xa, hit[1], x, None,
+                                              self.seq, False, timeout)
         return self._run(api.for_all_reduce(self, x, op, out, algo), async_op, timeout)
 
     def broadcast(self, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,
@@ -230,7 +273,17 @@ class Communicator:
             seq = self._p2p_seq[key] = self._p2p_seq.get(key, 0) + 1
         else:
             seq = self.seq = self.seq + 1
-        call = self.planner.plan(spec).bind(spec, seq, self.size)
+        plan = self.planner.plan(spec)
+        if plan.ll_op is not None and self._group is None:
+            if spec.coll is Collective.ALL_REDUCE and type(spec.result) is np.ndarray and \
+                    spec.in_place and spec.dtype is not DType.BFLOAT16 and \
+                    type(spec.op) is ReduceOp and spec.op is not ReduceOp.PREMUL_SUM:
+                x = spec.result  # next time, all_reduce goes straight to the LL op
+                self._fast[(x.dtype, x.size, spec.op)] = (plan.ll_op, spec.reducer)
+            return self.ll.run(self, plan.ll_op, spec, seq, async_op, timeout)
+        if plan.announce:
+            self.ll.announce(plan.announce)
+        call = plan.bind(spec, seq, self.size)
         if self.flight is not None:
             self.flight.scheduled(call)
         if self.debug in ("INFO", "TRACE") and call.desc.seq <= 10:
@@ -282,6 +335,8 @@ class Communicator:
     def synchronize(self, timeout: float | None = None) -> bool:
         """Wait until every operation issued so far has completed; False if ``timeout``
         seconds passed first (the operations go on)."""
+        if self.ll is not None:
+            self.ll.drain()
         return self.progress.synchronize(timeout)
 
     def _fail_pending(self, err: BaseException) -> None:

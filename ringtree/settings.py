@@ -169,7 +169,13 @@ declare("RINGTREE_COLLNET_HOP_US", number, None,
 declare("RINGTREE_PROTO", text, "",
         "protocols to use: NCCL_PROTO syntax, e.g. `LL`, `^LL`, `Simple;allreduce:LL`")
 declare("RINGTREE_LL_CELL", integer, None,
-        "LL cell bytes per rank and parity (default 1 MiB with 2 ranks, else 64 KiB)")
+        "LL cell bytes per rank and parity: the largest LL contribution (default 1 MiB up "
+        "to 8 ranks, else 64 KiB)")
+declare("RINGTREE_LL_SPIN_US", number, None,
+        "µs an LL wait spins before yielding (default 5, 0 when a host's ranks outnumber "
+        "its cores)")
+declare("RINGTREE_LL_YIELD_US", number, 2000.0,
+        "µs an LL wait polls with `sched_yield` before sleeping on its doorbell")
 declare("RINGTREE_PROFILE", text, None,
         "directory for per-rank profiler events (then `ringtree trace DIR`)")
 declare("RINGTREE_PROFILE_EVENTS", integer, 1 << 20, "profiler events kept per communicator")

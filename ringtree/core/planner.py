@@ -4,8 +4,9 @@ It owns every decision between the API and the executor:
 
 - *algorithm*: the caller's ``algo=``, else the tuner (:mod:`ringtree.core.tuner`) on the
   call's size, cached per (collective, bytes);
-- *protocol*: :meth:`Planner._protocol` is the one place a second protocol is chosen by
-  size (today every plan uses Simple, the IR executor);
+- *protocol*: :meth:`Planner._protocol` chooses LL (:mod:`ringtree.core.ll_runner`) or
+  Simple (the IR executor) by size (:mod:`ringtree.core.proto`); an LL plan carries its
+  prepared op, every plan on a single-host communicator the fingerprint it announces;
 - *fallbacks*: an algorithm that cannot run in place gets a private copy of the input;
   PREMUL_SUM reduces a pre-scaled copy (the user's input is never changed);
 - *scratch*: a plan keeps its scratch and staging buffers and lends them to one call at a
@@ -25,6 +26,7 @@ import numpy as np
 
 from ringtree.core.ir import Buf, Collective, Program, Step, inp, out, split_even
 from ringtree.core.plan import Call, CStep, Desc, Region, compile_program
+from ringtree.core.proto import LL, SIMPLE, choose_protocol
 from ringtree.core.tuner import MODELS, choose
 from ringtree.dtypes import DType
 from ringtree.ops import ReduceOp, Reducer
@@ -63,7 +65,7 @@ class Plan:
 
     __slots__ = ("key", "protocol", "algo", "steps", "name", "coll_code", "root",
                  "channel_base", "stage", "scratch_len", "scratch_fill", "avg",
-                 "_scratch", "_staging", "busy")
+                 "_scratch", "_staging", "busy", "ll_op", "announce")
 
     def __init__(self, key: tuple, algo: str, steps: list[list[CStep]], *, name: str,
                  coll_code: int, root: int, channel_base: int = 0, stage: int = 0,
@@ -76,6 +78,8 @@ class Plan:
         self._scratch: np.ndarray | None = None
         self._staging: np.ndarray | None = None
         self.busy = False  # a call in flight holds this plan's buffers
+        self.ll_op = None  # the prepared LL call, when the protocol is LL
+        self.announce = 0  # fingerprint a Simple run of it publishes in the LL segment
 
     def bind(self, spec: CallSpec, seq: int, nranks: int) -> Call:
         """The Call that runs ``spec`` (sequence number ``seq``) on this plan."""
@@ -138,6 +142,8 @@ class Planner:
         self._plans: dict[tuple, Plan] = {}
         self._choices: dict[tuple[Collective, int], str] = {}
         self._last: Plan | None = None
+        self.ll = None                      # the communicator's LLRunner, if any
+        self.proto_enabled: dict = {}       # RINGTREE_PROTO per collective
 
     def plan(self, spec: CallSpec) -> Plan:
         """The plan for ``spec``'s shape: the previous call's if the shape repeats."""
@@ -250,15 +256,25 @@ class Planner:
                                 self.slice_bytes, in_place)
         avg = spec.op is ReduceOp.AVG and (coll is not Collective.REDUCE
                                            or self.rank == spec.root)
-        return Plan(key, algo, steps, name=coll.value, coll_code=coll.code, root=spec.root,
+        plan = Plan(key, algo, steps, name=coll.value, coll_code=coll.code, root=spec.root,
                     stage=stage, scratch_len=prog.blocks(Buf.SCRATCH) * count if prog.scratch
                     else 0, scratch_fill=1 if coll is Collective.BARRIER else None, avg=avg,
                     protocol=protocol)
+        if self.ll is not None:
+            code = spec.reducer.code if spec.reducer is not None else 0
+            plan.announce = self.ll.simple_fingerprint(coll, spec.dtype, count, code, spec.root)
+            if protocol == LL:
+                plan.ll_op = self.ll.op(coll, spec.dtype, count, code, spec.root)
+        return plan
 
     def _protocol(self, spec: CallSpec, nbytes: int) -> str:
-        """Which protocol carries a call of ``nbytes``: the hook for a small-message fast
-        path (NCCL's LL next to Simple). Today every call is Simple."""
-        return "simple"
+        """LL or Simple for a call of ``nbytes`` (:func:`ringtree.core.proto.choose_protocol`):
+        LL only on a single-host communicator, for calls that name no algorithm."""
+        ll = self.ll
+        if ll is None or spec.coll is None or spec.algo is not None or spec.blocks is not None:
+            return SIMPLE
+        return choose_protocol(spec.coll, nbytes, self.size, self.proto_enabled.get(spec.coll),
+                               ll.fits(spec.coll, spec.count, spec.dtype.itemsize))
 
     def _p2p(self, spec: CallSpec, key: tuple) -> Plan:
         sending, n = spec.algo == "send", spec.count

@@ -1,0 +1,137 @@
+"""LL through the communicator: the collective matrix under RINGTREE_PROTO=LL, calls that
+disagree on the protocol, memory order with async Simple work, a killed rank, many ranks
+on few cores, and RINGTREE_PROTO=Simple keeping LL out."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+from test_collectives import _assert_clean, movement_cases, reduction_cases
+
+import ringtree
+from ringtree.dtypes import DType
+from ringtree.testing import RankPool, run_ranks
+
+LL_ENV = {"RINGTREE_PROTO": "LL"}
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"n{n}")
+def ll_pool(request):
+    with RankPool(request.param, env=LL_ENV) as p:
+        yield p
+
+
+def _sizes(n: int) -> list[int]:
+    return [0, 1, 17, 3 * n + 1, 2000]  # inline and cell sizes (all fit LL's cells)
+
+
+@pytest.mark.parametrize("coll", ["all_reduce", "reduce_scatter", "reduce"])
+def test_reductions_on_ll(ll_pool, coll):
+    _assert_clean(ll_pool.run(reduction_cases, coll, [d.value for d in DType],
+                              _sizes(ll_pool.nranks)))
+
+
+@pytest.mark.parametrize("coll", ["all_gather", "broadcast", "barrier"])
+def test_data_movement_on_ll(ll_pool, coll):
+    _assert_clean(ll_pool.run(movement_cases, coll, ["int8", "float16", "float64",
+                                                     "bfloat16"], _sizes(ll_pool.nranks)))
+
+
+def really_ll(comm) -> tuple[bool, str]:
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    last = comm.flight.entries(1)[0] if comm.flight is not None else {"algo": "LL"}
+    return comm.ll is not None, last["algo"]
+
+
+def test_the_pool_runs_ll(ll_pool):
+    assert all(r == (True, "LL") for r in ll_pool.run_ok(really_ll))
+
+
+def memory_order(comm) -> bool:
+    """An LL call on memory that async Simple work still writes runs after it."""
+    n = comm.size
+    x = np.full(1 << 20, 1.0, np.float32)          # Simple (large), async
+    w = comm.all_reduce(x, async_op=True)
+    comm.all_reduce(x[:4])                          # LL on the same memory
+    w.wait(timeout=60)
+    y = np.full(3, comm.rank, np.int64)
+    v = comm.all_reduce(y, async_op=True)           # LL, async: a completed Work
+    v.wait(timeout=60)
+    return bool(x[0] == n * n and x[4] == n and (y == n * (n - 1) // 2).all()
+                and v.is_completed())
+
+
+def test_ll_waits_for_async_simple_work_on_its_memory():
+    assert run_ranks(memory_order, 3, timeout=120) == [True] * 3
+
+
+def disagree(comm):
+    """Rank 1's count puts its call on Simple, the others' on LL."""
+    count = 1 << 18 if comm.rank == 1 else 4
+    try:
+        comm.all_reduce(np.ones(count, np.float32), timeout=60)
+    except ringtree.RingtreeError as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+def test_ranks_that_disagree_on_the_protocol_fail_with_a_mismatch():
+    res = run_ranks(disagree, 3, timeout=120)
+    for r, got in enumerate(res):
+        assert got is not None, f"rank {r} finished"
+        name, msg = got
+        assert "protocol" in msg and "disagree" in msg, (r, msg)
+        if r != 1:
+            assert name == "MismatchError", (r, got)
+
+
+def killed(comm):
+    pids = comm.all_gather(np.array([os.getpid()], np.int64)).reshape(-1).tolist()
+    x = np.ones(2, np.float32)
+    for _ in range(50):
+        comm.all_reduce(x)
+    if comm.rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(3):
+            comm.all_reduce(x, timeout=60)
+    except ringtree.RingtreeError as e:
+        return pids, str(e)
+    return pids, "no error"
+
+
+def test_killed_rank_on_ll_is_named_and_nothing_is_left():
+    res = run_ranks(killed, 3, timeout=120)
+    for r in (0, 1):
+        pids, msg = res[r]
+        assert "rank 2" in msg, msg
+    left = [f for f in os.listdir("/dev/shm") if any(f"-p{p}-" in f for p in res[0][0])]
+    assert not left, left
+
+
+def crowd(comm, calls: int) -> int:
+    n, bad = comm.size, 0
+    x = np.zeros(2, np.int32)
+    for k in range(calls):
+        x[:] = (k, comm.rank)
+        comm.all_reduce(x)
+        bad += int(x[0] != k * n or x[1] != n * (n - 1) // 2)
+    return bad
+
+
+def test_eight_ranks_on_two_cores_through_the_communicator():
+    assert run_ranks(crowd, 8, 2000, timeout=240) == [0] * 8
+
+
+def no_ll(comm) -> bool:
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    return comm.ll is None and bool((x == comm.size).all())
+
+
+def test_simple_only_opens_no_segment():
+    assert run_ranks(no_ll, 2, timeout=60, env={"RINGTREE_PROTO": "Simple"}) == [True] * 2

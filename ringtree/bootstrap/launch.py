@@ -236,7 +236,10 @@ class _Job:
     # -- starting ------------------------------------------------------------------------
 
     def _spawn_all(self) -> None:
-        pipe_out = subprocess.PIPE if self.opts.tag_output else None
+        # ranks run unbuffered whenever we pump stderr, so stdout is pumped too: an
+        # unbuffered print() writes its text and its newline separately, and ranks
+        # sharing one stdout would interleave mid-line
+        pipe_out = subprocess.PIPE if self.opts.tag_output or self.tag_err else None
         pipe_err = subprocess.PIPE if self.tag_err else None
         for local in range(self.opts.nproc):
             env = self.env_for(local)
@@ -251,11 +254,12 @@ class _Job:
             r = _Rank(self.opts.node_rank * self.opts.nproc + local, local, proc)
             self.ranks.append(r)
             prefix = f"[{r.rank}] ".encode()
-            for src, dst, keep in ((proc.stdout, sys.stdout, None),
-                                   (proc.stderr, sys.stderr, r.lines)):
+            out_prefix = prefix if self.opts.tag_output else b""
+            for src, dst, pre, keep in ((proc.stdout, sys.stdout, out_prefix, None),
+                                        (proc.stderr, sys.stderr, prefix, r.lines)):
                 if src is None:
                     continue
-                t = threading.Thread(target=self._pump, args=(src, dst, prefix, keep),
+                t = threading.Thread(target=self._pump, args=(src, dst, pre, keep),
                                      daemon=True)
                 t.start()
                 r.readers.append(t)

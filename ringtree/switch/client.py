@@ -238,26 +238,12 @@ class SwitchLink:
         self.out.extend(memoryview(p) if isinstance(p, bytes) else p for p in parts)
 
     def _flush(self) -> bool:
-        moved = False
-        while self.out:
-            try:
-                n = self.sock.sendmsg(list(self.out)[:64])
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as e:
-                self._fail(SwitchError(f"lost the connection to the switch at "
-                                       f"{self.address}: {e}"))
-                return moved
-            moved = True
-            while n and self.out:
-                head = self.out[0]
-                if n >= len(head):
-                    n -= len(head)
-                    self.out.popleft()
-                else:
-                    self.out[0] = head[n:]
-                    n = 0
-        return moved
+        try:
+            return wire.send_queued(self.sock, self.out)
+        except OSError as e:
+            self._fail(SwitchError(f"lost the connection to the switch at "
+                                   f"{self.address}: {e}"))
+            return False
 
     def _read(self) -> bool:
         moved = False

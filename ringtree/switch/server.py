@@ -463,22 +463,11 @@ class SwitchServer:
         self._flush(conn)
 
     def _flush(self, conn: Conn) -> None:
-        while conn.out:
-            try:
-                n = conn.sock.sendmsg(list(conn.out)[:64])
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self._close(conn, None)
-                return
-            while n and conn.out:
-                head = conn.out[0]
-                if n >= len(head):
-                    n -= len(head)
-                    conn.out.popleft()
-                else:
-                    conn.out[0] = head[n:]
-                    n = 0
+        try:
+            wire.send_queued(conn.sock, conn.out)
+        except OSError:
+            self._close(conn, None)
+            return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
         if events != conn.events:
             conn.events = events

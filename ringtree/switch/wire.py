@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections import deque
 from enum import IntEnum
 
 from ringtree.dtypes import DType
@@ -73,6 +74,27 @@ def job_of(token: str) -> bytes:
 
 def frame(kind: Kind, body: bytes | bytearray | memoryview = b"") -> bytes:
     return FRAME.pack(kind, len(body)) + bytes(body)
+
+
+def send_queued(sock, out: deque) -> bool:
+    """Write as much of ``out`` (a queue of memoryviews) as the socket takes now, without
+    blocking; True if anything was written. OSError means the connection is gone."""
+    moved = False
+    while out:
+        try:
+            n = sock.sendmsg(list(out)[:64])
+        except (BlockingIOError, InterruptedError):
+            break
+        moved = True
+        while n and out:
+            head = out[0]
+            if n >= len(head):
+                n -= len(head)
+                out.popleft()
+            else:
+                out[0] = head[n:]
+                n = 0
+    return moved
 
 
 def max_body(chunk_bytes: int) -> int:

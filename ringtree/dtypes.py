@@ -7,8 +7,10 @@ bfloat16 has no NumPy dtype: it is carried as ``uint16`` storage and reduced in 
 from __future__ import annotations
 
 from enum import Enum
+from typing import cast
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 
 class DType(str, Enum):
@@ -78,7 +80,7 @@ def parse_dtype(d: object) -> DType:
     except ValueError:
         pass
     try:
-        return DType(np.dtype(d).name)  # type: ignore[arg-type]
+        return DType(np.dtype(cast(DTypeLike, d)).name)
     except (TypeError, ValueError):
         raise TypeError(f"unsupported dtype {d!r}; supported: {[t.value for t in DType]}") from None
 

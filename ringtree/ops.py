@@ -59,7 +59,7 @@ class UserOp:
     name: str = "user"
 
 
-_UFUNC = {
+_UFUNC: dict[ReduceOp | None, np.ufunc] = {
     ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PREMUL_SUM: np.add,
     ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
     ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
@@ -122,7 +122,7 @@ class Reducer:
             else:
                 out[...] = fn(a, b)
             return
-        uf = _UFUNC[self.op]  # type: ignore[index]
+        uf = _UFUNC[self.op]  # a user op returned above, so op is set
         if self.dtype is DType.BFLOAT16:
             with np.errstate(over="ignore", invalid="ignore"):
                 f32_to_bf16(uf(bf16_to_f32(a), bf16_to_f32(b)), out=out)
@@ -138,7 +138,7 @@ class Reducer:
         elif self.dtype.is_float:
             np.multiply(x, x.dtype.type(self.scalar), out=out)
         else:
-            np.multiply(x, x.dtype.type(int(self.scalar)), out=out)  # type: ignore[arg-type]
+            np.multiply(x, x.dtype.type(int(self.scalar or 0)), out=out)
 
     def postdivide(self, x: np.ndarray, nranks: int) -> None:
         """x /= nranks in place (AVG's post-op)."""

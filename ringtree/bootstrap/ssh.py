@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import IO
 
 FORWARD_PREFIXES = ("RINGTREE_",)
 FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
@@ -153,8 +154,8 @@ def launch(opts, prog: str) -> int:
                                "argv": remote_argv(opts, hosts, i, master),
                                "grace": opts.grace}) + "\n"
             try:
-                p.stdin.write(line.encode())  # type: ignore[union-attr]
-                p.stdin.flush()  # type: ignore[union-attr]
+                _stdin(p).write(line.encode())
+                _stdin(p).flush()
             except OSError:
                 pass  # ssh already failed: its exit code says why
         first: tuple[int, int] | None = None
@@ -179,11 +180,17 @@ def launch(opts, prog: str) -> int:
             signal.signal(s, h)
 
 
+def _stdin(p: subprocess.Popen) -> IO[bytes]:
+    """The pipe to a remote's helper (every remote is started with ``stdin=PIPE``)."""
+    assert p.stdin is not None
+    return p.stdin
+
+
 def _stop(procs: list[subprocess.Popen], grace: float) -> None:
     """Close every remote's stdin (its helper then stops its launcher), wait, then kill."""
     for p in procs:
         try:
-            p.stdin.close()  # type: ignore[union-attr]
+            _stdin(p).close()
         except OSError:
             pass
     deadline = time.monotonic() + grace + 10

@@ -106,7 +106,8 @@ class _Keeper:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.close()  # type: ignore[union-attr]
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
                 self.proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()

@@ -38,7 +38,7 @@ _OPS = {
     "SUM": ReduceOp.SUM, "AVG": ReduceOp.AVG, "PRODUCT": ReduceOp.PROD, "MIN": ReduceOp.MIN,
     "MAX": ReduceOp.MAX, "BAND": ReduceOp.BAND, "BOR": ReduceOp.BOR, "BXOR": ReduceOp.BXOR,
 }
-_BOOL_OPS = {
+_BOOL_OPS: dict[object, ReduceOp] = {
     ReduceOp.SUM: ReduceOp.BOR, ReduceOp.MAX: ReduceOp.BOR, ReduceOp.BOR: ReduceOp.BOR,
     ReduceOp.PROD: ReduceOp.BAND, ReduceOp.MIN: ReduceOp.BAND, ReduceOp.BAND: ReduceOp.BAND,
     ReduceOp.BXOR: ReduceOp.BXOR,
@@ -116,7 +116,7 @@ def for_reduce(t: torch.Tensor, op, writes: bool = True) -> tuple[Staged, object
     if c.dtype is torch.bool:
         if rop not in _BOOL_OPS:
             raise ValueError(f"{rop} is not defined for bool tensors")
-        return Staged(c.view(torch.uint8), finish), _BOOL_OPS[rop]  # type: ignore[index]
+        return Staged(c.view(torch.uint8), finish), _BOOL_OPS[rop]
     wide = _WIDEN.get(c.dtype)
     if wide is None:
         raise TypeError(f"ringtree cannot reduce {c.dtype} tensors")

@@ -110,8 +110,8 @@ class LLOp:
     def _put(self, x: np.ndarray, red: Reducer | None, timeout: float) -> int:
         """Write our contribution into the parity the next call uses."""
         p = self.ll.parity(timeout, self.describe)
-        if self.premul:
-            red.premultiply(x, self.mine[p])  # type: ignore[union-attr]
+        if self.premul and red is not None:
+            red.premultiply(x, self.mine[p])
         else:
             self.mine[p][...] = x
         return p

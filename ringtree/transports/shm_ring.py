@@ -165,54 +165,31 @@ class Ring:
         rd = r.count
         moved = False
         while q:
-            if rd >= r.other:
-                r.other = r.ctrl[HEAD]
-                if rd >= r.other:
-                    if not r.waits:  # empty: ask for a wake-up when the head moves
-                        r.waits = True
-                        r.ctrl[RECV_WAITS] = 1
-                        continue
-                    break
-                if not _TSO:
-                    seg.fence()
+            if rd >= r.other and not r._arrived(rd):
+                break
             req = q[0]
             k = rd % K
-            pos = req.pos
-            view = type(req) is ViewRequest
-            nb = req.seq if view else req.buf.nbytes  # type: ignore[attr-defined]
+            if type(req) is ViewRequest:  # always one slot: hand it out
+                r._take_view(req, k, rd, pid)
+                moved = True
+                rd += 1
+                q.popleft()
+                continue
+            pos, nb = req.pos, req.buf.nbytes
             if pos == 0:
-                o = k << 6
-                if r.desc[o:o + HEADER_BYTES] != req.header or r.dwords[(k << 3) + 4] != nb:
-                    got = bytes(r.desc[o:o + HEADER_BYTES])
-                    q.popleft().fail(HeaderMismatch(r.peer, req.header, got))
-                    raise RingFailure(PeerError(r.peer, f"rank {r.peer} sent a message that "
-                                                        f"does not match (shm channel "
-                                                        f"{r.channel})"), False)
-            moved = True
-            # a direct message (always one slot) is read out of the sender's memory; the
-            # address word is only meaningful in a message's first slot
-            remote = r.dwords[(k << 3) + 5] if pos == 0 else 0
-            if remote:
-                try:
-                    cma.read_into(pid, r.slots[k] if view else req.buf, remote, nb)
-                except OSError as e:
-                    raise RingFailure(PeerError(
-                        r.peer, f"rank {r.peer} died or cannot be read ({e.strerror}; shm "
-                                f"channel {r.channel})"), True) from None
-                if not view:
+                r._check_header(req, k, nb)
+                # a direct message (always one slot) is read out of the sender's memory;
+                # the address word is only meaningful in a message's first slot
+                remote = r.dwords[(k << 3) + 5]
+                if remote:
+                    r._read_direct(pid, req.buf, remote, nb)
+                    moved = True
                     rd += 1
                     req.pos = nb
                     req.done = True
                     q.popleft()
                     continue
-            if view:
-                req.buf = r.slots[k][:nb]
-                req.seq, req.ring = rd, r  # type: ignore[attr-defined]
-                r.held.append(rd)
-                rd += 1
-                req.done = True
-                q.popleft()
-                continue
+            moved = True
             n = nb - pos if nb - pos < S else S
             if n:
                 req.buf[pos:pos + n] = r.slots[k][:n]
@@ -232,6 +209,53 @@ class Ring:
                 r.ctrl[TAIL] = rd
                 tail_moved = True
         return moved, tail_moved
+
+    def _arrived(self, rd: int) -> bool:
+        """Has the sender published slot ``rd``? When not, ask for a wake-up and look
+        once more (the Dekker handshake: a head that moves meanwhile is not missed)."""
+        self.other = self.ctrl[HEAD]
+        if rd >= self.other:
+            if self.waits:
+                return False
+            self.waits = True
+            self.ctrl[RECV_WAITS] = 1
+            self.other = self.ctrl[HEAD]
+            if rd >= self.other:
+                return False
+        if not _TSO:
+            seg.fence()
+        return True
+
+    def _check_header(self, req: Request, k: int, nb: int) -> None:
+        """The first slot of a message must carry the header and size ``req`` expects."""
+        o = k << 6
+        if self.desc[o:o + HEADER_BYTES] != req.header or self.dwords[(k << 3) + 4] != nb:
+            got = bytes(self.desc[o:o + HEADER_BYTES])
+            self.q.popleft().fail(HeaderMismatch(self.peer, req.header, got))
+            raise RingFailure(PeerError(self.peer, f"rank {self.peer} sent a message that "
+                                                   f"does not match (shm channel "
+                                                   f"{self.channel})"), False)
+
+    def _read_direct(self, pid: int, into: np.ndarray, remote: int, nb: int) -> None:
+        try:
+            cma.read_into(pid, into, remote, nb)
+        except OSError as e:
+            raise RingFailure(PeerError(
+                self.peer, f"rank {self.peer} died or cannot be read ({e.strerror}; shm "
+                           f"channel {self.channel})"), True) from None
+
+    def _take_view(self, req: ViewRequest, k: int, rd: int, pid: int) -> None:
+        """Hand slot ``k`` (message ``rd``) to a view receive; it stays held until
+        :meth:`release`."""
+        nb = req.seq  # the size until it arrives
+        self._check_header(req, k, nb)
+        remote = self.dwords[(k << 3) + 5]
+        if remote:
+            self._read_direct(pid, self.slots[k], remote, nb)
+        req.buf = self.slots[k][:nb]
+        req.seq, req.ring = rd, self
+        self.held.append(rd)
+        req.done = True
 
     def release(self, req: ViewRequest) -> bool:
         """Give back a slot handed out by a view receive; True if the tail moved."""

@@ -364,10 +364,17 @@ class Communicator:
                 if ok and items:
                     from ringtree.core.aliasing import order_group
 
-                    calls, works, results = (list(v) for v in zip(*items))
-                    order_group(calls)
-                    self.progress.wait(self._submit(calls, works, results,
+                    batches = order_group([item[0] for item in items])
+                    at = 0
+                    handles = []
+                    for calls in batches:   # each waits for the overlapping ones before it
+                        part = items[at:at + len(calls)]
+                        at += len(calls)
+                        handles.append(self._submit(calls, [w for _, w, _ in part],
+                                                    [r for _, _, r in part],
                                                     max(self.timeout, 1e-3)))
+                    for h in handles:
+                        self.progress.wait(h)
 
     # ---- failure ------------------------------------------------------------------------
 

@@ -52,6 +52,64 @@ def test_overlapping_receives_in_a_group_are_refused_before_sending():
         assert "write overlapping memory in one group" in msg and total == 3, msg
 
 
+def chained_collectives(comm):
+    """Collectives of one group on overlapping memory: each reads what the one before it
+    wrote, as on one NCCL stream (before, they raced and the sums depended on timing)."""
+    r = comm.rank
+    seen = []
+    for _ in range(3):
+        x = np.full(1 << 20, r + 1, np.float32)
+        y = np.zeros(1 << 20, np.float32)
+        z = np.zeros(1 << 20, np.float32)
+        with comm.group():
+            comm.all_reduce(x, out=y)        # y = n(n+1)/2
+            comm.all_reduce(y)               # in place on what the first writes: x n
+            comm.all_reduce(y, out=z)        # reads it again: x n
+            comm.all_reduce(np.ones(4, np.float32))  # independent: runs alongside
+        seen.append((np.unique(y).tolist(), np.unique(z).tolist()))
+    return seen
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_overlapping_collectives_in_a_group_run_in_issue_order(transport):
+    res = raise_first(run_ranks(chained_collectives, 4, timeout=120,
+                                env={"RINGTREE_TRANSPORT": transport}))
+    want = [([40.0], [160.0])] * 3
+    assert res == [want] * 4
+
+
+def collective_with_p2p(comm, which):
+    peer = 1 - comm.rank
+    x = np.ones(1 << 12, np.float32)
+    y = np.zeros(1 << 12, np.float32)
+    try:
+        with comm.group():
+            if which == "recv":
+                comm.all_reduce(x)
+                comm.recv(x, peer)           # writes what the collective uses
+                comm.send(y, peer)
+            else:
+                comm.all_reduce(x, out=y)
+                comm.all_reduce(y)           # would need ordering, beside p2p
+                comm.send(x[:4], peer)
+                comm.recv(np.zeros(4, np.float32), peer)
+    except ValueError as e:
+        msg = str(e)
+    else:
+        msg = "no error"
+    w = np.full(8, comm.rank + 1, np.int64)
+    comm.all_reduce(w)  # still usable: nothing was sent
+    return msg, int(w[0]), float(x[0])
+
+
+@pytest.mark.parametrize("which,words", [("recv", "write overlapping memory"),
+                                         ("order", "also sends or receives")])
+def test_collective_and_p2p_on_shared_memory_in_a_group_are_refused(which, words):
+    res = raise_first(run_ranks(collective_with_p2p, 2, which, timeout=60))
+    for msg, total, x0 in res:
+        assert words in msg and total == 3 and x0 == 1.0, msg
+
+
 def in_flight(comm):
     x = np.ones(1 << 20, np.float32)
     w1 = comm.all_reduce(x, async_op=True)

@@ -15,9 +15,13 @@ concurrently:
   takes a private copy of that buffer before anything is sent (``MPI_Sendrecv_replace``'s
   semantics, one copy of the overlapping buffer only).
 
-Collectives inside one group are left as they are: they run concurrently like the rest
-of the group (``ringtree perf -a`` aggregates iterations on one buffer on purpose), so
-give collectives of one group separate buffers.
+Collectives inside one group run concurrently too, except where their memory overlaps
+(either one writes): then the later one starts when the earlier one has completed, in
+issue order, as collectives of one communicator run on one NCCL stream. ``ringtree perf
+-a`` aggregates iterations on one buffer this way. Such an ordering is only safe in a
+group without sends and receives (a receive could wait for a send that the ordering put
+behind it on another rank), so there it is a ``ValueError``, and so is a receive into
+memory that a collective of the group reads or writes.
 
 Between calls in flight the executor orders overlapping calls as one NCCL stream would
 (:meth:`Executor.submit`), so separate calls need no rule here.
@@ -81,22 +85,49 @@ def _uses(call) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     return reads, writes
 
 
-def order_group(calls: list) -> None:
-    """Apply the group rules to ``calls`` (before they are submitted): raise on two writers
-    of the same memory, give readers of memory the group writes a private copy."""
+def _conflict(a: tuple[list, list], b: tuple[list, list]) -> bool:
+    """Do two calls' (reads, writes) overlap where either one writes?"""
+    (ra, wa), (rb, wb) = a, b
+    return any(_meets(x, y) for x in wa for y in rb + wb) or \
+        any(_meets(x, y) for x in ra for y in wb)
+
+
+def order_group(calls: list) -> list[list]:
+    """Apply the group rules to ``calls`` (before anything is submitted) and return them
+    as consecutive batches to submit in order: raise on two writers of the same memory,
+    give sends of memory the group writes a private copy, and start a new batch at a
+    collective whose memory overlaps a collective of the batch before it."""
     uses = [_uses(c) for c in calls]
     p2p = [c.desc.algo == "p2p" for c in calls]
     for i, (_, wi) in enumerate(uses):
-        if not p2p[i]:
-            continue
         for j in range(i + 1, len(calls)):
-            if not p2p[j]:
+            if not (p2p[i] or p2p[j]):
                 continue
-            if any(_meets(a, b) for a in wi for b in uses[j][1]):
+            if p2p[i] and p2p[j]:
+                clash = any(_meets(a, b) for a in wi for b in uses[j][1])
+            else:   # a receive (the p2p call's writes) against a collective's memory
+                k, c = (i, j) if p2p[i] else (j, i)
+                clash = any(_meets(a, b) for a in uses[k][1] for b in uses[c][0] + uses[c][1])
+            if clash:
                 raise ValueError(
                     f"group: {calls[i].desc.name} and {calls[j].desc.name} write "
                     "overlapping memory in one group, whose operations run concurrently; "
                     "use separate buffers or separate groups")
+    batches: list[list] = [[]]
+    members: list[int] = []   # indices of the collectives in the last batch
+    for i, call in enumerate(calls):
+        if not p2p[i] and any(_conflict(uses[i], uses[j]) for j in members):
+            if any(p2p):
+                raise ValueError(
+                    f"group: {calls[members[0]].desc.name} and {call.desc.name} use "
+                    "overlapping memory in a group that also sends or receives; ringtree "
+                    "orders such collectives one after the other, which could deadlock the "
+                    "group's sends and receives: use separate buffers or separate groups")
+            batches.append([])
+            members = []
+        batches[-1].append(call)
+        if not p2p[i]:
+            members.append(i)
     for i, (ri, _) in enumerate(uses):
         if not ri or not p2p[i]:
             continue
@@ -106,3 +137,4 @@ def order_group(calls: list) -> None:
             call = calls[i]
             src = call.bufs[Buf.INPUT]
             call.bufs[Buf.INPUT] = src.copy()  # what it held when the group closed
+    return batches

@@ -127,7 +127,7 @@ def rt_choice(comm, coll: str, count: int) -> str:
 
     c = parse_collective(coll)
     nbytes = count * 4
-    return comm._choose_algo(c, nbytes, None)
+    return comm.planner.choose(c, nbytes)
 
 
 def rt_topology(comm):
@@ -225,8 +225,10 @@ def sweep(pool, hosts: int, coll: str, sizes: list[int], reps: int, n: int) -> d
         if nbytes >= PRUNE_FROM:
             pruned |= {a for a in live if a is not None and med[a] > PRUNE_RATIO * best}
         res[str(nbytes)] = {"choice": choice, "times": {str(a): v for a, v in times.items()}}
-        print(f"    {coll} {show_size(nbytes):>4}: default ({choice}) {med[None] * 1e3:.3f} ms,"
-              f" best {best * 1e3:.3f} ms", flush=True)
+        others = ", ".join(f"{a} {t * 1e3:.3f}" for a, t in sorted(
+            ((a, t) for a, t in med.items() if a is not None), key=lambda x: x[1]))
+        print(f"    {coll} {show_size(nbytes):>4}: default ({choice}) {med[None] * 1e3:.3f} ms;"
+              f" {others}", flush=True)
     return res
 
 

@@ -132,9 +132,7 @@ declare("RINGTREE_TRANSPORT", choice("auto", "shm", "tcp"), "auto",
 declare("RINGTREE_SOCKET_IFNAME", text, None,
         "interfaces to listen on (`eth0`, `^docker,lo`, `=ib0`: NCCL_SOCKET_IFNAME syntax)")
 declare("RINGTREE_NSOCKS_PERTHREAD", integer, 1,
-        "TCP sockets per peer and thread (NCCL_NSOCKS_PERTHREAD); large messages stripe")
-declare("RINGTREE_SOCKET_NTHREADS", integer, 1,
-        "TCP socket threads per peer (NCCL_SOCKET_NTHREADS); sockets = the product")
+        "TCP sockets per peer (NCCL_NSOCKS_PERTHREAD); messages from 256 KiB stripe")
 declare("RINGTREE_SOCKET_BUFFER", integer, None,
         "bytes of socket buffer to ask for where kernel autotuning cannot reach it (4 MiB)")
 declare("RINGTREE_BUFFSIZE", integer, 4 << 20,

@@ -202,7 +202,7 @@ def striped(comm):
 
 
 def test_several_sockets_per_peer(testbed):
-    env = {"RINGTREE_NSOCKS_PERTHREAD": 2, "RINGTREE_SOCKET_NTHREADS": 2}
+    env = {"RINGTREE_NSOCKS_PERTHREAD": 4}
     with HostPool(testbed, [2, 2], env=env, timeout=180) as p:
         for r, (ok, stripes) in enumerate(p.run_ok(striped)):
             assert all(ok), f"rank {r}: {ok}"

@@ -1,8 +1,8 @@
 """TCP transport: sockets per (peer, channel), opened lazily, full duplex, zero-copy.
 
-- ``RINGTREE_NSOCKS_PERTHREAD`` × ``RINGTREE_SOCKET_NTHREADS`` sockets per (peer, channel)
-  (NCCL's names; default 1): messages of at least 256 KiB are cut into that many
-  contiguous parts, one per socket, so several TCP streams share a fat or lossy path.
+- ``RINGTREE_NSOCKS_PERTHREAD`` sockets per (peer, channel) (NCCL's name; default 1):
+  messages of at least 256 KiB are cut into that many contiguous parts, one per socket,
+  so several TCP streams share a fat or lossy path.
   Socket buffers: the kernel's autotuning, unless it cannot reach
   ``RINGTREE_SOCKET_BUFFER`` (default 4 MiB), then that size is set.
 - Per message the Python work is constant (a header, a ``sendmsg``/``recv_into`` per
@@ -40,6 +40,8 @@ from ringtree.transports.tcp_socket import STRIPE_MIN, STRIPE_SHIFT, sockets_per
 
 _MAGIC = b"RTc1"
 _HELLO = struct.Struct("<4s16sII16s")
+
+
 def make_listener(host: str) -> socket.socket:
     """A nonblocking listening socket on ``host`` (any free port)."""
     lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -222,14 +224,16 @@ class TcpTransport(Transport):
     # ---- the Transport interface ------------------------------------------------------
 
     def isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:
-        if self.nsocks > 1 and payload.nbytes >= STRIPE_MIN and payload.flags.c_contiguous:
-            return self._stripe(peer, channel, header, payload, True)
-        return self._isend(peer, channel, header, payload)
+        return self._post(peer, channel, header, payload, True)
 
     def irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
-        if self.nsocks > 1 and into.nbytes >= STRIPE_MIN and into.flags.c_contiguous:
-            return self._stripe(peer, channel, header, into, False)
-        return self._irecv(peer, channel, header, into)
+        return self._post(peer, channel, header, into, False)
+
+    def _post(self, peer: int, channel: int, header: bytes, buf: np.ndarray,
+              send: bool) -> Request:
+        if self.nsocks > 1 and buf.nbytes >= STRIPE_MIN and buf.flags.c_contiguous:
+            return self._stripe(peer, channel, header, buf, send)
+        return self._queue(peer, channel, header, buf, send)
 
     def _stripe(self, peer: int, channel: int, header: bytes, buf: np.ndarray,
                 send: bool) -> Request:
@@ -240,9 +244,8 @@ class TcpTransport(Transport):
         flat = buf.reshape(-1).view(np.uint8)
         k, n = self.nsocks, flat.nbytes
         cuts = [n * j // k for j in range(k + 1)]
-        post = self._isend if send else self._irecv
-        parts = [post(peer, channel | (j << STRIPE_SHIFT), header, flat[cuts[j]:cuts[j + 1]])
-                 for j in range(k)]
+        parts = [self._queue(peer, channel | (j << STRIPE_SHIFT), header,
+                             flat[cuts[j]:cuts[j + 1]], send) for j in range(k)]
         self.striped.append((whole, parts))
         self._settle()
         return whole
@@ -260,31 +263,21 @@ class TcpTransport(Transport):
                 keep.append((whole, parts))
         self.striped = keep
 
-    def _isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:
-        req = Request(peer, channel, header, payload, True)
+    def _queue(self, peer: int, channel: int, header: bytes, buf: np.ndarray,
+               send: bool) -> Request:
+        """Queue one framed message on the (peer, channel) socket and push what the
+        socket takes now."""
+        req = Request(peer, channel, header, buf, send)
         conn = self._conn(peer, channel)
         if conn.dead is not None:
             req.fail(conn.dead)
             return req
-        conn.sendq.append(req)
+        q, pump = (conn.sendq, self._pump_send) if send else (conn.recvq, self._pump_recv)
+        q.append(req)
         if conn.up:
-            if len(conn.sendq) == 1:
-                self._pump_send(conn)
-            if conn.sendq:
-                self.active.add(conn)
-        return req
-
-    def _irecv(self, peer: int, channel: int, header: bytes, into: np.ndarray) -> Request:
-        req = Request(peer, channel, header, into, False)
-        conn = self._conn(peer, channel)
-        if conn.dead is not None:
-            req.fail(conn.dead)
-            return req
-        conn.recvq.append(req)
-        if conn.up:
-            if len(conn.recvq) == 1:
-                self._pump_recv(conn)
-            if conn.recvq:
+            if len(q) == 1:
+                pump(conn)
+            if q:
                 self.active.add(conn)
         return req
 

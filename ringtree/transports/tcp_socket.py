@@ -5,7 +5,10 @@ the bandwidth-delay product requires, and setting ``SO_SNDBUF``/``SO_RCVBUF`` sw
 off (tcp(7)). So ringtree sets a size (``RINGTREE_SOCKET_BUFFER``, default 4 MiB) only where
 autotuning could not reach it, and otherwise leaves the kernel in charge.
 
-Sockets per peer: NCCL's ``NCCL_NSOCKS_PERTHREAD`` × ``NCCL_SOCKET_NTHREADS``.
+Sockets per peer: ``RINGTREE_NSOCKS_PERTHREAD`` (NCCL's ``NCCL_NSOCKS_PERTHREAD``). NCCL
+also has ``NCCL_SOCKET_NTHREADS``, helper threads that each drive that many sockets;
+ringtree has no such threads — the rank's one poll loop drives every socket — so it has no
+such variable.
 """
 
 from __future__ import annotations
@@ -55,12 +58,9 @@ def tune(sock: socket.socket) -> None:
 
 
 def sockets_per_peer() -> int:
-    """NCCL's ``NCCL_NSOCKS_PERTHREAD`` × ``NCCL_SOCKET_NTHREADS``, here
-    ``RINGTREE_NSOCKS_PERTHREAD`` × ``RINGTREE_SOCKET_NTHREADS`` (default 1 × 1): the
-    sockets a (peer, channel) stripes large messages over. One poll loop drives them all
-    (ringtree has no proxy thread to keep free), so the product is what counts."""
-    n = current().nsocks_perthread * current().socket_nthreads
+    """``RINGTREE_NSOCKS_PERTHREAD`` (default 1): the sockets a (peer, channel) stripes
+    large messages over, all driven by the rank's one poll loop."""
+    n = current().nsocks_perthread
     if not 1 <= n <= 64:
-        raise ValueError(f"RINGTREE_NSOCKS_PERTHREAD x RINGTREE_SOCKET_NTHREADS = {n}: "
-                         "between 1 and 64 sockets per peer")
+        raise ValueError(f"RINGTREE_NSOCKS_PERTHREAD={n}: between 1 and 64 sockets per peer")
     return n

@@ -58,3 +58,32 @@ def test_collnet_simulated_on_sharp_fat_tree():
     assert any(s.startswith("spine") for s in switches)
     with pytest.raises(ValueError, match="in-network reduction"):
         simulate("all_reduce", "collnet_direct", presets.get("dgx_h100", 2), 8)
+
+
+@pytest.mark.parametrize("dims", [[("switch", 8, 50.0, 500.0)],
+                                  [("ring", 2, 50.0, 500.0), ("switch", 4, 50.0, 500.0)]])
+def test_collnet_routes_to_multidim_switch(dims):
+    """Every member reaches its reduction switch over its own link, and the switch sends
+    back the same way; CollNet then moves each byte once up and once down."""
+    from ringtree.sim import topology as T
+
+    topo = T.multidim(dims, sharp=True)
+    for d, dev in enumerate(topo.devices):
+        if dev.kind != "switch":
+            continue
+        members = {topo.links[li].dst for li in topo._router.out[d]}
+        for m in members:
+            up, down = topo.route(m, d), topo.route(d, m)
+            assert [(topo.links[li].src, topo.links[li].dst) for li in up] == [(m, d)]
+            assert [(topo.links[li].src, topo.links[li].dst) for li in down] == [(d, m)]
+        for a in set(range(topo.nranks)) - members:      # others climb in dimension order
+            path = topo.route(a, d)
+            assert path and topo.links[path[-1]].dst == d and topo.links[path[0]].src == a
+    if len(dims) > 1:
+        return
+    nbytes = 1 << 26
+    wire = nbytes / 50.0                                   # ns at 50 GB/s
+    for algo in ("collnet_direct", "collnet_chain"):
+        for model in ("aware", "fast"):
+            t = simulate("all_reduce", algo, topo, nbytes, model=model).time_ns
+            assert wire <= t <= 1.05 * wire, (algo, model, t)

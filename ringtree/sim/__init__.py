@@ -182,6 +182,5 @@ def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_b
     res = engine.run(cp, topo, devices, m, trace=trace, progress=_progress.get())
     res.time_ns += topo.launch_ns
     if trace:
-        res.compiled = cp  # type: ignore[attr-defined]
-        res.devices = devices  # type: ignore[attr-defined]
+        res.compiled, res.devices = cp, devices
     return SimRun(coll, algo, topo.nranks, nbytes, res.time_ns, res, res.events, simulated)

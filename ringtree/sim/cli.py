@@ -199,7 +199,8 @@ def _trace(path: str, results: dict, coll: Collective, topo, size: int, args,
                        args.model, itemsize=itemsize, root=max(args.root, 0),
                        channels=args.channels, slice_bytes=parse_size(args.slice), trace=True)
         res = run.result
-        trace.write(out, res, res.compiled, topo, res.devices)  # type: ignore[union-attr]
+        assert res is not None and res.compiled is not None and res.devices is not None
+        trace.write(out, res, res.compiled, topo, res.devices)
         print(f"# trace of {algo} at {size} B written to {out}")
 
 

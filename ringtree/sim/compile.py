@@ -74,6 +74,8 @@ class _Builder:
         self.route_pair: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.names: dict[tuple, str] = {}
         self.slice_cache: dict[tuple, tuple[int, ...]] = {}
+        self.send_ids: list[list[int]] = []      # message ids per step, filled by pair()
+        self.recv_ids: list[list[int]] = []
 
     def add_program(self, rank: int, p: Program, compiled, itemsize: int) -> None:
         cp, fold = self.cp, self.fold
@@ -105,11 +107,11 @@ class _Builder:
                     for pos, q in enumerate(s.recv_from):
                         self.recvs.setdefault((q % fold if fold else q, rank, c),
                                               []).append((gid, pos))
-                    cp.step_send.append([0] * len(s.send_to))   # type: ignore[arg-type]
-                    cp.step_recv.append([0] * len(s.recv_from))  # type: ignore[arg-type]
+                    self.send_ids.append([0] * len(s.send_to))
+                    self.recv_ids.append([0] * len(s.recv_from))
                 else:
-                    cp.step_send.append(())
-                    cp.step_recv.append(())
+                    self.send_ids.append([])
+                    self.recv_ids.append([])
                 prev = gid
 
     def _name(self, s) -> str:
@@ -143,12 +145,11 @@ class _Builder:
                 cp.msg_conn.append(cid)
                 cp.msg_sstep.append(a)
                 cp.msg_rstep.append(b)
-                cp.step_send[a][pa] = m      # type: ignore[index]
-                cp.step_recv[b][pb] = m      # type: ignore[index]
-        for lst in (cp.step_send, cp.step_recv):
-            for i, x in enumerate(lst):
-                if x:
-                    lst[i] = tuple(x)
+                self.send_ids[a][pa] = m
+                self.recv_ids[b][pb] = m
+        empty: tuple[int, ...] = ()
+        cp.step_send = [tuple(x) if x else empty for x in self.send_ids]
+        cp.step_recv = [tuple(x) if x else empty for x in self.recv_ids]
 
 
 def compile_programs(programs: list[Program], count: int, itemsize: int,

@@ -47,6 +47,8 @@ class Result:
     step_start: list[float]
     step_done: list[float]
     transfers: list[tuple[int, int, float, float, int]] | None = None  # msg, slice, t0, t1, B
+    compiled: Compiled | None = None     # with ``trace``: what ran, and where
+    devices: list[int] | None = None
 
 
 class _Network:
@@ -79,7 +81,7 @@ class _Network:
         self.conn_cur = [-1] * nconn     # message allowed to inject on the connection
         for m in range(nm - 1, -1, -1):
             self.conn_cur[cp.msg_conn[m]] = m
-        self.arr: list[list[float] | None] = [None] * nm
+        self.arr: list = [None] * nm        # arrival times per slice, once one arrived
         self.narr = [0] * nm
         self.ninj = [0] * nm
         self.waiting: dict[int, list[tuple[int, float]]] = {}
@@ -231,7 +233,7 @@ class _Engine(_Network):
             for m in rv:
                 if narr[m] <= i:
                     return
-                a = arr[m][i]  # type: ignore[index]
+                a = arr[m][i]
                 if a > t:
                     t = a
             if cs is not None:

@@ -59,7 +59,7 @@ def _shared(coll: Collective, algo: str, topo: Topology, opts: Options, count: i
     try:
         tp = wave.Template(t, p0, g or n, count, itemsize, slice_bytes, in_place)
         tp.order = tp.levels()
-    except wave.Unordered:
+    except (wave.Unordered, symbolic.NotSymmetric):
         return None
     return Plan(None, devices, g, True, tp, t)
 

@@ -26,31 +26,35 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ringtree.sim import topology as T
 from ringtree.sim.topology import Topology
 
 
-def dgx_a100(nodes: int = 1, sharp: bool = False, **kw) -> Topology:
+def _dgx(nodes: int, sharp: bool, kw: dict[str, Any], name: str, **spec: Any) -> Topology:
+    """A DGX SuperPOD: 8 GPUs on NVSwitch, 8 rail-optimized NICs, CPU-side overhead."""
+    args: dict[str, Any] = dict(gpus_per_node=8, nics_per_node=8, nvlink_ns=500.0,
+                                pcie_ns=300.0, nic_ns=1000.0, switch_ns=300.0,
+                                rail_optimized=True, sharp=sharp, overhead_ns=1500.0,
+                                name=f"{name}{'_sharp' if sharp else ''}x{nodes}")
+    args.update(spec)
+    args.update(kw)
+    return T.fat_tree(nodes, **args)
+
+
+def dgx_a100(nodes: int = 1, sharp: bool = False, **kw: Any) -> Topology:
     """DGX-A100: 8 A100 (NVLink3, 600 GB/s bidirectional per GPU) on NVSwitch, 8× HDR
     200 Gb/s NICs (PCIe Gen4), SuperPOD-style rail-optimized leaves of 20 nodes."""
-    args = dict(gpus_per_node=8, nics_per_node=8, nvlink_gbps=235.0, nvlink_ns=500.0,
-                pcie_gbps=25.6, pcie_ns=300.0, nic_gbps=20.0, nic_ns=1000.0, switch_ns=300.0,
-                leaf_ports=20, rail_optimized=True, sharp=sharp, gpu_reduce_gbps=650.0,
-                overhead_ns=1500.0, name=f"dgx_a100{'_sharp' if sharp else ''}x{nodes}")
-    args.update(kw)
-    return T.fat_tree(nodes, **args)  # type: ignore[arg-type]
+    return _dgx(nodes, sharp, kw, "dgx_a100", nvlink_gbps=235.0, pcie_gbps=25.6,
+                nic_gbps=20.0, leaf_ports=20, gpu_reduce_gbps=650.0)
 
 
-def dgx_h100(nodes: int = 1, sharp: bool = False, **kw) -> Topology:
+def dgx_h100(nodes: int = 1, sharp: bool = False, **kw: Any) -> Topology:
     """DGX-H100: 8 H100 (NVLink4, 900 GB/s bidirectional per GPU) on NVSwitch, 8× NDR
     400 Gb/s NICs (PCIe Gen5), SuperPOD-style rail-optimized leaves of 32 nodes."""
-    args = dict(gpus_per_node=8, nics_per_node=8, nvlink_gbps=360.0, nvlink_ns=500.0,
-                pcie_gbps=51.2, pcie_ns=300.0, nic_gbps=48.5, nic_ns=1000.0, switch_ns=300.0,
-                leaf_ports=32, rail_optimized=True, sharp=sharp, gpu_reduce_gbps=1100.0,
-                overhead_ns=1500.0, name=f"dgx_h100{'_sharp' if sharp else ''}x{nodes}")
-    args.update(kw)
-    return T.fat_tree(nodes, **args)  # type: ignore[arg-type]
+    return _dgx(nodes, sharp, kw, "dgx_h100", nvlink_gbps=360.0, pcie_gbps=51.2,
+                nic_gbps=48.5, leaf_ports=32, gpu_reduce_gbps=1100.0)
 
 
 def nvswitch(nodes: int = 8, **kw) -> Topology:
@@ -58,14 +62,14 @@ def nvswitch(nodes: int = 8, **kw) -> Topology:
     return dgx_h100(1, gpus_per_node=nodes, name=f"nvswitch{nodes}", **kw)
 
 
-def fat_tree2(nodes: int = 16, oversubscription: float = 1.0, **kw) -> Topology:
+def fat_tree2(nodes: int = 16, oversubscription: float = 1.0, **kw: Any) -> Topology:
     """Two-level fat-tree of single-GPU hosts with one 50 GB/s NIC each, 16-port leaves."""
-    args = dict(gpus_per_node=1, nics_per_node=1, nic_gbps=50.0, nic_ns=500.0,
-                switch_ns=500.0, pcie_gbps=64.0, pcie_ns=100.0, leaf_ports=16,
-                oversubscription=oversubscription, rail_optimized=False, levels=2,
-                name=f"fat_tree2x{nodes}")
+    args: dict[str, Any] = dict(gpus_per_node=1, nics_per_node=1, nic_gbps=50.0,
+                                nic_ns=500.0, switch_ns=500.0, pcie_gbps=64.0, pcie_ns=100.0,
+                                leaf_ports=16, oversubscription=oversubscription,
+                                rail_optimized=False, levels=2, name=f"fat_tree2x{nodes}")
     args.update(kw)
-    return T.fat_tree(nodes, **args)  # type: ignore[arg-type]
+    return T.fat_tree(nodes, **args)
 
 
 def fat_tree3(nodes: int = 64, oversubscription: float = 1.0, **kw) -> Topology:

@@ -4,6 +4,7 @@ ECMP choices, dimension order for multi-dimensional networks, breadth-first othe
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ class Router:
         self.bfs: dict[int, list[int]] = {}
         if t.routing == "dor":
             self.index = {d.name: i for i, d in enumerate(t.devices)}
+            self.npus = math.prod(size for _, size, _, _ in t.dims)
 
     def reach(self, d: int) -> frozenset[int]:
         got = self.memo.get(d)
@@ -90,7 +92,36 @@ class Router:
                 for li in reversed(self._climb(b, d, a, b, ch))] if d != b else []
         return tuple(up + down)
 
+    def _switch_of(self, d: int) -> tuple[int, list[int]] | None:
+        """(dimension, coordinates of its first member) of a ``dor`` switch device."""
+        if d < self.npus:
+            return None
+        dim, _, group = self.t.devices[d].name[2:].partition(".")
+        return int(dim), coords(int(group), self.t.dims)
+
     def _dor(self, a: int, b: int) -> tuple[int, ...]:
+        """Dimension order between NPUs. A switch endpoint (a CollNet virtual rank) is
+        reached from the member of its group that shares the other end's coordinate in
+        the switch's dimension, so only the last (first) hop touches the switch."""
+        sa, sb = self._switch_of(a), self._switch_of(b)
+        if sa is None and sb is None:
+            return self._dor_npus(a, b)
+        if sa is not None and sb is not None:
+            mid = index(sa[1], self.t.dims)
+            return self._dor(a, mid) + self._dor(mid, b)
+        dims = self.t.dims
+        if sb is not None:
+            dim, c = sb
+            c[dim] = coords(a, dims)[dim]
+            m = index(c, dims)
+            return self._dor_npus(a, m) + (self.link_of[(m, b)],)
+        assert sa is not None
+        dim, c = sa
+        c[dim] = coords(b, dims)[dim]
+        m = index(c, dims)
+        return (self.link_of[(a, m)],) + self._dor_npus(m, b)
+
+    def _dor_npus(self, a: int, b: int) -> tuple[int, ...]:
         path: list[int] = []
         ca, cb = coords(a, self.t.dims), coords(b, self.t.dims)
         cur = list(ca)

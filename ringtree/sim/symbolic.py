@@ -17,6 +17,8 @@ template's channels that are the same up to such a renaming.
 
 from __future__ import annotations
 
+from typing import cast
+
 from ringtree.core.ir import Buf, Collective, Program, Ref, Step, parse_collective
 from ringtree.schedules import Options
 from ringtree.schedules import registry as _registry
@@ -81,7 +83,16 @@ class Sym:
     __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __pow__ = _refuse
     __and__ = __or__ = __xor__ = __lshift__ = __rshift__ = __rmod__ = _refuse
     __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _refuse
-    __bool__ = __index__ = __int__ = __float__ = __hash__ = _refuse  # type: ignore[assignment]
+    __index__ = __int__ = _refuse
+
+    def __bool__(self) -> bool:
+        raise NotSymmetric("rank used as a truth value")
+
+    def __float__(self) -> float:
+        raise NotSymmetric("rank used as a float")
+
+    def __hash__(self) -> int:
+        raise NotSymmetric("rank used as a key")
 
     def __repr__(self) -> str:
         return f"Sym({self.m}*((r+{self.a})%{self.mod})+{self.b})"
@@ -94,7 +105,7 @@ def template(coll: Collective | str, algo: str, nranks: int, opts: Options) -> P
     if gen is None or nranks < 2:
         return None
     try:
-        p = gen(nranks, Sym(), opts)  # type: ignore[arg-type]
+        p = gen(nranks, cast(int, Sym()), opts)    # duck-typed: the generator's rank
     except Exception:        # any use of the rank a template cannot express
         return None
     if p.meta.get("virtual_programs") or not isinstance(p.rank, Sym):
@@ -138,6 +149,14 @@ def peer_offset(q, n: int) -> int | None:
     if q.m == 1 and q.b == 0 and (q.mod == n or (q.mod == 0 and q.a == 0)):
         return q.a % n
     return None
+
+
+def offset_of(q, n: int) -> int:
+    """:func:`peer_offset` of a peer already proven to be (r + a) mod n."""
+    a = peer_offset(q, n)
+    if a is None:
+        raise NotSymmetric(f"peer {q!r} is not (r + a) mod {n}")
+    return a
 
 
 def _families(t: Program, regs: dict, in_place: bool):
@@ -191,11 +210,11 @@ def shift_periods(t: Program, gs: list[int], regs: dict, in_place: bool) -> list
     got = _families(t, regs, in_place)
     if got is None or not _disjoint(*got):
         return []
-    peers = [{peer_offset(q, n) for s in ch for q in s.recv_from + s.send_to}
+    peers = [{offset_of(q, n) for s in ch for q in s.recv_from + s.send_to}
              for ch in t.channels]
     out = []
     for g in gs:
-        if n % g or any(len({a % g for a in ps}) != len(ps) for ps in peers):  # type: ignore[operator]
+        if n % g or any(len({a % g for a in ps}) != len(ps) for ps in peers):
             continue
         if all(all(regs[buf][m * i + b] == regs[buf][m * ((i + g) % mod) + b]
                    for i in range(mod)) for (_, buf, m, mod, b) in got[0]):
@@ -211,4 +230,4 @@ def shift_ok(t: Program, g: int, regs: dict, in_place: bool) -> bool:
 def offsets(t: Program) -> list[set[int]]:
     """Per channel, the offsets a of the peers (r + a) mod n the channel sends to."""
     n = t.nranks
-    return [{peer_offset(q, n) for s in ch for q in s.send_to} for ch in t.channels]  # type: ignore[misc]
+    return [{offset_of(q, n) for s in ch for q in s.send_to} for ch in t.channels]

@@ -11,7 +11,7 @@ import numpy as np
 from ringtree.core.ir import Program
 from ringtree.core.plan import compile_program
 from ringtree.sim.compile import passes
-from ringtree.sim.symbolic import Sym, peer_offset
+from ringtree.sim.symbolic import Sym, offset_of
 from ringtree.sim.symmetry import regions
 
 
@@ -69,9 +69,9 @@ class Template:
         recvs: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for gid, (c, _, s) in enumerate(self.steps):
             for pos, q in enumerate(s.send_to):
-                sends.setdefault((c, peer_offset(q, n)), []).append((gid, pos))  # type: ignore[arg-type]
+                sends.setdefault((c, offset_of(q, n)), []).append((gid, pos))
             for pos, q in enumerate(s.recv_from):
-                recvs.setdefault((c, (-peer_offset(q, n)) % n), []).append((gid, pos))  # type: ignore[operator]
+                recvs.setdefault((c, -offset_of(q, n) % n), []).append((gid, pos))
         self.recv_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rstep,pos)->(sstep,c,a)
         self.send_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (sstep,pos)->(rstep,rpos,a)
         for key in set(sends) | set(recvs):

@@ -110,10 +110,10 @@ class _Run:
         st = np.zeros(tp.g)
         p = tp.prev[s]
         if p >= 0:
-            st = np.maximum(st, self.start[p])  # type: ignore[arg-type]
+            st = np.maximum(st, _known(self.start[p]))
             self.start[p] = None                 # its only reader is the next step
         for d in tp.deps[s]:
-            st = np.maximum(st, self.done[d])  # type: ignore[arg-type]
+            st = np.maximum(st, _known(self.done[d]))
         return st
 
     def group(self, steps: list[int]) -> None:
@@ -321,6 +321,13 @@ class _Run:
 
     def finish(self) -> float:
         return self.tmax
+
+
+def _known(a: np.ndarray | None) -> np.ndarray:
+    """A time already computed (the template's levels order every reader after it)."""
+    if a is None:
+        raise Unordered("a step read a time before it was computed")
+    return a
 
 
 def run(tp: Template, t: Program, topo: Topology, devices: list[int], model: Unaware | Aware,

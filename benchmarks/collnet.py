@@ -136,9 +136,12 @@ def run_layout(hosts: int, ppn: int, args, sizes: list[int]) -> dict:
         sw_host = tb.add_host(rate=None, name=f"{tb.name}-sw")
         sw_addr = f"{sw_host.addr}:{SWITCH_PORT}"
         cmd = [sys.executable, "-m", "ringtree.cli", "switch", "--listen", sw_addr,
-               "--token", token, "--drop", str(args.drop), "--seed", "1"]
-        sw = sw_host.popen(cmd, stdout=open(os.devnull, "w"))
-        tb._children.append(sw)
+               "--token", token, "--drop", str(args.drop), "--seed", "1", *args.switch_args]
+        if args.profile_switch:
+            cmd[1:3] = ["-m", "pyinstrument", "-r", "text", "-o",
+                        f"{args.profile_switch}.{hosts}x{ppn}.txt", "-m", "ringtree.cli"]
+        log = open(f"{args.json or os.devnull}.switch.log" if args.json else os.devnull, "w")
+        sw_host.popen(cmd, stdout=log)
         time.sleep(1.0)
         env = {"RINGTREE_COLLNET_ENABLE": "1", "RINGTREE_COLLNET_SWITCH": sw_addr,
                "RINGTREE_TIMEOUT": "120"}
@@ -174,8 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--drop", type=float, default=0.0)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None,
+                   help="write the results here (and the switch's counters to JSON.switch.log)")
+    p.add_argument("--profile-switch", default=None, metavar="PREFIX",
+                   help="run the switch under pyinstrument, text report to PREFIX.HxP.txt")
+    p.add_argument("--switch-args", default="",
+                   help="extra arguments of `ringtree switch`, e.g. '--slot-bytes 512K'")
     args = p.parse_args(argv)
+    args.switch_args = args.switch_args.split()
     from ringtree.testbed.netns import parse_rate
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]

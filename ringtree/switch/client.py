@@ -1,12 +1,19 @@
-"""A worker's side of the switch: join groups, stream chunks, retransmit, collect results.
+"""A worker's side of the switch: join groups, stream chunks, recover losses, collect results.
 
 One TCP connection per worker carries all of its groups. An all-reduce of ``n`` bytes is
 cut into chunks of at most the group's chunk size; at most ``window`` chunks are in
 flight (SwitchML's self-clocked window: chunk ``s + window`` goes out only when the
 result of ``s`` came back, so a slow worker throttles everyone instead of overflowing the
-switch's slots). A chunk whose result is overdue is sent again — the switch's bitmaps
-make that safe — with a TCP-like timer: ``rto = max(RTO_MIN, 4·srtt)``, doubled per
-retry (Jacobson, "Congestion Avoidance and Control", SIGCOMM'88).
+switch's slots).
+
+Loss recovery (``wire``): every DATA frame carries a fresh serial; the switch NACKs the
+serials it lost as soon as a later frame (or a PROBE) shows the gap, and the worker
+resends exactly those chunks at once — SwitchML recovers by timeout, which on a loaded
+host must be long, so one lost chunk used to stall its slot for tens of milliseconds. A
+worker that has sent all it may and heard nothing for ``PROBE_AFTER`` sends one PROBE, so
+a lost last frame is found too. No chunk is ever resent on a timer: with TCP underneath,
+nothing but the switch's drops can be lost, and a result that is merely late (a slow
+peer) costs nothing but the wait.
 
 Everything is nonblocking (``poll``/``wait_fds``) so the executor's fabric can drive it
 next to shm and TCP; :meth:`SwitchLink.all_reduce` is the blocking convenience.
@@ -24,10 +31,9 @@ import numpy as np
 from ringtree.dtypes import DType
 from ringtree.ops import ReduceOp
 from ringtree.switch import wire
-from ringtree.switch.wire import DATA, FRAME, JOIN, JOINED, Kind, SwitchError
+from ringtree.switch.wire import DATA, FRAME, JOIN, JOINED, NACK, PROBE, Kind, SwitchError
 
-RTO_MIN = 0.02
-RTO_MAX = 2.0
+PROBE_AFTER = 0.004   # quiet seconds after the last frame before a tail-loss probe
 DEFAULT_WINDOW = 8
 DEFAULT_CHUNK = 256 << 10
 
@@ -36,7 +42,7 @@ class SwitchOp:
     """One posted all-reduce through the switch: ``recv = ⊕ over members of send``."""
 
     __slots__ = ("group", "send", "recv", "dtype", "op", "header", "chunk_elems", "nchunks",
-                 "first_seq", "next_chunk", "done_chunks", "done", "error")
+                 "first_seq", "next_chunk", "done_chunks", "got", "done", "error")
 
     def __init__(self, group: SwitchGroup, send: np.ndarray, recv: np.ndarray, dtype: DType,
                  op: ReduceOp, header: bytes):
@@ -49,12 +55,22 @@ class SwitchOp:
         self.first_seq = -1
         self.next_chunk = 0
         self.done_chunks = 0
+        self.got = bytearray(self.nchunks)
         self.done = self.nchunks == 0
         self.error: BaseException | None = None
 
     def span(self, k: int) -> slice:
         lo = k * self.chunk_elems
         return slice(lo, min(lo + self.chunk_elems, self.send.size))
+
+    def retarget(self, buf: np.ndarray) -> None:
+        """Let the results still to come land in ``buf`` (flat, this op's size and
+        storage dtype), and copy there the chunks that are already back."""
+        old, self.recv = self.recv, buf
+        if old is not buf:
+            for k in range(self.nchunks):
+                if self.got[k]:
+                    buf[self.span(k)] = old[self.span(k)]
 
     def result(self) -> None:
         if self.error is not None:
@@ -69,11 +85,12 @@ class SwitchGroup:
         self.seq = 0                                  # next chunk sequence, never reset
         self.ops: deque[SwitchOp] = deque()          # posted, not yet complete
         self.unsent: deque[SwitchOp] = deque()       # posted, chunks still to send
-        self.inflight: dict[int, list] = {}          # seq -> [op, chunk, sent_at, tries]
+        self.inflight: dict[int, list] = {}          # seq -> [op, chunk, serial]
 
     def post(self, send: np.ndarray, recv: np.ndarray, dtype: DType, op: ReduceOp,
              header: bytes = b"") -> SwitchOp:
-        """Queue ``recv[:] = switch-reduce(send)``; both flat, ``dtype``'s storage."""
+        """Queue ``recv[:] = switch-reduce(send)``; both flat, ``dtype``'s storage.
+        ``send`` must not change until the op is done (a lost chunk is resent from it)."""
         if send.size != recv.size:
             raise ValueError(f"send has {send.size} elements, recv {recv.size}")
         why = wire.check_call(op, dtype, send.nbytes, 2)
@@ -96,16 +113,10 @@ class SwitchLink:
         self.timeout = float(timeout)
         try:
             self.sock = socket.create_connection((host, int(port)), timeout=min(timeout, 10.0))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            wire.handshake(self.sock, token, address)
         except OSError as e:
-            raise SwitchError(f"cannot connect to the switch at {address}: {e}") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            hello = self._recv_exact(len(wire.MAGIC) + wire.NONCE_BYTES)
-        except OSError as e:
-            raise SwitchError(f"switch at {address} did not greet: {e}") from None
-        if not hello.startswith(wire.MAGIC):
-            raise SwitchError(f"{address} is not a ringtree switch")
-        self.sock.sendall(wire.mac(token, hello[len(wire.MAGIC):]))
+            raise SwitchError(f"cannot reach the switch at {address}: {e}") from None
         self.sock.setblocking(False)
         self.groups: dict[int, SwitchGroup] = {}
         self.out: deque = deque()
@@ -114,12 +125,15 @@ class SwitchLink:
         self.pos = 0
         self.phase = "frame"
         self.kind = self.body = 0
-        self.pending_result: tuple | None = None
+        self.landing: tuple | None = None    # the result chunk being received
         self.scratch = memoryview(bytearray(DEFAULT_CHUNK))
         self.error: BaseException | None = None
-        self.srtt = RTO_MIN
         self.joined: deque = deque()
+        self.serial = 0          # the next DATA frame's serial
+        self.last_tx = 0.0       # when the last DATA frame was queued
+        self.probed = -1         # self.serial when we last probed
         self.retransmissions = 0
+        self.probes = 0
 
     # ---- joining ---------------------------------------------------------------------
 
@@ -136,7 +150,7 @@ class SwitchLink:
         while not self.joined:
             self._drive(deadline, f"forming group {key.hex()[:8]} (member {member} of "
                                   f"{members})", lambda: bool(self.joined))
-        gid, win, chunk = self.joined.popleft()
+        _, gid, win, chunk = self.joined.popleft()
         g = SwitchGroup(self, gid, win, chunk)
         self.groups[gid] = g
         return g
@@ -157,9 +171,10 @@ class SwitchLink:
             raise self.error
         left = deadline - time.monotonic()
         if left <= 0:
-            self._fail(SwitchError(f"switch {self.address} did not answer within "
-                                   f"{self.timeout:g} s while {what}"))
-            raise self.error  # type: ignore[misc]
+            err = SwitchError(f"switch {self.address} did not answer within "
+                              f"{self.timeout:g} s while {what}")
+            self._fail(err)
+            raise err
         self.wait(min(left, 0.05))
 
     # ---- progress -------------------------------------------------------------------
@@ -177,20 +192,24 @@ class SwitchLink:
         p = select.poll()
         for fd, mask in self.wait_fds():
             p.register(fd, mask)
-        p.poll(max(0, int(min(timeout, self._next_timer()) * 1000)))
+        p.poll(max(0, int(min(timeout, self.next_timer()) * 1000)))
 
-    def _next_timer(self) -> float:
-        return self.rto() if any(g.inflight for g in self.groups.values()) else 1.0
-
-    def rto(self) -> float:
-        return min(max(RTO_MIN, 4 * self.srtt), RTO_MAX)
+    def next_timer(self) -> float:
+        """Seconds until this link wants to be polled again (its tail-loss probe)."""
+        if self.probed == self.serial or not any(g.inflight for g in self.groups.values()):
+            return 1.0
+        return max(0.0, self.last_tx + PROBE_AFTER - time.monotonic())
 
     def poll(self) -> bool:
         if self.error is not None:
             return False
         moved = self._read()
         moved |= self.pump()
-        self._retransmit()
+        if self.next_timer() == 0.0:
+            self.probed = self.serial
+            self.probes += 1
+            self._queue(wire.frame(Kind.PROBE, PROBE.pack(self.serial)))
+            self._flush()
         return moved
 
     def pump(self) -> bool:
@@ -210,28 +229,29 @@ class SwitchLink:
                 o.next_chunk += 1
                 seq = g.seq
                 g.seq += 1
-                g.inflight[seq] = [o, k, time.monotonic(), 0]
-                self._send_chunk(g, o, k, seq)
+                g.inflight[seq] = entry = [o, k, 0]
+                self._send_chunk(g, entry, seq)
                 moved = True
         return self._flush() or moved
 
-    def _send_chunk(self, g: SwitchGroup, o: SwitchOp, k: int, seq: int) -> None:
+    def _send_chunk(self, g: SwitchGroup, entry: list, seq: int) -> None:
+        o, k = entry[0], entry[1]
         part = o.send[o.span(k)].view(np.uint8)
+        entry[2] = self.serial
         head = FRAME.pack(Kind.DATA, DATA.size + part.nbytes) + \
-            DATA.pack(g.gid, seq, o.dtype.code, o.op.code, part.nbytes // o.dtype.itemsize,
-                      o.header)
+            DATA.pack(g.gid, seq, self.serial, o.dtype.code, o.op.code,
+                      part.nbytes // o.dtype.itemsize, o.header)
+        self.serial += 1
+        self.last_tx = time.monotonic()
         self._queue(head, memoryview(part))
 
-    def _retransmit(self) -> None:
-        now = time.monotonic()
-        rto = self.rto()
+    def _resend(self, first: int, last: int) -> None:
+        """The switch lost the frames with serials first..last: send their chunks again."""
         for g in self.groups.values():
-            for seq, entry in g.inflight.items():
-                o, k, sent, tries = entry
-                if now - sent > rto * (1 << min(tries, 6)):
-                    entry[2], entry[3] = now, tries + 1
+            for seq, entry in list(g.inflight.items()):
+                if first <= entry[2] <= last:
                     self.retransmissions += 1
-                    self._send_chunk(g, o, k, seq)
+                    self._send_chunk(g, entry, seq)
         self._flush()
 
     def _queue(self, *parts: bytes | memoryview) -> None:
@@ -287,43 +307,53 @@ class SwitchLink:
         elif self.phase == "payload":
             self._result_done()
         else:
-            body = bytes(self.target)
-            self._want(memoryview(self.hdr)[:FRAME.size], "frame")
-            if self.kind == Kind.JOINED:
-                self.joined.append(JOINED.unpack(body))
-            elif self.kind == Kind.ERROR:
-                self._fail(SwitchError(f"switch at {self.address}: "
-                                       f"{body.decode(errors='replace')}"))
-            else:
-                self._fail(SwitchError(f"switch at {self.address} sent frame kind "
-                                       f"{self.kind}"))
+            self._control(bytes(self.target))
+
+    def _control(self, body: bytes) -> None:
+        self._want(memoryview(self.hdr)[:FRAME.size], "frame")
+        if self.kind == Kind.NACK and len(body) == NACK.size:
+            first, last = NACK.unpack(body)
+            if first <= last:
+                self._resend(first, last)
+        elif self.kind == Kind.JOINED and len(body) == JOINED.size:
+            self.joined.append(JOINED.unpack(body))
+        elif self.kind == Kind.ERROR:
+            self._fail(SwitchError(f"switch at {self.address}: "
+                                   f"{body.decode(errors='replace')}"))
+        else:
+            self._fail(SwitchError(f"switch at {self.address} sent frame kind "
+                                   f"{self.kind} ({len(body)} bytes)"))
 
     def _result_header(self) -> None:
-        gid, seq, _, _, nelem, _ = DATA.unpack_from(self.hdr)
+        gid, seq, _, _, _, _, _ = DATA.unpack_from(self.hdr)
         g = self.groups.get(gid)
         entry = g.inflight.get(seq) if g is not None else None
         nbytes = self.body - DATA.size
-        if entry is None:  # a duplicate answer to a retransmission
-            view = self.scratch[:nbytes]
-        else:
-            o, k = entry[0], entry[1]
-            view = memoryview(o.recv[o.span(k)].view(np.uint8))
-            if len(view) != nbytes:
-                self._fail(SwitchError(f"switch at {self.address} returned {nbytes} bytes "
-                                       f"for a {len(view)}-byte chunk"))
-                return
-        self.pending_result = (g, seq, entry)
+        if entry is None:  # not ours (any more): read and forget
+            self.landing = None
+            self._want(self.scratch[:nbytes], "payload")
+            return
+        o, k = entry[0], entry[1]
+        into = o.recv
+        view = memoryview(into[o.span(k)].view(np.uint8))
+        if len(view) != nbytes:
+            self._fail(SwitchError(f"switch at {self.address} returned {nbytes} bytes "
+                                   f"for a {len(view)}-byte chunk"))
+            return
+        self.landing = (g, seq, o, k, into)
         self._want(view, "payload")
 
     def _result_done(self) -> None:
-        g, seq, entry = self.pending_result  # type: ignore[misc]
-        self.pending_result = None
+        landing, self.landing = self.landing, None
         self._want(memoryview(self.hdr)[:FRAME.size], "frame")
-        if entry is None or g.inflight.pop(seq, None) is None:
+        if landing is None:
             return
-        o, _, sent, tries = entry
-        if tries == 0:
-            self.srtt = 0.875 * self.srtt + 0.125 * (time.monotonic() - sent)
+        g, seq, o, k, into = landing
+        if g.inflight.pop(seq, None) is None:
+            return
+        if o.recv is not into:  # retargeted while this chunk was landing
+            o.recv[o.span(k)] = into[o.span(k)]
+        o.got[k] = 1
         o.done_chunks += 1
         if o.done_chunks == o.nchunks:
             o.done = True
@@ -339,15 +369,6 @@ class SwitchLink:
             g.ops.clear()
             g.unsent.clear()
             g.inflight.clear()
-
-    def _recv_exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise OSError("connection closed")
-            buf += chunk
-        return bytes(buf)
 
     def close(self) -> None:
         try:

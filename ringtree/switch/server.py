@@ -13,47 +13,21 @@ Nothing from the network is trusted: frame lengths are bounded by the slot size 
 byte is buffered, every id is checked against the connection's own job, and a client that
 breaks the protocol loses its connection and its group, never another job's slots.
 ``drop`` discards a seeded fraction of received chunks before they are counted, to
-exercise the workers' retransmission.
+exercise loss recovery: a gap in a connection's serials is NACKed at once (``wire``).
 """
 
 from __future__ import annotations
 
-import os
 import random
 import selectors
 import socket
 import time
-from collections import deque
 
 from ringtree.switch import wire
+from ringtree.switch.conn import Conn
 from ringtree.switch.slots import ACCEPT, DUPLICATE, CallMismatch, Group, ProtocolError, SlotPool
-from ringtree.switch.wire import DATA, FRAME, JOIN, JOINED, Kind, SwitchError
-
-AUTH_TIMEOUT = 10.0
-UPLINK_RTO = 0.05
-
-
-class Conn:
-    """One peer connection (a worker, a child switch, or our uplink to the parent)."""
-
-    def __init__(self, sock: socket.socket, addr: str, chunk_bytes: int, uplink: bool = False):
-        self.sock, self.addr, self.uplink = sock, addr, uplink
-        self.job: bytes | None = None
-        self.token: str | None = None
-        self.nonce = os.urandom(wire.NONCE_BYTES)
-        self.deadline = time.monotonic() + AUTH_TIMEOUT
-        self.hdr = bytearray(max(FRAME.size + DATA.size, wire.NONCE_BYTES + len(wire.MAGIC)))
-        self.target: memoryview = memoryview(self.hdr)[:32]  # auth: the MAC
-        self.pos = 0
-        self.phase = "auth"
-        self.kind = 0
-        self.body = 0
-        self.data: tuple | None = None
-        self.scratch = memoryview(bytearray(chunk_bytes))
-        self.out: deque = deque()
-        self.groups: set[int] = set()
-        self.closed = False
-        self.events = selectors.EVENT_READ
+from ringtree.switch.tree import PROBE_AFTER, Parent
+from ringtree.switch.wire import DATA, FRAME, JOIN, JOINED, NACK, PROBE, Kind
 
 
 class SwitchServer:
@@ -69,7 +43,7 @@ class SwitchServer:
         self.pool = SlotPool(int(slots))
         self.drop = float(drop)
         self.rng = random.Random(seed)
-        self.parent = parent
+        self.parent = Parent(self, parent) if parent is not None else None
         self.sel = selectors.DefaultSelector()
         self.lsock = socket.create_server((host, port), backlog=256, reuse_port=False)
         self.lsock.setblocking(False)
@@ -77,20 +51,18 @@ class SwitchServer:
         self.sel.register(self.lsock, selectors.EVENT_READ, None)
         self.groups: dict[int, Group] = {}
         self.by_key: dict[tuple[bytes, bytes], Group] = {}
-        self.up_by_gid: dict[tuple[int, int], Group] = {}   # (uplink conn id, parent gid)
-        self.uplinks: dict[bytes, Conn] = {}
         self.next_gid = 1
         self.running = True
         self.counters = {"connections": 0, "refused_clients": 0, "protocol_errors": 0,
                          "groups": 0, "chunks_in": 0, "chunks_out": 0, "bytes_in": 0,
-                         "bytes_out": 0, "retransmissions": 0, "stale": 0, "dropped": 0,
-                         "results": 0, "uplink_retransmissions": 0}
+                         "bytes_out": 0, "retransmissions": 0, "duplicates": 0, "nacks": 0, "probes": 0,
+                         "stale": 0, "dropped": 0, "results": 0, "uplink_retransmissions": 0}
 
     # ---- the loop ------------------------------------------------------------------
 
     def serve_forever(self) -> None:
         while self.running:
-            timeout = 0.01 if self.uplinks else 0.25
+            timeout = 0.25 if self.parent is None or not self.parent.links else PROBE_AFTER
             for key, mask in self.sel.select(timeout):
                 if key.data is None:
                     self._accept()
@@ -129,7 +101,7 @@ class SwitchServer:
         conn = Conn(sock, _fmt(addr), self.slot_bytes)
         self.counters["connections"] += 1
         self.sel.register(sock, selectors.EVENT_READ, conn)
-        self._send(conn, wire.MAGIC + conn.nonce)
+        self.send(conn, wire.MAGIC + conn.nonce)
 
     def _close(self, conn: Conn, why: str | None) -> None:
         if conn.closed:
@@ -152,9 +124,9 @@ class SwitchServer:
             if g is not None:
                 who = "the parent switch" if conn.uplink else f"member {_member_of(g, conn)} " \
                     f"({conn.addr})"
-                self._fail_group(g, f"{who} left group {g.key.hex()[:8]}")
-        if conn.uplink:
-            self.uplinks = {j: c for j, c in self.uplinks.items() if c is not conn}
+                self.fail_group(g, f"{who} left group {g.key.hex()[:8]}")
+        if conn.uplink and self.parent is not None:
+            self.parent.lost(conn)
 
     def _timers(self) -> None:
         now = time.monotonic()
@@ -163,9 +135,8 @@ class SwitchServer:
             if conn is not None and conn.phase == "auth" and now > conn.deadline:
                 self.counters["refused_clients"] += 1
                 self._close(conn, None)
-        for g in list(self.groups.values()):
-            if g.uplink is not None and g.formed and g.upgid >= 0:
-                self._retransmit_up(g, now)
+        if self.parent is not None:
+            self.parent.probe(now)
 
     # ---- reading --------------------------------------------------------------------
 
@@ -189,7 +160,7 @@ class SwitchServer:
                 self.counters["protocol_errors"] += 1
                 for gid in list(conn.groups):
                     if gid in self.groups:
-                        self._fail_group(self.groups[gid], f"mismatched call: {e}")
+                        self.fail_group(self.groups[gid], f"mismatched call: {e}")
                 self._close(conn, f"mismatched call: {e}")
                 return
             except ProtocolError as e:
@@ -198,9 +169,6 @@ class SwitchServer:
                 return
             if conn.closed:
                 return
-
-    def _want(self, conn: Conn, view: memoryview, phase: str) -> None:
-        conn.target, conn.pos, conn.phase = view, 0, phase
 
     def _advance(self, conn: Conn) -> None:
         if conn.phase == "auth":
@@ -213,9 +181,10 @@ class SwitchServer:
             if conn.kind in (Kind.DATA, Kind.RESULT):
                 if conn.body < DATA.size:
                     raise ProtocolError("truncated data frame")
-                self._want(conn, memoryview(conn.hdr)[:DATA.size], "data")
-            elif conn.kind in (Kind.JOIN, Kind.JOINED, Kind.ERROR, Kind.LEAVE):
-                self._want(conn, memoryview(bytearray(conn.body)), "body")
+                conn.want(memoryview(conn.hdr)[:DATA.size], "data")
+            elif conn.kind in (Kind.JOIN, Kind.JOINED, Kind.ERROR, Kind.LEAVE, Kind.PROBE,
+                               Kind.NACK):
+                conn.want(memoryview(bytearray(conn.body)), "body")
                 if conn.body == 0:
                     self._body(conn)
             else:
@@ -227,15 +196,12 @@ class SwitchServer:
         elif conn.phase == "body":
             self._body(conn)
 
-    def _next_frame(self, conn: Conn) -> None:
-        self._want(conn, memoryview(conn.hdr)[:FRAME.size], "frame")
-
     def _authenticate(self, conn: Conn) -> None:
         got = bytes(conn.target)
         for t in self.tokens:
             if wire.hmac.compare_digest(got, wire.mac(t, conn.nonce)):
                 conn.token, conn.job = t, wire.job_of(t)
-                self._next_frame(conn)
+                conn.next_frame()
                 return
         self.counters["refused_clients"] += 1
         raise ProtocolError("refused: the client does not hold a job token this switch serves")
@@ -243,19 +209,22 @@ class SwitchServer:
     def _body(self, conn: Conn) -> None:
         body = bytes(conn.target)
         kind = conn.kind
-        self._next_frame(conn)
-        if kind == Kind.JOIN and not conn.uplink:
-            self._join(conn, body)
-        elif kind == Kind.JOINED and conn.uplink:
-            self._parent_joined(conn, body)
-        elif kind == Kind.ERROR and conn.uplink:
-            msg = body.decode(errors="replace")
-            for g in [g for g in self.groups.values() if g.uplink is conn]:
-                self._fail_group(g, f"parent switch: {msg}")
-        elif kind == Kind.LEAVE:
+        conn.next_frame()
+        if kind == Kind.LEAVE:
             self._close(conn, None)
+        elif conn.uplink and self.parent is not None:
+            self.parent.control(conn, kind, body)
+        elif kind == Kind.JOIN:
+            self._join(conn, body)
+        elif kind == Kind.PROBE and len(body) == PROBE.size:
+            self.counters["probes"] += 1
+            self._nack(conn, conn.gap(PROBE.unpack(body)[0], probe=True) or (1, 0))
         else:
             raise ProtocolError(f"unexpected frame kind {kind}")
+
+    def _nack(self, conn: Conn, lost: tuple[int, int]) -> None:
+        self.counters["nacks"] += lost[0] <= lost[1]
+        self.send(conn, wire.frame(Kind.NACK, NACK.pack(*lost)))
 
     # ---- groups --------------------------------------------------------------------
 
@@ -294,61 +263,22 @@ class SwitchServer:
 
     def _form(self, g: Group) -> None:
         if not self.pool.take(g.window):
-            self._fail_group(g, f"switch {self.address} is out of aggregation slots "
-                                f"({self.pool.used} of {self.pool.total} in use)")
+            self.fail_group(g, f"switch {self.address} is out of aggregation slots "
+                               f"({self.pool.used} of {self.pool.total} in use)")
             return
         g.form()
-        full = (1 << g.members) - 1
-        if g.expect == full:
-            for u in g.units:
-                self._send(u.conn, wire.frame(Kind.JOINED, JOINED.pack(g.gid, g.window,
-                                                                       g.chunk_bytes)))
-            return
-        try:
-            up = self._uplink(g)
-        except (OSError, SwitchError) as e:
-            self._fail_group(g, f"cannot reach the parent switch "
-                                f"{self.parent[0]}:{self.parent[1]}: {e}")  # type: ignore[index]
-            return
-        g.uplink = up
-        up.groups.add(g.gid)
-        low = min(u.member for u in g.units)
-        self._send(up, wire.frame(Kind.JOIN, JOIN.pack(g.key, low, g.members, g.expect,
-                                                       g.expect, g.window, g.chunk_bytes)))
+        if g.goes_up and self.parent is not None:
+            self.parent.join(g)
+        else:
+            self.joined(g)
 
-    def _uplink(self, g: Group) -> Conn:
-        job = g.job
-        if job in self.uplinks:
-            return self.uplinks[job]
-        token = next(t for t in self.tokens if wire.job_of(t) == job)
-        assert self.parent is not None
-        sock = socket.create_connection(self.parent, timeout=5.0)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = _recv_exact(sock, len(wire.MAGIC) + wire.NONCE_BYTES)
-        if not hello.startswith(wire.MAGIC):
-            raise SwitchError("the parent is not a ringtree switch")
-        sock.sendall(wire.mac(token, hello[len(wire.MAGIC):]))
-        sock.setblocking(False)
-        conn = Conn(sock, _fmt(self.parent), self.slot_bytes, uplink=True)
-        conn.job, conn.token = job, token
-        self._next_frame(conn)
-        self.sel.register(sock, selectors.EVENT_READ, conn)
-        self.uplinks[job] = conn
-        return conn
-
-    def _parent_joined(self, up: Conn, body: bytes) -> None:
-        pgid, _, _ = JOINED.unpack(body)
-        g = next((g for g in self.groups.values()
-                  if g.uplink is up and g.upgid < 0 and g.formed), None)
-        if g is None:
-            raise ProtocolError("JOINED for no pending group")
-        g.upgid = pgid
-        self.up_by_gid[(id(up), pgid)] = g
+    def joined(self, g: Group) -> None:
+        """``g`` is ready (here and, at a leaf, at the parent): tell its members."""
         for u in g.units:
-            self._send(u.conn, wire.frame(Kind.JOINED, JOINED.pack(g.gid, g.window,
-                                                                   g.chunk_bytes)))
+            self.send(u.conn, wire.frame(Kind.JOINED, JOINED.pack(g.key, g.gid, g.window,
+                                                                  g.chunk_bytes)))
 
-    def _fail_group(self, g: Group, why: str) -> None:
+    def fail_group(self, g: Group, why: str) -> None:
         if self.groups.pop(g.gid, None) is None:
             return
         self.by_key.pop((g.job, g.key), None)
@@ -358,48 +288,48 @@ class SwitchServer:
         for u in g.units:
             u.conn.groups.discard(g.gid)
             if not u.conn.closed:
-                self._send(u.conn, wire.frame(Kind.ERROR, why.encode()[:wire.MAX_ERROR_BYTES]))
-        if g.uplink is not None:
-            g.uplink.groups.discard(g.gid)
-            self.up_by_gid.pop((id(g.uplink), g.upgid), None)
+                self.send(u.conn, wire.frame(Kind.ERROR, why.encode()[:wire.MAX_ERROR_BYTES]))
+        if self.parent is not None:
+            up = self.parent.links.get(g.job)
+            if up is not None:
+                up.groups.discard(g.gid)
+                self.parent.by_gid.pop((id(up), g.upgid), None)
 
     # ---- data ----------------------------------------------------------------------
 
     def _data_header(self, conn: Conn) -> None:
-        gid, seq, dcode, ocode, nelem, header = DATA.unpack_from(conn.hdr)
+        gid, seq, serial, dcode, ocode, nelem, header = DATA.unpack_from(conn.hdr)
         dtype, op = wire.DTYPES_BY_CODE.get(dcode), wire.OPS_BY_CODE.get(ocode)
         if dtype is None or op is None:
             raise ProtocolError(f"the switch does not reduce dtype code {dcode} / op code "
                                 f"{ocode} (SUM, MIN, MAX on SHARP's dtypes only)")
-        if conn.body - DATA.size != nelem * dtype.itemsize:
+        nbytes = conn.body - DATA.size
+        if nbytes != nelem * dtype.itemsize:
             raise ProtocolError("data frame length does not match its element count")
-        if conn.uplink:
-            g = self.up_by_gid.get((id(conn), gid))
-            if g is None:
-                raise ProtocolError("result for an unknown group")
-            st = g.state(seq)
-            fresh = st.seq == seq and st.complete and not st.released
-            conn.data = (g, -1, seq, fresh)
-            view = g.result_view(seq) if fresh else conn.scratch[:conn.body - DATA.size]
-            self._want(conn, view, "payload")
+        if conn.uplink and self.parent is not None:  # the parent's result
+            conn.want(self.parent.result_target(conn, gid, seq, nbytes), "payload")
             return
         g = self.groups.get(gid)
         if g is None or g.job != conn.job or gid not in conn.groups or not g.formed:
             raise ProtocolError(f"group {gid} is not one this connection joined")
         unit = g.unit_index(conn)
         what = g.classify(unit, seq, dtype, op, nelem, header)
-        if what == ACCEPT and self.drop and self.rng.random() < self.drop:
-            what = "dropped"
-        conn.data = (g, unit, seq, what)
         self.counters["chunks_in"] += 1
-        self.counters["bytes_in"] += conn.body - DATA.size
-        view = g.row(unit, seq) if what == ACCEPT else conn.scratch[:conn.body - DATA.size]
-        self._want(conn, view, "payload")
+        self.counters["bytes_in"] += nbytes
+        if self.drop and self.rng.random() < self.drop:
+            what = "dropped"  # lost on the way in: as if never received
+        else:
+            lost = conn.gap(serial)
+            if lost is not None:
+                self._nack(conn, lost)
+        conn.data = (g, unit, seq, what)
+        conn.want(g.row(unit, seq) if what == ACCEPT else conn.scratch[:nbytes], "payload")
 
     def _payload_done(self, conn: Conn) -> None:
-        g, unit, seq, what = conn.data  # type: ignore[misc]
+        assert conn.data is not None
+        g, unit, seq, what = conn.data
         conn.data = None
-        self._next_frame(conn)
+        conn.next_frame()
         if g.gid not in self.groups:
             return
         if unit < 0:  # the parent's result
@@ -408,17 +338,20 @@ class SwitchServer:
             return
         st = g.state(seq)
         if what == ACCEPT:
+            self.counters["retransmissions"] += st.lost >> unit & 1
             if g.commit(unit, seq):
-                if g.uplink is None:
-                    self._release(g, seq)
+                if g.goes_up and self.parent is not None:
+                    self.parent.send_up(g, seq)
                 else:
-                    self._send_up(g, seq)
+                    self._release(g, seq)
         elif what == DUPLICATE:
-            self.counters["retransmissions"] += 1
+            self.counters["duplicates"] += 1
             if st.released:
                 self._send_result(g.units[unit].conn, g, seq)
         elif what == "dropped":
             self.counters["dropped"] += 1
+            if st.seq == seq:
+                st.lost |= 1 << unit
         else:
             self.counters["stale"] += 1
 
@@ -429,34 +362,14 @@ class SwitchServer:
             self._send_result(u.conn, g, seq)
 
     def _send_result(self, conn: Conn, g: Group, seq: int) -> None:
-        st = g.state(seq)
-        view = g.result_view(seq)
-        head = FRAME.pack(Kind.RESULT, DATA.size + len(view)) + \
-            DATA.pack(g.gid, seq, st.dtype.code, st.op.code, st.nelem, st.header)  # type: ignore
+        head, view = g.frame(Kind.RESULT, g.gid, seq)
         self.counters["chunks_out"] += 1
         self.counters["bytes_out"] += len(view)
-        self._send(conn, head, view)
-
-    def _send_up(self, g: Group, seq: int) -> None:
-        st = g.state(seq)
-        view = g.result_view(seq)
-        head = FRAME.pack(Kind.DATA, DATA.size + len(view)) + \
-            DATA.pack(g.upgid, seq, st.dtype.code, st.op.code, st.nelem, st.header)  # type: ignore
-        st.sent_at = time.monotonic()
-        st.tries += 1
-        self._send(g.uplink, head, view)  # type: ignore[arg-type]
-
-    def _retransmit_up(self, g: Group, now: float) -> None:
-        for pair in g.sets:
-            for st in pair:
-                if st.complete and not st.released and st.seq >= 0 and \
-                        now - st.sent_at > UPLINK_RTO * min(1 << st.tries, 32):
-                    self.counters["uplink_retransmissions"] += 1
-                    self._send_up(g, st.seq)
+        self.send(conn, head, view)
 
     # ---- writing -------------------------------------------------------------------
 
-    def _send(self, conn: Conn, *parts: bytes | memoryview) -> None:
+    def send(self, conn: Conn, *parts: bytes | memoryview) -> None:
         if conn.closed:
             return
         conn.out.extend(memoryview(p) if isinstance(p, bytes) else p for p in parts)
@@ -486,14 +399,3 @@ def _member_of(g: Group, conn: Conn) -> int:
         if u.conn is conn:
             return u.member
     return -1
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise SwitchError("connection closed during the handshake")
-        buf += chunk
-    return bytes(buf)
-

@@ -30,6 +30,7 @@ import numpy as np
 
 from ringtree.dtypes import DType
 from ringtree.ops import ReduceOp, Reducer
+from ringtree.switch.wire import DATA, FRAME
 
 ACCEPT, DUPLICATE, STALE = "accept", "duplicate", "stale"
 
@@ -48,6 +49,7 @@ class SlotSet:
 
     seq: int = -1
     bitmap: int = 0
+    lost: int = 0              # units whose chunk was dropped (their next one is a resend)
     complete: bool = False     # reduced here (at a leaf: the partial is ready to go up)
     released: bool = False     # the final result is in ``result`` and went to the units
     dtype: DType | None = None
@@ -55,8 +57,7 @@ class SlotSet:
     nelem: int = 0
     header: bytes = b""
     first_unit: int = -1
-    sent_at: float = 0.0       # a leaf's uplink: when the partial last went up
-    tries: int = 0
+    serial: int = -1           # a leaf's uplink: the serial the partial last went up with
 
 
 @dataclass(slots=True)
@@ -82,8 +83,7 @@ class Group:
     units: list[Unit] = field(default_factory=list)
     formed: bool = False
     failed: str | None = None
-    uplink: object | None = None
-    upgid: int = -1            # the group's id at the parent switch
+    upgid: int = -1            # the group's id at the parent switch (a leaf's group)
 
     def __post_init__(self) -> None:
         self.sets = [[SlotSet(), SlotSet()] for _ in range(self.window)]
@@ -111,6 +111,11 @@ class Group:
         """All expected members are here: allocate one row per unit and set."""
         self.formed = True
         self.buf = np.empty((self.window, 2, len(self.units), self.chunk_bytes), np.uint8)
+
+    @property
+    def goes_up(self) -> bool:
+        """Some members are served by other switches: the partial goes to the parent."""
+        return self.expect != (1 << self.members) - 1
 
     @property
     def full(self) -> int:
@@ -145,9 +150,9 @@ class Group:
             return ACCEPT
         first = slot + x * self.window
         if seq == (first if st.seq < 0 else st.seq + 2 * self.window):
-            st.seq, st.bitmap, st.complete, st.released = seq, 0, False, False
+            st.seq, st.bitmap, st.lost, st.complete, st.released = seq, 0, 0, False, False
             st.dtype, st.op, st.nelem, st.header, st.first_unit = dtype, op, nelem, header, unit
-            st.tries = 0
+            st.serial = -1
             return ACCEPT
         if seq < st.seq:
             return STALE
@@ -186,6 +191,15 @@ class Group:
         st = self.sets[slot][x]
         assert st.dtype is not None
         return memoryview(self.result[slot, x, :st.nelem * st.dtype.itemsize])
+
+    def frame(self, kind: int, gid: int, seq: int, serial: int = 0
+              ) -> tuple[bytes, memoryview]:
+        """The header and payload of the frame carrying set ``seq``'s result."""
+        st = self.state(seq)
+        assert st.dtype is not None and st.op is not None
+        view = self.result_view(seq)
+        return FRAME.pack(kind, DATA.size + len(view)) + DATA.pack(
+            gid, seq, serial, st.dtype.code, st.op.code, st.nelem, st.header), view
 
     def state(self, seq: int) -> SlotSet:
         slot, x = self.where(seq)

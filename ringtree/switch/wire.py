@@ -4,6 +4,16 @@ Every frame is ``kind:u8 | body_len:u32 | body``; bodies are fixed layouts (stru
 for data frames, the payload. Nothing a peer sends is trusted: lengths are bounded before
 anything is allocated and every field is range-checked by the server.
 
+Loss recovery is by gap detection, not timers. Every DATA frame a connection sends carries
+the next number of a per-connection *serial* (a retransmission gets a new one), and TCP
+delivers frames in order, so a frame the switch lost (``--drop``) shows as a gap in the
+serials of the next frame to arrive: the switch answers NACK(first, last) at once and
+the sender resends exactly those chunks — TCP's fast retransmit with SACK ranges (RFC 2018)
+carried by a NACK, as NACK-based reliable multicast does (RFC 5740). Only the last frame
+before a sender falls silent has no successor; a sender that is still waiting a moment
+after its last frame sends PROBE(next serial), which reveals that gap too (TCP's tail loss
+probe, RFC 8985 §7) and is answered even when nothing is missing.
+
 Admission is the store's HMAC challenge-response: the switch sends a random nonce, the
 client answers ``HMAC-SHA256(token, nonce)``; the token never crosses the wire. The
 switch holds the tokens of the jobs it serves (``--token``/``--token-file``), learns which
@@ -28,7 +38,7 @@ from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
 from ringtree.ops import ReduceOp
 
-MAGIC = b"RTSWTCH1"
+MAGIC = b"RTSWTCH2"
 NONCE_BYTES = 32
 MAX_MEMBERS = 32                      # SwitchML's worker bitmap is 32 bits
 MAX_MESSAGE_BYTES = 512 << 20         # the SHARP plugin's maxCollBytes
@@ -42,11 +52,14 @@ FRAME = struct.Struct("!BI")          # kind, body length
 # JOIN: group key (16 B), member index, members, member mask this unit covers, mask of
 # the members that use the same switch, window (chunks in flight), chunk bytes
 JOIN = struct.Struct("!16sHHIIHI")
-# JOINED: group id, window, chunk bytes
-JOINED = struct.Struct("!IHI")
-# DATA / RESULT: group id, chunk sequence (never reset), dtype, op, element count, then
-# the 32-byte call header (the fingerprint every member must agree on), then the payload
-DATA = struct.Struct("!IQBBI32s")
+# JOINED: group key, group id, window, chunk bytes
+JOINED = struct.Struct("!16sIHI")
+# DATA / RESULT: group id, chunk sequence (never reset), the sender's serial (0 in a
+# RESULT), dtype, op, element count, then the 32-byte call header (the fingerprint every
+# member must agree on), then the payload
+DATA = struct.Struct("!IQIBBI32s")
+PROBE = struct.Struct("!I")           # the serial the sender's next DATA frame will carry
+NACK = struct.Struct("!II")           # serials first..last were lost (first > last: none)
 CALL_HEADER_BYTES = 32
 
 
@@ -57,6 +70,8 @@ class Kind(IntEnum):
     RESULT = 4
     ERROR = 5
     LEAVE = 6
+    PROBE = 7
+    NACK = 8
 
 
 class SwitchError(RingtreeError):
@@ -74,6 +89,26 @@ def job_of(token: str) -> bytes:
 
 def frame(kind: Kind, body: bytes | bytearray | memoryview = b"") -> bytes:
     return FRAME.pack(kind, len(body)) + bytes(body)
+
+
+def recv_exact(sock, n: int) -> bytes:
+    """``n`` bytes from a blocking socket (the handshake); OSError if it closes first."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise OSError("connection closed during the handshake")
+        buf += chunk
+    return bytes(buf)
+
+
+def handshake(sock, token: str, address: str) -> None:
+    """The client's side of admission on a blocking socket: read the greeting, answer
+    the nonce with the token's MAC. SwitchError names ``address`` if it is no switch."""
+    hello = recv_exact(sock, len(MAGIC) + NONCE_BYTES)
+    if not hello.startswith(MAGIC):
+        raise SwitchError(f"{address} is not a ringtree switch (or a different version)")
+    sock.sendall(mac(token, hello[len(MAGIC):]))
 
 
 def send_queued(sock, out: deque) -> bool:

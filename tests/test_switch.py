@@ -271,3 +271,88 @@ def test_out_of_slots_is_a_clear_error(switch):
                       timeout=10)
     for r in res:
         assert isinstance(r, SwitchError) and "out of aggregation slots" in str(r), r
+
+
+def test_the_collnet_transport_pairs_sends_and_receives_without_copies(switch):
+    """The k-th send to a virtual rank pairs with the k-th receive from it, whichever is
+    posted first; results land in the receive (also when it is posted mid-flight), a send
+    completes only with its all-reduce, and an in-place pair gives the same bits."""
+    from ringtree.transports.collnet import CollNetTransport
+
+    sw = switch("--slot-bytes", "4K")
+    hdr = bytearray(32)
+    hdr[25], hdr[26] = list(DType).index(DType.INT32), list(ReduceOp).index(ReduceOp.SUM)
+    count = 10_000  # 10 chunks of 4 KiB through a 4-chunk window
+
+    def fn(link, g, m):
+        t = CollNetTransport(link)
+        t.add_group(9, g)
+
+        def drive(*reqs, until=None):
+            while not (until() if until else all(r.done for r in reqs)):
+                t.poll()
+                t.wait(0.01)
+            for r in reqs:
+                r.result()
+
+        xs = [inputs(m, count, DType.INT32) + k for k in range(4)]
+        keep = [x.copy() for x in xs]
+        ys = [np.zeros(count, np.int32) for _ in range(3)]
+        s0 = t.isend(9, 0, bytes(hdr), xs[0].view(np.uint8))   # receive posted mid-flight
+        drive(until=lambda: any(t._active[0].op.got))
+        assert not s0.done
+        r0 = t.irecv(9, 0, bytes(hdr), ys[0].view(np.uint8))
+        r1 = t.irecv(9, 0, bytes(hdr), ys[1].view(np.uint8))   # receive before its send
+        s1 = t.isend(9, 0, bytes(hdr), xs[1].view(np.uint8))
+        s2 = t.isend(9, 0, bytes(hdr), xs[2].view(np.uint8))   # receive after completion
+        drive(s0, r0, s1, r1, s2)
+        r2 = t.irecv(9, 0, bytes(hdr), ys[2].view(np.uint8))
+        assert r2.done
+        s3 = t.isend(9, 0, bytes(hdr), xs[3].view(np.uint8))   # in place
+        drive(s3)
+        r3 = t.irecv(9, 0, bytes(hdr), xs[3].view(np.uint8))
+        drive(r3)
+        assert all(np.array_equal(a, b) for a, b in zip(xs[:3], keep[:3]))
+        return [y.tobytes() for y in ys] + [xs[3].tobytes()]
+
+    res = run_members(sw.address, 3, fn)
+    base = expected(3, count, DType.INT32, ReduceOp.SUM)
+    for r in res:
+        assert not isinstance(r, BaseException), r
+        assert r == [(base + 3 * k).astype(np.int32).tobytes() for k in range(4)]
+
+
+def _counter(report: str, name: str) -> int:
+    return int(report.split(f" {name}=")[1].split(",")[0])
+
+
+def test_a_late_member_costs_no_retransmission(switch):
+    """Nothing is resent on a timer: members that wait for a late one only probe."""
+    sw = switch("--slot-bytes", "4K")
+
+    def fn(link, g, m):
+        if m == 2:
+            time.sleep(0.5)
+        return allreduce(DType.INT32, ReduceOp.SUM, 20_000)(link, g, m)
+    res = run_members(sw.address, 3, fn)
+    want = expected(3, 20_000, DType.INT32, ReduceOp.SUM)
+    assert all(np.array_equal(r, want) for r in res), res
+    report = sw.stop()
+    assert _counter(report, "retransmissions") == 0 and _counter(report, "duplicates") == 0
+    assert _counter(report, "probes") > 0, report
+
+
+def test_drops_between_switches_are_recovered(switch):
+    spine = switch("--drop", "0.2", "--seed", "3")
+    leaves = [switch("--parent", spine.address) for _ in range(2)]
+    addrs = [leaves[0].address] * 2 + [leaves[1].address] * 2
+    local = [0b0011, 0b0011, 0b1100, 0b1100]
+    res = run_members(addrs, 4, allreduce(DType.INT64, ReduceOp.SUM, 30_000, calls=2),
+                      local=local)
+    want = expected(4, 30_000, DType.INT64, ReduceOp.SUM)
+    for r in res:
+        assert not isinstance(r, BaseException), r
+        assert np.array_equal(r, want)
+    assert _counter(spine.stop(), "dropped") > 0
+    resent = sum(_counter(sw.stop(), "uplink_retransmissions") for sw in leaves)
+    assert resent > 0

@@ -51,11 +51,11 @@ def _stop(p) -> str:
     return out
 
 
-def _pool(tb, addr, layout=(2, 2, 0), timeout=60.0):
+def _pool(tb, addr, layout=(2, 2, 0), timeout=60.0, call_timeout=20):
     from ringtree.testbed.pool import HostPool
 
     env = {"RINGTREE_COLLNET_ENABLE": "1", "RINGTREE_COLLNET_SWITCH": addr,
-           "RINGTREE_TIMEOUT": "20"}
+           "RINGTREE_TIMEOUT": str(call_timeout)}
     return HostPool(tb, list(layout), env=env, timeout=timeout, token=TOKEN)
 
 
@@ -183,3 +183,27 @@ def test_a_killed_switch_is_named_by_every_rank(bed):
         name, msg, _ = r
         assert name != "none", r
         assert addr in msg or addr.split(":")[0] in msg or "switch" in msg, r
+
+
+def test_a_frozen_switch_times_out_naming_its_address(bed):
+    """A switch that stops answering (its connections stay open) is a timeout within
+    RINGTREE_TIMEOUT whose message names the switch, not an anonymous rank."""
+    import threading
+
+    tb, sw_host = bed
+    p, addr = _start_switch(tb, sw_host)
+    freezer = threading.Timer(2.0, p.send_signal, (signal.SIGSTOP,))
+    try:
+        with _pool(tb, addr, layout=(1, 1, 0), timeout=90, call_timeout=4) as pool:
+            freezer.start()
+            res = pool.run(_until_it_fails)
+    finally:
+        freezer.cancel()
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+        _stop(p)
+    for r in res:
+        assert not isinstance(r, BaseException), r
+        name, msg, took = r
+        assert name in ("CollectiveTimeout", "CommAborted"), r
+        assert f"the switch at {addr}" in msg, r

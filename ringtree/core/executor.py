@@ -420,7 +420,7 @@ class Executor:
                     if p is not None else _describe_timeout(
                         self.rank, [a for a in self.blocked
                                     if any(a[4] is c for c in late[0].calls)],
-                        late[0].timeout)))
+                        late[0].timeout, getattr(fabric, "peer_name", None))))
                 lock.notify_all()
                 continue
             if self.on_idle is not None and now > next_idle:
@@ -518,13 +518,14 @@ class _Turn:
     error = None
 
 
-def _describe_timeout(rank: int, active, timeout: float) -> str:
+def _describe_timeout(rank: int, active, timeout: float, name=None) -> str:
     waits = []
     descs = []
     for _, req, _, cs, call in active:
         if req is not None and not req.done:
             what = "receive from" if not req.is_send else "send to"
-            waits.append(f"{what} rank {req.peer} (channel {cs.channel}, step '{cs.step}')")
+            peer = name(req.peer) if name is not None else f"rank {req.peer}"
+            waits.append(f"{what} {peer} (channel {cs.channel}, step '{cs.step}')")
             if str(call.desc) not in descs:
                 descs.append(str(call.desc))
     where = "; ".join(waits[:4]) or "no pending transfer"

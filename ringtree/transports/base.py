@@ -114,6 +114,10 @@ class Transport(ABC):
         """Before closing because of an abort: leave its first cause where peers read it."""
         return None
 
+    def peer_name(self, peer: int) -> str:
+        """How errors name ``peer`` (a virtual rank's transport names what plays it)."""
+        return f"rank {peer}"
+
     def pending(self) -> bool:
         """Is a request posted and unfinished? (An idle transport is not waited on.)"""
         return True

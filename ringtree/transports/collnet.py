@@ -158,6 +158,9 @@ class CollNetTransport(Transport):
                     q.popleft().fail(self.link.error)
         return moved
 
+    def peer_name(self, peer: int) -> str:
+        return f"the switch at {self.link.address} (virtual rank {peer})"
+
     def pending(self) -> bool:
         return any(self._recvs.values()) or bool(self._active) or self.link.pending()
 

@@ -37,6 +37,10 @@ class Fabric:
         if all(t is not transport for t in self.transports):
             self.transports.append(transport)
 
+    def peer_name(self, peer: int) -> str:
+        t = self.routes.get(peer)
+        return t.peer_name(peer) if t is not None else f"rank {peer}"
+
     def transport_for(self, peer: int) -> Transport:
         try:
             return self.routes[peer]

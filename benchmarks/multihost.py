@@ -13,7 +13,9 @@ and a plot (``--plot``).
 
 Method: float32 zeros; each repetition is ``barrier; t0; iters × op; t1`` on every rank,
 and its time is the slowest rank's (t1−t0)/iters; ``iters`` makes a repetition last about
-50 ms. An algorithm more than 2.5× slower than the best at some size ≥ 1 MiB is not run
+50 ms (a first timed call that already takes that long is the repetition). Each
+repetition runs the candidates in a rotated order, so none is always first after a
+barrier. An algorithm more than 1.8× slower than the best at some size ≥ 1 MiB is not run
 at the larger sizes (printed as ``-``), which keeps a full sweep under an hour.
 
 Link bound (each host's link carries ``rate`` each way; L hosts, S bytes): all_reduce
@@ -47,7 +49,8 @@ COLLS = ["all_reduce", "all_gather", "reduce_scatter"]
 SIZES = "8,256,8K,256K,1M,4M,16M,64M"
 LAYOUTS = "2x2,4x1,2x4"
 RATES = "1gbit,200mbit"
-PRUNE_RATIO, PRUNE_FROM = 2.5, 1 << 20
+PRUNE_RATIO, PRUNE_FROM = 1.8, 1 << 20
+REP_SECONDS = 0.05
 
 
 def parse_size(s: str) -> int:
@@ -114,7 +117,10 @@ def rt_time(comm, coll: str, count: int, algo) -> float:
     comm.barrier()
     t0 = time.perf_counter()
     f()
-    iters = max(1, min(300, int(0.05 / max(_slowest(comm, time.perf_counter() - t0), 1e-6))))
+    first = _slowest(comm, time.perf_counter() - t0)
+    if first >= REP_SECONDS:
+        return first
+    iters = max(1, min(300, int(REP_SECONDS / max(first, 1e-6))))
     comm.barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -166,13 +172,15 @@ def gloo_worker(args) -> None:
                 f()
                 t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                iters = max(1, min(300, int(0.05 / max(float(t), 1e-6))))
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    f()
-                t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                if float(t) < REP_SECONDS:
+                    iters = max(1, min(300, int(REP_SECONDS / max(float(t), 1e-6))))
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        f()
+                    t = torch.tensor([(time.perf_counter() - t0) / iters],
+                                     dtype=torch.float64)
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 if rep:
                     times.append(float(t))
             res[f"{coll}/{nbytes}"] = times
@@ -206,18 +214,21 @@ def run_gloo(tb, hosts: int, ppn: int, args) -> dict:
 
 # ---- the sweep ----------------------------------------------------------------------------
 
-def sweep(pool, hosts: int, coll: str, sizes: list[int], reps: int, n: int) -> dict:
+def sweep(pool, hosts: int, coll: str, sizes: list[int], reps: int, n: int,
+          only: str | None = None) -> dict:
     from ringtree.schedules import algorithms
 
-    algos = [None] + [a for a in algorithms(coll) if not a.startswith("collnet")]
+    algos = [None] + [a for a in algorithms(coll) if not a.startswith("collnet")
+                      and (only is None or a in only.split(","))]
     res: dict = {}
     pruned: set = set()
     for nbytes in sizes:
         count = counts(coll, nbytes, n)
         live = [a for a in algos if a not in pruned]
         times: dict = {a: [] for a in live}
-        for _ in range(reps):
-            for a in live:
+        for rep in range(reps):
+            k = rep % len(live)
+            for a in live[k:] + live[:k]:
                 times[a].append(pool.run_ok(rt_time, coll, count, a)[0])
         choice = pool.run_ok(rt_choice, coll, count)[0]
         med = {a: statistics.median(v) for a, v in times.items()}
@@ -292,6 +303,11 @@ def main() -> int:
     ap.add_argument("--sizes", default=SIZES)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-gloo", action="store_true")
+    ap.add_argument("--algos", help="ringtree algorithms to run besides the default "
+                    "(comma-separated; default: all but CollNet's)")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="extra environment for the ringtree ranks, e.g. "
+                    "RINGTREE_NSOCKS_PERTHREAD=2 (repeatable)")
     ap.add_argument("--json", default="multihost.json")
     ap.add_argument("--plot", default="multihost.png")
     ap.add_argument("--gloo-worker", action="store_true", help=argparse.SUPPRESS)
@@ -319,8 +335,9 @@ def main() -> int:
             key = f"{layout}@{rate}"
             print(f"== {key}", flush=True)
             with Testbed(hosts, rate=rate) as tb:
-                with HostPool(tb, ppn, env={"RINGTREE_TOKEN": secrets.token_hex(8)},
-                              timeout=3600) as pool:
+                env = dict(kv.split("=", 1) for kv in args.env)
+                env["RINGTREE_TOKEN"] = secrets.token_hex(8)
+                with HostPool(tb, ppn, env=env, timeout=3600) as pool:
                     topo = pool.run_ok(rt_topology)[0]
                     print(f"  learned: {topo}", flush=True)
                     for coll in args.colls.split(","):
@@ -328,7 +345,9 @@ def main() -> int:
                                         "rate_bps": parse_rate(rate), "hosts": hosts, "n": n,
                                         "coll": coll, "topology": topo,
                                         "results": sweep(pool, hosts, coll, sizes, args.reps,
-                                                         n)})
+                                                         n, args.algos)})
+                        with open(args.json, "w") as fh:  # what is done so far
+                            json.dump({"entries": entries, "gloo": glos}, fh, indent=1)
                 if not args.no_gloo:
                     glos[key] = run_gloo(tb, hosts, ppn, args)
             with open(args.json, "w") as fh:

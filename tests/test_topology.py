@@ -12,7 +12,7 @@ import pytest
 from ringtree.core.ir import Collective
 from ringtree.core.topology import Topology, from_file
 from ringtree.core.tuner import MODELS, choose, estimate, host_model
-from ringtree.schedules import Options
+from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import host_stats
 from ringtree.sim import topology as simtopo
 from ringtree.testbed import available
@@ -54,6 +54,57 @@ def test_one_host_keeps_the_flat_model():
     for size in (8, 1 << 20):
         assert estimate(Collective.ALL_REDUCE, "ring", size, 4, hm, one) == \
             estimate(Collective.ALL_REDUCE, "ring", size, 4, MODELS["shm"], one)
+
+
+def _testbed(hosts: int, ppn: int, rate_bps: float, cpus: int = 2) -> tuple:
+    """A topology like the namespace testbed's: every host on one machine of ``cpus``
+    cores, α as rank 0 measures it there."""
+    nodes = tuple(h for h in range(hosts) for _ in range(ppn))
+    topo = Topology(nodes, alpha=90e-6, bandwidth=rate_bps / 8, source="test", cpus=cpus,
+                    machines=(0,) * len(nodes))
+    intra = MODELS["shm_crowded"] if topo.crowded else MODELS["shm"]
+    return host_model(topo, intra), Options(nodes=nodes), len(nodes)
+
+
+ALL_REDUCE_FLAT = {a for a in algorithms(Collective.ALL_REDUCE)
+                   if not a.startswith("collnet")}
+
+
+@pytest.mark.parametrize("layout,want", [
+    # measured on the testbed (benchmarks/multihost.py, 1 Gbit/s): 4x1 recursive doubling
+    # 0.22 ms against direct's 0.31; 2x4 hierarchical 0.67 ms against recursive
+    # doubling's 0.74 and direct's 1.2
+    ((4, 1), "recursive_doubling"), ((2, 4), "hierarchical")])
+def test_crowded_small_all_reduce_takes_fewest_messages_in_all(layout, want):
+    hm, opts, n = _testbed(*layout, 1e9)
+    assert hm.cpu > 0 and hm.inter.overhead > MODELS["tcp"].overhead
+    assert choose(Collective.ALL_REDUCE, 8, n, ALL_REDUCE_FLAT, hm, opts) == want
+    # one message less per rank is not enough: the machine's cores pay for every rank's
+    total = {a: host_stats(Collective.ALL_REDUCE, a, n, opts).msgs_total
+             for a in ("direct", "recursive_doubling", "hierarchical")}
+    assert total[want] == min(total.values()), total
+
+
+def test_uncrowded_hosts_keep_the_per_rank_model():
+    hm, opts, n = _testbed(2, 4, 1e9, cpus=64)
+    assert hm.cpu == 0 and hm.inter.overhead == MODELS["tcp"].overhead
+    assert hm.inter.alpha == 90e-6
+
+
+@pytest.mark.parametrize("layout", [(2, 2), (4, 1), (2, 4)])
+@pytest.mark.parametrize("rate", [1e9, 200e6])
+@pytest.mark.parametrize("coll", [Collective.ALL_REDUCE, Collective.ALL_GATHER,
+                                  Collective.REDUCE_SCATTER])
+def test_large_calls_move_the_fewest_bytes_over_host_links(layout, rate, coll):
+    """At 16 MiB the choice moves no more over a host's link than any other algorithm
+    and has no incast (the testbed's bound is the bytes a host's link carries)."""
+    hm, opts, n = _testbed(*layout, rate)
+    cands = {a for a in algorithms(coll) if not a.startswith("collnet")}
+    algo = choose(coll, 16 << 20, n, cands, hm, opts)
+    st = host_stats(coll, algo, n, opts)
+    least = min(max(host_stats(coll, a, n, opts).host_out,
+                    host_stats(coll, a, n, opts).host_in) for a in cands)
+    assert max(st.host_out, st.host_in) == least and st.fan_in == 1, (algo, st)
 
 
 def test_topology_file_gives_the_inter_host_path(tmp_path):

@@ -52,6 +52,12 @@ class Topology:
         return max(where.count(m) for m in set(where)) > max(1, self.cpus)
 
     @property
+    def crowding(self) -> float:
+        """Ranks of the busiest machine per core (above 1: crowded)."""
+        where = self.machines or self.nodes
+        return max(where.count(m) for m in set(where)) / max(1, self.cpus)
+
+    @property
     def hosts(self) -> int:
         return len(set(self.nodes))
 

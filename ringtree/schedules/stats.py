@@ -83,7 +83,9 @@ class HostStats:
       the ranks of a host share one NIC, which is what flat algorithms forget;
     - ``reduce``: the most any rank reduces;
     - ``fan_in``: the most remote ranks sending into one host in the same step (incast:
-      concurrent TCP flows into one link share its queue and lose packets to each other).
+      concurrent TCP flows into one link share its queue and lose packets to each other);
+    - ``msgs_total``: the messages all ranks send together (what the cores of a machine
+      that runs more ranks than it has cores must work through one after another).
     """
 
     depth: int
@@ -95,6 +97,7 @@ class HostStats:
     host_in: float
     reduce: float
     fan_in: int = 1
+    msgs_total: int = 0
 
 
 @lru_cache(maxsize=1024)
@@ -144,4 +147,5 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
     n = nranks
     fan_in = max((len(f) for (h, _), f in flows.items() if h < hosts), default=1)
     return HostStats(worst[0], worst[1], max(m_in[:n]), max(m_out[:n]), max(intra[:n]),
-                     max(h_out[:hosts]), max(h_in[:hosts]), max(reduced[:n]), fan_in)
+                     max(h_out[:hosts]), max(h_in[:hosts]), max(reduced[:n]), fan_in,
+                     sum(m_in[:n]) + sum(m_out[:n]))

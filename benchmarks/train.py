@@ -2,11 +2,14 @@
 
     python benchmarks/train.py                     # the table of the closing note
     python benchmarks/train.py --steps 30 --repeat 5 --json out.json
+    python benchmarks/train.py --no-bubble --grids dp4,tp2dp2   # a subset of the rows
 
 For each grid (DP=4, TP=2 x DP=2, PP=2 x DP=2, DP=2 x TP=2 x PP=2) and each backend it
 launches ``ringtree run -n N ringtree train ... --json`` (the CLI users run), repeats it,
 and reports the median tokens/s and median step time, then ringtree's tokens/s over
-gloo's. Then the pipeline bubble: measured by the 1F1B executor (share of a stage's step
+gloo's, and the CPU seconds all processes of a run used (start-up and evaluation
+included) divided by its steps: a backend that burns CPU while it waits takes it from
+the other ranks' compute, since 4-8 ranks share the cores here. Then the pipeline bubble: measured by the 1F1B executor (share of a stage's step
 spent outside compute) against (p-1)/(m+p-1), for PP=2 and PP=4 at several m.
 
 Same model, data, seed and global batch on every row; the first step of each run is
@@ -20,13 +23,14 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 
-GRIDS = [("DP=4", 4, 1, 1), ("TP=2 x DP=2", 2, 2, 1), ("PP=2 x DP=2", 2, 1, 2),
-         ("DP=2 x TP=2 x PP=2", 2, 2, 2)]
+GRIDS = {"dp4": ("DP=4", 4, 1, 1), "tp2dp2": ("TP=2 x DP=2", 2, 2, 1),
+         "pp2dp2": ("PP=2 x DP=2", 2, 1, 2), "dp2tp2pp2": ("DP=2 x TP=2 x PP=2", 2, 2, 2)}
 BUBBLE = re.compile(r"bubble measured ([0-9.]+), formula \(p-1\)/\(m\+p-1\) = ([0-9.]+)")
 
 
@@ -39,7 +43,9 @@ def loadavg() -> str:
 
 
 def run_train(dp: int, tp: int, pp: int, backend: str, args, micro: int | None = None,
-              extra: list[str] | None = None) -> tuple[dict, float | None]:
+              extra: list[str] | None = None) -> tuple[dict, float | None, float]:
+    """One ``ringtree train`` job: its --json, the measured bubble (pp > 1) and the CPU
+    seconds its processes used (children's rusage, launcher included)."""
     n = dp * tp * pp
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
@@ -50,13 +56,16 @@ def run_train(dp: int, tp: int, pp: int, backend: str, args, micro: int | None =
                "--layers", str(args.layers), "--embd", str(args.embd), "--heads", "4",
                "--block-size", str(args.block_size), "--eval-batches", "1", "--no-progress",
                "--json", out, *(extra or [])]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
         with open(out) as f:
             res = json.load(f)
     m = BUBBLE.search(p.stdout)
-    return res, float(m.group(1)) if m else None
+    return res, float(m.group(1)) if m else None, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,32 +80,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bubble", action="store_true")
     ap.add_argument("--only-bubble", action="store_true", help="skip the throughput table")
     ap.add_argument("--bubble-repeat", type=int, default=1, help="runs per bubble point")
+    ap.add_argument("--grids", default=",".join(GRIDS),
+                    help=f"comma-separated rows to run, of {', '.join(GRIDS)}")
     ap.add_argument("--json", help="write every measurement here")
     args = ap.parse_args(argv)
+    unknown = [g for g in args.grids.split(",") if g not in GRIDS]
+    if unknown:
+        ap.error(f"--grids: unknown {', '.join(unknown)}; known: {', '.join(GRIDS)}")
     sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured
     print(f"# loadavg before: {loadavg()}")
     print(f"# model: {args.layers} layers, d={args.embd}, T={args.block_size}; global batch "
           f"{args.batch_size} sequences, {args.micro_batches} micro-batches, {args.steps} "
           f"steps, median of {args.repeat} runs")
     rows, raw = [], {}
-    for name, dp, tp, pp in ([] if args.only_bubble else GRIDS):
+    for key in ([] if args.only_bubble else args.grids.split(",")):
+        name, dp, tp, pp = GRIDS[key]
         cell = {}
-        for backend in ("ringtree", "gloo"):
-            tps, ms = [], []
-            for _ in range(args.repeat):
-                res, _ = run_train(dp, tp, pp, backend, args)
-                tps.append(res["tokens_per_s"])
-                ms.append(statistics.median(res["step_ms"][1:] or res["step_ms"]))
-            cell[backend] = (statistics.median(tps), statistics.median(ms))
-            raw[f"{name}/{backend}"] = {"tokens_per_s": tps, "step_ms_median": ms}
+        runs: dict[str, list] = {"ringtree": [], "gloo": []}
+        for _ in range(args.repeat):  # interleaved, so a change of load hits both alike
+            for backend in runs:
+                res, _, cpu = run_train(dp, tp, pp, backend, args)
+                runs[backend].append((res["tokens_per_s"], statistics.median(
+                    res["step_ms"][1:] or res["step_ms"]), cpu / args.steps))
+        for backend, rs in runs.items():
+            tps, ms, cpu = ([r[i] for r in rs] for i in range(3))
+            cell[backend] = (statistics.median(tps), statistics.median(ms),
+                             statistics.median(cpu))
+            raw[f"{name}/{backend}"] = {"tokens_per_s": tps, "step_ms_median": ms,
+                                        "cpu_s_per_step": cpu}
         rows.append((name, cell))
+        print(f"# {name}: ringtree {runs['ringtree']}, gloo {runs['gloo']} "
+              f"(tokens/s, step ms, CPU s/step); loadavg {loadavg()}")
     if rows:
         print("\n| grid | ringtree tokens/s | gloo tokens/s | ratio | ringtree step ms | "
-              "gloo step ms |")
-        print("|---|---|---|---|---|---|")
+              "gloo step ms | ringtree CPU s/step | gloo CPU s/step |")
+        print("|---|---|---|---|---|---|---|---|")
     for name, cell in rows:
-        (rt, rms), (gt, gms) = cell["ringtree"], cell["gloo"]
-        print(f"| {name} | {rt:,.0f} | {gt:,.0f} | {rt / gt:.2f} | {rms:.1f} | {gms:.1f} |")
+        (rt, rms, rc), (gt, gms, gc) = cell["ringtree"], cell["gloo"]
+        print(f"| {name} | {rt:,.0f} | {gt:,.0f} | {rt / gt:.2f} | {rms:.1f} | {gms:.1f} | "
+              f"{rc:.2f} | {gc:.2f} |")
     if not args.no_bubble:
         print("\n| pipeline | m | measured bubble (1F1B, ringtree) | (p-1)/(m+p-1) |")
         print("|---|---|---|---|")

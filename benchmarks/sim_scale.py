@@ -13,7 +13,9 @@ Prints wall time, CPU time (the machine may be shared), peak RSS, chunks carried
 second of wall time, and whether the bar is met. A case that exceeds ``--timeout``
 seconds is stopped and reported as such.
 
-Usage: python benchmarks/sim_scale.py [--case NAME] [--timeout S]
+Usage: python benchmarks/sim_scale.py [--cases NAME,NAME] [--timeout S] [--detail]
+
+``--detail`` also prints, for the sweeps, the CPU seconds of every (preset, algorithm).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def _one(topo_name: str, nodes: int, algo: str, sizes: list[int]) -> tuple[int, 
 
     topo = presets.get(topo_name, nodes)
     events, runs, note = 0, 0, ""
+    c0 = time.process_time()
     for s in sizes:
         try:
             r = simulate("all_reduce", algo, topo, s)
@@ -54,7 +57,8 @@ def _one(topo_name: str, nodes: int, algo: str, sizes: list[int]) -> tuple[int, 
             return events, runs, f"skipped: {str(e)[:60]}"
         events += r.events
         runs += 1
-        note = f"{r.time_ns / 1e3:.1f} us, busbw {r.busbw:.1f} GB/s"
+        note = (f"{r.time_ns / 1e3:.1f} us, busbw {r.busbw:.1f} GB/s "
+                f"({time.process_time() - c0:.2f} s CPU)")
     return events, runs, note
 
 
@@ -82,6 +86,7 @@ def run_case(name: str) -> dict:
                 e, k, note = _one(topo_name, nodes, algo, _sizes(8, GiB))
                 events += e
                 detail.append(f"{topo_name} {algo}: {k} sizes, {note}")
+                print(f"    {detail[-1]}", flush=True)     # read back if the case times out
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     bar_s, bar_mib = CASES[name]
@@ -97,16 +102,21 @@ def main() -> int:
         print(json.dumps(run_case(args[1])))
         return 0
     timeout = float(args[args.index("--timeout") + 1]) if "--timeout" in args else 600.0
+    todo = args[args.index("--cases") + 1].split(",") if "--cases" in args else list(CASES)
     with open("/proc/loadavg") as f:
         print(f"# load average: {f.read().strip()}")
     ok = True
-    for name, (bar_s, bar_mib) in CASES.items():
+    for name in todo:
+        bar_s, bar_mib = CASES[name]
         try:
             out = subprocess.run([sys.executable, __file__, "--case", name],
                                  capture_output=True, text=True, check=True,
                                  timeout=timeout).stdout
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
             print(f"{name:18s} stopped after {timeout:.0f} s (bar {bar_s:.0f} s)  MISSED")
+            part = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            if "--detail" in args:
+                print(part.rstrip("\n"), flush=True)
             ok = False
             continue
         res = json.loads(out.strip().splitlines()[-1])
@@ -116,7 +126,7 @@ def main() -> int:
               f"peak RSS {res['max_rss_MiB']:8.1f} MiB  {res['events']:>11,d} chunks "
               f"({res['events_per_s']:>10,d}/s)  bar {bar_s:.0f} s{mem}  "
               f"{'OK' if res['ok'] else 'MISSED'}")
-        for d in res["detail"][:3] if len(res["detail"]) < 4 else []:
+        for d in res["detail"] if len(res["detail"]) < 4 or "--detail" in args else []:
             print(f"    {d}")
     return 0 if ok else 1
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -91,7 +92,20 @@ class Call:
 
 
 def chunk_regions(block_sizes: list[int], chunks: int) -> list[tuple[int, int]]:
-    """(offset, length) of every chunk: block b's sub-chunk s is chunk b*chunks + s."""
+    """(offset, length) of every chunk: block b's sub-chunk s is chunk b*chunks + s.
+    Equal blocks (every collective but uneven ones) share one cached list: read it, do
+    not modify it."""
+    if block_sizes and block_sizes.count(block_sizes[0]) == len(block_sizes):
+        return _even_regions(block_sizes[0], len(block_sizes), chunks)
+    return _regions(block_sizes, chunks)
+
+
+@lru_cache(maxsize=64)
+def _even_regions(size: int, blocks: int, chunks: int) -> list[tuple[int, int]]:
+    return _regions([size] * blocks, chunks)
+
+
+def _regions(block_sizes: list[int], chunks: int) -> list[tuple[int, int]]:
     regions = []
     base = 0
     for size in block_sizes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from ringtree.core.ir import Collective, Program, parse_collective
@@ -32,6 +32,15 @@ class Options:
 
     def param(self, key: str, default: Any = None) -> Any:
         return dict(self.params).get(key, default)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        """Hashed once: ``nodes`` has an entry per rank, and every rank's generator call
+        is looked up by its Options (hashing it per call made n calls O(n²))."""
+        return hash((self.root, self.channels, self.nodes, self.params))
 
 
 Generator = Callable[[int, int, Options], Program]

@@ -34,8 +34,10 @@ Costs (Sanders, Speck & Träff 2009; NCCL 2.4), p ranks, n bytes, d = tree depth
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ringtree.core import ir
-from ringtree.core.ir import Collective, Program, Step, copy, inp, out
+from ringtree.core.ir import Collective, Program, Ref, Step, copy, inp, out
 from ringtree.schedules.registry import Options, register
 from ringtree.schedules.tree_wiring import TreeRank, nccl_trees, rooted_btree
 
@@ -53,34 +55,42 @@ def double_tree(n: int, opts: Options) -> tuple[list[TreeRank], list[TreeRank]]:
     return nccl_trees(n, nodes, str(opts.param("pattern", "balanced_tree")))
 
 
-def _up(me: TreeRank, j: int) -> Step:
-    """Reduce chunk j towards the root; the root stores it and starts the broadcast."""
+@lru_cache(maxsize=8)
+def _refs(chunks: int) -> tuple[tuple[Ref, ...], tuple[Ref, ...]]:
+    """inp(j) and out(j) of every chunk, made once (Refs are immutable): every rank's
+    generator names the same ones, which matters when a simulator builds 100,000."""
+    return tuple(inp(j) for j in range(chunks)), tuple(out(j) for j in range(chunks))
+
+
+def _up(me: TreeRank, i: Ref, o: Ref) -> Step:
+    """Reduce chunk i towards the root; the root stores it (o) and starts the broadcast."""
     if me.up == -1:
         if not me.down:
-            return copy(inp(j), out(j))
-        return Step(src=inp(j), dst=out(j), recv_from=me.down, send_to=me.down, reduce=True)
+            return copy(i, o)
+        return Step(src=i, dst=o, recv_from=me.down, send_to=me.down, reduce=True)
     if not me.down:
-        return ir.send(me.up, inp(j))
-    return Step(src=inp(j), recv_from=me.down, send_to=(me.up,), reduce=True)
+        return ir.send(me.up, i)
+    return Step(src=i, recv_from=me.down, send_to=(me.up,), reduce=True)
 
 
-def _down(me: TreeRank, j: int) -> Step | None:
-    """Receive the result of chunk j from the parent and forward it to the children."""
+def _down(me: TreeRank, o: Ref) -> Step | None:
+    """Receive the result of chunk o from the parent and forward it to the children."""
     if me.up == -1:
         return None
-    return Step(dst=out(j), recv_from=(me.up,), send_to=me.down)
+    return Step(dst=o, recv_from=(me.up,), send_to=me.down)
 
 
 def _all_reduce(n: int, r: int, opts: Options, algo: str, split: bool) -> Program:
     k, c = opts.channels, _pipeline(opts)
     trees = double_tree(n, opts)
+    ins, outs = _refs(2 * k * c)
     channels = []
     for t in range(2):
         me = trees[t][r]
         for ch in range(k):
             chunks = range((t * k + ch) * c, (t * k + ch + 1) * c)
-            ups = [_up(me, j) for j in chunks]
-            downs = [_down(me, j) for j in chunks]
+            ups = [_up(me, ins[j], outs[j]) for j in chunks]
+            downs = [_down(me, outs[j]) for j in chunks]
             if split:
                 steps = ups + [s for s in downs if s is not None]
             else:

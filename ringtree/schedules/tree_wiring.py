@@ -122,7 +122,9 @@ def node_groups(n: int, nodes: Sequence[int] | None) -> list[list[int]]:
     return list(groups.values())
 
 
-@lru_cache(maxsize=64)
+_RECENT: dict[tuple, tuple] = {}
+
+
 def nccl_trees(n: int, nodes: Sequence[int] | None = None,
                pattern: Pattern | str = Pattern.BALANCED_TREE
                ) -> tuple[list[TreeRank], list[TreeRank]]:
@@ -132,7 +134,22 @@ def nccl_trees(n: int, nodes: Sequence[int] | None = None,
 
     Returns, for tree 0 and tree 1, the :class:`TreeRank` of every rank. Cached (every
     rank's generator asks for the same trees), so callers must not modify the result.
+    The same ``nodes`` object is found without hashing its n entries again.
     """
+    key = (n, id(nodes), pattern)
+    hit = _RECENT.get(key)
+    if hit is not None and hit[0] is nodes:
+        return hit[1]
+    got = _nccl_trees(n, None if nodes is None else tuple(nodes), pattern)
+    if len(_RECENT) >= 8:
+        _RECENT.clear()
+    _RECENT[key] = (nodes, got)          # holding nodes keeps its id from being reused
+    return got
+
+
+@lru_cache(maxsize=64)
+def _nccl_trees(n: int, nodes: tuple[int, ...] | None, pattern: Pattern | str
+                ) -> tuple[list[TreeRank], list[TreeRank]]:
     pat = Pattern.parse(pattern)
     groups = node_groups(n, nodes)
     nn = len(groups)

@@ -161,7 +161,7 @@ def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_b
     plan = fold.prepare(coll, algo.lower(), topo, count, itemsize, slice_bytes,
                         aware=isinstance(m, Aware), in_place=in_place,
                         symmetry_=symmetry and not trace, opts=opts, programs=programs,
-                        place=place)
+                        place=place, prune=not trace)
     if plan.batch is not None:
         try:
             t, events = wave.run(plan.batch, plan.template, topo, plan.devices, m,

@@ -11,9 +11,10 @@ connection with its i-th receive (the IR's matching rule).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
-from ringtree.core.ir import Program
-from ringtree.core.plan import DEFAULT_SLICE_BYTES, compile_program
+from ringtree.core.ir import Buf, Program
+from ringtree.core.plan import DEFAULT_SLICE_BYTES, chunk_regions, compile_program
 
 __all__ = ["Compiled", "compile_programs", "DEFAULT_SLICE_BYTES"]
 
@@ -67,8 +68,8 @@ def passes(cs) -> int:
 class _Builder:
     """Accumulates compiled steps and the per-connection send / receive queues."""
 
-    def __init__(self, cp: Compiled, fold: int) -> None:
-        self.cp, self.fold = cp, fold
+    def __init__(self, cp: Compiled, fold: int, shares: bool = True) -> None:
+        self.cp, self.fold, self.shares = cp, fold, shares
         self.sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.route_pair: dict[tuple[int, int, int], tuple[int, int]] = {}
@@ -96,8 +97,9 @@ class _Builder:
                 cp.step_slices.append(sl)
                 cp.step_ops.append(passes(cs))
                 cp.step_name.append(self._name(s))
-                for q in s.send_to:
-                    cp.declared.add((rank, q, c))
+                if self.shares:
+                    for q in s.send_to:
+                        cp.declared.add((rank, q, c))
                 if sl:
                     for pos, q in enumerate(s.send_to):
                         if fold:
@@ -152,24 +154,99 @@ class _Builder:
         cp.step_recv = [tuple(x) if x else empty for x in self.recv_ids]
 
 
+class _Lengths:
+    """Prefix sums of the element lengths of every chunk of every buffer, per layout
+    (every rank of a run shares one), to tell in O(1) whether a reference moves data."""
+
+    def __init__(self, n: int, count: int) -> None:
+        self.n, self.count = n, count
+        self.cache: dict[tuple, dict[Buf, list[int]]] = {}
+
+    def of(self, p: Program) -> dict[Buf, list[int]]:
+        k = (p.collective, p.chunks, p.scratch)
+        got = self.cache.get(k)
+        if got is None:
+            got = self.cache[k] = {b: list(accumulate(
+                (ln for _, ln in chunk_regions([self.count] * p.blocks(b), p.chunks)),
+                initial=0)) for b in Buf}
+        return got
+
+
+def _moves(ch, pre: dict[Buf, list[int]]) -> bool:
+    """Does a step of channel ``ch`` name a chunk with data (or one out of range)?"""
+    for s in ch:
+        for ref in (s.src, s.dst):
+            if ref is not None:
+                a, i = pre[ref.buf], ref.index
+                end = i + ref.count
+                if i < 0 or end >= len(a) or a[end] != a[i]:
+                    return True
+    return False
+
+
+def _zero_keys(p: Program, chans, pre: dict[Buf, list[int]], key, only_zero: bool) -> set:
+    out = set()
+    for c in chans:
+        for s in p.channels[c]:
+            for ref in (s.src, s.dst):
+                if ref is not None:
+                    a = pre[ref.buf]
+                    out.update(key(ref.buf, j) for j in ref.chunks()
+                               if not only_zero or (j + 1 < len(a) and a[j + 1] == a[j]))
+    return out
+
+
+def moving(p: Program, pre: dict[Buf, list[int]], in_place: bool) -> tuple[Program, list[int]]:
+    """``p`` with the channels that move no data emptied, and those channels.
+
+    A step of zero bytes sends and receives nothing and is done when it starts, so a
+    channel whose steps are all empty finishes at time 0 unless it waits on memory
+    another channel writes. Channels are emptied only when they share no storage with
+    the channels kept (which then cannot wait on them either): the answer is exactly the
+    unpruned run's, only the zero-byte bookkeeping is gone. At 8 B a 16-channel tree
+    moves data on one channel.
+    """
+    keep = [_moves(ch, pre) for ch in p.channels]
+    drop = [c for c, k in enumerate(keep) if not k]
+    if not drop or not any(keep):
+        return p, []
+    key = p.storage_map(in_place)
+    kept = [c for c, k in enumerate(keep) if k]
+    shared = _zero_keys(p, kept, pre, key, True)
+    if shared and shared & _zero_keys(p, drop, pre, key, False):
+        return p, []
+    chans = tuple(ch if k else () for ch, k in zip(p.channels, keep))
+    return Program(p.collective, p.algo, p.nranks, p.rank, p.chunks, chans, p.root,
+                   p.scratch, p.in_place_ok, p.meta), drop
+
+
 def compile_programs(programs: list[Program], count: int, itemsize: int,
                      slice_bytes: int = DEFAULT_SLICE_BYTES, in_place: bool = False,
-                     fold: int = 0) -> Compiled:
+                     fold: int = 0, prune: bool = True, shares: bool = True) -> Compiled:
     """Flatten Programs (real ranks first, then virtual ranks) for the engines.
 
     With ``fold = g`` the Programs are the representatives 0..g−1 of a run that is
     exactly symmetric under a shift of g ranks (:mod:`.symmetry`): a peer q stands for
     its class q mod g, while the connection keeps the route to the real peer.
+    ``prune``: leave out channels that move no data (:func:`moving`; same times).
+    ``shares``: record every connection the Programs declare (``Compiled.declared``, the
+    unaware model's link shares; the aware model does not read it).
     """
     n = programs[0].nranks
     cp = Compiled(len(programs) if fold else n, fold=fold, world=n)
-    b = _Builder(cp, fold)
+    b = _Builder(cp, fold, shares)
     cache: dict[tuple, tuple[int, int]] = {}
+    lengths = _Lengths(n, count)
     for rank, p in enumerate(programs):
         if p.rank != rank:
             raise ValueError(f"program {rank} is for rank {p.rank}")
         ib, ob = cache.get(p.collective) or cache.setdefault(p.collective,
                                                               p.collective.blocks(n))
+        if prune:
+            p, drop = moving(p, lengths.of(p), in_place)
+            for c in drop if shares else ():     # still declared (unaware shares)
+                cp.declared.update((rank, q, c) for s in programs[rank].channels[c]
+                                   for q in s.send_to)
         try:
             compiled = compile_program(p, [count] * ib, [count] * ob, count, itemsize,
                                        slice_bytes, in_place)

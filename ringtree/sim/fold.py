@@ -75,8 +75,10 @@ def compile_plan(plan: Plan, coll: Collective, algo: str, topo: Topology, opts: 
 
 def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: int,
             slice_bytes: int, *, aware: bool, in_place: bool = False, symmetry_: bool = True,
-            opts: Options, programs: list[Program] | None = None, place=None) -> Plan:
-    """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it."""
+            opts: Options, programs: list[Program] | None = None, place=None,
+            prune: bool = True) -> Plan:
+    """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it
+    (``prune``: leave out channels that move no data, :func:`.compile.moving`)."""
     if symmetry_ and programs is None:
         got = _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware, in_place)
         if got is not None:
@@ -85,7 +87,9 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
     devices = place(progs, topo)
     g = symmetry.period(progs, topo, devices, count, aware, in_place) if symmetry_ else 0
     if g:
-        cp = compile_programs(progs[:g], count, itemsize, slice_bytes, in_place, fold=g)
+        cp = compile_programs(progs[:g], count, itemsize, slice_bytes, in_place, fold=g,
+                              prune=prune, shares=not aware)
     else:
-        cp = compile_programs(progs, count, itemsize, slice_bytes, in_place)
+        cp = compile_programs(progs, count, itemsize, slice_bytes, in_place, prune=prune,
+                              shares=not aware)
     return Plan(cp, devices, g)

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ringtree.prof.recorder import Recorder
+from ringtree.prof.recorder import ProfileObserver, Recorder
 from ringtree.testing import raise_first, run_ranks
 
 SIZES = (8, 16 << 20)
@@ -30,7 +30,7 @@ SIZES = (8, 16 << 20)
 def _bench(comm, algo: str | None, rounds: int, iters8: int, iters_big: int) -> dict:
     fr = comm.flight
     rec = Recorder()
-    modes = {"none": (None, None), "fr": (fr, None), "prof": (fr, rec)}
+    modes = {"none": (None, None), "fr": (fr, None), "prof": (fr, ProfileObserver(rec))}
     out: dict = {}
     for nbytes in SIZES:
         x = np.ones(max(1, nbytes // 4), np.float32)
@@ -42,14 +42,16 @@ def _bench(comm, algo: str | None, rounds: int, iters8: int, iters_big: int) -> 
         order = list(modes)
         for k in range(rounds):
             for m in (order if k % 2 == 0 else order[::-1]):
-                comm.flight, comm.executor.rec = modes[m]
+                comm.flight, obs = modes[m]
+                comm.executor.observe(obs)
                 comm.barrier()
                 t, c = time.perf_counter(), time.process_time()
                 for _ in range(iters):
                     comm.all_reduce(x, algo=algo)
                 times[m].append((time.perf_counter() - t) / iters)
                 cpu[m].append((time.process_time() - c) / iters)
-        comm.flight, comm.executor.rec = fr, None
+        comm.flight = fr
+        comm.executor.observe(None)
         out[nbytes] = times
         out[("cpu", nbytes)] = cpu
     out["events"] = rec.head

@@ -80,9 +80,9 @@ class Communicator:
         self._closed = False
         self._group: list[tuple[Call, Work | None, object]] | None = None
         self._group_depth = 0
-        # An external progress engine (ringtree.torch) may take over running calls:
-        # ``submit(call, result, timeout) -> Work``. None: this class runs them.
-        self.submit = None
+        # True: every call is driven by the worker thread, a synchronous one waits on its
+        # Work, and any thread may issue (the torch backend, whose autograd threads do).
+        self.background = False
 
         host = select_address(s.socket_ifname, master_addr)
         listener = make_listener(host)
@@ -294,13 +294,10 @@ class Communicator:
             self._group.append((call, work, result))
             return work if async_op else result
         t = self.timeout if timeout is None else timeout
-        if self.submit is not None:
-            work = self.submit(call, result, t)
-            return work if async_op else work.result()
-        if async_op:
+        if async_op or self.background:
             work = Work(call.desc.name)
             self._submit([call], [work], [result], t)
-            return work
+            return work if async_op else work.result()
         self.progress.wait(self._submit([call], [None], [result], t))
         return result
 
@@ -396,7 +393,7 @@ class Communicator:
 
     def _precheck(self, timeout) -> float | None:
         """Before a call is numbered: the issuing thread, and its timeout."""
-        if self.submit is None:
+        if not self.background:
             self._owner.check(self.rank)
         return None if timeout is None else as_timeout(timeout)
 

@@ -13,10 +13,13 @@ Running follows three rules:
    recv → reduce → send independently, which pipelines chains and trees (NCCL's
    slices/chunkSteps).
 
-Each issued step is a generator that yields the request it waits for; the scheduler
-resumes steps whose requests completed and sleeps in the transports' ``wait`` when none
-can move. Calls are submitted as they are issued and driven by whichever thread waits
-(see the scheduler section and ``docs/design-notes.md``).
+Each issued step is a generator (:func:`ringtree.core.step.run_step`, phase by phase)
+that yields the request it waits for; the scheduler here resumes steps whose requests
+completed and sleeps in the transports' ``wait`` when none can move. Calls are submitted
+as they are issued and driven by whichever thread waits (:mod:`ringtree.core.progress`).
+What it does is reported to an :class:`~ringtree.core.observer.Observer` (the profiler),
+and what it waits on is read through :meth:`Executor.snapshot` (the flight recorder, the
+doctor); nobody else reaches into it.
 """
 
 from __future__ import annotations
@@ -24,35 +27,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 
-import numpy as np
-
+from ringtree.core.batch import Batch, Issued, Probe, Waiting
 from ringtree.core.ir import Buf
+from ringtree.core.observer import NO_OBSERVER, Observer
 from ringtree.core.plan import DEFAULT_SLICE_BYTES, Call, CStep
+from ringtree.core.step import BufferPool, run_step
 from ringtree.core.wire import WireHeader
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
-from ringtree.prof.recorder import Ev, prim_code
-from ringtree.prof.recorder import now as ns_now
-from ringtree.transports.base import HeaderMismatch, Request
+from ringtree.transports.base import HeaderMismatch
 
+__all__ = ["Executor", "Batch", "Probe", "Waiting"]
 
-class BufferPool:
-    """Reusable staging buffers (no per-call allocation of big buffers)."""
-
-    def __init__(self) -> None:
-        self.free: dict[int, list[np.ndarray]] = {}
-
-    def get(self, nbytes: int) -> np.ndarray:
-        size = 1 << max(6, (nbytes - 1).bit_length())
-        lst = self.free.get(size)
-        buf = lst.pop() if lst else np.empty(size, dtype=np.uint8)
-        return buf
-
-    def put(self, buf: np.ndarray) -> None:
-        lst = self.free.setdefault(buf.nbytes, [])
-        if len(lst) < 8:
-            lst.append(buf)
 
 
 class Executor:
@@ -66,9 +53,10 @@ class Executor:
         self.slice_bytes = slice_bytes
         self.pool = BufferPool()
         self.on_error: Callable[[BaseException], BaseException] | None = None
-        self._chans: dict[int, deque] = {}       # channel -> steps not yet issued, in order
-        self._turns: dict[tuple[int, int], deque] = {}  # (peer, channel) -> senders in order
-        self._active: list[list] = []            # [generator, awaited, step, call, batch]
+        self.observer: Observer = NO_OBSERVER
+        self._chans: dict[int, deque[Issued]] = {}  # channel -> steps not yet issued
+        self.turns: dict[tuple[int, int], deque[CStep]] = {}  # (peer, channel) -> senders
+        self._active: list[Issued] = []
         self._batches: list[Batch] = []
         self._epoch = 0  # bumped by cancel(): a round in progress must stop
         self._probes: list[Probe] = []           # receives from any source, not matched yet
@@ -76,140 +64,18 @@ class Executor:
         # Longest sleep in the transports: calls submitted meanwhile wait for the wake-up
         # (the transports offer no wake-up descriptor), so latency-bound users lower it.
         self.wait_cap = 0.25
-        self.rec = None      # ringtree.prof.recorder.Recorder while profiling
-        self.blocked: list | None = None  # active steps as of the last wait (for the doctor)
+        self._waiting: tuple[Waiting, ...] = ()  # as of the last wait (see snapshot)
 
-    # ---- one step --------------------------------------------------------------------
+    def observe(self, observer: Observer | None) -> Observer:
+        """Report to ``observer`` from now on (None: to nobody); returns the previous one."""
+        old, self.observer = self.observer, observer or NO_OBSERVER
+        return old
 
-    def _step(self, cs: CStep, call: Call) -> Generator[Request, None, None]:
-        s, fabric = cs.step, self.fabric
-        if cs.length == 0:
-            return
-        bufs, red = call.bufs, call.reducer
-        ch = call.channel_base + cs.channel
-        src = bufs[cs.src.buf][cs.src.off:cs.src.off + cs.length] if cs.src else None
-        dst = bufs[cs.dst.buf][cs.dst.off:cs.dst.off + cs.length] if cs.dst else None
-        proto = src if src is not None else dst
-        assert proto is not None
-        itemsize = proto.itemsize
-        rec = self.rec
-        if rec is not None:  # profiling: the step's start, message indices of its receives
-            t_step, seq, gid, prim = ns_now(), call.desc.seq, cs.gid, prim_code(s)
-            rbase = rec.claim_recvs(s.recv_from, ch, seq, len(cs.slices))
-        staged: list[np.ndarray] = []
-        tmps: list[np.ndarray] = []
-        recvs: list[list[Request]] = []
-        acc = None
-        if s.recv_from:
-            direct = not s.reduce and dst is not None
-            # Zero-copy (shm): reduce straight out of the peer's slot, then release it.
-            # Only for single-receive steps, so holding a slot never waits on another peer.
-            can_view = getattr(fabric, "can_view", None) \
-                if s.reduce and len(s.recv_from) == 1 else None
-            for peer in s.recv_from:
-                if can_view is not None and can_view(peer, max(ln for _, ln in cs.slices)
-                                                     * itemsize):
-                    staged.append(None)  # type: ignore[arg-type]
-                    recvs.append([fabric.irecv_view(peer, ch, self._header(call, ln * itemsize),
-                                                    ln * itemsize) for _, ln in cs.slices])
-                    if dst is None:  # the value must outlive the slot: keep it here
-                        raw = self.pool.get(cs.length * itemsize)
-                        tmps.append(raw)
-                        acc = raw[:cs.length * itemsize].view(proto.dtype)
-                    continue
-                if direct:
-                    target = dst
-                else:
-                    raw = self.pool.get(cs.length * itemsize)
-                    tmps.append(raw)
-                    target = raw[:cs.length * itemsize].view(proto.dtype)
-                    staged.append(target)
-                bview = target.view(np.uint8)
-                recvs.append([
-                    fabric.irecv(peer, ch, self._header(call, ln * itemsize),
-                                 bview[off * itemsize:(off + ln) * itemsize])
-                    for off, ln in cs.slices])
-        sends: list[Request] = []
-        last = len(cs.slices) - 1
-        try:
-            for k, (off, ln) in enumerate(cs.slices):
-                for j, reqs in enumerate(recvs):
-                    req = reqs[k]
-                    if rec is not None:
-                        t_wait = ns_now()
-                    while not req.done:
-                        yield req
-                    if req.error is not None:
-                        raise req.error
-                    if rec is not None:
-                        rec.span(Ev.RECV_WAIT, t_wait, ch, req.peer, seq, gid, prim,
-                                 ln * itemsize, rbase[j] + k)
-                sl = slice(off, off + ln)
-                if s.reduce:
-                    assert red is not None
-                    if rec is not None:
-                        t_red = ns_now()
-                    got = [t[sl] if t is not None else rq[k].buf.view(proto.dtype)
-                           for t, rq in zip(staged, recvs)]
-                    parts = ([src[sl]] if src is not None else []) + got
-                    if not s.recv_from:  # local reduce: dst = dst ⊕ src
-                        parts = [dst[sl], src[sl]]  # type: ignore[index]
-                    target = dst[sl] if dst is not None else \
-                        acc[sl] if acc is not None else got[0]
-                    red.combine(target, parts[0], parts[1])
-                    for extra in parts[2:]:
-                        red.combine(target, target, extra)
-                    value = target
-                    if rec is not None:
-                        rec.span(Ev.REDUCE, t_red, ch, -1, seq, gid, prim, ln * itemsize, 0)
-                    if staged and staged[0] is None:
-                        fabric.release(recvs[0][k])
-                elif s.recv_from:
-                    value = dst[sl] if dst is not None else staged[0][sl]  # type: ignore[index]
-                else:
-                    value = src[sl]  # type: ignore[index]
-                    if dst is not None and not cs.skip_copy:
-                        dst[sl] = value
-                if s.send_to:
-                    raw = value.view(np.uint8)
-                    hdr = self._header(call, raw.nbytes)
-                    for peer in s.send_to:
-                        # sends to one (peer, channel) leave in program order, even when a
-                        # later step has its data first (the IR's matching rule)
-                        q = self._turns.get((peer, ch))
-                        if q is not None and q[0] is not cs:
-                            turn = _Turn(q, cs, peer)
-                            while not turn.done:
-                                yield turn  # type: ignore[misc]
-                        if rec is not None:
-                            rec.send(ch, peer, seq, gid, prim, raw.nbytes)
-                        sends.append(fabric.isend(peer, ch, hdr, raw))
-                        if k == last and q is not None:
-                            q.popleft()
-            if rec is not None:
-                t_wait = ns_now() if sends and not sends[-1].done else 0
-            for req in sends:
-                while not req.done:
-                    yield req
-                if req.error is not None:
-                    raise req.error
-            if rec is not None:
-                speer = s.send_to[0] if s.send_to else -1
-                if t_wait:
-                    rec.span(Ev.SEND_WAIT, t_wait, ch, speer, seq, gid, prim, 0, 0)
-                rec.span(Ev.STEP, t_step, ch, s.recv_from[0] if s.recv_from else -1, seq, gid,
-                         prim, cs.length * itemsize, speer)
-        finally:
-            if staged and staged[0] is None:  # views not given back (after an error)
-                for req in recvs[0]:
-                    if req.done and req.error is None:
-                        fabric.release(req)
-            for t in tmps:
-                self.pool.put(t)
-
-    @staticmethod
-    def _header(call: Call, nbytes: int) -> bytes:
-        return WireHeader.frame(nbytes, call.prefix)
+    def snapshot(self) -> tuple[Waiting, ...]:
+        """The running steps and what each waits on, as of the executor's last wait (it
+        refreshes this before it sleeps, about once a second while blocked, and on a
+        failure). Safe to call from any thread."""
+        return self._waiting
 
     # ---- the scheduler ----------------------------------------------------------------
     #
@@ -225,29 +91,24 @@ class Executor:
         Memory order: the batch starts only once every batch in flight whose buffers
         overlap its own (where either writes) has completed, as on one NCCL stream."""
         batch = Batch(calls, time.monotonic() + timeout, timeout, on_done)
-        reads: list[tuple[int, int]] = []
-        writes: list[tuple[int, int]] = []
         for call in calls:
             call.steps_done = [False] * sum(len(c) for c in call.steps)
             rd = wr = 0  # bit masks of the buffers the steps read and write
             for csteps in call.steps:
                 for cs in csteps:
                     self._chans.setdefault(call.channel_base + cs.channel, deque()).append(
-                        (cs, call, batch))
+                        Issued(cs, call, batch))
                     if cs.src is not None:
                         rd |= 1 << cs.src.buf
                     if cs.dst is not None:
                         wr |= 1 << cs.dst.buf
             batch.remaining += len(call.steps_done)
             for b in (Buf.INPUT, Buf.OUTPUT):  # scratch is the call's own
-                span = _span(call.bufs[b]) if (rd | wr) >> b & 1 else None
-                if span is not None:
-                    (writes if wr >> b & 1 else reads).append(span)
-        batch.reads, batch.writes = reads, writes
+                if (rd | wr) >> b & 1:
+                    batch.touch(call.bufs[b], bool(wr >> b & 1))
         batch.after = [b for b in self._batches if b.conflicts(batch)]
         self._batches.append(batch)
-        if self.rec is not None:
-            self.rec.run_begin(calls)
+        self.observer.run_begin(calls)
         if batch.remaining == 0:
             self._complete(batch)
         return batch
@@ -262,23 +123,30 @@ class Executor:
         for work that runs outside the executor. Caller holds the lock."""
         probe = Batch([], 0.0, 0.0, None)
         for a, w in zip(bufs, writes):
-            span = _span(a)
-            if span is not None:
-                (probe.writes if w else probe.reads).append(span)
+            probe.touch(a, w)
         return [b for b in self._batches if b.conflicts(probe)]
 
-    def _round(self) -> tuple[bool, bool]:
-        """Issue what may start, resume what may continue: (moved, a batch completed)."""
-        moved = finished = False
+    def advance(self) -> tuple[bool, bool]:
+        """One round: issue what may start, resume what may continue. Returns (anything
+        moved, a batch completed). Caller holds the lock."""
+        moved = self._issue()
+        resumed, finished = self._resume()
+        if finished:
+            return True, True
+        if self._probes and self._match_probes():
+            return True, True
+        return moved or resumed, False
+
+    def _issue(self) -> bool:
+        """Start every step first in its channel whose dependencies are done."""
+        moved = False
         for chid in list(self._chans):
             q = self._chans[chid]
             while q:
-                cs, call, batch = q[0]
-                if batch.after:  # an earlier batch touching the same memory is running
-                    if not all(b.done for b in batch.after):
-                        break
-                    batch.after = []
-                done = call.steps_done
+                item = q[0]
+                if item.batch.after and not self._may_start(item.batch):
+                    break
+                cs, done = item.cs, item.call.steps_done
                 if any(not done[d] for d in cs.deps):
                     break
                 q.popleft()
@@ -286,45 +154,66 @@ class Executor:
                     self._claims.difference_update((p, chid) for p in cs.step.recv_from)
                 if cs.length and cs.step.send_to:
                     for peer in cs.step.send_to:  # claim this step's place in line
-                        self._turns.setdefault((peer, chid), deque()).append(cs)
-                self._active.append([self._step(cs, call), None, cs, call, batch])
+                        self.turns.setdefault((peer, chid), deque()).append(cs)
+                item.gen = run_step(self, cs, item.call)
+                self._active.append(item)
                 moved = True
             if not q:
                 del self._chans[chid]
-        still = []
+        return moved
+
+    @staticmethod
+    def _may_start(batch: Batch) -> bool:
+        """Have the earlier batches touching the same memory completed?"""
+        if not all(b.done for b in batch.after):
+            return False
+        batch.after = []
+        return True
+
+    def _resume(self) -> tuple[bool, bool]:
+        """Resume every step whose awaited request is done: (moved, finished)."""
+        moved = finished = False
+        still: list[Issued] = []
         active = self._active
         for i, item in enumerate(active):
-            gen, req, cs, call, batch = item
+            req = item.awaited
             if req is not None and not req.done:
                 still.append(item)
                 continue
             moved = True
+            gen = item.gen
+            assert gen is not None  # issued
             try:
-                item[1] = next(gen)
+                item.awaited = next(gen)
                 still.append(item)
             except StopIteration:
-                call.steps_done[cs.gid] = True
-                batch.remaining -= 1
-                if batch.remaining == 0:
-                    epoch = self._epoch
-                    self._complete(batch)
-                    finished = True
-                    if self._epoch != epoch:  # a completion callback cancelled everything
-                        return True, True
+                if self._step_done(item):
+                    return True, True  # a completion callback cancelled everything
+                finished = finished or item.batch.done
             except (HeaderMismatch, PeerError) as e:
                 self._active = still + active[i + 1:]
-                if isinstance(e, HeaderMismatch):
-                    err: BaseException = MismatchError(_describe_mismatch(self.rank, e, call))
-                else:
-                    self._publish_blocked()
-                    err = PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}",
-                                    getattr(e, "cause", None))
-                self._abort(err)
+                self._abort(self._step_error(e, item.call))
                 return True, True
         self._active = still
-        if self._probes and self._match_probes():
-            return True, True
         return moved, finished
+
+    def _step_done(self, item: Issued) -> bool:
+        """Account for a finished step; True if completing its batch cancelled the rest."""
+        item.call.steps_done[item.cs.gid] = True
+        batch = item.batch
+        batch.remaining -= 1
+        if batch.remaining:
+            return False
+        epoch = self._epoch
+        self._complete(batch)
+        return self._epoch != epoch
+
+    def _step_error(self, e: HeaderMismatch | PeerError, call: Call) -> BaseException:
+        if isinstance(e, HeaderMismatch):
+            return MismatchError(_describe_mismatch(self.rank, e, call))
+        self._publish()
+        return PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}",
+                         getattr(e, "cause", None))
 
     # ---- receives from any source --------------------------------------------------------
 
@@ -362,18 +251,18 @@ class Executor:
                     break
         return hit
 
-    def _publish_blocked(self) -> None:
-        """What every step waits on, as (generator, request, step id, step, call): read by
-        the flight recorder and the doctor."""
-        self.blocked = [(g, r, cs.gid, cs, call) for g, r, cs, call, _ in self._active]
+    # ---- completion and failure -----------------------------------------------------------
+
+    def _publish(self) -> None:
+        """Refresh :meth:`snapshot` (one tuple assignment: readers see the old or the new)."""
+        self._waiting = tuple(Waiting(a.awaited, a.cs, a.call) for a in self._active)
 
     def _complete(self, batch: Batch) -> None:
         if batch.error is None:
             for call in batch.calls:
                 if call.post is not None:
                     call.post()
-        if self.rec is not None:
-            self.rec.run_end(batch.calls)
+        self.observer.run_end(batch.calls)
         batch.done = True
         self._batches.remove(batch)
         if batch.on_done is not None:
@@ -390,60 +279,76 @@ class Executor:
         why: an abort). Caller holds the lock."""
         self._epoch += 1
         for item in self._active:
-            item[0].close()  # runs the steps' finally: staging buffers, shm slots
-        self._active, self._chans, self._turns = [], {}, {}
+            if item.gen is not None:
+                item.gen.close()  # runs the steps' finally: staging buffers, shm slots
+        self._active, self._chans, self.turns = [], {}, {}
         self._probes, self._claims = [], set()
         for batch in list(self._batches):
             batch.error = err
             self._complete(batch)
+
+    # ---- driving ---------------------------------------------------------------------------
 
     def drive(self, until: Callable[[], bool], lock) -> None:
         """Make progress until ``until()``; ``lock`` (held by the caller) is released
         while sleeping in the transports, so other threads can submit meanwhile."""
         fabric = self.fabric
         next_idle = time.monotonic() + 1.0
-        rec = self.rec
         while not until():
-            moved, finished = self._round()
+            moved, finished = self.advance()
             if finished:
                 lock.notify_all()
             if moved or fabric.poll():
                 continue
             now = time.monotonic()
-            late = [b for b in self._batches if now > b.deadline]
-            if late:
-                self._publish_blocked()
-                p = late[0].probe
-                self._abort(CollectiveTimeout(
-                    f"rank {self.rank}: recv from any source (channel {p.channel}) timed out "
-                    f"after {late[0].timeout:g} s: no message from ranks {p.peers}"
-                    if p is not None else _describe_timeout(
-                        self.rank, [a for a in self.blocked
-                                    if any(a[4] is c for c in late[0].calls)],
-                        late[0].timeout, getattr(fabric, "peer_name", None))))
+            if self._expire(now):
                 lock.notify_all()
                 continue
             if self.on_idle is not None and now > next_idle:
                 next_idle = now + 1.0
-                try:
-                    self.on_idle()
-                except (CommAborted, MismatchError) as e:  # aborted; a peer runs another call
-                    self._abort(e)
+                if self._idle_check(self.on_idle):
                     lock.notify_all()
                     continue
-            self._publish_blocked()  # what the flight recorder reports as "current step"
-            nearest = min((b.deadline for b in self._batches), default=now + 0.25)
-            if rec is not None:
-                t_idle = ns_now()
-            lock.release()
-            try:
-                fabric.wait(min(self.wait_cap, max(0.0, nearest - now)))
-            finally:
-                lock.acquire()
-            if rec is not None and self._batches and self._batches[0].calls:
-                c0 = self._batches[0].calls[0]
-                rec.span(Ev.IDLE, t_idle, c0.channel_base, -1, c0.desc.seq, -1, 0, 0, 0)
-            fabric.poll()
+            self._sleep(now, lock)
+
+    def _expire(self, now: float) -> bool:
+        """Fail the oldest batch past its deadline, naming what it waits on."""
+        late = [b for b in self._batches if now > b.deadline]
+        if not late:
+            return False
+        self._publish()
+        b, p = late[0], late[0].probe
+        self._abort(CollectiveTimeout(
+            f"rank {self.rank}: recv from any source (channel {p.channel}) timed out "
+            f"after {b.timeout:g} s: no message from ranks {p.peers}" if p is not None else
+            _describe_timeout(self.rank, [w for w in self._waiting
+                                          if any(w.call is c for c in b.calls)], b.timeout,
+                              getattr(self.fabric, "peer_name", None))))
+        return True
+
+    def _idle_check(self, on_idle: Callable[[], None]) -> bool:
+        """Run ``on_idle`` (abort line, mismatch check); True if it failed the batches."""
+        try:
+            on_idle()
+        except (CommAborted, MismatchError) as e:  # aborted; a peer runs another call
+            self._abort(e)
+            return True
+        return False
+
+    def _sleep(self, now: float, lock) -> None:
+        """Sleep in the transports (lock released) until something moves or a deadline."""
+        self._publish()  # what the flight recorder reports as "current step"
+        nearest = min((b.deadline for b in self._batches), default=now + 0.25)
+        obs = self.observer
+        t0 = obs.clock() if obs.active else 0
+        lock.release()
+        try:
+            self.fabric.wait(min(self.wait_cap, max(0.0, nearest - now)))
+        finally:
+            lock.acquire()
+        if obs.active and self._batches and self._batches[0].calls:
+            obs.idle(t0, self._batches[0].calls[0])
+        self.fabric.poll()
 
     def run(self, calls: list[Call], timeout: float) -> None:
         """Submit ``calls`` as one batch and drive until it completes (single-threaded)."""
@@ -455,73 +360,12 @@ class Executor:
             raise batch.error
 
 
-class Batch:
-    """Calls submitted together; complete when all their steps are."""
-
-    __slots__ = ("calls", "deadline", "timeout", "on_done", "remaining", "done", "error",
-                 "reads", "writes", "after", "probe")
-
-    def __init__(self, calls: list[Call], deadline: float, timeout: float,
-                 on_done: Callable[[Batch], None] | None):
-        self.calls, self.deadline, self.timeout, self.on_done = calls, deadline, timeout, on_done
-        self.remaining = 0
-        self.done = False
-        self.error: BaseException | None = None
-        self.reads: list[tuple[int, int]] = []   # byte ranges of its calls' buffers
-        self.writes: list[tuple[int, int]] = []
-        self.after: list[Batch] = []             # earlier batches it must wait for
-        self.probe: Probe | None = None          # set for a receive from any source
-
-    def conflicts(self, later: Batch) -> bool:
-        """Must ``later`` wait for this batch (its memory is written by either)?"""
-        return _overlap(self.writes, later.writes) or _overlap(self.writes, later.reads) \
-            or _overlap(self.reads, later.writes)
-
-
-class Probe:
-    """A receive from any source waiting for a message (see :meth:`Executor.probe`)."""
-
-    __slots__ = ("channel", "peers", "test", "batch", "peer")
-
-    def __init__(self, channel: int, peers: list[int], test: Callable[[int, int], bool],
-                 batch: Batch):
-        self.channel, self.peers, self.test, self.batch = channel, peers, test, batch
-        self.peer: int | None = None
-
-
-def _span(a: np.ndarray | None) -> tuple[int, int] | None:
-    if a is None or a.nbytes == 0:
-        return None
-    start = a.__array_interface__["data"][0]
-    return (start, start + a.nbytes)
-
-
-def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
-    return any(x0 < y1 and y0 < x1 for x0, x1 in a for y0, y1 in b)
-
-
-class _Turn:
-    """Waitable: a step's turn to post its sends to one (peer, channel)."""
-
-    __slots__ = ("queue", "step", "peer")
-    is_send = True
-    header = bytes(8)
-    pos = 0
-
-    def __init__(self, queue: deque, step: CStep, peer: int):
-        self.queue, self.step, self.peer = queue, step, peer
-
-    @property
-    def done(self) -> bool:
-        return self.queue[0] is self.step
-
-    error = None
-
-
-def _describe_timeout(rank: int, active, timeout: float, name=None) -> str:
+def _describe_timeout(rank: int, waiting: list[Waiting], timeout: float,
+                      name: Callable[[int], str] | None = None) -> str:
     waits = []
-    descs = []
-    for _, req, _, cs, call in active:
+    descs: list[str] = []
+    for w in waiting:
+        req, cs, call = w.req, w.cs, w.call
         if req is not None and not req.done:
             what = "receive from" if not req.is_send else "send to"
             peer = name(req.peer) if name is not None else f"rank {req.peer}"

@@ -62,9 +62,9 @@ def check_stalled(comm) -> None:
     fingerprint with the other stalled ranks' (see the module docstring)."""
     fr = getattr(comm, "flight", None)
     cur = fr.current() if fr is not None else None
-    if cur is None or cur[1] != 1 or cur[6] >= 0:  # nothing started, or point-to-point
+    if cur is None or cur.state != 1 or cur.peer >= 0:  # nothing started, or p2p
         return
-    desc = cur[0]
+    desc = cur.desc
     seen = getattr(comm, "_stall", None)
     now = time.monotonic()
     if seen is None or seen[0] != desc.seq:

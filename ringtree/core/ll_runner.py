@@ -24,7 +24,6 @@ from collections import deque
 from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
-from ringtree.prof.recorder import Ev
 from ringtree.transports.shm_ll import LL, fingerprint, open_ll
 from ringtree.transports.shm_ll_coll import LLOp, fits
 from ringtree.work import Work
@@ -158,15 +157,16 @@ class LLRunner:
             self._order(comm, inp, out)
         fr = comm.flight
         e = fr.begin(LLDesc(op.label, seq)) if fr is not None else None
-        rec = comm.executor.rec  # the profiler: the call's entry and exit, no steps
-        if rec is not None:
-            self._entry(rec, op, inp, out, seq)
+        obs = comm.executor.observer  # the profiler: the call's entry and exit, no steps
+        if obs.active:
+            nbytes = max(0 if inp is None else inp.nbytes, 0 if out is None else out.nbytes)
+            obs.outside_begin(LLDesc(op.label, seq), op.coll.code, nbytes)
         try:
             op.run(inp, out, red, t)
             if post is not None:
                 post()
-            if rec is not None:
-                rec.ev(Ev.COLL_EXIT, 0, -1, seq, -1, op.coll.code, 0, 0)
+            if obs.active:
+                obs.outside_end(seq, op.coll.code)
         except RingtreeError as err:
             err = comm._on_error(err)
             if e is not None:
@@ -183,12 +183,6 @@ class LLRunner:
             work._finish(result)
             return work
         return result
-
-    @staticmethod
-    def _entry(rec, op: LLOp, inp, out, seq: int) -> None:
-        nbytes = max(0 if inp is None else inp.nbytes, 0 if out is None else out.nbytes)
-        rec.ev(Ev.COLL_ENTRY, 0, -1, seq, -1, op.coll.code, nbytes,
-               rec.call_id(LLDesc(op.label, seq), nbytes))
 
     @staticmethod
     def _order(comm, inp, out) -> None:

@@ -83,7 +83,7 @@ class Call:
     channel_base: int = 0
     post: Callable[[], None] | None = None
     prefix: bytes = field(init=False)
-    fr: list | None = field(default=None, repr=False)  # its flight-recorder entry
+    fr: Any = field(default=None, repr=False)  # its flight-recorder entry (prof.flight.Entry)
     steps_done: list[bool] = field(default_factory=list, repr=False)
     plan: Any = field(default=None, repr=False)  # the Plan whose buffers it borrowed
 

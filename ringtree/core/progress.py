@@ -14,7 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ringtree.core.executor import Batch, Executor
+from ringtree.core.batch import Batch
+from ringtree.core.executor import Executor
 
 
 class Progress:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ringtree.prof import flight
-from ringtree.prof.recorder import EVENT_DTYPE, PRIMS, Ev, Recorder
+from ringtree.prof.recorder import EVENT_DTYPE, PRIMS, Ev, ProfileObserver, Recorder
 
 __all__ = ["Recorder", "dump_flight_recorder", "monitored_barrier", "profile", "start",
            "stop"]
@@ -84,14 +84,14 @@ def start(comm, capacity: int | None = None) -> dict:
     finally:
         comm.flight = fr
     rec = Recorder(capacity or comm.settings.profile_events)
-    comm.executor.rec = rec
+    comm.executor.observe(ProfileObserver(rec))
     return {"comm": weakref.ref(comm), "rec": rec, "clock": sync, "meta": _comm_meta(comm)}
 
 
 def stop(comm) -> Recorder | None:
-    rec = getattr(comm.executor, "rec", None)
-    comm.executor.rec = None
-    return rec
+    """Detach the profiler from ``comm``; its recorder (None if none was attached)."""
+    old = comm.executor.observe(None)
+    return old.rec if isinstance(old, ProfileObserver) else None
 
 
 def _comm_meta(comm) -> dict:
@@ -151,13 +151,13 @@ def profile(directory: str, comm=None, capacity: int | None = None):
     comms = [comm] if comm is not None else \
         sorted((c for c in flight.COMMS if not c._closed),
                key=lambda c: (len(c.prefix), c.prefix))  # the same order on every rank
-    saved = [getattr(c.executor, "rec", None) for c in comms]
+    saved = [c.executor.observer for c in comms]
     items = [start(c, capacity) for c in comms]
     try:
         yield items
     finally:
         for c, old in zip(comms, saved):
-            c.executor.rec = old
+            c.executor.observe(old)
         write(directory, items)
 
 

@@ -3,7 +3,7 @@
 Modelled on torch's flight recorder (``TORCH_FR_BUFFER_SIZE``; entries with
 ``collective_seq_id``, ``profiling_name``, sizes, dtypes, ``state`` scheduled → started →
 completed and their timestamps), so the mental model carries over. Costs about a
-microsecond per operation: one small list per call in a ring, three timestamps.
+microsecond per operation: one small record per call in a ring, three timestamps.
 
 What a rank is doing *right now* comes from three places, read only when someone asks:
 the ring (last enqueued / started / completed sequence numbers), the executor's list of
@@ -33,6 +33,8 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import dataclass
+from typing import Any
 
 from ringtree.core.wire import WireHeader
 
@@ -48,12 +50,27 @@ _PROF_DIR = os.path.dirname(os.path.abspath(__file__))
 _PKG_DIR = os.path.dirname(_PROF_DIR)
 
 
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One operation: what it is, its state (an index into :data:`STATES`), when it was
+    created, started and completed (``time.time_ns()``), its error, and for a
+    point-to-point operation the peer (-1 for collectives)."""
+
+    desc: Any
+    state: int
+    created_ns: int
+    started_ns: int = 0
+    completed_ns: int = 0
+    error: str | None = None
+    peer: int = -1
+
+
 class FlightRecorder:
-    """Ring of ``[desc, state, created_ns, started_ns, completed_ns, error, peer]``."""
+    """Ring of the last ``size`` :class:`Entry`."""
 
     def __init__(self, size: int = DEFAULT_SIZE):
         self.size = max(1, int(size))
-        self.ring: list[list | None] = [None] * self.size
+        self.ring: list[Entry | None] = [None] * self.size
         self.count = 0
         self.last_enqueued = 0
         self.last_started = 0
@@ -61,7 +78,7 @@ class FlightRecorder:
 
     # ---- hooks (Communicator._run / _submit) ----------------------------------------------
 
-    def scheduled(self, call) -> list:
+    def scheduled(self, call) -> Entry:
         d = call.desc
         peer = -1
         if d.algo == "p2p":
@@ -69,7 +86,7 @@ class FlightRecorder:
             peer = (st.send_to or st.recv_from)[0]
         else:
             self.last_enqueued = d.seq
-        e = [d, 0, time.time_ns(), 0, 0, None, peer]
+        e = Entry(d, 0, time.time_ns(), peer=peer)
         self.ring[self.count % self.size] = e
         self.count += 1
         call.fr = e
@@ -79,10 +96,9 @@ class FlightRecorder:
         t = time.time_ns()
         for call in calls:
             e = call.fr if call.fr is not None else self.scheduled(call)
-            e[1] = 1
-            e[3] = t
-            if e[6] < 0:
-                self.last_started = max(self.last_started, e[0].seq)
+            e.state, e.started_ns = 1, t
+            if e.peer < 0:
+                self.last_started = max(self.last_started, e.desc.seq)
 
     def finished(self, calls, error: BaseException | None = None) -> None:
         t = time.time_ns()
@@ -91,31 +107,28 @@ class FlightRecorder:
             if e is None:
                 continue
             if error is None:
-                e[1] = 2
-                e[4] = t
-                if e[6] < 0:
-                    self.last_completed = max(self.last_completed, e[0].seq)
+                e.state, e.completed_ns = 2, t
+                if e.peer < 0:
+                    self.last_completed = max(self.last_completed, e.desc.seq)
             else:
-                e[1] = 3
-                e[5] = f"{type(error).__name__}: {error}".split("\n")[0][:300]
+                e.state, e.error = 3, _error_line(error)
 
-    def begin(self, desc) -> list:
+    def begin(self, desc) -> Entry:
         """A call that runs outside the executor (LL) starts now: one entry, already
         started (``desc`` has the fields of :class:`~ringtree.core.plan.Desc`)."""
         t = time.time_ns()
-        e = [desc, 1, t, t, 0, None, -1]
+        e = Entry(desc, 1, t, t)
         self.ring[self.count % self.size] = e
         self.count += 1
         self.last_enqueued = self.last_started = desc.seq
         return e
 
-    def end(self, e: list, error: BaseException | None = None) -> None:
+    def end(self, e: Entry, error: BaseException | None = None) -> None:
         if error is None:
-            e[1], e[4] = 2, time.time_ns()
-            self.last_completed = e[0].seq
+            e.state, e.completed_ns = 2, time.time_ns()
+            self.last_completed = e.desc.seq
         else:
-            e[1] = 3
-            e[5] = f"{type(error).__name__}: {error}".split("\n")[0][:300]
+            e.state, e.error = 3, _error_line(error)
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -130,31 +143,35 @@ class FlightRecorder:
                 out.append(entry_dict(e, i))
         return out
 
-    def current(self) -> list | None:
+    def current(self) -> Entry | None:
         """The operation a hang is in: the oldest one started and not finished, else the
         newest one if it failed (the communicator broke inside it)."""
         n = min(self.count, self.size)
         for i in range(self.count - n, self.count):
             e = self.ring[i % self.size]
-            if e is not None and e[1] == 1:
+            if e is not None and e.state == 1:
                 return e
         last = self.ring[(self.count - 1) % self.size] if self.count else None
-        return last if last is not None and last[1] == 3 else None
+        return last if last is not None and last.state == 3 else None
 
 
-def entry_dict(e: list, record_id: int) -> dict:
-    d = e[0]
-    p2p = e[6] >= 0
+def _error_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".split("\n")[0][:300]
+
+
+def entry_dict(e: Entry, record_id: int) -> dict:
+    d = e.desc
+    p2p = e.peer >= 0
     return {
         "record_id": record_id,
         "collective_seq_id": 0 if p2p else d.seq,
         "p2p_seq_id": d.seq if p2p else 0,
         "profiling_name": f"ringtree:{d.name}",
         "name": d.name, "algo": d.algo, "count": d.count, "dtype": d.dtype, "op": d.op,
-        "root": d.root, "peer": e[6] if p2p else None, "is_p2p": p2p,
-        "state": STATES[e[1]],
-        "time_created_ns": e[2], "time_discovered_started_ns": e[3],
-        "time_discovered_completed_ns": e[4], "error": e[5],
+        "root": d.root, "peer": e.peer if p2p else None, "is_p2p": p2p,
+        "state": STATES[e.state],
+        "time_created_ns": e.created_ns, "time_discovered_started_ns": e.started_ns,
+        "time_discovered_completed_ns": e.completed_ns, "error": e.error,
     }
 
 
@@ -176,13 +193,14 @@ def where_main_thread() -> str:
     return inner or "unknown"
 
 
-def _waiting(comm, cur: list | None) -> list[dict]:
-    blocked = getattr(comm.executor, "blocked", None)
-    if cur is None or not blocked:
+def _waiting(comm, cur: Entry | None) -> list[dict]:
+    waiting = comm.executor.snapshot()
+    if cur is None or not waiting:
         return []
     out = []
-    for _gen, req, _gid, cs, call in sorted(list(blocked), key=lambda a: a[2]):
-        if call.desc is not cur[0] or req is None or (req.done and req.error is None):
+    for w in sorted(waiting, key=lambda w: w.cs.gid):
+        req, cs, call = w.req, w.cs, w.call
+        if call.desc is not cur.desc or req is None or (req.done and req.error is None):
             continue
         nbytes = WireHeader.payload_bytes(bytes(req.header))
         out.append({

@@ -39,6 +39,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from ringtree.core.observer import Observer, StepWatch
+
 DEFAULT_CAPACITY = 1 << 18          # events per communicator (56 B each: 14 MiB)
 
 _REC = struct.Struct("<qqqqiiiihh4x")  # ts, dur, size, aux, chan, peer, seq, gid, type, prim
@@ -199,3 +201,73 @@ class Recorder:
     def reset(self) -> None:
         self.head = 0
         self._ords.clear()
+
+
+# ---- the executor's observer ------------------------------------------------------------
+
+class ProfileObserver(Observer):
+    """Writes what the executor reports (:class:`ringtree.core.observer.Observer`) into a
+    :class:`Recorder`: the events listed in the module docstring."""
+
+    active = True
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+
+    def run_begin(self, calls) -> None:
+        self.rec.run_begin(calls)
+
+    def run_end(self, calls) -> None:
+        self.rec.run_end(calls)
+
+    def step(self, cs, call, channel: int) -> StepEvents:
+        return StepEvents(self.rec, cs, call, channel)
+
+    def idle(self, t0: int, call) -> None:
+        self.rec.span(Ev.IDLE, t0, call.channel_base, -1, call.desc.seq, -1, 0, 0, 0)
+
+    def outside_begin(self, desc, code: int, nbytes: int) -> None:
+        rec = self.rec
+        rec.ev(Ev.COLL_ENTRY, 0, -1, desc.seq, -1, code, nbytes, rec.call_id(desc, nbytes))
+
+    def outside_end(self, seq: int, code: int) -> None:
+        self.rec.ev(Ev.COLL_EXIT, 0, -1, seq, -1, code, 0, 0)
+
+
+class StepEvents(StepWatch):
+    """One step's events: its span, and per slice RECV_WAIT, REDUCE and SEND."""
+
+    __slots__ = ("rec", "t0", "ch", "seq", "gid", "prim", "rbase", "reduce", "rpeer",
+                 "speer")
+
+    def __init__(self, rec: Recorder, cs, call, ch: int):
+        s = cs.step
+        self.rec, self.t0, self.ch = rec, now(), ch
+        self.seq, self.gid, self.prim = call.desc.seq, cs.gid, prim_code(s)
+        # message indices of its receives, claimed at issue (the order both ends agree on)
+        self.rbase = rec.claim_recvs(s.recv_from, ch, self.seq, len(cs.slices))
+        self.reduce = s.reduce
+        self.rpeer = s.recv_from[0] if s.recv_from else -1
+        self.speer = s.send_to[0] if s.send_to else -1
+
+    def recv_waited(self, t0: int, j: int, k: int, req, nbytes: int) -> None:
+        self.rec.span(Ev.RECV_WAIT, t0, self.ch, req.peer, self.seq, self.gid, self.prim,
+                      nbytes, self.rbase[j] + k)
+
+    def combined(self, t0: int, nbytes: int) -> None:
+        if self.reduce:
+            self.rec.span(Ev.REDUCE, t0, self.ch, -1, self.seq, self.gid, self.prim, nbytes, 0)
+
+    def sent(self, peer: int, nbytes: int) -> None:
+        self.rec.send(self.ch, peer, self.seq, self.gid, self.prim, nbytes)
+
+    def draining(self, sends) -> int:
+        return now() if sends and not sends[-1].done else 0
+
+    def finished(self, t_drain: int, nbytes: int) -> None:
+        rec = self.rec
+        if t_drain:
+            rec.span(Ev.SEND_WAIT, t_drain, self.ch, self.speer, self.seq, self.gid, self.prim,
+                     0, 0)
+        rec.span(Ev.STEP, self.t0, self.ch, self.rpeer, self.seq, self.gid, self.prim, nbytes,
+                 self.speer)

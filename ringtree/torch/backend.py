@@ -193,7 +193,6 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
 
     def _release(self) -> None:
         self._completer.shutdown(wait=False)
-        self.comm.submit = None  # break the comm <-> engine cycle
         self.comm.store.close()  # let torch's store (and its server socket) go
 
     def abort(self) -> None:

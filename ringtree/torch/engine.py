@@ -1,7 +1,7 @@
 """The torch backend's progress: a thin adapter over the core's streaming executor.
 
-Every call a process group issues is submitted to the communicator's executor
-(:meth:`~ringtree.Communicator._submit`) and driven by the core's worker thread, so the
+Every call a process group issues is submitted to the communicator's executor in
+background mode (``Communicator.background``) and driven by the core's worker thread, so the
 thread that issues it (autograd's, for DDP's buckets) never waits for communication. The
 executor does the scheduling: in-order issue per channel, sends to a peer posted in
 program order, several calls in flight at once (an ``isend`` and the ``irecv`` after it
@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from ringtree.core.plan import Call
 from ringtree.errors import CommAborted
 from ringtree.work import Work
 
@@ -37,20 +35,14 @@ WAIT_CAP = 0.002
 
 
 class ProgressEngine:
-    """Runs a communicator's calls on the core's worker; installs itself as
-    ``comm.submit``."""
+    """Puts a communicator in background mode (``comm.background``: every call runs on
+    the core's worker, any thread may issue) and adds receives from any source."""
 
     def __init__(self, comm):
         self.comm = comm
         self.rank = comm.rank
         comm.executor.wait_cap = min(comm.executor.wait_cap, WAIT_CAP)
-        comm.submit = self.submit
-
-    def submit(self, call: Call, result: Any, timeout: float) -> Work:
-        """Queue ``call``; the returned Work finishes with ``result`` (or the error)."""
-        work = Work(call.desc.name)
-        self.comm._submit([call], [work], [result], timeout)
-        return work
+        comm.background = True
 
     def probe(self, channel: int, peers: list[int], on_match: Callable[[int], None],
               timeout: float) -> Work:

@@ -12,13 +12,14 @@ Functions must be importable by reference (module-level), as with multiprocessin
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import secrets
 import socket
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from ringtree.bootstrap.environ import export
 
 
 class HangError(AssertionError):
@@ -44,20 +45,11 @@ def _ctx():
 
 
 def _rank_env(rank: int, n: int, port: int, token: str, extra: dict | None) -> None:
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-              "SLURM_PROCID", "RINGTREE_STORE_EXTERNAL"):
-        os.environ.pop(k, None)
-    os.environ.update({
-        "RINGTREE_RANK": str(rank), "RINGTREE_WORLD_SIZE": str(n),
-        "RINGTREE_LOCAL_RANK": str(rank), "RINGTREE_LOCAL_WORLD_SIZE": str(n),
-        "RINGTREE_MASTER_ADDR": "127.0.0.1", "RINGTREE_MASTER_PORT": str(port),
-        "RINGTREE_TOKEN": token,
-    })
-    for k, v in (extra or {}).items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = str(v)
+    export({k: None for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+                              "PMI_RANK", "SLURM_PROCID", "RINGTREE_STORE_EXTERNAL")})
+    export({"RINGTREE_RANK": rank, "RINGTREE_WORLD_SIZE": n, "RINGTREE_LOCAL_RANK": rank,
+            "RINGTREE_LOCAL_WORLD_SIZE": n, "RINGTREE_MASTER_ADDR": "127.0.0.1",
+            "RINGTREE_MASTER_PORT": port, "RINGTREE_TOKEN": token, **(extra or {})})
 
 
 def _pack_error(e: BaseException) -> BaseException:

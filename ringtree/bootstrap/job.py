@@ -39,6 +39,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ringtree.bootstrap.environ import view
+
 __all__ = [
     "DEFAULT_MASTER_PORT",
     "JobEnv",
@@ -47,6 +49,8 @@ __all__ = [
     "expand_nodelist",
     "host_identity",
     "job_id",
+    "launched",
+    "ranks",
     "parse_tasks_per_node",
 ]
 
@@ -106,17 +110,8 @@ def detect(
 
     Invalid values raise ValueError naming the variable and its value.
     """
-    env: Mapping[str, str] = os.environ if environ is None else environ
-    ids = (
-        _from_args(rank, world_size)
-        or _from_ringtree(env)
-        or _from_torchrun(env)
-        or _from_openmpi(env)
-        or _from_pmi(env)
-        or _from_slurm(env)
-        or _Ids("single", 0, 1, 0, 1, ("rank", "world_size", "local_rank", "local_world_size"))
-    )
-    _validate(ids)
+    env: Mapping[str, str] = view() if environ is None else environ
+    ids = _identify(rank, world_size, env)
 
     port = _master_port(master_port, env, ids.source)
     addr_name, addr = _master_addr(master_addr, env, ids.source)
@@ -155,6 +150,32 @@ def detect(
     )
 
 
+def ranks(environ: Mapping[str, str] | None = None) -> tuple[int, int, int, int]:
+    """(rank, world size, local rank, local world size) from the launcher's variables, as
+    :func:`detect` finds them, without an address, port or token."""
+    ids = _identify(None, None, view() if environ is None else environ)
+    return ids.rank, ids.world_size, ids.local_rank, ids.local_world_size
+
+
+def launched(environ: Mapping[str, str] | None = None) -> bool:
+    """Did a launcher (ringtree run, torchrun, mpirun, srun) start this process?"""
+    return _identify(None, None, view() if environ is None else environ).source != "single"
+
+
+def _identify(rank: int | None, world_size: int | None, env: Mapping[str, str]) -> _Ids:
+    ids = (
+        _from_args(rank, world_size)
+        or _from_ringtree(env)
+        or _from_torchrun(env)
+        or _from_openmpi(env)
+        or _from_pmi(env)
+        or _from_slurm(env)
+        or _Ids("single", 0, 1, 0, 1, ("rank", "world_size", "local_rank", "local_world_size"))
+    )
+    _validate(ids)
+    return ids
+
+
 def host_identity(environ: Mapping[str, str] | None = None) -> str:
     """``"hostname|boot_id"``, equal for exactly the processes sharing one OS instance.
 
@@ -162,7 +183,7 @@ def host_identity(environ: Mapping[str, str] | None = None) -> str:
     machines that reuse a host name (the gloo #458 approach). ``RINGTREE_HOST_ID`` overrides
     it, which lets tests fake several hosts on one machine.
     """
-    env = os.environ if environ is None else environ
+    env = view() if environ is None else environ
     override = _get(env, "RINGTREE_HOST_ID")
     if override is not None:
         return override
@@ -196,7 +217,7 @@ def job_id(environ: Mapping[str, str] | None = None) -> str | None:
     ``SLURM_STEP_ID`` (Slurm; the step makes two ``srun`` of one allocation differ),
     ``TORCHELASTIC_RUN_ID`` (torchrun).
     """
-    env = os.environ if environ is None else environ
+    env = view() if environ is None else environ
     for name in ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID", "PMI_KVSNAME"):
         value = _get(env, name)
         if value is not None:

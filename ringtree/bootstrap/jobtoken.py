@@ -47,6 +47,8 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ringtree.bootstrap.environ import get, view
+
 __all__ = ["SECRET_VARS", "StorePlan", "plan_store", "read_host_token", "remove_host_token"]
 
 SECRET_VARS = ("OMPI_MCA_orte_precondition_transports", "OMPI_MCA_opal_precondition_transports")
@@ -76,7 +78,7 @@ def plan_store(*, rank: int, world_size: int, local_world_size: int, local_known
 
     ``local_known``: the launcher said how many ranks share this host (not assumed).
     """
-    env = os.environ if environ is None else environ
+    env = view() if environ is None else environ
     one_host = _is_loopback(master_addr) or (local_known and local_world_size == world_size)
     bind = "127.0.0.1" if one_host else bind_address(master_addr)
     connect = "127.0.0.1" if one_host else master_addr
@@ -147,7 +149,7 @@ def _is_loopback(addr: str) -> bool:
 def _private_dir() -> str | None:
     """A directory only this user can enter, or None when none can be trusted."""
     uid = os.getuid()
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    runtime = get("XDG_RUNTIME_DIR")
     candidates = [runtime] if runtime else []
     candidates.append(os.path.join(tempfile.gettempdir(), f"ringtree-{uid}"))
     for d in candidates:

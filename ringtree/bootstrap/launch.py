@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
+from ringtree.bootstrap import environ
 from ringtree.bootstrap.jobtoken import bind_address
 from ringtree.bootstrap.launch_args import PROG, Options, UsageError, parse
 from ringtree.bootstrap.launch_report import LAST_LINES, Exit, report
@@ -93,7 +94,7 @@ def main(argv: list[str]) -> int:
         from ringtree.bootstrap.ssh import launch
 
         return launch(opts, PROG)
-    token = os.environ.get("RINGTREE_TOKEN") or ""
+    token = environ.get("RINGTREE_TOKEN") or ""
     if not token:
         if opts.nnodes > 1:
             print(
@@ -179,8 +180,7 @@ class _Job:
     def env_for(self, local_rank: int) -> dict[str, str]:
         o = self.opts
         rank, world = o.node_rank * o.nproc + local_rank, o.nnodes * o.nproc
-        env = dict(os.environ)
-        env.update({
+        env = environ.child({
             "RINGTREE_RANK": str(rank),
             "RINGTREE_WORLD_SIZE": str(world),
             "RINGTREE_LOCAL_RANK": str(local_rank),
@@ -201,7 +201,7 @@ class _Job:
         for var, value in o.export.items():  # mpirun -x
             if value is not None:
                 env[var] = value
-            elif var not in os.environ:
+            elif environ.get(var) is None:
                 raise _ExportError(var)
         if o.tag_output or self.tag_err:
             env.setdefault("PYTHONUNBUFFERED", "1")

@@ -20,11 +20,11 @@ message of :func:`ringtree.bootstrap.netcheck.describe_failures`.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from dataclasses import dataclass
 
+from ringtree.bootstrap.environ import export, get
 from ringtree.bootstrap.netcheck import PROBE_TIMEOUT, Advert, describe_failures, probe
 from ringtree.settings import current
 
@@ -150,7 +150,8 @@ def launcher_check(addr: str, port: int, token: str, node_rank: int, nnodes: int
     answers, else 1 (after printing why)."""
     from ringtree.bootstrap.store import StoreClient
 
-    os.environ.setdefault("RINGTREE_MASTER_ADDR", addr)
+    if get("RINGTREE_MASTER_ADDR") is None:
+        export({"RINGTREE_MASTER_ADDR": addr})
     with StoreClient(addr, port, token, timeout=60.0) as store:
         m = gather(store, "rt/launch/netcheck", node_rank, nnodes, addr, noun="node")
         store.add("rt/launch/netcheck/done", 1)

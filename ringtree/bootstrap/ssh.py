@@ -35,6 +35,9 @@ import threading
 import time
 from typing import IO
 
+from ringtree.bootstrap import environ
+from ringtree.settings import current
+
 FORWARD_PREFIXES = ("RINGTREE_",)
 FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")
 _NOT_FORWARDED = {"RINGTREE_RANK", "RINGTREE_WORLD_SIZE", "RINGTREE_LOCAL_RANK",
@@ -111,10 +114,10 @@ def remote_argv(opts, hosts: list[tuple[str, int]], i: int, master: tuple[str, i
 
 
 def forwarded_env(opts, token: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in environ.view().items()
            if (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES) and k not in _NOT_FORWARDED}
     for var, value in opts.export.items():
-        v = os.environ.get(var) if value is None else value
+        v = environ.get(var) if value is None else value
         if v is not None:
             env[var] = v
     env["RINGTREE_TOKEN"] = token
@@ -128,9 +131,10 @@ def launch(opts, prog: str) -> int:
         print(f"{prog}: every host needs the same number of slots (ranks are numbered host by "
               f"host); got {', '.join(f'{h}:{s}' for h, s in hosts)}", file=sys.stderr)
         return 2
-    master = opts.master or (hosts[0][0], int(os.environ.get("RINGTREE_MASTER_PORT") or 29500))
-    token = os.environ.get("RINGTREE_TOKEN") or secrets.token_hex(16)
-    ssh = shlex.split(os.environ.get("RINGTREE_SSH") or "ssh -o BatchMode=yes")
+    s = current()
+    master = opts.master or (hosts[0][0], s.master_port or 29500)
+    token = s.token or secrets.token_hex(16)
+    ssh = shlex.split(s.ssh or "ssh -o BatchMode=yes")
     remote = f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec {shlex.quote(sys.executable)}" \
              " -m ringtree.bootstrap.ssh --remote"
     procs: list[subprocess.Popen] = []
@@ -213,7 +217,7 @@ def remote() -> int:
             return 1
         line += chunk
     job = json.loads(line)
-    env = {**os.environ, **job["env"]}
+    env = environ.child(job["env"])
     child = subprocess.Popen(job["argv"], env=env, stdin=subprocess.DEVNULL)
     grace = float(job.get("grace", 3.0))
 

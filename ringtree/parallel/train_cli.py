@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from datetime import timedelta
 
+from ringtree.bootstrap import environ
 from ringtree.models.data import VOCAB_SIZE
 from ringtree.models.gpt import GPTConfig
 from ringtree.parallel.data_parallel import BUCKET_BYTES
@@ -61,12 +61,12 @@ def _parser() -> argparse.ArgumentParser:
 def _world_from_env() -> tuple[int, int]:
     import ringtree.torch  # noqa: F401 - registers the backend, fills env under mpirun
 
-    if not os.environ.get("WORLD_SIZE"):
+    if not environ.get("WORLD_SIZE"):
         from ringtree.testing import free_port
 
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": str(free_port())})
-    return int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+        environ.export({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(free_port())})
+    return int(environ.get("RANK") or "0"), int(environ.get("WORLD_SIZE") or "1")
 
 
 def _spec(args):

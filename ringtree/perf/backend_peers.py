@@ -4,11 +4,11 @@ mpi4py (Open MPI), behind the :class:`~ringtree.perf.backends.Backend` interface
 
 from __future__ import annotations
 
-import os
 import socket
 
 import numpy as np
 
+from ringtree.bootstrap import environ, job
 from ringtree.dtypes import DType
 from ringtree.perf.backends import (
     MPI_HINT,
@@ -18,24 +18,6 @@ from ringtree.perf.backends import (
     Operands,
     cpu_name,
 )
-
-
-def _rank_env() -> tuple[int, int, int, int]:
-    """(rank, world size, local rank, local world size) from the usual launchers."""
-    env = os.environ
-    for r, w, lr, lw in (("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-                         ("RINGTREE_RANK", "RINGTREE_WORLD_SIZE", "RINGTREE_LOCAL_RANK",
-                          "RINGTREE_LOCAL_WORLD_SIZE"),
-                         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                         ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-                         ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "")):
-        if env.get(r) and env.get(w):
-            rank, world = int(env[r]), int(env[w])
-            local = int(env.get(lr) or rank)
-            lsize = int(env.get(lw) or world) if lw else world
-            return rank, world, local, lsize
-    return 0, 1, 0, 1
 
 
 class GlooBackend(Backend):
@@ -57,17 +39,17 @@ class GlooBackend(Backend):
 
         self.torch, self.dist = torch, dist
         self.version = torch.__version__.split("+")[0]
-        self.rank, self.size, self.local_rank, self.local_size = _rank_env()
-        if self.size > 1 and not (os.environ.get("MASTER_ADDR")
-                                  and os.environ.get("MASTER_PORT")):
+        self.rank, self.size, self.local_rank, self.local_size = job.ranks()
+        if self.size > 1 and not (environ.get("MASTER_ADDR") and environ.get("MASTER_PORT")):
             raise BackendUnavailable(
                 "--backend gloo needs MASTER_ADDR and MASTER_PORT (set by `ringtree run`, "
                 "torchrun, or `ringtree perf --nranks N`)")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
+        if environ.get("MASTER_ADDR") is None:
+            environ.export({"MASTER_ADDR": "127.0.0.1"})
+        if environ.get("MASTER_PORT") is None:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+                environ.export({"MASTER_PORT": s.getsockname()[1]})
         self._owns = not dist.is_initialized()
         if self._owns:
             dist.init_process_group("gloo", init_method="env://", rank=self.rank,
@@ -190,11 +172,7 @@ class MpiBackend(Backend):
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        env = os.environ
-        self.local_rank = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK")
-                              or env.get("MPI_LOCALRANKID") or self.rank)
-        self.local_size = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE")
-                              or env.get("MPI_LOCALNRANKS") or self.size)
+        _, _, self.local_rank, self.local_size = job.ranks()  # mpirun's local numbers
         lib = MPI.Get_library_version().strip().splitlines()[0]
         self.library = lib.split(",")[0].strip()
         major, minor = MPI.Get_version()

@@ -38,7 +38,6 @@ Non-blocking issue (``-z 0``) uses ``async_op=True`` for ringtree and gloo (wait
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import socket
 from collections.abc import Iterator
@@ -46,6 +45,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ringtree.bootstrap import environ
 from ringtree.dtypes import DType
 from ringtree.perf.verify import premul_scalar
 
@@ -175,7 +175,7 @@ class RingtreeBackend(Backend):
         import ringtree
 
         if transport:
-            os.environ["RINGTREE_TRANSPORT"] = transport
+            environ.export({"RINGTREE_TRANSPORT": transport})
         self.comm = comm if comm is not None else ringtree.init(timeout=timeout)
         self._owns = comm is None
         self.version = ringtree.__version__

@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from ringtree.bootstrap import environ
 from ringtree.dtypes import DType
 from ringtree.perf import format as fmt
 from ringtree.perf import verify
@@ -189,7 +190,7 @@ class Harness:
             self.p.progress = None
         self.errors = int(round(be.allreduce_f64(float(self.errors), "sum")))
         avg = self.bw_sum / self.bw_count if self.bw_count else 0.0
-        min_bw_env = os.environ.get("NCCL_TESTS_MIN_BW")
+        min_bw_env = environ.get("NCCL_TESTS_MIN_BW")
         min_bw = float(min_bw_env) if min_bw_env else None
         self.p.lines(fmt.footer(self.errors, avg, self.program, min_bw))
         doc = None

@@ -11,10 +11,11 @@ same keys in the same order, ``%lf`` doubles, booleans as the strings ``"true"/"
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from ringtree.bootstrap.environ import view
 
 JSON_FILE_VERSION = 3
 TIME_STRING_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -272,10 +273,10 @@ class JsonReport:
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "AUTH")
 
 
-def redacted_env(environ: dict[str, str] | None = None) -> list[str]:
+def redacted_env(environ: Mapping[str, str] | None = None) -> list[str]:
     """``NAME=value`` lines for the JSON ``env`` list, with secrets (``RINGTREE_TOKEN``,
     anything named like a token, secret, password or key) replaced by ``<redacted>``."""
-    env = os.environ if environ is None else environ
+    env = view() if environ is None else environ
     out = []
     for k, v in env.items():
         secret = any(w in k.upper() for w in _SECRET_WORDS) or k.upper().endswith("_KEY")

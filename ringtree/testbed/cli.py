@@ -27,13 +27,13 @@ Everything is removed on exit, on Ctrl-C and on SIGTERM.
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import signal
 import subprocess
 import sys
 import threading
 
+from ringtree.bootstrap import environ
 from ringtree.testbed.netns import Testbed, available
 
 PROG = "ringtree testbed"
@@ -71,7 +71,7 @@ def _hold(tb: Testbed) -> int:
 
 
 def _run(tb: Testbed, which: list[int], command: list[str]) -> int:
-    env = dict(os.environ)
+    env = environ.child()
     env.update({"RINGTREE_TESTBED_HOSTS": str(len(tb.hosts)),
                 "RINGTREE_TESTBED_ADDRS": ",".join(h.addr for h in tb.hosts),
                 "RINGTREE_TESTBED_MASTER": tb.hosts[0].addr,

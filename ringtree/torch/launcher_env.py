@@ -11,14 +11,15 @@ Variables already set are never changed.
 
 from __future__ import annotations
 
-import os
+from ringtree.bootstrap.environ import export, view
 
 _LAUNCHERS = ("openmpi", "pmi", "slurm")
 
 
 def fill_torch_env(environ: dict | None = None) -> dict[str, str]:
-    """Export what ``env://`` needs from an MPI/Slurm launcher; returns what it set."""
-    env = os.environ if environ is None else environ
+    """Export what ``env://`` needs from an MPI/Slurm launcher (into ``environ``, default
+    this process's); returns what it set."""
+    env = view() if environ is None else environ
     if env.get("RANK") or env.get("WORLD_SIZE"):
         return {}
     from ringtree.bootstrap.job import detect
@@ -35,5 +36,8 @@ def fill_torch_env(environ: dict | None = None) -> dict[str, str]:
         "MASTER_PORT": job.master_port,
     }
     added = {k: str(v) for k, v in values.items() if not env.get(k)}
-    env.update(added)
+    if environ is None:
+        export(added)
+    else:
+        environ.update(added)
     return added

@@ -16,10 +16,10 @@ launcher set one), so only processes that can read this job's store can join.
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from datetime import timedelta
 
+from ringtree.bootstrap import environ
 from ringtree.bootstrap.store import StoreTimeout
 
 
@@ -85,7 +85,7 @@ def shared_secret(store: TorchStore, rank: int, key: str = "ringtree/secret") ->
     if rank == 0:
         store.set(key, secrets.token_bytes(16))
     nonce = store.get(key)
-    token = os.environ.get("RINGTREE_TOKEN", "")
+    token = environ.get("RINGTREE_TOKEN") or ""
     return hashlib.sha256(token.encode() + nonce).digest()
 
 
@@ -99,4 +99,4 @@ def master_address(store) -> str | None:
         s = getattr(s, "underlying_store", None)
         if s is None:
             break
-    return os.environ.get("MASTER_ADDR") or None
+    return environ.get("MASTER_ADDR") or None

@@ -16,12 +16,12 @@ reference (module level), as with multiprocessing.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ringtree.bootstrap.environ import export
 from ringtree.testing import HangError, RankPool, RemoteError, free_port, raise_first, serve
 
 __all__ = ["HangError", "RankContext", "TorchRankPool", "raise_first"]
@@ -59,14 +59,8 @@ def _pack(e: BaseException) -> BaseException:
 
 def _worker(rank: int, size: int, port: int, backend: str, gloo: bool, timeout: float,
             env: dict | None, threads: int, conn) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "RANK": str(rank), "WORLD_SIZE": str(size),
-                       "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(size)})
-    for k, v in (env or {}).items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = str(v)
+    export({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": rank, "WORLD_SIZE": size,
+            "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": size, **(env or {})})
     try:
         import torch
         import torch.distributed as dist

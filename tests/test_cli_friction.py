@@ -15,6 +15,7 @@ import pytest
 
 from ringtree.perf import format as fmt
 from ringtree.perf import plot
+from ringtree.perf.flags import Options
 from ringtree.prof import flight
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def test_doctor_takes_several_directories_and_defaults_to_the_newest(tmp_path):
 def test_perf_plot_labels_files_apart(tmp_path, monkeypatch):
     def doc(transport: str | None) -> str:
         rep = fmt.JsonReport(args=[], env=[f"RINGTREE_TRANSPORT={transport}"] if transport
-                             else [], library=0, cfg=fmt.RunConfig(), devices=[],
+                             else [], library=0, cfg=Options(), devices=[],
                              extra_config={"backend": "ringtree", "collective": "all_reduce"})
         rep.begin_row(8, 2, "float", "sum", -1)
         rep.body(False, 10.0, 1.0, 1.0, 0)

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from ringtree.perf import format as fmt
+from ringtree.perf.flags import Options
 
 HEADER = fmt.header()
 
@@ -128,7 +129,7 @@ def test_missing_optional_dependencies_say_how_to_install(monkeypatch):
 
 
 def _doc(backend: str, scale: float) -> str:
-    rep = fmt.JsonReport(args=[], env=[], library=0, cfg=fmt.RunConfig(), devices=[],
+    rep = fmt.JsonReport(args=[], env=[], library=0, cfg=Options(), devices=[],
                          extra_config={"backend": backend, "collective": "all_reduce"})
     for k in range(4):
         size = 8 << (3 * k)

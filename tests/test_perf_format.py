@@ -7,6 +7,7 @@ import json
 import pytest
 
 from ringtree.perf import format as fmt
+from ringtree.perf.flags import Options
 
 # The lines nccl-tests prints, written out by hand from its format strings:
 #   "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n"
@@ -84,7 +85,7 @@ def test_footer():
 
 
 def test_preamble():
-    cfg = fmt.RunConfig(min_bytes=8, max_bytes=64 << 20, step_factor=4, iters=20)
+    cfg = Options(min_bytes=8, max_bytes=64 << 20, step_factor=4, iters=20)
     ranks = [fmt.RankInfo(r, 0, 1000 + r, "host", r, "0000:00:00", "ringtree 0.1.0")
              for r in range(2)]
     lines = fmt.preamble("ringtree-0.1.0", 100, 100, "all_reduce_perf", cfg, ranks)
@@ -98,13 +99,13 @@ def test_preamble():
         "#  Rank  0 Group  0 Pid   1000 on       host device  0 [0000:00:00] ringtree 0.1.0",
         "#  Rank  1 Group  0 Pid   1001 on       host device  1 [0000:00:00] ringtree 0.1.0",
     ]
-    step = fmt.preamble("v", 0, 0, "p", fmt.RunConfig(blocking=3), [])
+    step = fmt.preamble("v", 0, 0, "p", Options(blocking=3), [])
     assert "step: 1048576(bytes)" in step[2]
     assert step[3].startswith("# Blocking Enabled: wait and barrier after each outer")
 
 
 def _report() -> fmt.JsonReport:
-    cfg = fmt.RunConfig(min_bytes=8, max_bytes=32, step_factor=4, check=1)
+    cfg = Options(min_bytes=8, max_bytes=32, step_factor=4, check=1)
     rep = fmt.JsonReport(args=["ringtree", "perf", "all_reduce"],
                          env=fmt.redacted_env({"RINGTREE_TOKEN": "s3cret", "HOME": "/root",
                                                "A_KEY": "k", "PATH": "/a/b"}),
@@ -153,7 +154,7 @@ def test_json_schema_round_trip(tmp_path):
 
 def test_json_cputime_key_and_failed_bw():
     rep = _report()
-    rep.cfg = fmt.RunConfig(report_cputime=True)
+    rep.cfg = Options(cputime=1)
     rep.begin_row(8, 2, "float", "sum", -1)
     rep.body(False, 1.0, 1.0, 1.0, 3)
     rep.end_row(20)

@@ -10,22 +10,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ringtree.bootstrap import store as store_mod
 from ringtree.bootstrap.store import (
-    MAGIC,
-    Op,
-    Status,
     StoreAuthError,
     StoreClient,
     StoreError,
     StoreServer,
     StoreTimeout,
-    _decode,
-    _encode,
-    _mac,
-    _recv_frame,
 )
 from ringtree.bootstrap.store import client as store_client
+from ringtree.bootstrap.store import protocol as store_mod
+from ringtree.bootstrap.store.protocol import MAGIC, Op, Status, _decode, _encode, _mac, _recv_frame
 
 TOKEN = "s3cret-token"
 

@@ -180,3 +180,25 @@ def parse_collective(name: str | Collective) -> Collective:
     raise ValueError(f"unknown collective {name!r}; expected one of {[c.value for c in Collective]}")
 
 
+
+
+def parse_list(spec: str, var: str) -> list[tuple[list[Collective], bool, list[str], bool]]:
+    """NCCL's ``parseList`` syntax (``NCCL_ALGO``, ``NCCL_PROTO``): semicolon-separated
+    entries ``[collective:][^]name,name``; only the first may omit the prefix and then
+    applies to every collective. Per entry: (collectives, negated, lower-case names,
+    prefixed). ``var`` names the variable in errors."""
+    out = []
+    entries = [e.strip() for e in spec.split(";") if e.strip()]
+    for i, entry in enumerate(entries):
+        if ":" in entry:
+            prefix, _, body = entry.partition(":")
+            colls = [parse_collective(prefix.strip())]
+        elif i == 0:
+            colls, body = list(Collective), entry
+        else:
+            raise ValueError(f"{var}: all entries except the first must have a "
+                             f"'collective:' prefix (got {entry!r})")
+        body = body.strip()
+        names = [n.strip().lower() for n in body.lstrip("^").split(",") if n.strip()]
+        out.append((colls, body.startswith("^"), names, ":" in entry))
+    return out

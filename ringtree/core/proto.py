@@ -20,7 +20,8 @@ the same protocol for the same call.
 
 from __future__ import annotations
 
-from ringtree.core.ir import Collective, parse_collective
+from ringtree.core.collectives import parse_list
+from ringtree.core.ir import Collective
 
 LL, SIMPLE = "ll", "simple"
 PROTOCOLS = {"ll": LL, "simple": SIMPLE}
@@ -49,23 +50,11 @@ THRESHOLDS: dict[Collective, tuple[int, int]] = {
 def parse_proto_spec(spec: str) -> dict[Collective, set[str]]:
     """Enabled protocols per collective after applying ``spec`` (both enabled initially)."""
     enabled = {c: {LL, SIMPLE} for c in Collective}
-    entries = [e.strip() for e in spec.split(";") if e.strip()]
-    for i, entry in enumerate(entries):
-        if ":" in entry:
-            prefix, _, body = entry.partition(":")
-            colls = [parse_collective(prefix.strip())]
-        elif i == 0:
-            colls, body = list(Collective), entry
-        else:
-            raise ValueError(f"RINGTREE_PROTO: all entries except the first must have a "
-                             f"'collective:' prefix (got {entry!r})")
-        body = body.strip()
-        negate = body.startswith("^")
-        names = [n.strip().lower() for n in body.lstrip("^").split(",") if n.strip()]
+    for colls, negate, names, _ in parse_list(spec, "RINGTREE_PROTO"):
         unknown = [n for n in names if n not in PROTOCOLS]
         if unknown or not names:
-            raise ValueError(f"RINGTREE_PROTO: unknown protocol(s) {unknown or [body]} in "
-                             f"{entry!r}; known: LL, Simple")
+            raise ValueError(f"RINGTREE_PROTO: unknown protocol(s) {unknown or names} in "
+                             f"{spec!r}; known: LL, Simple")
         chosen = {PROTOCOLS[n] for n in names}
         for c in colls:
             enabled[c] = {LL, SIMPLE} - chosen if negate else chosen

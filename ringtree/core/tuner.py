@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ringtree.core.ir import Collective, parse_collective
+from ringtree.core.collectives import parse_list
+from ringtree.core.ir import Collective
 from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import host_stats, schedule_stats
 
@@ -22,19 +23,8 @@ DEFAULTS: dict[Collective, str] = {c: c.spec.default_algo for c in Collective}
 def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:
     """Enabled algorithms per collective after applying ``spec`` (all enabled initially)."""
     enabled = {c: set(algorithms(c)) for c in Collective}
-    entries = [e.strip() for e in spec.split(";") if e.strip()]
-    for i, entry in enumerate(entries):
-        if ":" in entry:
-            prefix, _, body = entry.partition(":")
-            colls = [parse_collective(prefix.strip())]
-        elif i == 0:
-            colls, body = list(Collective), entry
-        else:
-            raise ValueError(f"RINGTREE_ALGO: all entries except the first must have a "
-                             f"'collective:' prefix (got {entry!r})")
-        body = body.strip()
-        negate = body.startswith("^")
-        names = {n.strip().lower() for n in body.lstrip("^").split(",") if n.strip()}
+    for colls, negate, listed, prefixed in parse_list(spec, "RINGTREE_ALGO"):
+        names = set(listed)
         known = set(algorithms())
         unknown = names - known
         if unknown:
@@ -44,7 +34,7 @@ def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:
             avail = set(algorithms(c))
             if negate:
                 enabled[c] = avail - names
-            elif ":" in entry or avail & names:
+            elif prefixed or avail & names:
                 # A prefix-less list only constrains collectives it names an algorithm of,
                 # so "ring" does not disable gather's only algorithm.
                 enabled[c] = avail & names

@@ -17,6 +17,7 @@ the exit status 1.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -93,14 +94,9 @@ class Harness:
 
     # ---- setup -------------------------------------------------------------------------
 
-    def config(self) -> fmt.RunConfig:
-        o = self.o
-        return fmt.RunConfig(min_bytes=self.min_bytes, max_bytes=self.max_bytes,
-                             step_bytes=o.step_bytes, step_factor=o.step_factor,
-                             warmup_iters=o.warmup, iters=o.iters, agg_iters=o.agg,
-                             check=o.check, unalign=o.unalign, blocking=o.blocking,
-                             parallel_init=o.parallel_init, report_cputime=bool(o.cputime),
-                             report_timestamps=bool(o.timestamps))
+    def config(self) -> Options:
+        """The options as run (the sizes clamped to what the backend can hold)."""
+        return dataclasses.replace(self.o, min_bytes=self.min_bytes, max_bytes=self.max_bytes)
 
     def _rank_info(self) -> list[fmt.RankInfo]:
         be = self.be

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringtree.bootstrap.environ import view
+from ringtree.perf.flags import Options
 
 JSON_FILE_VERSION = 3
 TIME_STRING_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -53,29 +54,7 @@ def rank_line(ri: RankInfo) -> str:
             f"device {ri.device:2d} [{ri.device_hex}] {ri.device_info}")
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """The values the preamble and the JSON ``config`` report."""
-
-    nthreads: int = 1
-    ngpus: int = 1
-    min_bytes: int = 32 << 20
-    max_bytes: int = 32 << 20
-    step_bytes: int = 1 << 20
-    step_factor: int = 1
-    warmup_iters: int = 1
-    iters: int = 20
-    agg_iters: int = 1
-    check: int = 1
-    graph: int = 0
-    unalign: int = 0
-    blocking: int = 0
-    parallel_init: int = 0
-    report_cputime: bool = False
-    report_timestamps: bool = False
-
-
-def preamble(version: str, headers: int, library: int, program: str, cfg: RunConfig,
+def preamble(version: str, headers: int, library: int, program: str, cfg: Options,
              ranks: Sequence[RankInfo]) -> list[str]:
     """The lines before the table header (``writeDeviceReport``)."""
     step = cfg.step_factor if cfg.step_factor > 1 else cfg.step_bytes
@@ -84,8 +63,8 @@ def preamble(version: str, headers: int, library: int, program: str, cfg: RunCon
         f"# nccl-tests version {version} nccl-headers={headers} nccl-library={library}",
         f"# Collective test starting: {program}",
         f"# nThread {cfg.nthreads} nGpus {cfg.ngpus} minBytes {cfg.min_bytes} "
-        f"maxBytes {cfg.max_bytes} step: {step}({kind}) warmup iters: {cfg.warmup_iters} "
-        f"iters: {cfg.iters} agg iters: {cfg.agg_iters} validation: {cfg.check} "
+        f"maxBytes {cfg.max_bytes} step: {step}({kind}) warmup iters: {cfg.warmup} "
+        f"iters: {cfg.iters} agg iters: {cfg.agg} validation: {cfg.check} "
         f"graph: {cfg.graph} unalign: {cfg.unalign}",
     ]
     if cfg.blocking == 1:
@@ -204,7 +183,7 @@ class JsonReport:
     args: list[str]
     env: list[str]
     library: int
-    cfg: RunConfig
+    cfg: Options
     devices: list[RankInfo]
     extra_config: dict[str, str] = field(default_factory=dict)
     start_time: str = field(default_factory=lambda: time.strftime(TIME_STRING_FORMAT))
@@ -220,7 +199,7 @@ class JsonReport:
     def body(self, in_place: bool, time_us: float, algbw: float, busbw: float,
              wrong: int | None) -> None:
         assert self._row is not None
-        key = "cpu_time" if self.cfg.report_cputime else "time"
+        key = "cpu_time" if self.cfg.cputime else "time"
         self._row.append(("in_place" if in_place else "out_of_place", _obj([
             (key, _json_double(time_us)), ("alg_bw", _json_double(algbw)),
             ("bus_bw", _json_double(busbw)),

@@ -426,11 +426,7 @@ class ShmTransport(Transport):
             pass
         for r in list(self.active):  # what was still in flight can never finish now
             self._die(r, self._closed_error(r.peer))
-        for fd in self.peer_bells.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        seg.close_fds(self.peer_bells.values())
         self.peer_bells = {}
         self.bell.close()
         self.doorbell.unlink()

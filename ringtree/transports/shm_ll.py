@@ -345,11 +345,7 @@ class LL:
             seg.ring_bell(self.bell.fd)
         except (ValueError, OSError):
             pass
-        for fd in self.peer_bells.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        seg.close_fds(self.peer_bells.values())
         self.peer_bells = {}
         self.bell.close()
         if self.seg.linked:

@@ -27,6 +27,8 @@ with its fingerprint and every view it needs, so a repeated call allocates nothi
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from ringtree.core.ir import Collective
@@ -116,31 +118,29 @@ class LLOp:
             self.mine[p][...] = x
         return p
 
-    def _fold(self, p: int, out: np.ndarray, red: Reducer) -> None:
-        """out = row₀ ⊕ row₁ ⊕ … in rank order."""
-        rows = self.rowlist[p]
+    def _fold(self, p: int, out: np.ndarray, red: Reducer, m: int | None = None) -> None:
+        """out = row₀ ⊕ row₁ ⊕ … in rank order (of the rows' first ``m`` elements: one
+        part of a streamed call)."""
+        rows = self.rowlist[p] if m is None else [r[:m] for r in self.rowlist[p]]
         n = len(rows)
         uf = self.ufunc
         if n == 1:
             out[...] = rows[0]
-        elif uf is not None:
-            if n == 2:
-                if self.quiet:
-                    quiet(uf, rows[0], rows[1], out)
-                else:
-                    uf(rows[0], rows[1], out=out)
-            else:
-                acc = self.scratch
-                if self.quiet:
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        uf.accumulate(self.rows[p], axis=0, out=acc)
-                else:
-                    uf.accumulate(self.rows[p], axis=0, out=acc)
-                out[...] = acc[-1]
-        else:
+        elif uf is None:
             red.combine(out, rows[0], rows[1])
             for r in rows[2:]:
                 red.combine(out, out, r)
+        elif n == 2:
+            if self.quiet:
+                quiet(uf, rows[0], rows[1], out)
+            else:
+                uf(rows[0], rows[1], out=out)
+        else:
+            acc = self.scratch if m is None else self.scratch[:, :m]
+            stacked = self.rows[p] if m is None else self.rows[p][:, :m]
+            with np.errstate(over="ignore", invalid="ignore") if self.quiet else nullcontext():
+                uf.accumulate(stacked, axis=0, out=acc)
+            out[...] = acc[-1]
         if self.avg:
             red.postdivide(out, n)
 
@@ -178,27 +178,7 @@ class LLOp:
                 else:
                     uf(rows[0][:m], rows[1][:m], out=out[lo:hi])
             else:
-                self._fold_part(p, m, out[lo:hi], red)
-
-    def _fold_part(self, p: int, m: int, out: np.ndarray, red: Reducer) -> None:
-        rows = [r[:m] for r in self.rowlist[p]]
-        n = len(rows)
-        if n == 1:
-            out[...] = rows[0]
-        elif self.ufunc is not None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                if n == 2:
-                    self.ufunc(rows[0], rows[1], out=out)
-                else:
-                    acc = self.scratch[:, :m]
-                    self.ufunc.accumulate(self.rows[p][:, :m], axis=0, out=acc)
-                    out[...] = acc[-1]
-        else:
-            red.combine(out, rows[0], rows[1])
-            for r in rows[2:]:
-                red.combine(out, out, r)
-        if self.avg:
-            red.postdivide(out, n)
+                self._fold(p, out[lo:hi], red, m)
 
     def _reduce(self, x, out, red, timeout) -> None:
         self._put(x, red, timeout)

@@ -27,6 +27,7 @@ import os
 import re
 import signal
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -276,6 +277,15 @@ class Fifo:
 def open_bell(name: str) -> int:
     """Open a peer's doorbell for writing (nonblocking)."""
     return os.open(path_of(name), os.O_WRONLY | os.O_NONBLOCK)
+
+
+def close_fds(fds: Iterable[int]) -> None:
+    """Close every descriptor (peers' doorbells), ignoring ones already gone."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def ring_bell(fd: int) -> None:

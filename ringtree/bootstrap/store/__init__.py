@@ -32,41 +32,7 @@ server, so clients do not poll) expires.
 """
 
 from ringtree.bootstrap.store.client import StoreClient
-from ringtree.bootstrap.store.protocol import (  # noqa: F401 (re-exported for the protocol tests)
-    _F64,
-    _I64,
-    _LEN,
-    HANDSHAKE_TIMEOUT,
-    MAGIC,
-    MAX_FRAME_BYTES,
-    MAX_HELLO_BYTES,
-    MAX_KEY_BYTES,
-    MAX_VALUE_BYTES,
-    Op,
-    Status,
-    StoreAuthError,
-    StoreError,
-    StoreTimeout,
-    _decode,
-    _encode,
-    _mac,
-    _recv_exact,
-    _recv_frame,
-)
+from ringtree.bootstrap.store.protocol import StoreAuthError, StoreError, StoreTimeout
 from ringtree.bootstrap.store.server import StoreServer
 
-__all__ = [
-    "HANDSHAKE_TIMEOUT",
-    "MAGIC",
-    "MAX_FRAME_BYTES",
-    "MAX_HELLO_BYTES",
-    "Op",
-    "Status",
-    "MAX_KEY_BYTES",
-    "MAX_VALUE_BYTES",
-    "StoreAuthError",
-    "StoreClient",
-    "StoreError",
-    "StoreServer",
-    "StoreTimeout",
-]
+__all__ = ["StoreAuthError", "StoreClient", "StoreError", "StoreServer", "StoreTimeout"]

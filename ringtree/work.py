@@ -28,8 +28,16 @@ class Work:
             self._result, self._error = result, error
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
+            then = self._finished()
+        if then is not None:
+            then()
         for cb in callbacks:
             cb(self)
+
+    def _finished(self) -> Callable[[], None] | None:
+        """Called under the lock as the Work completes: what to run next, before the
+        callbacks (a subclass completes its future here)."""
+        return None
 
     def add_done_callback(self, cb: Callable[[Work], None]) -> None:
         """Call ``cb(work)`` when done (immediately if already done)."""

@@ -224,8 +224,8 @@ class JsonReport:
         config = _obj([
             ("nthreads", str(c.nthreads)), ("ngpus", str(c.ngpus)),
             ("minimum_bytes", str(c.min_bytes)), ("maximum_bytes", str(c.max_bytes)), step,
-            ("warmup_iters", str(c.warmup_iters)), ("iterations", str(c.iters)),
-            ("aggregated_iterations", str(c.agg_iters)), ("validation", str(c.check)),
+            ("warmup_iters", str(c.warmup)), ("iterations", str(c.iters)),
+            ("aggregated_iterations", str(c.agg)), ("validation", str(c.check)),
             ("graph", str(c.graph)), ("blocking_collectives", _json_bool(bool(c.blocking))),
             ("per_iter_timing", _json_bool(False)), ("per_iter_skip", "0"),
             ("parallel_init", _json_bool(bool(c.parallel_init))),

@@ -339,7 +339,7 @@ class CollectiveOps:
             works, self._coalescing = self._coalescing or [], None
         values: list = []
         for w in works:
-            v = w._value
+            v = w._result
             values.extend(v if isinstance(v, list) else [v])
         combined = RingtreeWork("coalesced", values, self._dispatch)
         self._when_all(combined, works, [])

@@ -19,7 +19,6 @@ What torch and DDP need from a Work, and how this one provides it:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ringtree.torch.errors import TorchCollectiveTimeout
+from ringtree.work import Work
 
 
 def _unwrap(fut: torch.futures.Future) -> Any:
@@ -46,20 +46,17 @@ def _seconds(timeout: Any) -> float | None:
     return None if timeout <= 0 else timeout
 
 
-class RingtreeWork(dist.Work):
-    """The handle torch gets back from every ringtree process-group operation."""
+class RingtreeWork(Work, dist.Work):
+    """The handle torch gets back from every ringtree process-group operation: a
+    :class:`ringtree.work.Work` (completion, callbacks, result) that torch can hold."""
 
     def __init__(self, name: str, value: Any,
                  dispatch: Callable[[Callable[[], None]], None] | None = None):
-        super().__init__()
-        self.name = name
-        self._value = value
-        self._event = threading.Event()
-        self._error: BaseException | None = None
+        dist.Work.__init__(self)
+        Work.__init__(self, name)
+        self._result = value
         self._source = -1
         self._timeout_s: float | None = None
-        self._callbacks: list = []
-        self._lock = threading.Lock()
         # The future exists only once asked for (a plain ``wait()`` never pays for it);
         # ``dispatch`` runs its completion elsewhere than on the driving thread.
         self._dispatch = dispatch
@@ -70,31 +67,20 @@ class RingtreeWork(dist.Work):
 
     def _mark(self, error: BaseException | None) -> None:
         """The operation is over: waiters wake now; a future, if any, follows."""
-        with self._lock:
-            self._error = error
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-            resolve = self._inner is not None
-        if resolve:
-            if self._dispatch is not None:
-                self._dispatch(self._resolve)
-            else:
-                self._resolve()
-        for cb in callbacks:
-            cb(self)
+        self._finish(self._result, error)
 
-    def add_done_callback(self, cb) -> None:
-        """Call ``cb(work)`` once the operation is over (at once if it is)."""
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(cb)
-                return
-        cb(self)
+    def _finished(self) -> Callable[[], None] | None:
+        if self._inner is None:
+            return None
+        if self._dispatch is not None:
+            dispatch = self._dispatch
+            return lambda: dispatch(self._resolve)
+        return self._resolve
 
     def _resolve(self) -> None:
         assert self._inner is not None
         if self._error is None:
-            self._inner.set_result((True, self._value))
+            self._inner.set_result((True, self._result))
         else:
             self._inner.set_result((False, self._error))
 
@@ -109,15 +95,6 @@ class RingtreeWork(dist.Work):
             raise self._error
         return True
 
-    def is_completed(self) -> bool:
-        return self._event.is_set()
-
-    def is_success(self) -> bool:
-        return self._event.is_set() and self._error is None
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
     def get_future(self) -> torch.futures.Future:
         with self._lock:
             if self._future is None:
@@ -129,10 +106,6 @@ class RingtreeWork(dist.Work):
         if done:  # nobody can have chained a callback yet: complete it here
             self._resolve()
         return self._future
-
-    def result(self) -> Any:
-        self.wait()
-        return self._value
 
     def synchronize(self) -> None:
         """CPU work has no stream to join."""

@@ -14,23 +14,23 @@ rank) is :mod:`ringtree.failure`.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 
 import numpy as np
 
 from ringtree import api, failure
-from ringtree.bootstrap.rendezvous import Peer, meet
+from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
 from ringtree.core.executor import Executor
 from ringtree.core.ir import Collective
+from ringtree.core.ll_runner import LLRunner
 from ringtree.core.plan import Call
-from ringtree.core.planner import CallSpec, Planner
+from ringtree.core.planner import CallSpec, Planner, link_kind
 from ringtree.core.progress import Progress
 from ringtree.core.proto import parse_proto_spec
 from ringtree.core.tuner import parse_algo_spec
 from ringtree.dtypes import DType
-from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
+from ringtree.errors import CommAborted
 from ringtree.ops import ReduceOp
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
@@ -96,19 +96,13 @@ class Communicator:
         if world_ranks is None and len(set(self.nodes)) > 1:  # a job across hosts
             from ringtree.bootstrap import netcheck
 
-            if netcheck.enabled():
-                try:
-                    netcheck.check_peers(store, prefix, netcheck.Advert.local(
-                        rank, host, listener.getsockname()[1], self.host_id), size,
-                        self.timeout)
-                except BaseException:
-                    listener.close()
-                    raise
+            netcheck.check_listener(store, prefix, rank, size, host, listener, self.host_id,
+                                    self.timeout)
         self.local_rank = local_rank if local_rank is not None else sum(
             1 for p in self.peers[:rank] if p.host_id == self.host_id)
         self.planner = Planner(rank, size, self.nodes, nchannels=self.nchannels,
                                slice_bytes=self.slice_bytes, algo_enabled=self.algo_enabled,
-                               link=self._link_kind(), transport=s.transport, debug=self.debug)
+                               link=link_kind(self.nodes, s.transport), transport=s.transport, debug=self.debug)
         self.fabric = build_fabric(Setup(rank, tuple(self.peers), store, prefix, secret,
                                          self.comm_id, self.slice_bytes, self.timeout, s),
                                    listener)
@@ -119,7 +113,7 @@ class Communicator:
             self.collnet = self.planner.collnet = from_env(self)
         self.proto_enabled = parse_proto_spec(s.proto)
         self._fast: dict[tuple, tuple] = {}  # (dtype, size, op) -> (LLOp, Reducer)
-        self.ll = self._open_ll()
+        self.ll = LLRunner.for_comm(self)
         self.planner.ll, self.planner.proto_enabled = self.ll, self.proto_enabled
         self.executor = Executor(rank, self.fabric, on_idle=self._idle,
                                  slice_bytes=self.slice_bytes)
@@ -138,39 +132,11 @@ class Communicator:
             if self.debug in ("INFO", "TRACE") and rank == 0:
                 print(f"ringtree: topology: {self.topology.describe()}", flush=True)
 
-    def _open_ll(self):
-        """The LL segment (:mod:`ringtree.core.ll_runner`) when every rank is on this host
-        and shared memory is in use; None otherwise (every call then runs on Simple)."""
-        from ringtree.bootstrap.job import crowded
-        from ringtree.core.ll_runner import MAX_RANKS, LLRunner, default_cell
-        from ringtree.core.proto import LL
-        from ringtree.transports.assign import shm_supported
-
-        s = self.settings
-        if self.size > MAX_RANKS or len(set(self.nodes)) != 1 or s.transport == "tcp" or \
-                not shm_supported() or all(LL not in v for v in self.proto_enabled.values()):
-            return None
-        ll = LLRunner.open(
-            self, cell_bytes=s.ll_cell or default_cell(self.size),
-            spin_us=s.ll_spin_us if s.ll_spin_us is not None else
-            0.0 if crowded(self.size) else 5.0, yield_us=s.ll_yield_us)
-        self.fabric.closers.append(ll.close)
-        return ll
-
     def _idle(self) -> None:
         """The executor waits: has another rank aborted, or does one run another call?"""
         self._check_abort()
         if self.ll is not None:
             self.ll.check()
-
-    def _link_kind(self) -> str:
-        """The cost model every rank agrees on: shm when the whole job is on one host
-        (and shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
-        from ringtree.bootstrap.job import crowded
-
-        if len(set(self.nodes)) != 1 or self.settings.transport == "tcp":
-            return "tcp"
-        return "shm_crowded" if crowded(self.size) else "shm"
 
     # ---- collectives: validate (api), plan (planner), issue ----------------------------
 
@@ -376,20 +342,12 @@ class Communicator:
     # ---- failure ------------------------------------------------------------------------
 
     def _on_error(self, e: BaseException) -> BaseException:
-        """The executor failed: record it for every rank and say who started it."""
-        from ringtree.switch.wire import SwitchError
-
-        if isinstance(e, (PeerError, MismatchError, CollectiveTimeout, CommAborted,
-                          SwitchError)):  # a dead switch is a dead peer for everyone
-            return self._fail(e)
-        return e
+        """The executor failed: record it for every rank (:func:`ringtree.failure.on_error`)."""
+        return failure.on_error(self, e)
 
     def _check_abort(self) -> None:
         """Called while waiting: raise if another rank has aborted the communicator."""
         failure.check_abort(self)
-
-    def _fail(self, e: BaseException) -> BaseException:
-        return failure.fail(self, e)
 
     def _precheck(self, timeout) -> float | None:
         """Before a call is numbered: the issuing thread, and its timeout."""
@@ -476,20 +434,13 @@ class Communicator:
                 try:
                     self.store.add(f"{self.prefix}/closed", 1)
                     if self._server is not None:
-                        self._wait_all_closed()
+                        wait_count(self.store, f"{self.prefix}/closed", self.size,
+                                   min(self.timeout, 30.0))
                 except Exception:  # noqa: BLE001 - best effort at shutdown
                     pass
                 self.store.close()
             if self._server is not None:
                 self._server.close()
-
-    def _wait_all_closed(self) -> None:
-        deadline = time.monotonic() + min(self.timeout, 30.0)
-        while time.monotonic() < deadline:
-            raw = self.store.try_get(f"{self.prefix}/closed")
-            if raw is not None and int(raw) >= self.size:
-                return
-            time.sleep(0.02)
 
     def __enter__(self) -> Communicator:
         return self

@@ -39,6 +39,18 @@ def abort_kind(comm) -> bytes | None:
         return None
 
 
+def on_error(comm, e: BaseException) -> BaseException:
+    """A call failed: a communication failure (a dead peer or switch, a mismatch, a
+    timeout, an abort) is recorded for every rank (:func:`fail`); anything else is the
+    caller's own error and returned as it is."""
+    from ringtree.switch.wire import SwitchError
+
+    if isinstance(e, (PeerError, MismatchError, CollectiveTimeout, CommAborted,
+                      SwitchError)):  # a dead switch is a dead peer for everyone
+        return fail(comm, e)
+    return e
+
+
 def fail(comm, e: BaseException) -> BaseException:
     """Record the failure for everyone, close the sockets, and say who started it.
 

@@ -9,10 +9,8 @@ from ringtree.bootstrap.job import (
     JobEnv,
     detect,
     deterministic_port,
-    expand_nodelist,
     host_identity,
     job_id,
-    parse_tasks_per_node,
 )
 from ringtree.bootstrap.netif import (
     list_interfaces,
@@ -20,6 +18,7 @@ from ringtree.bootstrap.netif import (
     parse_ifname_spec,
     select_address,
 )
+from ringtree.bootstrap.slurm import expand_nodelist, parse_tasks_per_node
 
 RINGTREE = {"RINGTREE_RANK": "1", "RINGTREE_WORLD_SIZE": "6", "RINGTREE_LOCAL_RANK": "1",
             "RINGTREE_LOCAL_WORLD_SIZE": "3", "RINGTREE_MASTER_ADDR": "10.0.0.1"}

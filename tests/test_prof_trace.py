@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ringtree import prof
-from ringtree.prof import cli, trace
+from ringtree.prof import cli, summary, trace
 from ringtree.prof.recorder import Ev
 from ringtree.testing import raise_first, run_ranks
 
@@ -102,7 +102,7 @@ def test_ring_all_reduce_trace(tmp_path, env, count, slices, channels):
     coll = next(e for e in t["traceEvents"] if e["ph"] == "B" and e["cat"] == "coll")
     assert coll["name"] == "all_reduce" and coll["args"]["algo"] == "ring"
     assert coll["args"]["bytes"] == count * 4 and "busbw (GB/s)" in coll["args"]
-    text = trace.summary(str(tmp_path))
+    text = summary.summary(str(tmp_path))
     lines = [ln for ln in text.splitlines() if ln.strip().startswith("ch ")]
     assert len(lines) == channels * steps and all("slowest rank" in ln for ln in lines)
     assert "all_reduce      ring" in text and str(count * 4) in text

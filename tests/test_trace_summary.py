@@ -7,8 +7,9 @@ import re
 
 import numpy as np
 
-from ringtree.prof import trace
-from ringtree.prof.trace import Span, active_starts
+from ringtree.prof import summary
+from ringtree.prof.summary import active_starts
+from ringtree.prof.trace import Span
 from ringtree.testing import raise_first, run_ranks
 
 
@@ -39,7 +40,7 @@ def queued(comm):
 def test_summary_of_queued_calls(tmp_path):
     res = raise_first(run_ranks(queued, 2, timeout=120, env={"RINGTREE_PROFILE": str(tmp_path)}))
     assert all(v == [3.0] * 8 for v in res)
-    text = trace.summary(str(tmp_path))
+    text = summary.summary(str(tmp_path))
     assert "issue→done" in text and "active" in text, text
     rows = [ln for ln in text.splitlines() if ln.strip().startswith("all_reduce ")
             and "%" in ln]

@@ -41,11 +41,9 @@ Process handling follows mpirun/torchrun:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import os
 import secrets
-import select
 import signal
 import socket
 import subprocess
@@ -53,7 +51,6 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -61,12 +58,11 @@ from ringtree.bootstrap import environ
 from ringtree.bootstrap.jobtoken import bind_address
 from ringtree.bootstrap.launch_args import PROG, Options, UsageError, parse
 from ringtree.bootstrap.launch_report import LAST_LINES, Exit, report
+from ringtree.bootstrap.procs import child_setup, routed_signals, signal_groups, sleep_on
 from ringtree.bootstrap.store import StoreError, StoreServer
 
 __all__ = ["main"]
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM)
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -212,7 +208,7 @@ class _Job:
         return env
 
     def run(self) -> int:
-        with self._signals() as wait_fd:
+        with routed_signals(self.pending_signals) as wait_fd:
             try:
                 self._spawn_all()
             except _ExportError as e:
@@ -249,7 +245,7 @@ class _Job:
                 stdin=subprocess.DEVNULL,
                 stdout=pipe_out,
                 stderr=pipe_err,
-                preexec_fn=_child_setup(os.getpid(), self._cpu_for(local)),  # see there
+                preexec_fn=child_setup(os.getpid(), self._cpu_for(local)),  # see there
             )
             r = _Rank(self.opts.node_rank * self.opts.nproc + local, local, proc)
             self.ranks.append(r)
@@ -331,22 +327,9 @@ class _Job:
             if not alive:
                 break
 
-            while self.pending_signals:
-                sig = self.pending_signals.pop(0)
-                if sig == signal.SIGUSR1:  # "dump your flight recorders": pass it on
-                    for r in alive:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(r.proc.pid, sig)
-                    continue
-                if got_signal is None and failure is None and timed_out is None:
-                    got_signal = sig
-                    with self.out_lock:
-                        print(f"{PROG}: got {signal.Signals(sig).name}, forwarded it to "
-                              f"{_plural(len(alive), 'rank')} (send it again to kill them)",
-                              file=sys.stderr, flush=True)
-                    self._stop(alive, sig)
-                else:  # impatient user, or already stopping: no more waiting
-                    self._stop(alive, signal.SIGKILL)
+            sig = self._take_signals(alive, got_signal is not None or failure is not None
+                                     or timed_out is not None)
+            got_signal = got_signal if sig is None else sig
 
             if deadline is not None and now >= deadline and timed_out is None and failure is None \
                     and got_signal is None:
@@ -362,8 +345,36 @@ class _Job:
                 wake.append(kill_at - now)
             if deadline is not None and timed_out is None:
                 wake.append(deadline - now)
-            self._sleep(wait_fd, max(0.0, min(wake)))
+            sleep_on(wait_fd, max(0.0, min(wake)))
 
+        return self._outcome(failure, timed_out, got_signal)
+
+    def _take_signals(self, alive: list[_Rank], stopping: bool) -> int | None:
+        """Handle the signals received: SIGUSR1 is passed on; the first SIGINT/SIGTERM is
+        forwarded (returned); another, or one while stopping, kills the ranks."""
+        first = None
+        while self.pending_signals:
+            sig = self.pending_signals.pop(0)
+            if sig == signal.SIGUSR1:  # "dump your flight recorders": pass it on
+                for r in alive:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(r.proc.pid, sig)
+                continue
+            if not stopping:
+                stopping, first = True, sig
+                with self.out_lock:
+                    print(f"{PROG}: got {signal.Signals(sig).name}, forwarded it to "
+                          f"{_plural(len(alive), 'rank')} (send it again to kill them)",
+                          file=sys.stderr, flush=True)
+                self._stop(alive, sig)
+            else:  # impatient user, or already stopping: no more waiting
+                self._stop(alive, signal.SIGKILL)
+        return first
+
+    def _outcome(self, failure: tuple[_Rank, int] | None, timed_out: list[_Rank] | None,
+                 got_signal: int | None) -> tuple[int, str]:
+        """The exit code and summary line once every rank is gone."""
+        o = self.opts
         if failure is not None:
             r, stopped = failure
             rc = r.code if r.code is not None else 1
@@ -393,49 +404,12 @@ class _Job:
         return [r for r in self.ranks if r.code is None]
 
     def _stop(self, ranks: list[_Rank], sig: int) -> None:
-        """Signal each rank's process group (the rank and anything it started)."""
-        for r in ranks:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(r.proc.pid, sig)
+        signal_groups([r.proc for r in ranks], sig)
 
     def _reap_all_blocking(self) -> None:
         for r in self.ranks:
             if r.code is None:
                 r.code = r.proc.wait()
-
-    def _sleep(self, wait_fd: int | None, seconds: float) -> None:
-        """Block until a child exits or a signal arrives (both write to wait_fd), or timeout."""
-        if wait_fd is None:  # not the main thread: no signal wakeups, poll gently
-            time.sleep(min(seconds, 0.1))
-            return
-        ready, _, _ = select.select([wait_fd], [], [], seconds)
-        if ready:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(wait_fd, 512):
-                    pass
-
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[int | None]:
-        """Route SIGINT/SIGTERM/SIGUSR1 to ``pending_signals``; SIGCHLD wakes ``_sleep``."""
-        if threading.current_thread() is not threading.main_thread():
-            yield None
-            return
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)
-        old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        old = {s: signal.getsignal(s) for s in (*_FORWARDED, signal.SIGUSR1, signal.SIGCHLD)}
-        try:
-            for s in (*_FORWARDED, signal.SIGUSR1):
-                signal.signal(s, lambda signum, _frame: self.pending_signals.append(signum))
-            signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
-            yield r
-        finally:
-            for s, handler in old.items():
-                signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-            signal.set_wakeup_fd(old_fd)
-            os.close(r)
-            os.close(w)
 
 
 class _ExportError(Exception):
@@ -447,35 +421,6 @@ def _isatty(f) -> bool:
         return f.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def _child_setup(parent_pid: int, cpu: int | None = None) -> Callable[[], None]:
-    """Runs in each rank between fork and exec: own process group, die with the launcher,
-    pinned to ``cpu`` (``--bind-to core``)."""
-    prctl = None
-    if sys.platform.startswith("linux"):
-        try:
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            prctl = None
-
-    def setup() -> None:
-        os.setpgid(0, 0)
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-                os._exit(1)
-
-    return setup
-
-
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 def _plural(n: int, word: str) -> str:

@@ -140,6 +140,20 @@ def describe_failures(adverts: Sequence[Advert], failures: dict[int, dict[int, s
             "^docker,lo, =ib0); RINGTREE_CHECK_NET=0 skips this check")
 
 
+def check_listener(store, prefix: str, rank: int, size: int, host: str, listener,
+                   host_id: str, timeout: float) -> None:
+    """A new communicator across hosts: check (when enabled) that every rank reaches
+    ``host`` and the port of this rank's ``listener``; the listener is closed on failure."""
+    if not enabled():
+        return
+    try:
+        check_peers(store, prefix, Advert.local(rank, host, listener.getsockname()[1],
+                                                host_id), size, timeout)
+    except BaseException:
+        listener.close()
+        raise
+
+
 def check_peers(store, prefix: str, me: Advert, size: int, timeout: float) -> list[Advert]:
     """Exchange adverts through the store, probe the ranks on other hosts, and raise
     :class:`NetworkUnreachable` on every rank if any rank could not reach any other."""

@@ -107,3 +107,14 @@ class Peer:
         addr, _, hid = record.decode().partition("|")
         h, _, p = addr.rpartition(":")
         return cls(rank, h, int(p), hid)
+
+
+def wait_count(store, key: str, n: int, timeout: float) -> bool:
+    """Wait (gently) until the counter ``key`` reaches ``n``; False after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        raw = store.try_get(key)
+        if raw is not None and int(raw) >= n:
+            return True
+        time.sleep(0.02)
+    return False

@@ -105,55 +105,76 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
     n = programs[0].nranks
     if len(programs) == n:
         programs = with_virtual(programs)
-    total = len(programs)
+    _check_ranks(programs, n)
     coll, algo = programs[0].collective, programs[0].algo
+    ex = _Symbolic(programs, n, in_place)
+    stuck, queues = walk(programs, ex.run)
+    if stuck:
+        desc = "; ".join(f"rank {r} ch {c} waits at '{s}'" for r, c, s in stuck[:6])
+        raise CheckError(f"{algo} {coll.value} n={n} deadlocks: {desc}")
+    left = {k: len(q) for k, q in queues.items()}
+    if left:
+        raise CheckError(f"{algo} {coll.value} n={n}: unreceived messages {left}")
+
+    _postcondition(coll, programs[:n], ex.mem, ex.keys, ex.vals)
+    return CheckReport(coll, algo, n, ex.messages, max(p.steps for p in programs[:n]),
+                       ex.depth, in_place)
+
+
+def _check_ranks(programs: list[Program], n: int) -> None:
+    """One program per rank, the same collective, virtual ranks marked, valid peers."""
+    coll, total = programs[0].collective, len(programs)
     for r, p in enumerate(programs):
         if p.rank != r or p.nranks != n or p.collective is not coll:
             raise CheckError(f"program {r} is for rank {p.rank}/{p.nranks} {p.collective}")
         if r >= n and p.meta.get("virtual") is None:
             raise CheckError(f"program {r} is beyond the {n} ranks but not a virtual rank")
-    vals = _Values()
-    barrier = coll is Collective.BARRIER
-    keys = [p.storage_map(in_place) for p in programs]
-    mem: list[dict[tuple[Buf, int], int | None]] = []
-    for r, p in enumerate(programs):
-        m: dict[tuple[Buf, int], int | None] = {}
-        for j in range(p.buffer_chunks(Buf.INPUT) if r < n else 0):
-            m[(Buf.INPUT, j)] = vals.leaf(r, j)
-        if barrier:
-            m[(Buf.SCRATCH, 0)] = vals.leaf(r, 0)
-        mem.append(m)
-        _channel_conflicts(p, keys[r])
-
-    for r, p in enumerate(programs):
         for ch in p.channels:
             for s in ch:
                 for peer in (*s.recv_from, *s.send_to):
                     if not 0 <= peer < total or peer == r:
                         raise CheckError(f"rank {r} exchanges with invalid peer {peer}")
-    clock = [[0] * len(p.channels) for p in programs]
-    messages = depth = 0
 
-    def read(r: int, ref: Ref) -> list[int]:
+
+class _Symbolic:
+    """Every rank's memory of symbolic values, and the step :func:`walk` runs on it."""
+
+    def __init__(self, programs: list[Program], n: int, in_place: bool):
+        self.programs, self.algo = programs, programs[0].algo
+        self.vals = _Values()
+        self.barrier = programs[0].collective is Collective.BARRIER
+        self.keys = [p.storage_map(in_place) for p in programs]
+        self.mem: list[dict[tuple[Buf, int], int | None]] = []
+        for r, p in enumerate(programs):
+            m: dict[tuple[Buf, int], int | None] = {}
+            for j in range(p.buffer_chunks(Buf.INPUT) if r < n else 0):
+                m[(Buf.INPUT, j)] = self.vals.leaf(r, j)
+            if self.barrier:
+                m[(Buf.SCRATCH, 0)] = self.vals.leaf(r, 0)
+            self.mem.append(m)
+            _channel_conflicts(p, self.keys[r])
+        self.clock = [[0] * len(p.channels) for p in programs]
+        self.messages = self.depth = 0
+
+    def read(self, r: int, ref: Ref) -> list[int]:
         out = []
         for j in ref.chunks():
-            v = mem[r].get(keys[r](ref.buf, j))
+            v = self.mem[r].get(self.keys[r](ref.buf, j))
             if v is None:
-                raise CheckError(f"rank {r} reads undefined {ref.buf.name}[{j}] in {algo}")
+                raise CheckError(f"rank {r} reads undefined {ref.buf.name}[{j}] in {self.algo}")
             out.append(v)
         return out
 
-    def run(r: int, c: int, _i: int, s: Step, received: list) -> tuple:
-        nonlocal messages, depth
-        p = programs[r]
+    def run(self, r: int, c: int, _i: int, s: Step, received: list) -> tuple:
+        p, vals, barrier = self.programs[r], self.vals, self.barrier
         sig = _signature(p, s.ref)
         if s.src is not None and s.dst is not None:
             _signature(p, s.dst)
-        value = read(r, s.src) if s.src is not None else None
+        value = self.read(r, s.src) if s.src is not None else None
         if s.reduce and not s.recv_from:  # local reduce: dst = dst ⊕ src
             assert s.dst is not None and value is not None
-            value = [vals.combine(a, b, barrier) for a, b in zip(read(r, s.dst), value)]
-        t = clock[r][c]
+            value = [vals.combine(a, b, barrier) for a, b in zip(self.read(r, s.dst), value)]
+        t = self.clock[r][c]
         for peer, (msg, msig, mt) in zip(s.recv_from, received):
             t = max(t, mt)
             if msig != sig:
@@ -165,25 +186,13 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
                 value = [vals.combine(a, b, barrier) for a, b in zip(value, msg)]
         assert value is not None
         t += 1
-        clock[r][c] = t
-        depth = max(depth, t)
+        self.clock[r][c] = t
+        self.depth = max(self.depth, t)
         if s.dst is not None:
             for j, v in zip(s.dst.chunks(), value):
-                mem[r][keys[r](s.dst.buf, j)] = v
-        messages += len(s.send_to)
+                self.mem[r][self.keys[r](s.dst.buf, j)] = v
+        self.messages += len(s.send_to)
         return tuple(value), sig, t
-
-    stuck, queues = walk(programs, run)
-    if stuck:
-        desc = "; ".join(f"rank {r} ch {c} waits at '{s}'" for r, c, s in stuck[:6])
-        raise CheckError(f"{algo} {coll.value} n={n} deadlocks: {desc}")
-    left = {k: len(q) for k, q in queues.items()}
-    if left:
-        raise CheckError(f"{algo} {coll.value} n={n}: unreceived messages {left}")
-
-    _postcondition(coll, programs[:n], mem, keys, vals)
-    return CheckReport(coll, algo, n, messages, max(p.steps for p in programs[:n]), depth,
-                       in_place)
 
 
 def _postcondition(coll, programs, mem, keys, vals: _Values) -> None:

@@ -71,6 +71,24 @@ class LLRunner:
         self._thread: threading.Thread | None = None
 
     @classmethod
+    def for_comm(cls, comm) -> LLRunner | None:
+        """The LL segment when every rank of ``comm`` is on this host and shared memory
+        is in use; None otherwise (every call then runs on Simple). Collective."""
+        from ringtree.bootstrap.job import crowded
+        from ringtree.core.proto import LL as LL_PROTO
+        from ringtree.transports.assign import shm_supported
+
+        s = comm.settings
+        if comm.size > MAX_RANKS or len(set(comm.nodes)) != 1 or s.transport == "tcp" or \
+                not shm_supported() or all(LL_PROTO not in v for v in comm.proto_enabled.values()):
+            return None
+        runner = cls.open(comm, cell_bytes=s.ll_cell or default_cell(comm.size),
+                          spin_us=s.ll_spin_us if s.ll_spin_us is not None else
+                          0.0 if crowded(comm.size) else 5.0, yield_us=s.ll_yield_us)
+        comm.fabric.closers.append(runner.close)
+        return runner
+
+    @classmethod
     def open(cls, comm, *, cell_bytes: int, spin_us: float, yield_us: float) -> LLRunner:
         """Collective over ``comm``'s ranks (all on this host)."""
         ll = open_ll(comm.store, f"{comm.prefix}/ll", comm.rank, comm.size, comm.timeout,

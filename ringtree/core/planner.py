@@ -127,6 +127,16 @@ def _chain(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
     return both
 
 
+def link_kind(nodes: tuple[int, ...], transport: str) -> str:
+    """The cost model every rank agrees on: shm when the whole job is on one host (and
+    shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
+    from ringtree.bootstrap.job import crowded
+
+    if len(set(nodes)) != 1 or transport == "tcp":
+        return "tcp"
+    return "shm_crowded" if crowded(len(nodes)) else "shm"
+
+
 class Planner:
     """Chooses algorithms and builds plans for one rank of a communicator."""
 

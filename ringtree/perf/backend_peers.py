@@ -85,46 +85,58 @@ class GlooBackend(Backend):
         send = self._t(o.send) if o.send is not None else None
         recv = self._t(o.recv) if o.recv is not None else None
         op = self._ops.get(o.op or "sum")
-        n, r = self.size, self.rank
-        if o.coll in ("all_reduce", "reduce") and not o.in_place:
-            recv.copy_(send)
-        if o.coll == "broadcast" and r == o.root and not o.in_place:
-            recv.copy_(send)
-        if o.coll == "all_reduce":
+        if o.coll == "sendrecv":
+            self._sendrecv(send, recv, o.in_place, blocking)
+            return
+        if o.coll in ("broadcast", "reduce", "gather", "scatter"):
+            w = self._rooted(o, send, recv, op, asy)
+        elif o.coll == "all_reduce":
+            if not o.in_place:
+                recv.copy_(send)
             w = d.all_reduce(recv, op=op, async_op=asy)
         elif o.coll == "all_gather":
             w = self._ag(recv, send, async_op=asy)
         elif o.coll == "reduce_scatter":
             w = self._rs(recv, send, op=op, async_op=asy)
-        elif o.coll == "broadcast":
-            w = d.broadcast(recv, src=o.root, async_op=asy)
-        elif o.coll == "reduce":
-            w = d.reduce(recv, dst=o.root, op=op, async_op=asy)
         elif o.coll == "alltoall":  # torch's alltoall must not alias: in-place = copy
             w = d.all_to_all_single(recv, send.clone() if o.in_place else send, async_op=asy)
-        elif o.coll == "gather":
-            parts = self._blocks(recv, o.count) if r == o.root else None
-            w = d.gather(send, parts, dst=o.root, async_op=asy)
-        elif o.coll == "scatter":
-            parts = self._blocks(send, o.count) if r == o.root else None
-            w = d.scatter(recv, parts, src=o.root, async_op=asy)
-        elif o.coll == "sendrecv":
-            if n == 1:
-                if not o.in_place:
-                    recv.copy_(send)
-                return
-            ops = [d.P2POp(d.isend, send, (r + 1) % n), d.P2POp(d.irecv, recv, (r - 1) % n)]
-            works = d.batch_isend_irecv(ops)
-            if blocking:
-                for w in works:
-                    w.wait()
-            else:
-                self._works.extend(works)
-            return
         else:
             raise ValueError(f"unknown collective {o.coll}")
         if asy and w is not None:
             self._works.append(w)
+
+    def _rooted(self, o: Operands, send, recv, op, asy: bool):
+        """broadcast, reduce, gather, scatter: the Work (or None)."""
+        d, root = self.dist, o.root
+        me = self.rank == root
+        if o.coll == "broadcast":
+            if me and not o.in_place:
+                recv.copy_(send)
+            return d.broadcast(recv, src=root, async_op=asy)
+        if o.coll == "reduce":
+            if not o.in_place:
+                recv.copy_(send)
+            return d.reduce(recv, dst=root, op=op, async_op=asy)
+        if o.coll == "gather":
+            return d.gather(send, self._blocks(recv, o.count) if me else None, dst=root,
+                            async_op=asy)
+        return d.scatter(recv, self._blocks(send, o.count) if me else None, src=root,
+                         async_op=asy)
+
+    def _sendrecv(self, send, recv, in_place: bool, blocking: bool) -> None:
+        """Send to the next rank, receive from the previous (nccl-tests' sendrecv)."""
+        d, n, r = self.dist, self.size, self.rank
+        if n == 1:
+            if not in_place:
+                recv.copy_(send)
+            return
+        ops = [d.P2POp(d.isend, send, (r + 1) % n), d.P2POp(d.irecv, recv, (r - 1) % n)]
+        works = d.batch_isend_irecv(ops)
+        if blocking:
+            for w in works:
+                w.wait()
+        else:
+            self._works.extend(works)
 
     def _blocks(self, t, count: int) -> list:
         return [t[i * count:(i + 1) * count] for i in range(self.size)]
@@ -208,7 +220,9 @@ class MpiBackend(Backend):
         r, n = self.rank, self.size
         op = self._ops.get(o.op or "sum")
         inp = MPI.IN_PLACE
-        if o.coll == "all_reduce":
+        if o.coll in ("broadcast", "reduce", "gather", "scatter"):
+            self._rooted(o, op)
+        elif o.coll == "all_reduce":
             c.Allreduce(inp if o.in_place else self._b(o.send, dt), self._b(o.recv, dt), op)
         elif o.coll == "all_gather":
             c.Allgather(inp if o.in_place else self._b(o.send, dt), self._b(o.recv, dt))
@@ -219,31 +233,8 @@ class MpiBackend(Backend):
                     o.recv[...] = o.send[:o.count]
             else:
                 c.Reduce_scatter_block(self._b(o.send, dt), self._b(o.recv, dt), op)
-        elif o.coll == "broadcast":
-            if r == o.root and not o.in_place:
-                o.recv[...] = o.send
-            c.Bcast(self._b(o.recv, dt), root=o.root)
-        elif o.coll == "reduce":
-            if o.in_place:
-                send = inp if r == o.root else self._b(o.recv, dt)
-                c.Reduce(send, self._b(o.recv, dt) if r == o.root else None, op, root=o.root)
-            else:
-                c.Reduce(self._b(o.send, dt), self._b(o.recv, dt) if r == o.root else None,
-                         op, root=o.root)
         elif o.coll == "alltoall":
             c.Alltoall(inp if o.in_place else self._b(o.send, dt), self._b(o.recv, dt))
-        elif o.coll == "gather":
-            if r == o.root:
-                c.Gather(inp if o.in_place else self._b(o.send, dt), self._b(o.recv, dt),
-                         root=o.root)
-            else:
-                c.Gather(self._b(o.send, dt), None, root=o.root)
-        elif o.coll == "scatter":
-            if r == o.root:
-                c.Scatter(self._b(o.send, dt), inp if o.in_place else self._b(o.recv, dt),
-                          root=o.root)
-            else:
-                c.Scatter(None, self._b(o.recv, dt), root=o.root)
         elif o.coll == "sendrecv":
             if o.in_place:
                 c.Sendrecv_replace(self._b(o.recv, dt), (r + 1) % n, source=(r - 1) % n)
@@ -252,6 +243,27 @@ class MpiBackend(Backend):
                            source=(r - 1) % n)
         else:
             raise ValueError(f"unknown collective {o.coll}")
+
+    def _rooted(self, o: Operands, op) -> None:
+        """broadcast, reduce, gather, scatter (MPI's in-place rules at the root)."""
+        c, dt, root = self.comm, o.dtype, o.root
+        me, inp = self.rank == root, self.MPI.IN_PLACE
+        send = inp if o.in_place and me else self._b(o.send, dt)
+        recv = self._b(o.recv, dt)
+        if o.coll == "broadcast":
+            if me and not o.in_place:
+                o.recv[...] = o.send
+            c.Bcast(recv, root=root)
+        elif o.coll == "reduce":
+            if o.in_place and not me:
+                send = recv
+            c.Reduce(send, recv if me else None, op, root=root)
+        elif o.coll == "gather":
+            c.Gather(send, recv if me else None, root=root)
+        elif me:
+            c.Scatter(self._b(o.send, dt), inp if o.in_place else recv, root=root)
+        else:
+            c.Scatter(None, recv, root=root)
 
     def barrier(self) -> None:
         self.comm.Barrier()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ringtree.prof import trace
+from ringtree.prof import summary, trace
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", {od['dropped']} events dropped (ring full)" if od["dropped"] else "")
                   + (f", {od['unfinished']} unfinished slices" if od["unfinished"] else ""))
         if args.summary:
-            print(trace.summary(args.dir))
+            print(summary.summary(args.dir))
     except FileNotFoundError as e:
         print(f"ringtree trace: {e}", file=sys.stderr)
         return 2

@@ -147,25 +147,17 @@ ONLINE_MISSING = "did not answer through the store (dead, stopped, or stuck outs
 OFFLINE_MISSING = "left no flight recorder (dead, stopped, or never dumped)"
 
 
-def analyze(statuses: list[dict | None], comm: str = "?",
-            missing: str = ONLINE_MISSING) -> Report:
-    """The report for one communicator: ``statuses[r]`` is rank r's status or None."""
-    size = len(statuses)
-    st = {r: s for r, s in enumerate(statuses) if s is not None}
-    unreachable = [r for r in range(size) if statuses[r] is None]
-    cur = {r: s["current"] for r, s in st.items() if s.get("current")}
-    stuck = None
-    if cur:
-        colls = [c for c in cur.values() if not c["is_p2p"]]
-        pool = colls or list(cur.values())
-        stuck = min(pool, key=lambda c: (c["collective_seq_id"], c["p2p_seq_id"]))
-    stuck_seq = stuck["collective_seq_id"] if stuck and not stuck["is_p2p"] else None
-    top = max((s.get("last_enqueued") or 0 for s in st.values()), default=0)
-    mark = stuck_seq if stuck_seq is not None else top
-    behind = sorted(r for r, s in st.items() if (s.get("last_enqueued") or 0) < mark)
+def _stuck(current: list[dict]) -> dict | None:
+    """The operation the job is stuck in: the oldest collective any rank is inside (the
+    oldest point-to-point operation if no rank is in a collective)."""
+    if not current:
+        return None
+    pool = [c for c in current if not c["is_p2p"]] or current
+    return min(pool, key=lambda c: (c["collective_seq_id"], c["p2p_seq_id"]))
 
-    edges = {r: sorted({w["peer"] for w in s.get("waiting") or []}) for r, s in st.items()}
-    blocked = [r for r in st if edges[r]]
+
+def _terminals(edges: dict[int, list[int]], blocked: list[int]) -> set[int]:
+    """The ranks at the end of the wait-for chains from ``blocked``: they wait on nobody."""
     terminals: set[int] = set()
     seen: set[int] = set()
     todo = list(blocked)
@@ -178,6 +170,24 @@ def analyze(statuses: list[dict | None], comm: str = "?",
             todo.extend(edges[r])
         else:
             terminals.add(r)
+    return terminals
+
+
+def analyze(statuses: list[dict | None], comm: str = "?",
+            missing: str = ONLINE_MISSING) -> Report:
+    """The report for one communicator: ``statuses[r]`` is rank r's status or None."""
+    size = len(statuses)
+    st = {r: s for r, s in enumerate(statuses) if s is not None}
+    unreachable = [r for r in range(size) if statuses[r] is None]
+    stuck = _stuck([s["current"] for s in st.values() if s.get("current")])
+    stuck_seq = stuck["collective_seq_id"] if stuck and not stuck["is_p2p"] else None
+    top = max((s.get("last_enqueued") or 0 for s in st.values()), default=0)
+    mark = stuck_seq if stuck_seq is not None else top
+    behind = sorted(r for r, s in st.items() if (s.get("last_enqueued") or 0) < mark)
+
+    edges = {r: sorted({w["peer"] for w in s.get("waiting") or []}) for r, s in st.items()}
+    blocked = [r for r in st if edges[r]]
+    terminals = _terminals(edges, blocked)
     rep = Report(comm, size, stuck, behind=behind, unreachable=unreachable,
                  lost=_lost(statuses))
     if rep.lost:

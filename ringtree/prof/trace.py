@@ -1,4 +1,5 @@
-"""Merge the ranks' profiler files into one Chrome/Perfetto trace, and summarise them.
+"""Merge the ranks' profiler files into one Chrome/Perfetto trace (the text summary of the
+same files: :mod:`ringtree.prof.summary`).
 
 Layout (what you see in https://ui.perfetto.dev or chrome://tracing):
 
@@ -25,7 +26,6 @@ import bisect
 import glob
 import json
 import os
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -147,142 +147,92 @@ def _gbps(nbytes: int, ns: int) -> float:
     return round(nbytes / max(ns, 1), 4)  # bytes/ns == GB/s
 
 
-def _chan_name(ch: int) -> str:
+def chan_name(ch: int) -> str:
     return f"p2p tag {ch - 64}" if ch >= 64 else f"ch {ch}"
 
 
 def build(directory: str) -> dict:
     """The merged trace as a dict (``{"traceEvents": [...], ...}``)."""
-    comms = load(directory)
-    order = sorted(comms, key=lambda p: (len(p), p))
-    t0 = min((sp.start for rcs in comms.values() for rc in rcs for sp in rc.spans),
-             default=0)
-    t0 = min([t0] + [s[0] for rcs in comms.values() for rc in rcs for s in rc.sends])
-    events: list[dict] = []
-    named_pids: set[int] = set()
-    stats = {"flows": 0, "unmatched_sends": 0, "unmatched_recvs": 0, "dropped": 0,
-             "unfinished": 0}
-    clocks: dict[str, dict] = {}
+    return _Builder(load(directory)).build()
 
-    def us(ns: int) -> float:
-        return round((ns - t0) / 1000.0, 3)
 
-    for ci, prefix in enumerate(order):
-        rcs = comms[prefix]
-        base = ci * 100000
-        multi = len(order) > 1
-        label = f"{prefix} " if multi else ""
-        recv_at: dict[tuple, tuple[int, int, int]] = {}    # flow key -> (pid, tid, ts)
-        send_at: list[tuple[tuple, int, int, int, int]] = []
-        for rc in rcs:
-            pid = rc.world_rank
-            calls = rc.meta["calls"]
-            n = rc.meta["size"]
-            stats["dropped"] += rc.meta.get("dropped", 0)
-            clocks[f"{prefix}:{rc.rank}"] = rc.meta["clock"]
-            if pid not in named_pids:
-                named_pids.add(pid)
-                events.append({"ph": "M", "name": "process_name", "pid": pid,
-                               "args": {"name": f"rank {pid} ({rc.meta.get('host', '?')})"}})
-                events.append({"ph": "M", "name": "process_sort_index", "pid": pid,
-                               "args": {"sort_index": pid}})
-            tids = {base + 1: f"{label}collectives", base + 2: f"{label}idle"}
-            wait = Overlap([sp for sp in rc.spans if sp.kind == "idle"])
-            red = Overlap([sp for sp in rc.spans if sp.kind == "reduce"])
-            coll_names = {(sp.chan >= 64, sp.seq): calls[sp.aux]["name"] for sp in rc.spans
-                          if sp.kind == "coll" and 0 <= sp.aux < len(calls)}
-            # steps -> fibers per channel
-            steps = sorted((sp for sp in rc.spans if sp.kind == "step"),
-                           key=lambda sp: (sp.start, sp.end))
-            chans = sorted({sp.chan for sp in steps} | {sp.chan for sp in rc.spans
-                                                        if sp.kind in ("recv", "reduce",
-                                                                       "sendwait")})
-            cidx = {ch: i for i, ch in enumerate(chans)}
-            fibers: dict[int, list[int]] = defaultdict(list)   # chan -> end of each fiber
-            by_id: dict[tuple, list[Span]] = defaultdict(list)
-            for sp in steps:
-                ends = fibers[sp.chan]
-                f = next((i for i, e in enumerate(ends) if e <= sp.start), len(ends))
-                if f == len(ends):
-                    ends.append(sp.end)
-                else:
-                    ends[f] = sp.end
-                f = min(f, 99)
-                sp.tid = base + 100 * (cidx[sp.chan] + 1) + f
-                tids[sp.tid] = f"{label}{_chan_name(sp.chan)}" + (f" ({f + 1})" if f else "")
-                by_id[(sp.chan, sp.seq, sp.gid)].append(sp)
-                prim = PRIMS[sp.prim] if 0 <= sp.prim < len(PRIMS) else f"prim{sp.prim}"
-                sp.name = prim or "step"
-                sp.args = {"seq": sp.seq, "step": sp.gid,
-                           "collective": coll_names.get((sp.chan >= 64, sp.seq), "?"),
-                           "recv_from": sp.peer, "send_to": sp.aux, "bytes": sp.size,
-                           "bw (GB/s)": _gbps(sp.size, sp.end - sp.start)}
+class _Builder:
+    """Turns every communicator's spans into Chrome trace events: per rank a process,
+    per channel fibers of steps with their waits nested, and flows from each send to the
+    receive it matched."""
 
-            def owner(sp: Span, by_id=by_id) -> Span | None:
-                cands = by_id.get((sp.chan, sp.seq, sp.gid))
-                if not cands:
-                    return None
-                for c in cands:
-                    if c.start <= sp.start <= c.end:
-                        return c
-                return cands[0]
+    def __init__(self, comms: dict):
+        self.comms = comms
+        self.order = sorted(comms, key=lambda p: (len(p), p))
+        t0 = min((sp.start for rcs in comms.values() for rc in rcs for sp in rc.spans),
+                 default=0)
+        self.t0 = min([t0] + [s[0] for rcs in comms.values() for rc in rcs for s in rc.sends])
+        self.events: list[dict] = []
+        self.named_pids: set[int] = set()
+        self.stats = {"flows": 0, "unmatched_sends": 0, "unmatched_recvs": 0, "dropped": 0,
+                      "unfinished": 0}
+        self.clocks: dict[str, dict] = {}
 
-            for sp in rc.spans:
-                if sp.unfinished:
-                    stats["unfinished"] += 1
-                    sp.args["unfinished"] = True
-                if sp.kind == "coll":
-                    sp.tid = base + 1
-                    c = calls[sp.aux] if 0 <= sp.aux < len(calls) else {}
-                    sp.name = c.get("name", "collective")
-                    dur = sp.end - sp.start
-                    nbytes = c.get("bytes", sp.size)
-                    sp.args = {"seq": sp.seq, "algo": c.get("algo"), "bytes": nbytes,
-                               "count": c.get("count"), "dtype": c.get("dtype"),
-                               "op": c.get("op"), "algbw (GB/s)": _gbps(nbytes, dur),
-                               "wait (us)": round(wait.within(sp.start, sp.end) / 1000, 3),
-                               "reduce (us)": round(red.within(sp.start, sp.end) / 1000, 3),
-                               **sp.args}
-                    factor = _BUSBW.get(sp.name)
-                    if factor is not None and n > 1:
-                        sp.args["busbw (GB/s)"] = round(_gbps(nbytes, dur) * factor(n), 4)
-                elif sp.kind == "idle":
-                    sp.tid, sp.name = base + 2, "idle"
-                    sp.args = {"seq": sp.seq, **sp.args}
-                elif sp.kind in ("recv", "reduce", "sendwait"):
-                    st = owner(sp)
-                    if st is None:
-                        continue
-                    sp.tid, sp.depth = st.tid, 1
-                    sp.start = min(max(sp.start, st.start), st.end)
-                    sp.end = min(max(sp.end, sp.start), st.end)
-                    if sp.kind == "recv":
-                        sp.name = f"recv wait ← {sp.peer}"
-                        sp.args = {"from": sp.peer, "bytes": sp.size, "index": sp.aux,
-                                   "bw (GB/s)": _gbps(sp.size, sp.end - sp.start), **sp.args}
-                        key = (rc.meta["world_ranks"][sp.peer], pid, sp.chan, sp.seq, sp.aux)
-                        recv_at[key] = (pid, sp.tid, max(sp.start, sp.end - 1))
-                    elif sp.kind == "reduce":
-                        sp.name = "reduce"
-                        sp.args = {"bytes": sp.size,
-                                   "GB/s": _gbps(sp.size, sp.end - sp.start), **sp.args}
-                    else:
-                        sp.name = "send drain"
-                        sp.args = {"to": sp.peer, **sp.args}
-            for ts, chan, peer, seq, gid, size, idx in rc.sends:
-                st = next((c for c in by_id.get((chan, seq, gid), [])
-                           if c.start <= ts <= c.end), None)
-                if st is None:
-                    continue
-                key = (pid, rc.meta["world_ranks"][peer], chan, seq, idx)
-                send_at.append((key, pid, st.tid, ts, size))
-            events.extend(_nest(pid, [sp for sp in rc.spans if sp.tid], us))
-            for tid, name in tids.items():
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                               "args": {"name": name}})
-                events.append({"ph": "M", "name": "thread_sort_index", "pid": pid,
-                               "tid": tid, "args": {"sort_index": tid}})
-        matched = set()
+    def us(self, ns: int) -> float:
+        return round((ns - self.t0) / 1000.0, 3)
+
+    def build(self) -> dict:
+        multi = len(self.order) > 1
+        for ci, prefix in enumerate(self.order):
+            recv_at: dict[tuple, tuple[int, int, int]] = {}    # flow key -> (pid, tid, ts)
+            send_at: list[tuple[tuple, int, int, int, int]] = []
+            for rc in self.comms[prefix]:
+                self._rank(prefix, rc, ci * 100000, f"{prefix} " if multi else "", recv_at,
+                           send_at)
+            self._flows(send_at, recv_at)
+        return {"traceEvents": self.events, "displayTimeUnit": "ns",
+                "otherData": {"generator": "ringtree trace", "clock": self.clocks,
+                              **self.stats}}
+
+    def _rank(self, prefix: str, rc, base: int, label: str, recv_at: dict,
+              send_at: list) -> None:
+        pid, events = rc.world_rank, self.events
+        self.stats["dropped"] += rc.meta.get("dropped", 0)
+        self.clocks[f"{prefix}:{rc.rank}"] = rc.meta["clock"]
+        if pid not in self.named_pids:
+            self.named_pids.add(pid)
+            events.append({"ph": "M", "name": "process_name", "pid": pid,
+                           "args": {"name": f"rank {pid} ({rc.meta.get('host', '?')})"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid,
+                           "args": {"sort_index": pid}})
+        tids = {base + 1: f"{label}collectives", base + 2: f"{label}idle"}
+        by_id = _fibers(rc, base, label, tids)
+        wait = Overlap([sp for sp in rc.spans if sp.kind == "idle"])
+        red = Overlap([sp for sp in rc.spans if sp.kind == "reduce"])
+        for sp in rc.spans:
+            if sp.unfinished:
+                self.stats["unfinished"] += 1
+                sp.args["unfinished"] = True
+            if sp.kind == "coll":
+                _coll_span(sp, rc, base + 1, wait, red)
+            elif sp.kind == "idle":
+                sp.tid, sp.name = base + 2, "idle"
+                sp.args = {"seq": sp.seq, **sp.args}
+            elif sp.kind in ("recv", "reduce", "sendwait"):
+                _inner_span(sp, _owner(by_id, sp), rc, recv_at)
+        for ts, chan, peer, seq, gid, size, idx in rc.sends:
+            st = next((c for c in by_id.get((chan, seq, gid), [])
+                       if c.start <= ts <= c.end), None)
+            if st is None:
+                continue
+            key = (pid, rc.meta["world_ranks"][peer], chan, seq, idx)
+            send_at.append((key, pid, st.tid, ts, size))
+        events.extend(_nest(pid, [sp for sp in rc.spans if sp.tid], self.us))
+        for tid, name in tids.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                           "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid,
+                           "tid": tid, "args": {"sort_index": tid}})
+
+    def _flows(self, send_at: list, recv_at: dict) -> None:
+        """One flow per send whose receive was recorded (matched by connection, call
+        and message index)."""
+        matched, stats, us = set(), self.stats, self.us
         for key, pid, tid, ts, size in send_at:
             dst = recv_at.get(key)
             if dst is None:
@@ -292,13 +242,96 @@ def build(directory: str) -> dict:
             fid = stats["flows"] = stats["flows"] + 1
             args = {"bytes": size, "channel": key[2], "seq": key[3], "index": key[4],
                     "bw (GB/s)": _gbps(size, dst[2] - ts)}
-            events.append({"ph": "s", "id": fid, "pid": pid, "tid": tid, "ts": us(ts),
-                           "name": "transfer", "cat": "transfer", "args": args})
-            events.append({"ph": "f", "bp": "e", "id": fid, "pid": dst[0], "tid": dst[1],
-                           "ts": us(dst[2]), "name": "transfer", "cat": "transfer"})
+            self.events.append({"ph": "s", "id": fid, "pid": pid, "tid": tid, "ts": us(ts),
+                                "name": "transfer", "cat": "transfer", "args": args})
+            self.events.append({"ph": "f", "bp": "e", "id": fid, "pid": dst[0],
+                                "tid": dst[1], "ts": us(dst[2]), "name": "transfer",
+                                "cat": "transfer"})
         stats["unmatched_recvs"] += len(set(recv_at) - matched)
-    return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"generator": "ringtree trace", "clock": clocks, **stats}}
+
+
+def _fibers(rc, base: int, label: str, tids: dict) -> dict[tuple, list[Span]]:
+    """Lay the steps of each channel on fibers (a new one when a step overlaps every
+    fiber's last); name the threads in ``tids``; the steps by (chan, seq, step id)."""
+    calls = rc.meta["calls"]
+    coll_names = {(sp.chan >= 64, sp.seq): calls[sp.aux]["name"] for sp in rc.spans
+                  if sp.kind == "coll" and 0 <= sp.aux < len(calls)}
+    steps = sorted((sp for sp in rc.spans if sp.kind == "step"),
+                   key=lambda sp: (sp.start, sp.end))
+    chans = sorted({sp.chan for sp in steps} | {sp.chan for sp in rc.spans
+                                                if sp.kind in ("recv", "reduce", "sendwait")})
+    cidx = {ch: i for i, ch in enumerate(chans)}
+    fibers: dict[int, list[int]] = defaultdict(list)   # chan -> end of each fiber
+    by_id: dict[tuple, list[Span]] = defaultdict(list)
+    for sp in steps:
+        ends = fibers[sp.chan]
+        f = next((i for i, e in enumerate(ends) if e <= sp.start), len(ends))
+        if f == len(ends):
+            ends.append(sp.end)
+        else:
+            ends[f] = sp.end
+        f = min(f, 99)
+        sp.tid = base + 100 * (cidx[sp.chan] + 1) + f
+        tids[sp.tid] = f"{label}{chan_name(sp.chan)}" + (f" ({f + 1})" if f else "")
+        by_id[(sp.chan, sp.seq, sp.gid)].append(sp)
+        prim = PRIMS[sp.prim] if 0 <= sp.prim < len(PRIMS) else f"prim{sp.prim}"
+        sp.name = prim or "step"
+        sp.args = {"seq": sp.seq, "step": sp.gid,
+                   "collective": coll_names.get((sp.chan >= 64, sp.seq), "?"),
+                   "recv_from": sp.peer, "send_to": sp.aux, "bytes": sp.size,
+                   "bw (GB/s)": _gbps(sp.size, sp.end - sp.start)}
+    return by_id
+
+
+def _owner(by_id: dict, sp: Span) -> Span | None:
+    """The step a wait or reduce span belongs to."""
+    cands = by_id.get((sp.chan, sp.seq, sp.gid))
+    if not cands:
+        return None
+    for c in cands:
+        if c.start <= sp.start <= c.end:
+            return c
+    return cands[0]
+
+
+def _coll_span(sp: Span, rc, tid: int, wait: Overlap, red: Overlap) -> None:
+    calls, n = rc.meta["calls"], rc.meta["size"]
+    sp.tid = tid
+    c = calls[sp.aux] if 0 <= sp.aux < len(calls) else {}
+    sp.name = c.get("name", "collective")
+    dur = sp.end - sp.start
+    nbytes = c.get("bytes", sp.size)
+    sp.args = {"seq": sp.seq, "algo": c.get("algo"), "bytes": nbytes,
+               "count": c.get("count"), "dtype": c.get("dtype"),
+               "op": c.get("op"), "algbw (GB/s)": _gbps(nbytes, dur),
+               "wait (us)": round(wait.within(sp.start, sp.end) / 1000, 3),
+               "reduce (us)": round(red.within(sp.start, sp.end) / 1000, 3),
+               **sp.args}
+    factor = _BUSBW.get(sp.name)
+    if factor is not None and n > 1:
+        sp.args["busbw (GB/s)"] = round(_gbps(nbytes, dur) * factor(n), 4)
+
+
+def _inner_span(sp: Span, st: Span | None, rc, recv_at: dict) -> None:
+    """A receive wait, reduce or send drain, nested in its step ``st`` (clamped to it)."""
+    if st is None:
+        return
+    sp.tid, sp.depth = st.tid, 1
+    sp.start = min(max(sp.start, st.start), st.end)
+    sp.end = min(max(sp.end, sp.start), st.end)
+    if sp.kind == "recv":
+        sp.name = f"recv wait ← {sp.peer}"
+        sp.args = {"from": sp.peer, "bytes": sp.size, "index": sp.aux,
+                   "bw (GB/s)": _gbps(sp.size, sp.end - sp.start), **sp.args}
+        pid = rc.world_rank
+        key = (rc.meta["world_ranks"][sp.peer], pid, sp.chan, sp.seq, sp.aux)
+        recv_at[key] = (pid, sp.tid, max(sp.start, sp.end - 1))
+    elif sp.kind == "reduce":
+        sp.name = "reduce"
+        sp.args = {"bytes": sp.size, "GB/s": _gbps(sp.size, sp.end - sp.start), **sp.args}
+    else:
+        sp.name = "send drain"
+        sp.args = {"to": sp.peer, **sp.args}
 
 
 def _nest(pid: int, spans: list[Span], us) -> list[dict]:
@@ -334,112 +367,3 @@ def write(directory: str, path: str) -> dict:
     with open(path, "w") as f:
         json.dump(trace, f, separators=(",", ":"))
     return trace
-
-
-# ---- text summary -----------------------------------------------------------------------
-
-def active_starts(colls: list[Span]) -> dict[int, int]:
-    """When each call could start working: ``max(issue, completion of every call issued
-    before it that completed before it)`` — calls queue behind each other on a rank as
-    kernels do on a CUDA stream, so issue-to-completion counts the queue too. Keyed by
-    ``id(span)``; the active intervals of one rank never overlap."""
-    out: dict[int, int] = {}
-    done: list[int] = []  # completion times of earlier-issued calls, sorted
-    for sp in sorted(colls, key=lambda c: (c.start, c.end)):
-        i = bisect.bisect_right(done, sp.end)
-        out[id(sp)] = max(sp.start, done[i - 1]) if i else sp.start
-        bisect.insort(done, sp.end)
-    return out
-
-
-def summary(directory: str) -> str:
-    """Per collective/algorithm/size: issue-to-completion and active time, the wait /
-    transfer / reduce split of the active time, and the slowest rank of every step."""
-    comms = load(directory)
-    lines: list[str] = []
-    for prefix in sorted(comms, key=lambda p: (len(p), p)):
-        rcs = comms[prefix]
-        n = rcs[0].meta["size"]
-        groups: dict[tuple, dict] = {}
-        for rc in rcs:
-            calls = rc.meta["calls"]
-            wait = Overlap([sp for sp in rc.spans if sp.kind == "idle"])
-            red = Overlap(_disjoint([sp for sp in rc.spans if sp.kind == "reduce"]))
-            steps: dict[tuple, list[Span]] = defaultdict(list)
-            for sp in rc.spans:
-                if sp.kind == "step":
-                    steps[(sp.chan >= 64, sp.seq)].append(sp)
-            colls = [sp for sp in rc.spans if sp.kind == "coll" and not sp.unfinished
-                     and 0 <= sp.aux < len(calls)]
-            begin = active_starts(colls)
-            for sp in colls:
-                c = calls[sp.aux]
-                key = (c["name"], c["algo"], c["bytes"], c["dtype"])
-                g = groups.setdefault(key, {"calls": set(), "dur": [], "act": [], "wait": 0,
-                                            "red": 0, "total": 0, "steps": defaultdict(
-                                                lambda: defaultdict(list))})
-                a = begin[id(sp)]
-                active = sp.end - a
-                w = min(wait.within(a, sp.end), active)
-                r = min(red.within(a, sp.end), active - w)
-                g["calls"].add(sp.seq)
-                g["dur"].append(sp.end - sp.start)
-                g["act"].append(active)
-                g["total"] += active
-                g["wait"] += w
-                g["red"] += r
-                for st in steps.get((sp.chan >= 64, sp.seq), ()):
-                    name = PRIMS[st.prim] if 0 <= st.prim < len(PRIMS) else "?"
-                    took = max(0, min(st.end, sp.end) - max(st.start, a))  # inside the call
-                    g["steps"][(st.chan, st.gid, name)][rc.rank].append(took)
-        if not groups:
-            continue
-        lines.append(f"communicator {prefix} ({n} ranks, {len(rcs)} profiled)")
-        aw = max(10, *(len(k[1]) + 2 for k in groups))
-        lines.append(f"  {'collective':<16}{'algo':<{aw}}{'bytes':>11}{'calls':>7}"
-                     f"{'issue→done':>12}{'active':>10}{'wait':>8}{'transfer':>10}"
-                     f"{'reduce':>8}")
-        for key in sorted(groups, key=lambda k: (k[0], k[1], k[2])):
-            g = groups[key]
-            tot = max(g["total"], 1)
-            mean = statistics.fmean(g["dur"]) / 1000
-            act = statistics.fmean(g["act"]) / 1000
-            w, r = g["wait"] / tot * 100, g["red"] / tot * 100
-            lines.append(f"  {key[0]:<16}{key[1]:<{aw}}{key[2]:>11}{len(g['calls']):>7}"
-                         f"{mean:>12.1f}{act:>10.1f}{w:>7.1f}%{max(0.0, 100 - w - r):>9.1f}%"
-                         f"{r:>7.1f}%")
-        lines.append("  slowest rank per step (mean time inside its call's active time; "
-                     "median over ranks):")
-        for key in sorted(groups, key=lambda k: (k[0], k[1], k[2])):
-            g = groups[key]
-            lines.append(f"    {key[0]} {key[1]} {key[2]} B:")
-            for (chan, gid, name), per_rank in sorted(g["steps"].items()):
-                means = {r: statistics.fmean(v) for r, v in per_rank.items()}
-                slow = max(means, key=lambda r: means[r])
-                med = statistics.median(means.values())
-                lines.append(f"      {_chan_name(chan):<6} step {gid:<3} {name:<20} slowest "
-                             f"rank {slow:<3} {means[slow] / 1000:>10.1f} us   (median "
-                             f"{med / 1000:.1f} us)")
-        lines.append("  times in us, means per call. issue→done: from the call to its "
-                     "completion, including time queued behind earlier calls (non-blocking "
-                     "issue, as perf's default); active: from when the calls before it "
-                     "completed (or its issue, if later) to its completion — what perf's "
-                     "time column measures. wait / transfer / reduce split the active time: "
-                     "wait = asleep in the transports with nothing able to move (waiting "
-                     "for peers); reduce = reduction kernels; transfer = the rest (moving "
-                     "bytes, copies, scheduling)")
-    return "\n".join(lines)
-
-
-def _disjoint(spans: list[Span]) -> list[Span]:
-    """Merge overlapping spans (reductions of several channels at once count once)."""
-    out: list[Span] = []
-    for sp in sorted(spans, key=lambda x: x.start):
-        if out and sp.start <= out[-1].end:
-            if sp.end > out[-1].end:
-                last = out[-1]
-                out[-1] = Span(last.kind, last.start, sp.end, last.chan, last.peer, last.seq,
-                               last.gid, last.prim, last.size, last.aux)
-        else:
-            out.append(sp)
-    return out

@@ -116,3 +116,34 @@ def _list_keys(keys: Iterable[str]) -> str:
     more = len(keys) - _MAX_LISTED_KEYS
     return shown + (f" (+{more} more)" if more > 0 else "")
 
+
+# ---- request fields (decoded by the server) ------------------------------------------------
+
+class BadRequest(Exception):
+    """A malformed or invalid request: answered with an ERROR reply."""
+
+
+def text_field(b: bytes) -> str:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("key is not valid UTF-8") from None
+
+
+def key_field(fields: list[bytes], n: int) -> str:
+    """The key of a request that must have ``n`` fields."""
+    if len(fields) != n:
+        raise BadRequest(f"expected {n} fields, got {len(fields)}")
+    return text_field(fields[0])
+
+
+def float_field(b: bytes) -> float:
+    if len(b) != _F64.size:
+        raise BadRequest("bad timeout field")
+    return _F64.unpack(b)[0]
+
+
+def int_field(b: bytes) -> int:
+    if len(b) != _I64.size:
+        raise BadRequest("bad integer field")
+    return _I64.unpack(b)[0]

@@ -14,20 +14,23 @@ import time
 from collections.abc import Callable
 
 from ringtree.bootstrap.store.protocol import (
-    _F64,
-    _I64,
     _LEN,
     _NONCE_BYTES,
     HANDSHAKE_TIMEOUT,
     MAGIC,
     MAX_FRAME_BYTES,
     MAX_HELLO_BYTES,
+    BadRequest,
     Op,
     Status,
     StoreError,
     _decode,
     _encode,
     _mac,
+    float_field,
+    int_field,
+    key_field,
+    text_field,
 )
 
 
@@ -57,10 +60,6 @@ class _Waiter:
         self.keys = keys
         self.pending = pending
         self.done = False
-
-
-class _Reject(Exception):
-    """A malformed or invalid request: answered with an ERROR reply."""
 
 
 _LISTENER = object()
@@ -244,7 +243,7 @@ class StoreServer:
             return
         try:
             self._dispatch(conn, code, fields)
-        except _Reject as e:
+        except BadRequest as e:
             self._send(conn, _encode(Status.ERROR, [str(e).encode()]))
 
     def _hello(self, conn: _Conn, code: int, fields: list[bytes]) -> None:
@@ -263,47 +262,47 @@ class StoreServer:
     def _dispatch(self, conn: _Conn, code: int, f: list[bytes]) -> None:
         data = self._data
         if code == Op.SET:
-            key, value = _key(f, 2), f[1]
+            key, value = key_field(f, 2), f[1]
             data[key] = value
             self._send(conn, _encode(Status.OK))
             self._notify(key)
         elif code == Op.GET:
-            key, timeout = _key(f, 2), _float(f[1])
+            key, timeout = key_field(f, 2), float_field(f[1])
             if key in data:
                 self._send(conn, _encode(Status.VALUE, [data[key]]))
             else:
                 self._park(conn, Op.GET, [key], {key}, timeout)
         elif code == Op.TRY_GET:
-            key = _key(f, 1)
+            key = key_field(f, 1)
             reply = _encode(Status.VALUE, [data[key]]) if key in data else _encode(Status.NOT_FOUND)
             self._send(conn, reply)
         elif code == Op.ADD:
-            key, amount = _key(f, 2), _int(f[1])
+            key, amount = key_field(f, 2), int_field(f[1])
             old = data.get(key, b"0")
             try:
                 new = int(old.decode("ascii")) + amount
             except (UnicodeDecodeError, ValueError):
-                raise _Reject(f"add: key {key!r} holds a non-integer value") from None
+                raise BadRequest(f"add: key {key!r} holds a non-integer value") from None
             data[key] = str(new).encode("ascii")
             self._send(conn, _encode(Status.VALUE, [data[key]]))
             self._notify(key)
         elif code == Op.WAIT:
             if not f:
-                raise _Reject("wait: missing timeout")
-            timeout, keys = _float(f[0]), [_text(k) for k in f[1:]]
+                raise BadRequest("wait: missing timeout")
+            timeout, keys = float_field(f[0]), [text_field(k) for k in f[1:]]
             missing = {k for k in keys if k not in data}
             if not missing:
                 self._send(conn, _encode(Status.OK))
             else:
                 self._park(conn, Op.WAIT, keys, missing, timeout)
         elif code == Op.CHECK:
-            ok = all(_text(k) in data for k in f)
+            ok = all(text_field(k) in data for k in f)
             self._send(conn, _encode(Status.OK, [b"\x01" if ok else b"\x00"]))
         elif code == Op.DELETE:
-            existed = data.pop(_key(f, 1), None) is not None
+            existed = data.pop(key_field(f, 1), None) is not None
             self._send(conn, _encode(Status.OK, [b"\x01" if existed else b"\x00"]))
         elif code == Op.COMPARE_SET:
-            key, has_expected, expected, desired = _key(f, 4), f[1] == b"\x01", f[2], f[3]
+            key, has_expected, expected, desired = key_field(f, 4), f[1] == b"\x01", f[2], f[3]
             current = data.get(key)
             if (current is None and not has_expected) or (
                 current is not None and has_expected and current == expected
@@ -316,7 +315,7 @@ class StoreServer:
                 # expected value stores nothing and answers ``expected``.
                 self._send(conn, _encode(Status.VALUE, [expected if current is None else current]))
         else:
-            raise _Reject(f"unknown operation code {code}")
+            raise BadRequest(f"unknown operation code {code}")
 
     # -- parking -------------------------------------------------------------------------
 
@@ -433,30 +432,3 @@ class StoreServer:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
-
-
-def _text(b: bytes) -> str:
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _Reject("key is not valid UTF-8") from None
-
-
-def _key(fields: list[bytes], n: int) -> str:
-    if len(fields) != n:
-        raise _Reject(f"expected {n} fields, got {len(fields)}")
-    return _text(fields[0])
-
-
-def _float(b: bytes) -> float:
-    if len(b) != _F64.size:
-        raise _Reject("bad timeout field")
-    return _F64.unpack(b)[0]
-
-
-def _int(b: bytes) -> int:
-    if len(b) != _I64.size:
-        raise _Reject("bad integer field")
-    return _I64.unpack(b)[0]
-
-

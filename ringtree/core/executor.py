@@ -24,7 +24,6 @@ doctor); nobody else reaches into it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -349,15 +348,6 @@ class Executor:
         if obs.active and self._batches and self._batches[0].calls:
             obs.idle(t0, self._batches[0].calls[0])
         self.fabric.poll()
-
-    def run(self, calls: list[Call], timeout: float) -> None:
-        """Submit ``calls`` as one batch and drive until it completes (single-threaded)."""
-        lock = threading.Condition()
-        with lock:
-            batch = self.submit(calls, timeout)
-            self.drive(lambda: batch.done, lock)
-        if batch.error is not None:
-            raise batch.error
 
 
 def _describe_timeout(rank: int, waiting: list[Waiting], timeout: float,

@@ -87,14 +87,22 @@ def _spec(coll: Collective, count: int, dt: DType, red, root: int, in_place: boo
 
 # ---- collectives --------------------------------------------------------------------------
 
-def for_all_reduce(comm, x, op, out, algo: str | None) -> CallSpec:
-    xa, dt = as_flat(x, "all_reduce input", writable=out is None)
+def _out_like_input(coll: Collective, what: str, xa: np.ndarray, dt: DType, out,
+                    rank: int) -> tuple[np.ndarray, bool]:
+    """The output of a reduction whose result has the input's size: ``out`` (same dtype
+    and size) or the input itself; and whether the call runs in place."""
     oa = xa
     if out is not None:
-        oa, odt = as_flat(out, "all_reduce out")
-        _same(dt, odt, xa.size, oa.size, "all_reduce")
-    in_place = _in_place(Collective.ALL_REDUCE, xa, oa, comm.rank)
-    check_out("all_reduce", xa, oa, in_place)
+        oa, odt = as_flat(out, f"{what} out")
+        _same(dt, odt, xa.size, oa.size, what)
+    in_place = _in_place(coll, xa, oa, rank)
+    check_out(what, xa, oa, in_place)
+    return oa, in_place
+
+
+def for_all_reduce(comm, x, op, out, algo: str | None) -> CallSpec:
+    xa, dt = as_flat(x, "all_reduce input", writable=out is None)
+    oa, in_place = _out_like_input(Collective.ALL_REDUCE, "all_reduce", xa, dt, out, comm.rank)
     return _spec(Collective.ALL_REDUCE, xa.size, dt, resolve(op, dt), -1, in_place, algo,
                  xa, oa, x if out is None else out)
 
@@ -111,12 +119,7 @@ def for_reduce(comm, x, root: int, op, out, algo: str | None) -> CallSpec:
     xa, dt = as_flat(x, "reduce input", writable=is_root and out is None)
     red = resolve(op, dt)
     if is_root:
-        oa = xa
-        if out is not None:
-            oa, odt = as_flat(out, "reduce out")
-            _same(dt, odt, xa.size, oa.size, "reduce")
-        in_place = _in_place(Collective.REDUCE, xa, oa, comm.rank)
-        check_out("reduce", xa, oa, in_place)
+        oa, in_place = _out_like_input(Collective.REDUCE, "reduce", xa, dt, out, comm.rank)
         result = x if out is None else out
     else:
         oa, in_place, result = np.empty_like(xa), False, None

@@ -61,6 +61,16 @@ class Fold:
     def folded_in(self, r: int) -> bool:
         return r < 2 * self.rem and r % 2 == 1
 
+    def enter(self, r: int, src: Ref, dst: Ref) -> tuple[list[Step], bool, int]:
+        """A participating rank's start: a folded-in rank first reduces its sitting-out
+        partner's ``src`` into ``dst``. Returns (steps, whether ``dst`` now holds the
+        working copy, virtual rank)."""
+        v = self.virtual(r)
+        assert v is not None
+        if self.folded_in(r):
+            return [ir.recv_reduce_copy(r - 1, src, dst)], True, v
+        return [], False, v
+
 
 @register(Collective.ALL_REDUCE, "recursive_doubling",
           cost="lg p·α + n·lg p·β + n·lg p·γ (+ one local copy when lg p is odd)")
@@ -122,17 +132,10 @@ def all_reduce_rabenseifner(n: int, r: int, opts: Options) -> Program:
         def o_(lo: int, hi: int, base: int = base) -> Ref:
             return out(base + lo, hi - lo)
 
-        steps: list[Step] = []
         if f.sits_out(r):
-            steps += [ir.send(r + 1, i_(0, p2)), ir.recv(r + 1, o_(0, p2))]
-            channels.append(tuple(steps))
+            channels.append((ir.send(r + 1, i_(0, p2)), ir.recv(r + 1, o_(0, p2))))
             continue
-        written = False
-        if f.folded_in(r):
-            steps.append(ir.recv_reduce_copy(r - 1, i_(0, p2), o_(0, p2)))
-            written = True
-        v = f.virtual(r)
-        assert v is not None
+        steps, written, v = f.enter(r, i_(0, p2), o_(0, p2))
         lo, hi, mask = 0, p2, p2 // 2
         while mask:                                   # reduce-scatter, distance halving
             partner, mid = f.real(v ^ mask), (lo + hi) // 2
@@ -188,17 +191,10 @@ def reduce_scatter_halving(n: int, r: int, opts: Options) -> Program:
     """lg p rounds; in round k send the half of the blocks the partner r ^ 2^(lg p − 1 − k)
     keeps and reduce the half this rank keeps; working copy in scratch."""
     f = Fold(n)
-    steps: list[Step] = []
     if f.sits_out(r):
-        steps += [ir.send(r + 1, inp(0, n)), ir.recv(r + 1, out(0))]
-        return Program(Collective.REDUCE_SCATTER, "halving", n, r, 1, (tuple(steps),),
-                       scratch=n)
-    written = False
-    if f.folded_in(r):
-        steps.append(ir.recv_reduce_copy(r - 1, inp(0, n), scr(0, n)))
-        written = True
-    v = f.virtual(r)
-    assert v is not None
+        return Program(Collective.REDUCE_SCATTER, "halving", n, r, 1,
+                       ((ir.send(r + 1, inp(0, n)), ir.recv(r + 1, out(0))),), scratch=n)
+    steps, written, v = f.enter(r, inp(0, n), scr(0, n))
     vlo, vhi, mask = 0, f.p2, f.p2 // 2
     while mask:
         partner, vmid = f.real(v ^ mask), (vlo + vhi) // 2

@@ -20,10 +20,12 @@ from contextlib import contextmanager
 import numpy as np
 
 from ringtree import api, failure
+from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
 from ringtree.core.executor import Executor
 from ringtree.core.ir import Collective
 from ringtree.core.ll_runner import LLRunner
+from ringtree.core.owner import ThreadOwner
 from ringtree.core.plan import Call
 from ringtree.core.planner import CallSpec, Planner, link_kind
 from ringtree.core.progress import Progress
@@ -73,8 +75,6 @@ class Communicator:
         self._broken: BaseException | None = None
         self._after_abort: str | None = None  # the first cause, when another rank failed
         self._failing = False
-        from ringtree.core.owner import ThreadOwner
-
         self._owner = ThreadOwner()
         self.store_host_rank: int | None = None  # the rank whose process serves the store
         self._closed = False
@@ -88,21 +88,18 @@ class Communicator:
         listener = make_listener(host)
         self.host_id = host_identity()
         me = f"{host}:{listener.getsockname()[1]}|{self.host_id}"
-        init_timeout = s.init_timeout or self.timeout
-        self.peers = [Peer.parse(r, rec) for r, rec in
-                      enumerate(meet(store, prefix, rank, size, me.encode(), init_timeout))]
+        self.peers = [Peer.parse(r, rec) for r, rec in enumerate(
+            meet(store, prefix, rank, size, me.encode(), s.init_timeout or self.timeout))]
         order: dict[str, int] = {}
         self.nodes = tuple(order.setdefault(p.host_id, len(order)) for p in self.peers)
         if world_ranks is None and len(set(self.nodes)) > 1:  # a job across hosts
-            from ringtree.bootstrap import netcheck
-
-            netcheck.check_listener(store, prefix, rank, size, host, listener, self.host_id,
-                                    self.timeout)
+            check_listener(store, prefix, rank, size, host, listener, self.host_id, self.timeout)
         self.local_rank = local_rank if local_rank is not None else sum(
             1 for p in self.peers[:rank] if p.host_id == self.host_id)
         self.planner = Planner(rank, size, self.nodes, nchannels=self.nchannels,
                                slice_bytes=self.slice_bytes, algo_enabled=self.algo_enabled,
-                               link=link_kind(self.nodes, s.transport), transport=s.transport, debug=self.debug)
+                               link=link_kind(self.nodes, s.transport), transport=s.transport,
+                               debug=self.debug)
         self.fabric = build_fabric(Setup(rank, tuple(self.peers), store, prefix, secret,
                                          self.comm_id, self.slice_bytes, self.timeout, s),
                                    listener)
@@ -327,12 +324,9 @@ class Communicator:
                 if ok and items:
                     from ringtree.core.aliasing import order_group
 
-                    batches = order_group([item[0] for item in items])
-                    at = 0
-                    handles = []
-                    for calls in batches:   # each waits for the overlapping ones before it
-                        part = items[at:at + len(calls)]
-                        at += len(calls)
+                    handles = []  # each batch waits for the overlapping ones before it
+                    for calls in order_group([item[0] for item in items]):
+                        part, items = items[:len(calls)], items[len(calls):]
                         handles.append(self._submit(calls, [w for _, w, _ in part],
                                                     [r for _, _, r in part],
                                                     max(self.timeout, 1e-3)))

@@ -61,3 +61,22 @@ def test_the_tuner_charges_a_switch_like_a_port():
     assert cn.host_out == cn.host_in == 1.0       # M up, M down through the switch
     assert ring.host_out == ring.host_in == 1.5   # 2(n-1)/n M for a ring of 4 hosts
     assert cn.inter_depth == 2                    # host -> switch -> host
+
+
+@pytest.mark.parametrize("coll", ["broadcast", "all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("n,ppn,channels,root", [(4, 1, 1, 0), (4, 1, 2, 3), (6, 2, 1, 1),
+                                                 (5, 1, 1, 2), (3, 3, 1, 0)])
+def test_multicast_and_reduce_scatter_switches_are_proven(coll, n, ppn, channels, root):
+    opts = Options(channels=channels, nodes=tuple(r // ppn for r in range(n)), root=root)
+    progs = with_virtual(generate_all(coll, "collnet_direct", n, opts))
+    assert (len(progs) > n) == (ppn < n), "switch programs exactly when hosts differ"
+    for in_place in (False, True):
+        assert check_programs(progs, in_place=in_place).nranks == n
+
+
+@pytest.mark.parametrize("coll", ["broadcast", "all_gather", "reduce_scatter"])
+def test_the_tuner_charges_multicast_switches_like_ports(coll):
+    from ringtree.schedules.stats import host_stats
+
+    cn = host_stats(coll, "collnet_direct", 4, Options(nodes=(0, 1, 2, 3)))
+    assert cn.inter_depth == 2                    # host -> switch -> host, for any p

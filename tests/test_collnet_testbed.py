@@ -207,3 +207,49 @@ def test_a_frozen_switch_times_out_naming_its_address(bed):
         name, msg, took = r
         assert name in ("CollectiveTimeout", "CommAborted"), r
         assert f"the switch at {addr}" in msg, r
+
+
+def _multicast_and_reduce_scatter(comm):
+    """broadcast (every root), all_gather and reduce_scatter through the switch, out of
+    place and in place, bitwise against NumPy; the input is never changed."""
+    n, r = comm.size, comm.rank
+    count, bad = 3000, []
+
+    def vals(q, dt):
+        return ((np.arange(count) * 5 + 2 * q) % 7 + q).astype(dt)
+
+    for dt in (np.float32, np.int64, np.uint8):
+        for root in range(n):
+            x = vals(r, dt)
+            comm.broadcast(x, root=root, algo="collnet_direct")
+            if x.tobytes() != vals(root, dt).tobytes():
+                bad.append(("broadcast", dt.__name__, root))
+        x = vals(r, dt)
+        keep = x.copy()
+        y = comm.all_gather(x, algo="collnet_direct")
+        want = np.stack([vals(q, dt) for q in range(n)])
+        if y.tobytes() != want.tobytes() or x.tobytes() != keep.tobytes():
+            bad.append(("all_gather", dt.__name__))
+        full = np.concatenate([vals(r + b, dt) for b in range(n)])
+        for op, red in (("sum", np.sum), ("max", np.max)):
+            z = comm.reduce_scatter(full.copy(), op=op, algo="collnet_direct")
+            allin = np.stack([np.concatenate([vals(q + b, dt) for b in range(n)])
+                              for q in range(n)])
+            want = red(allin, axis=0).astype(dt)[r * count:(r + 1) * count]
+            if z.tobytes() != want.tobytes():
+                bad.append(("reduce_scatter", dt.__name__, op))
+    return bad
+
+
+@pytest.mark.parametrize("layout", [(1, 1, 0), (2, 2, 0)])
+def test_multicast_and_reduce_scatter_through_the_switch(bed, layout):
+    tb, sw_host = bed
+    p, addr = _start_switch(tb, sw_host, "--drop", "0.02", "--seed", "4")
+    try:
+        with _pool(tb, addr, layout=layout) as pool:
+            res = pool.run(_multicast_and_reduce_scatter)
+    finally:
+        report = _stop(p)
+    for r in res:
+        assert r == [], r
+    assert "results=0," not in report, report

@@ -286,7 +286,7 @@ def test_the_collnet_transport_pairs_sends_and_receives_without_copies(switch):
 
     def fn(link, g, m):
         t = CollNetTransport(link)
-        t.add_group(9, g)
+        t.add_group((9, 0, 0), g)
 
         def drive(*reqs, until=None):
             while not (until() if until else all(r.done for r in reqs)):
@@ -356,3 +356,48 @@ def test_drops_between_switches_are_recovered(switch):
     assert _counter(spine.stop(), "dropped") > 0
     resent = sum(_counter(sw.stop(), "uplink_retransmissions") for sw in leaves)
     assert resent > 0
+
+
+def test_multicast_and_owner_only_results(switch):
+    """One contributor and everyone receiving is a multicast (broadcast, all-gather);
+    everyone contributing and one receiving is a reduce-scatter block; the others check
+    in or get DONEs, and the bits are the same through a two-level tree."""
+    spine = switch("--drop", "0.05", "--seed", "5")
+    leaves = [switch("--parent", spine.address) for _ in range(2)]
+    n, count = 4, 9_000
+
+    def fn(link, g, m):
+        out = []
+        for root in range(n):  # a broadcast from each member in turn
+            x = inputs(m, count, DType.FLOAT32) if m == root else np.zeros(count, np.float32)
+            y = np.full(count, -1, np.float32)
+            o = g.post(x, y, DType.FLOAT32, ReduceOp.SUM, contribute=m == root,
+                       want=m != root)
+            while not o.done:
+                link.poll()
+                link.wait(0.01)
+            o.result()
+            out.append(y.tobytes() if m != root else None)
+        x = inputs(m, count, DType.INT64)
+        for owner in range(n):  # a reduce-scatter's blocks, each to its owner
+            y = np.full(count, -1, np.int64)
+            o = g.post(x, y, DType.INT64, ReduceOp.MAX, want=m == owner)
+            while not o.done:
+                link.poll()
+                link.wait(0.01)
+            o.result()
+            out.append(y.tobytes())
+        return out
+
+    addrs = [leaves[0].address] * 2 + [leaves[1].address] * 2
+    for kw in ({}, {"local": [0b0011, 0b0011, 0b1100, 0b1100]}):
+        res = run_members(addrs if kw else spine.address, n, fn, key=b"tree" if kw else b"flat", **kw)
+        for m, r in enumerate(res):
+            assert not isinstance(r, BaseException), r
+            for root in range(n):
+                want = None if m == root else inputs(root, count, DType.FLOAT32).tobytes()
+                assert r[root] == want, (m, root)
+            for owner in range(n):
+                want = expected(n, count, DType.INT64, ReduceOp.MAX).tobytes() \
+                    if m == owner else np.full(count, -1, np.int64).tobytes()
+                assert r[n + owner] == want, (m, owner)

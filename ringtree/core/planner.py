@@ -228,7 +228,12 @@ class Planner:
                              "RINGTREE_COLLNET_ENABLE=1 and RINGTREE_COLLNET_SWITCH=ADDR:PORT")
         red = spec.reducer
         op = None if red is None or red.user is not None else red.op
-        why = check_call(op, spec.dtype, nbytes, nnodes)
+        members = nnodes
+        if spec.coll in (Collective.BROADCAST, Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+            members = self.size  # every rank is a member (ringtree.schedules.collnet_mc)
+            if spec.coll is not Collective.REDUCE_SCATTER:
+                op = ReduceOp.SUM  # a multicast reduces nothing
+        why = check_call(op, spec.dtype, nbytes, members)
         if why is None:
             return algo
         if spec.algo is not None:

@@ -4,6 +4,7 @@ from ringtree.schedules import (  # noqa: F401  (registration side effects)
     basic,
     bruck,
     collnet,
+    collnet_mc,
     direct,
     halving_doubling,
     hierarchical,

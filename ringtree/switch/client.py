@@ -33,6 +33,7 @@ from ringtree.ops import ReduceOp
 from ringtree.switch import wire
 from ringtree.switch.wire import DATA, FRAME, JOIN, JOINED, NACK, PROBE, Kind, SwitchError
 
+_EMPTY = memoryview(b"")
 PROBE_AFTER = 0.004   # quiet seconds after the last frame before a tail-loss probe
 DEFAULT_WINDOW = 8
 DEFAULT_CHUNK = 256 << 10
@@ -41,16 +42,17 @@ DEFAULT_CHUNK = 256 << 10
 class SwitchOp:
     """One posted all-reduce through the switch: ``recv = ⊕ over members of send``."""
 
-    __slots__ = ("group", "send", "recv", "dtype", "op", "header", "chunk_elems", "nchunks",
-                 "first_seq", "next_chunk", "done_chunks", "got", "done", "error")
+    __slots__ = ("group", "send", "recv", "dtype", "op", "header", "flags", "size",
+                 "chunk_elems", "nchunks", "first_seq", "next_chunk", "done_chunks", "got",
+                 "done", "error")
 
     def __init__(self, group: SwitchGroup, send: np.ndarray, recv: np.ndarray, dtype: DType,
-                 op: ReduceOp, header: bytes):
+                 op: ReduceOp, header: bytes, flags: int = wire.PAYLOAD | wire.WANT):
         self.group, self.send, self.recv = group, send, recv
-        self.dtype, self.op = dtype, op
+        self.dtype, self.op, self.flags = dtype, op, flags
         self.header = header.ljust(wire.CALL_HEADER_BYTES, b"\0")[:wire.CALL_HEADER_BYTES]
         self.chunk_elems = max(1, group.chunk_bytes // dtype.itemsize)
-        count = send.size
+        self.size = count = send.size
         self.nchunks = -(-count // self.chunk_elems)
         self.first_seq = -1
         self.next_chunk = 0
@@ -61,7 +63,7 @@ class SwitchOp:
 
     def span(self, k: int) -> slice:
         lo = k * self.chunk_elems
-        return slice(lo, min(lo + self.chunk_elems, self.send.size))
+        return slice(lo, min(lo + self.chunk_elems, self.size))
 
     def retarget(self, buf: np.ndarray) -> None:
         """Let the results still to come land in ``buf`` (flat, this op's size and
@@ -88,15 +90,19 @@ class SwitchGroup:
         self.inflight: dict[int, list] = {}          # seq -> [op, chunk, serial]
 
     def post(self, send: np.ndarray, recv: np.ndarray, dtype: DType, op: ReduceOp,
-             header: bytes = b"") -> SwitchOp:
+             header: bytes = b"", *, contribute: bool = True, want: bool = True) -> SwitchOp:
         """Queue ``recv[:] = switch-reduce(send)``; both flat, ``dtype``'s storage.
-        ``send`` must not change until the op is done (a lost chunk is resent from it)."""
+        ``send`` must not change until the op is done (a lost chunk is resent from it).
+        A member that does not ``contribute`` only checks in (``send`` gives the size and
+        is not read); one that does not ``want`` the result gets DONEs (``recv`` is not
+        written): the multicast and reduce-scatter roles (``wire``)."""
         if send.size != recv.size:
             raise ValueError(f"send has {send.size} elements, recv {recv.size}")
         why = wire.check_call(op, dtype, send.nbytes, 2)
         if why is not None:
             raise ValueError(why)
-        o = SwitchOp(self, send.reshape(-1), recv.reshape(-1), dtype, op, header)
+        flags = (wire.PAYLOAD if contribute else 0) | (wire.WANT if want else 0)
+        o = SwitchOp(self, send.reshape(-1), recv.reshape(-1), dtype, op, header, flags)
         if not o.done:
             self.ops.append(o)
             self.unsent.append(o)
@@ -236,11 +242,12 @@ class SwitchLink:
 
     def _send_chunk(self, g: SwitchGroup, entry: list, seq: int) -> None:
         o, k = entry[0], entry[1]
-        part = o.send[o.span(k)].view(np.uint8)
+        sl = o.span(k)
+        part = o.send[sl].view(np.uint8) if o.flags & wire.PAYLOAD else _EMPTY
         entry[2] = self.serial
         head = FRAME.pack(Kind.DATA, DATA.size + part.nbytes) + \
-            DATA.pack(g.gid, seq, self.serial, o.dtype.code, o.op.code,
-                      part.nbytes // o.dtype.itemsize, o.header)
+            DATA.pack(g.gid, seq, self.serial, o.flags, o.dtype.code, o.op.code,
+                      sl.stop - sl.start, o.header)
         self.serial += 1
         self.last_tx = time.monotonic()
         self._queue(head, memoryview(part))
@@ -325,23 +332,26 @@ class SwitchLink:
                                    f"{self.kind} ({len(body)} bytes)"))
 
     def _result_header(self) -> None:
-        gid, seq, _, _, _, _, _ = DATA.unpack_from(self.hdr)
+        gid, seq, _, _, _, _, _, _ = DATA.unpack_from(self.hdr)
         g = self.groups.get(gid)
         entry = g.inflight.get(seq) if g is not None else None
         nbytes = self.body - DATA.size
         if entry is None:  # not ours (any more): read and forget
             self.landing = None
             self._want(self.scratch[:nbytes], "payload")
-            return
-        o, k = entry[0], entry[1]
-        into = o.recv
-        view = memoryview(into[o.span(k)].view(np.uint8))
-        if len(view) != nbytes:
-            self._fail(SwitchError(f"switch at {self.address} returned {nbytes} bytes "
-                                   f"for a {len(view)}-byte chunk"))
-            return
-        self.landing = (g, seq, o, k, into)
-        self._want(view, "payload")
+        else:
+            o, k = entry[0], entry[1]
+            into = o.recv
+            view = memoryview(into[o.span(k)].view(np.uint8)) if o.flags & wire.WANT \
+                else _EMPTY
+            if len(view) != nbytes:
+                self._fail(SwitchError(f"switch at {self.address} returned {nbytes} bytes "
+                                       f"for a {len(view)}-byte chunk"))
+                return
+            self.landing = (g, seq, o, k, into)
+            self._want(view, "payload")
+        if not nbytes:
+            self._result_done()
 
     def _result_done(self) -> None:
         landing, self.landing = self.landing, None
@@ -351,7 +361,7 @@ class SwitchLink:
         g, seq, o, k, into = landing
         if g.inflight.pop(seq, None) is None:
             return
-        if o.recv is not into:  # retargeted while this chunk was landing
+        if o.recv is not into and o.flags & wire.WANT:  # retargeted while it landed
             o.recv[o.span(k)] = into[o.span(k)]
         o.got[k] = 1
         o.done_chunks += 1

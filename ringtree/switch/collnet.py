@@ -15,7 +15,7 @@ invisible to NCCL's CollNet plugin.
 
 from __future__ import annotations
 
-from ringtree.core.ir import Program
+from ringtree.core.ir import Collective, Program
 from ringtree.switch.client import DEFAULT_CHUNK, DEFAULT_WINDOW, SwitchLink
 from ringtree.switch.wire import SwitchError
 from ringtree.transports.collnet import CollNetTransport, group_key
@@ -74,17 +74,20 @@ class CollNet:
         return self._transport
 
     def ensure(self, program: Program) -> CollNetTransport:
-        """Join the group of every virtual rank ``program`` exchanges with."""
+        """Join the group of every virtual rank ``program`` exchanges with (one per
+        collective, and per root for a broadcast: :func:`message_key`)."""
         n = program.nranks
+        coll = program.collective.code
+        root = program.root if program.collective is Collective.BROADCAST else 0
         peers = sorted({q for ch in program.channels for s in ch
                         for q in (*s.recv_from, *s.send_to) if q >= n})
         t = self.transport()
-        if all(v in t.groups for v in peers):
+        if all((v, coll, root) in t.groups for v in peers):
             return t
         virtual = {v.rank: v for v in program.meta.get("virtual_programs", ())}
         switches = self.switches()
         for v in peers:
-            if v in t.groups:
+            if (v, coll, root) in t.groups:
                 continue
             vp = virtual.get(v)
             if vp is None or vp.meta.get("virtual") != "switch":
@@ -94,17 +97,20 @@ class CollNet:
                 raise ValueError(f"{program.algo}: run the single-level schedule; switch "
                                  f"trees are built by the switches (--parent)")
             me = members.index(self.rank)
+            steps = [s for ch in vp.channels for s in ch]
+            sends = any(self.rank in s.recv_from for s in steps)
+            receives = any(self.rank in s.send_to for s in steps)
             local = 0
             for i, m in enumerate(members):
                 if switches[m] == self.address:
                     local |= 1 << i
-            key = group_key(self.comm_id, program.algo, v, members)
+            key = group_key(self.comm_id, program.algo, v, members, coll, root)
             try:
                 g = t.link.join(key, me, len(members), local, window=self.window,
                                 chunk_bytes=self.chunk_bytes)
             except SwitchError as e:
                 raise SwitchError(f"rank {self.rank}: {e}") from None
-            t.add_group(v, g)
+            t.add_group((v, coll, root), g, sends, receives)
             if self.fabric is not None:
                 self.fabric.add_route(v, t)
         return t

@@ -27,7 +27,7 @@ from ringtree.switch import wire
 from ringtree.switch.conn import Conn
 from ringtree.switch.slots import ACCEPT, DUPLICATE, CallMismatch, Group, ProtocolError, SlotPool
 from ringtree.switch.tree import PROBE_AFTER, Parent
-from ringtree.switch.wire import DATA, FRAME, JOIN, JOINED, NACK, PROBE, Kind
+from ringtree.switch.wire import DATA, FRAME, JOIN, JOINED, NACK, PAYLOAD, PROBE, WANT, Kind
 
 
 class SwitchServer:
@@ -298,36 +298,40 @@ class SwitchServer:
     # ---- data ----------------------------------------------------------------------
 
     def _data_header(self, conn: Conn) -> None:
-        gid, seq, serial, dcode, ocode, nelem, header = DATA.unpack_from(conn.hdr)
+        gid, seq, serial, flags, dcode, ocode, nelem, header = DATA.unpack_from(conn.hdr)
         dtype, op = wire.DTYPES_BY_CODE.get(dcode), wire.OPS_BY_CODE.get(ocode)
         if dtype is None or op is None:
             raise ProtocolError(f"the switch does not reduce dtype code {dcode} / op code "
                                 f"{ocode} (SUM, MIN, MAX on SHARP's dtypes only)")
         nbytes = conn.body - DATA.size
-        if nbytes != nelem * dtype.itemsize:
+        if nbytes != (nelem * dtype.itemsize if flags & PAYLOAD else 0):
             raise ProtocolError("data frame length does not match its element count")
         if conn.uplink and self.parent is not None:  # the parent's result
-            conn.want(self.parent.result_target(conn, gid, seq, nbytes), "payload")
-            return
-        g = self.groups.get(gid)
-        if g is None or g.job != conn.job or gid not in conn.groups or not g.formed:
-            raise ProtocolError(f"group {gid} is not one this connection joined")
-        unit = g.unit_index(conn)
-        what = g.classify(unit, seq, dtype, op, nelem, header)
-        self.counters["chunks_in"] += 1
-        self.counters["bytes_in"] += nbytes
-        if self.drop and self.rng.random() < self.drop:
-            what = "dropped"  # lost on the way in: as if never received
+            view = self.parent.result_target(conn, gid, seq, flags, nbytes)
         else:
-            lost = conn.gap(serial)
-            if lost is not None:
-                self._nack(conn, lost)
-        conn.data = (g, unit, seq, what)
-        conn.want(g.row(unit, seq) if what == ACCEPT else conn.scratch[:nbytes], "payload")
+            g = self.groups.get(gid)
+            if g is None or g.job != conn.job or gid not in conn.groups or not g.formed:
+                raise ProtocolError(f"group {gid} is not one this connection joined")
+            unit = g.unit_index(conn)
+            what = g.classify(unit, seq, dtype, op, nelem, header)
+            self.counters["chunks_in"] += 1
+            self.counters["bytes_in"] += nbytes
+            if self.drop and self.rng.random() < self.drop:
+                what = "dropped"  # lost on the way in: as if never received
+            else:
+                lost = conn.gap(serial)
+                if lost is not None:
+                    self._nack(conn, lost)
+            conn.data = (g, unit, seq, what, flags)
+            view = g.row(unit, seq) if what == ACCEPT and flags & PAYLOAD else \
+                conn.scratch[:nbytes]
+        conn.want(view, "payload")
+        if not nbytes:
+            self._payload_done(conn)
 
     def _payload_done(self, conn: Conn) -> None:
         assert conn.data is not None
-        g, unit, seq, what = conn.data
+        g, unit, seq, what, flags = conn.data
         conn.data = None
         conn.next_frame()
         if g.gid not in self.groups:
@@ -339,7 +343,7 @@ class SwitchServer:
         st = g.state(seq)
         if what == ACCEPT:
             self.counters["retransmissions"] += st.lost >> unit & 1
-            if g.commit(unit, seq):
+            if g.commit(unit, seq, bool(flags & PAYLOAD), bool(flags & WANT)):
                 if g.goes_up and self.parent is not None:
                     self.parent.send_up(g, seq)
                 else:
@@ -347,7 +351,7 @@ class SwitchServer:
         elif what == DUPLICATE:
             self.counters["duplicates"] += 1
             if st.released:
-                self._send_result(g.units[unit].conn, g, seq)
+                self._send_result(g, unit, seq)
         elif what == "dropped":
             self.counters["dropped"] += 1
             if st.seq == seq:
@@ -358,14 +362,16 @@ class SwitchServer:
     def _release(self, g: Group, seq: int) -> None:
         g.state(seq).released = True
         self.counters["results"] += 1
-        for u in g.units:
-            self._send_result(u.conn, g, seq)
+        for unit in range(len(g.units)):
+            self._send_result(g, unit, seq)
 
-    def _send_result(self, conn: Conn, g: Group, seq: int) -> None:
-        head, view = g.frame(Kind.RESULT, g.gid, seq)
+    def _send_result(self, g: Group, unit: int, seq: int) -> None:
+        """The result to a unit that wants it, else a DONE."""
+        flags = PAYLOAD if g.state(seq).want >> unit & 1 else 0
+        head, view = g.frame(Kind.RESULT, g.gid, seq, flags=flags)
         self.counters["chunks_out"] += 1
         self.counters["bytes_out"] += len(view)
-        self.send(conn, head, view)
+        self.send(g.units[unit].conn, head, view)
 
     # ---- writing -------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ringtree.dtypes import DType
 from ringtree.ops import ReduceOp, Reducer
-from ringtree.switch.wire import DATA, FRAME
+from ringtree.switch.wire import DATA, FRAME, PAYLOAD
 
 ACCEPT, DUPLICATE, STALE = "accept", "duplicate", "stale"
 
@@ -49,6 +49,8 @@ class SlotSet:
 
     seq: int = -1
     bitmap: int = 0
+    payload: int = 0           # units that sent elements (the others checked in)
+    want: int = 0              # units that want the result (the others get DONE)
     lost: int = 0              # units whose chunk was dropped (their next one is a resend)
     complete: bool = False     # reduced here (at a leaf: the partial is ready to go up)
     released: bool = False     # the final result is in ``result`` and went to the units
@@ -151,6 +153,7 @@ class Group:
         first = slot + x * self.window
         if seq == (first if st.seq < 0 else st.seq + 2 * self.window):
             st.seq, st.bitmap, st.lost, st.complete, st.released = seq, 0, 0, False, False
+            st.payload = st.want = 0
             st.dtype, st.op, st.nelem, st.header, st.first_unit = dtype, op, nelem, header, unit
             st.serial = -1
             return ACCEPT
@@ -165,16 +168,26 @@ class Group:
         assert self.buf is not None
         return memoryview(self.buf[slot, x, unit, :st.nelem * st.dtype.itemsize])
 
-    def commit(self, unit: int, seq: int) -> bool:
-        """Record unit's contribution; True when this completes the set (then reduced)."""
+    def commit(self, unit: int, seq: int, payload: bool = True, want: bool = True) -> bool:
+        """Record unit's frame (its elements if ``payload``); True when this completes
+        the set (then the contributions are reduced in unit order)."""
         slot, x = self.where(seq)
         st = self.sets[slot][x]
         st.bitmap |= 1 << unit
+        st.payload |= payload << unit
+        st.want |= want << unit
         if st.bitmap != self.full:
             return False
         assert self.buf is not None and st.dtype is not None
+        st.complete = True
+        if not st.payload:  # at a leaf: the elements come from members under another one
+            if not self.goes_up:
+                raise ProtocolError(f"chunk {seq}: every member checked in, none sent "
+                                    f"elements")
+            return True
         n = st.nelem * st.dtype.itemsize
-        rows = [self.buf[slot, x, u, :n].view(st.dtype.storage) for u in range(len(self.units))]
+        rows = [self.buf[slot, x, u, :n].view(st.dtype.storage) for u in range(len(self.units))
+                if st.payload >> u & 1]
         out = self.result[slot, x, :n].view(st.dtype.storage)
         red = Reducer(st.op, st.dtype)
         if len(rows) == 1:
@@ -192,14 +205,15 @@ class Group:
         assert st.dtype is not None
         return memoryview(self.result[slot, x, :st.nelem * st.dtype.itemsize])
 
-    def frame(self, kind: int, gid: int, seq: int, serial: int = 0
+    def frame(self, kind: int, gid: int, seq: int, serial: int = 0, flags: int = PAYLOAD
               ) -> tuple[bytes, memoryview]:
-        """The header and payload of the frame carrying set ``seq``'s result."""
+        """The header and payload of the frame carrying set ``seq``'s result (only the
+        header without ``PAYLOAD``: a DONE, or a check-in going up)."""
         st = self.state(seq)
         assert st.dtype is not None and st.op is not None
-        view = self.result_view(seq)
+        view = self.result_view(seq) if flags & PAYLOAD else memoryview(b"")
         return FRAME.pack(kind, DATA.size + len(view)) + DATA.pack(
-            gid, seq, serial, st.dtype.code, st.op.code, st.nelem, st.header), view
+            gid, seq, serial, flags, st.dtype.code, st.op.code, st.nelem, st.header), view
 
     def state(self, seq: int) -> SlotSet:
         slot, x = self.where(seq)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ringtree.switch import wire
 from ringtree.switch.conn import Conn
 from ringtree.switch.slots import Group, ProtocolError
-from ringtree.switch.wire import JOIN, JOINED, NACK, PROBE, Kind
+from ringtree.switch.wire import JOIN, JOINED, NACK, PAYLOAD, PROBE, WANT, Kind
 
 if TYPE_CHECKING:
     from ringtree.switch.server import SwitchServer
@@ -74,7 +74,8 @@ class Parent:
         self.by_gid[(id(up), pgid)] = g
         self.server.joined(g)
 
-    def result_target(self, up: Conn, gid: int, seq: int, nbytes: int) -> memoryview:
+    def result_target(self, up: Conn, gid: int, seq: int, flags: int, nbytes: int
+                      ) -> memoryview:
         """Where the parent's result for (gid, seq) lands: the set's result if we are
         waiting for it, else scratch (a duplicate)."""
         g = self.by_gid.get((id(up), gid))
@@ -82,8 +83,11 @@ class Parent:
             raise ProtocolError("result for an unknown group")
         st = g.state(seq)
         fresh = st.seq == seq and st.complete and not st.released
-        up.data = (g, -1, seq, fresh)
-        return g.result_view(seq) if fresh else up.scratch[:nbytes]
+        if fresh and st.want and not flags & PAYLOAD:
+            raise ProtocolError(f"the parent sent no result for chunk {seq}, which a "
+                                f"member wants")
+        up.data = (g, -1, seq, fresh, flags)
+        return g.result_view(seq) if fresh and nbytes else up.scratch[:nbytes]
 
     def send_up(self, g: Group, seq: int) -> None:
         up = self.links.get(g.job)
@@ -91,7 +95,8 @@ class Parent:
             return
         st = g.state(seq)
         st.serial = up.serial
-        head, view = g.frame(Kind.DATA, g.upgid, seq, up.serial)
+        flags = (PAYLOAD if st.payload else 0) | (WANT if st.want else 0)
+        head, view = g.frame(Kind.DATA, g.upgid, seq, up.serial, flags)
         up.serial += 1
         up.last_tx = time.monotonic()
         self.server.send(up, head, view)

@@ -4,6 +4,14 @@ Every frame is ``kind:u8 | body_len:u32 | body``; bodies are fixed layouts (stru
 for data frames, the payload. Nothing a peer sends is trusted: lengths are bounded before
 anything is allocated and every field is range-checked by the server.
 
+A chunk is complete when every member has sent its DATA frame for it. Members that
+contribute send the elements (``PAYLOAD``); a member that only receives — a broadcast's
+non-roots, an all-gather's other members — *checks in* with the header alone, which keeps
+every member's window clocked by the same chunks. The result (the contributions reduced
+in member order, or the one contribution: a multicast) goes to the members that set
+``WANT``; the others get a DONE (a RESULT without payload): a reduce-scatter sends each
+block to its owner only.
+
 Loss recovery is by gap detection, not timers. Every DATA frame a connection sends carries
 the next number of a per-connection *serial* (a retransmission gets a new one), and TCP
 delivers frames in order, so a frame the switch lost (``--drop``) shows as a gap in the
@@ -55,9 +63,11 @@ JOIN = struct.Struct("!16sHHIIHI")
 # JOINED: group key, group id, window, chunk bytes
 JOINED = struct.Struct("!16sIHI")
 # DATA / RESULT: group id, chunk sequence (never reset), the sender's serial (0 in a
-# RESULT), dtype, op, element count, then the 32-byte call header (the fingerprint every
-# member must agree on), then the payload
-DATA = struct.Struct("!IQIBBI32s")
+# RESULT), flags, dtype, op, element count, then the 32-byte call header (the fingerprint
+# every member must agree on), then the payload (only with PAYLOAD set)
+DATA = struct.Struct("!IQIBBBI32s")
+PAYLOAD = 1   # the frame carries the chunk's elements (else: DATA checks in, RESULT is DONE)
+WANT = 2      # DATA: the sender wants the result (else it gets a DONE)
 PROBE = struct.Struct("!I")           # the serial the sender's next DATA frame will carry
 NACK = struct.Struct("!II")           # serials first..last were lost (first > last: none)
 CALL_HEADER_BYTES = 32
@@ -116,6 +126,9 @@ def send_queued(sock, out: deque) -> bool:
     blocking; True if anything was written. OSError means the connection is gone."""
     moved = False
     while out:
+        if not len(out[0]):  # an empty part (a frame without payload) is written already
+            out.popleft()
+            continue
         try:
             n = sock.sendmsg(list(out)[:64])
         except (BlockingIOError, InterruptedError):

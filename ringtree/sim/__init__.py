@@ -25,6 +25,7 @@ switches.
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ def programs_for(coll: Collective | str, algo: str, topo: Topology, *, root: int
                              fold.options(topo, root, channels, params))
 
 
-def place(programs: list[Program], topo: Topology) -> list[int]:
+def place(programs: Sequence[Program], topo: Topology) -> list[int]:
     """Device of every rank: real ranks where the topology puts them; a virtual rank on
     the reduction-capable switch closest to its members (lowest common ancestor for
     hierarchical networks; ties broken by the virtual rank's ``meta['tree']``)."""

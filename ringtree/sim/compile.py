@@ -10,6 +10,7 @@ connection with its i-th receive (the IR's matching rule).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -220,7 +221,7 @@ def moving(p: Program, pre: dict[Buf, list[int]], in_place: bool) -> tuple[Progr
                    p.scratch, p.in_place_ok, p.meta), drop
 
 
-def compile_programs(programs: list[Program], count: int, itemsize: int,
+def compile_programs(programs: Sequence[Program], count: int, itemsize: int,
                      slice_bytes: int = DEFAULT_SLICE_BYTES, in_place: bool = False,
                      fold: int = 0, prune: bool = True, shares: bool = True) -> Compiled:
     """Flatten Programs (real ranks first, then virtual ranks) for the engines.
@@ -243,10 +244,10 @@ def compile_programs(programs: list[Program], count: int, itemsize: int,
         ib, ob = cache.get(p.collective) or cache.setdefault(p.collective,
                                                               p.collective.blocks(n))
         if prune:
+            full = p
             p, drop = moving(p, lengths.of(p), in_place)
             for c in drop if shares else ():     # still declared (unaware shares)
-                cp.declared.update((rank, q, c) for s in programs[rank].channels[c]
-                                   for q in s.send_to)
+                cp.declared.update((rank, q, c) for s in full.channels[c] for q in s.send_to)
         try:
             compiled = compile_program(p, [count] * ib, [count] * ob, count, itemsize,
                                        slice_bytes, in_place)

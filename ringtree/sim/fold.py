@@ -6,7 +6,9 @@ Programs of the ranks it does not simulate.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from ringtree.core.ir import Collective, Program
 from ringtree.schedules import Options, generate
@@ -37,9 +39,41 @@ def options(topo: Topology, root: int = 0, channels: int | None = None,
 
 def programs_for(coll: Collective, algo: str, topo: Topology, opts: Options) -> list[Program]:
     """Programs of every real rank, then of every virtual rank (CollNet switches)."""
-    progs = [generate(coll, algo, topo.nranks, r, opts) for r in range(topo.nranks)]
-    virtual = progs[0].meta.get("virtual_programs", ()) if progs else ()
-    return progs + list(virtual)
+    return list(Lazy(coll, algo, topo.nranks, opts))
+
+
+class Lazy(Sequence[Program]):
+    """The Programs of :func:`programs_for`, each generated when it is read, so that
+    compiling them one after another never holds every rank's Program at once (the
+    compiled run is a fraction of their size). Reading one again regenerates it
+    (generators are pure; the registry caches the recent ones)."""
+
+    def __init__(self, coll: Collective, algo: str, n: int, opts: Options) -> None:
+        self.args = (coll, algo, n, opts)
+        self.n = n
+        p0 = generate(coll, algo, n, 0, opts)
+        self.virtual = tuple(p0.meta.get("virtual_programs", ()))
+
+    def __len__(self) -> int:
+        return self.n + len(self.virtual)
+
+    @overload
+    def __getitem__(self, i: int) -> Program: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Program]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        if i >= self.n:
+            return self.virtual[i - self.n]
+        coll, algo, n, opts = self.args
+        return generate(coll, algo, n, i, opts)
 
 
 def _shared(coll: Collective, algo: str, topo: Topology, opts: Options, count: int,
@@ -83,7 +117,8 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
         got = _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware, in_place)
         if got is not None:
             return got
-    progs = programs if programs is not None else programs_for(coll, algo, topo, opts)
+    progs: Sequence[Program] = programs if programs is not None else \
+        Lazy(coll, algo, topo.nranks, opts)
     devices = place(progs, topo)
     g = symmetry.period(progs, topo, devices, count, aware, in_place) if symmetry_ else 0
     if g:

@@ -10,6 +10,8 @@ when one fails the run is simulated whole.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ringtree.core.ir import Buf, Program
 from ringtree.core.plan import chunk_regions
 from ringtree.sim import symbolic
@@ -145,7 +147,7 @@ def candidates(topo: Topology, devices: list[int]) -> list[int]:
             and all(red[r] == red[r - g] for r in range(g, n))]
 
 
-def _peers_distinct(programs: list[Program], g: int) -> bool:
+def _peers_distinct(programs: Sequence[Program], g: int) -> bool:
     """Peers of one channel stay distinct modulo g (a folded connection is one peer)."""
     for a in range(g):
         for ch in programs[a].channels:
@@ -157,7 +159,7 @@ def _peers_distinct(programs: list[Program], g: int) -> bool:
     return True
 
 
-def period(programs: list[Program], topo: Topology, devices: list[int], count: int,
+def period(programs: Sequence[Program], topo: Topology, devices: list[int], count: int,
            aware: bool, in_place: bool = False) -> int:
     """The smallest shift g (a multiple of the ranks per node) under which the run is
     exactly symmetric, or 0. In the congestion-aware model no link may carry

@@ -26,6 +26,9 @@ out near 95% of it.
     python benchmarks/multihost.py                                  # the full sweep
     python benchmarks/multihost.py --layouts 2x2 --rates 1gbit --colls all_reduce \\
         --sizes 8,64K,16M --reps 3 --no-gloo
+    python benchmarks/multihost.py --layouts 4x1 --rates 1gbit --json a.json   # in parts,
+    python benchmarks/multihost.py --layouts 2x4 --rates 1gbit --json b.json   # then
+    python benchmarks/multihost.py --report a.json b.json                      # one report
 
 Needs root, ``ip``, ``tc`` (the testbed) and torch for gloo.
 """
@@ -310,11 +313,24 @@ def main() -> int:
                     "RINGTREE_NSOCKS_PERTHREAD=2 (repeatable)")
     ap.add_argument("--json", default="multihost.json")
     ap.add_argument("--plot", default="multihost.png")
+    ap.add_argument("--report", nargs="+", metavar="JSON",
+                    help="print the tables and the score of saved runs (e.g. a sweep taken "
+                    "in parts) and plot them; runs nothing")
     ap.add_argument("--gloo-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gloo-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.gloo_worker:
         gloo_worker(args)
+        return 0
+    if args.report:
+        entries, glos = [], {}
+        for path in args.report:
+            with open(path) as fh:
+                d = json.load(fh)
+            entries += d["entries"]
+            for key, runs in d["gloo"].items():  # parts may split one layout's collectives
+                glos.setdefault(key, {}).update(runs)
+        report(entries, glos, args.plot)
         return 0
 
     from ringtree.testbed import Testbed, available, parse_rate
@@ -354,12 +370,47 @@ def main() -> int:
                 json.dump({"entries": entries, "gloo": glos}, fh, indent=1)
     with open("/proc/loadavg") as fh:
         print(f"load after: {fh.read().strip()}", flush=True)
-    for e in entries:
-        print(f"\n### {e['coll']}, {e['layout']} at {e['rate']} (medians of {args.reps})\n")
-        print(table(e, glos.get(e["key"], {})))
-    plot(entries, glos, args.plot)
-    print(f"\nraw numbers: {args.json}; plot: {args.plot}")
+    report(entries, glos, args.plot)
+    print(f"raw numbers: {args.json}")
     return 0
+
+
+def report(entries: list[dict], glos: dict, plot_path: str) -> None:
+    """The tables, the score against the targets, and the plot."""
+    for e in entries:
+        print(f"\n### {e['coll']}, {e['layout']} at {e['rate']}\n")
+        print(table(e, glos.get(e["key"], {})))
+    print("\n" + score(entries, glos))
+    plot(entries, glos, plot_path)
+    print(f"plot: {plot_path}")
+
+
+def score(entries: list[dict], glos: dict) -> str:
+    """How often the default is within 10% of the best ringtree algorithm (its own run,
+    and its choice's forced run: the choice is right even when the default's run drew a
+    slow sample), and the default's fraction of the link bound and ratio to gloo at
+    >= 16 MiB."""
+    near = forced = total = 0
+    big = []
+    for e in entries:
+        g = glos.get(e["key"], {})
+        for nbytes_s, r in e["results"].items():
+            med = {a: statistics.median(v) for a, v in r["times"].items()}
+            best = min(t for a, t in med.items() if a != "None")
+            total += 1
+            near += med["None"] <= 1.1 * best
+            forced += med.get(r["choice"], math.inf) <= 1.1 * best
+            if int(nbytes_s) >= 16 << 20:
+                gm = g.get(f"{e['coll']}/{nbytes_s}")
+                bound = link_bound(e["coll"], int(nbytes_s), e["hosts"], e["rate_bps"])
+                big.append((bound / med["None"], statistics.median(gm) / med["None"]
+                            if gm else math.nan, e, nbytes_s))
+    lines = [f"default within 10% of the best ringtree algorithm: {near} of {total} sizes "
+             f"(its choice, forced: {forced} of {total})"]
+    for frac, vs_gloo, e, nb in big:
+        lines.append(f"{e['key']} {e['coll']} {show_size(int(nb))}: {frac:.0%} of the link "
+                     f"bound, gloo/default {vs_gloo:.2f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -122,3 +122,36 @@ def test_record_comm_then_replay_on_a_modeled_cluster(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "grid dp=2 tp=2 pp=2" in out.stdout and "step communication time" in out.stdout
+
+
+GROUPS_GONE = """
+import sys, weakref
+import torch.distributed as dist
+from ringtree.parallel import train_cli
+
+made = []
+new_group = dist.new_group
+def tracked(*a, **k):
+    g = new_group(*a, **k)
+    if isinstance(g, dist.ProcessGroup):  # not GroupMember.NON_GROUP_MEMBER
+        made.append(weakref.ref(g))
+    return g
+dist.new_group = tracked
+assert train_cli.main(sys.argv[1:]) == 0
+alive = [w() for w in made if w() is not None]
+assert made and not alive, f"{len(alive)} of {len(made)} process groups outlived the run"
+"""
+
+
+@pytest.mark.parametrize("backend", ["gloo", "ringtree"])
+def test_process_groups_are_gone_when_train_returns(tmp_path, backend):
+    """Every group the grid made is destroyed inside ``ringtree train``, not left to a
+    garbage collection at interpreter exit (where gloo's threads can abort the rank)."""
+    script = tmp_path / "groups_gone.py"
+    script.write_text(GROUPS_GONE)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", "4", sys.executable,
+           str(script), "--dp", "2", "--tp", "2", "--steps", "2", "--batch-size", "4",
+           "--eval-batches", "1", "--backend", backend, *TINY]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]

@@ -64,9 +64,8 @@ class DataParallel:
         if cur:
             self._make_bucket(cur)
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        for b in self.buckets:
-            for p in b.params:
-                p.register_post_accumulate_grad_hook(self._hook)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook)
+                       for b in self.buckets for p in b.params]
         self._next = 0
 
     def _make_bucket(self, named: list[tuple[str, nn.Parameter]]) -> None:
@@ -114,6 +113,15 @@ class DataParallel:
                 target.div_(self.size)
             b.ready, b.work, b.launched = 0, None, False
         self._next = 0
+
+    def close(self) -> None:
+        """Remove the gradient hooks. A hook is held by its parameter's C++ autograd
+        state, where the garbage collector cannot see it, so the cycle parameter -> hook
+        -> this wrapper -> module -> parameter (and the process groups the module holds)
+        is never freed until the hooks go."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
 
     def zero_grad(self) -> None:
         for b in self.buckets:

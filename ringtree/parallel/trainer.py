@@ -136,6 +136,11 @@ class Trainer:
         self.step += 1
         return StepResult(loss, run, time.perf_counter() - t0)
 
+    def close(self) -> None:
+        """Release what ties this rank's model to its process groups (the gradient hooks),
+        so the groups can be destroyed."""
+        self.dp.close()
+
     def evaluate(self) -> float:
         """Mean validation loss over ``eval_batches`` fixed global batches."""
         m = self.spec.micro_batches

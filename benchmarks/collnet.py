@@ -1,6 +1,7 @@
-"""In-network aggregation on the namespace testbed: all_reduce through a software switch
-against ring and hierarchical, with the bytes each host put on its link and the
-simulator's prediction for the same topology.
+"""In-network aggregation on the namespace testbed: all_reduce (and, with ``--colls``,
+broadcast, all_gather and reduce_scatter) through a software switch against ring and
+hierarchical, with the bytes each host put on its link and the simulator's prediction
+for the same topology.
 
 Topology: H hosts × P ranks, every host link shaped to ``--rate`` each way (``tc tbf``),
 and one more host that runs ``ringtree switch`` on an unshaped link (a switch port per
@@ -18,6 +19,7 @@ reducing, charged the software switch's hop measured here (see :func:`predict`).
 
     python benchmarks/collnet.py                         # 4x1 and 4x2, 8 B .. 64 MiB
     python benchmarks/collnet.py --layouts 4x1 --sizes 16M --reps 5 --drop 0.01
+    python benchmarks/collnet.py --layouts 4x1 --colls broadcast,all_gather,reduce_scatter
 
 Needs root, ``ip`` and ``tc`` (the testbed).
 """
@@ -65,65 +67,108 @@ def _slowest(comm, t: float) -> float:
     return float(v[0])
 
 
-def measure(comm, sizes: list[int], algos: list[str], reps: int, local_rank: int) -> dict:
-    """Times (s per call) and host tx bytes per call, for every (size, algo)."""
+def _call(comm, coll: str, nbytes: int):
+    """(run(algo), check()) for one collective of ``nbytes`` (nccl-tests sizes: the
+    all-gather's gathered bytes, the reduce-scatter's input bytes)."""
+    n, r = comm.size, comm.rank
+    count = max(1, nbytes // 4)
+    block = max(1, count // n)
+    if coll == "all_reduce":
+        x, y = np.full(count, r + 1, np.float32), np.empty(count, np.float32)
+        return (lambda algo: comm.all_reduce(x, out=y, algo=algo),
+                lambda: bool(np.all(y == np.float32(n * (n + 1) // 2))))
+    if coll == "broadcast":
+        x = np.full(count, r + 1, np.float32)
+        return (lambda algo: comm.broadcast(x, root=0, algo=algo),
+                lambda: bool(np.all(x == 1)))
+    if coll == "all_gather":
+        x, y = np.full(block, r + 1, np.float32), np.empty((n, block), np.float32)
+        return (lambda algo: comm.all_gather(x, out=y, algo=algo),
+                lambda: bool(np.all(y == np.arange(1, n + 1, dtype=np.float32)[:, None])))
+    x, y = np.full(block * n, r + 1, np.float32), np.empty(block, np.float32)
+    return (lambda algo: comm.reduce_scatter(x, out=y, algo=algo),
+            lambda: bool(np.all(y == np.float32(n * (n + 1) // 2))))
+
+
+def measure(comm, colls: list[str], sizes: list[int], algos: list[str], reps: int,
+            local_rank: int) -> dict:
+    """Times (s per call) and host tx bytes per call, for every (coll, size, algo)."""
+    from ringtree.schedules import algorithms
+
     out: dict = {}
-    for nbytes in sizes:
-        count = max(1, nbytes // 4)
-        x = np.full(count, comm.rank + 1, np.float32)
-        want = np.float32(comm.size * (comm.size + 1) // 2)
-        for algo in algos:
-            y = np.empty_like(x)
-            comm.all_reduce(x, out=y, algo=algo)          # warm: connections, groups
-            if not np.all(y == want):
-                raise AssertionError(f"{algo} {nbytes} B: wrong result")
-            iters = 1 if nbytes >= 1 << 24 else (4 if nbytes >= 1 << 20 else 20)
-            times, txs = [], []
-            for _ in range(reps):
-                comm.barrier()
-                tx0 = _tx() if local_rank == 0 else 0
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    comm.all_reduce(x, out=y, algo=algo)
-                dt = (time.perf_counter() - t0) / iters
-                tx = (_tx() - tx0) / iters if local_rank == 0 else 0.0
-                times.append(_slowest(comm, dt))
-                txs.append(tx)
-            out[f"{algo}/{nbytes}"] = {"time": statistics.median(times),
-                                       "tx": statistics.median(txs) if local_rank == 0
-                                       else None}
+    for coll in colls:
+        for nbytes in sizes:
+            run, ok = _call(comm, coll, nbytes)
+            for algo in algos:
+                if algo not in algorithms(coll):
+                    continue
+                run(algo)                                 # warm: connections, groups
+                if not ok():
+                    raise AssertionError(f"{coll} {algo} {nbytes} B: wrong result")
+                iters = 1 if nbytes >= 1 << 24 else (4 if nbytes >= 1 << 20 else 20)
+                times, txs = [], []
+                for _ in range(reps):
+                    comm.barrier()
+                    tx0 = _tx() if local_rank == 0 else 0
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        run(algo)
+                    dt = (time.perf_counter() - t0) / iters
+                    tx = (_tx() - tx0) / iters if local_rank == 0 else 0.0
+                    times.append(_slowest(comm, dt))
+                    txs.append(tx)
+                out[f"{coll}/{algo}/{nbytes}"] = {
+                    "time": statistics.median(times),
+                    "tx": statistics.median(txs) if local_rank == 0 else None}
     return out
 
 
 # ---- the driver -----------------------------------------------------------------------
 
-def theory_bytes(algo: str, nbytes: int, hosts: int) -> float:
-    if algo.startswith("collnet"):
-        return float(nbytes)
-    return 2 * (hosts - 1) / hosts * nbytes
+def theory_bytes(coll: str, algo: str, nbytes: int, hosts: int, ppn: int) -> float:
+    """Bytes a host sends per call, averaged over hosts (M = ``nbytes``)."""
+    switch = algo.startswith("collnet")
+    if coll == "all_reduce":
+        return float(nbytes) if switch else 2 * (hosts - 1) / hosts * nbytes
+    if coll == "broadcast":  # the root's host sends M once; a chain's hosts but the last
+        return nbytes / hosts if switch else (hosts - 1) / hosts * nbytes
+    if coll == "all_gather":  # every rank sends its block to the switch
+        return nbytes / hosts if switch else (hosts - 1) / hosts * nbytes
+    return float(ppn * nbytes) if switch else (hosts - 1) / hosts * nbytes
 
 
-def predict(algo: str, nbytes: int, hosts: int, ppn: int, rate_bps: float,
+def predict(coll: str, algo: str, nbytes: int, hosts: int, ppn: int, rate_bps: float,
             link_us: float, switch_us: float) -> float | None:
     """The simulator's time (s) for the same topology, or None if it has no model.
 
     Hosts sit on a one-leaf fat-tree: one NIC per host at the link rate with the link's
-    one-way latency (``link_us``, what ringtree measured), a reducing leaf. Host-to-host
-    traffic crosses the kernel's bridge, which costs nothing more; traffic through the
-    software switch pays its time per hop (``switch_us``, from the 8 B CollNet time
-    less the two link latencies), charged as the leaf's switching latency."""
+    one-way latency (``link_us``, what ringtree measured), a reducing leaf. What the
+    testbed really costs, modeled:
+
+    - the software switch's time per pass (``switch_us``, from the 8 B CollNet time less
+      the two link latencies), charged as the leaf's switching latency;
+    - store-and-forward units: the simulator moves a slice over one link after another,
+      so the slice is the unit a hop must hold whole before forwarding. The software
+      switch holds a whole chunk (every member's, before it reduces), so CollNet is
+      simulated with the switch's chunk as the slice; the kernel bridge forwards TCP in
+      64 KiB segments, so host-to-host schedules are simulated with 64 KiB slices (with
+      the executor's 1 MiB slices every message would pay each link in full, twice the
+      measured time at 1 MiB)."""
     from ringtree.sim import simulate
     from ringtree.sim import topology as T
+    from ringtree.switch.client import DEFAULT_CHUNK
 
     gbs = rate_bps / 8 / 1e9
-    hop = switch_us if algo.startswith("collnet") else 0.0
+    switch = algo.startswith("collnet")
     topo = T.fat_tree(hosts, gpus_per_node=ppn, nics_per_node=1, nvlink_gbps=4.0,
                       nvlink_ns=10e3, pcie_gbps=100.0, pcie_ns=0.0, nic_gbps=gbs,
-                      nic_ns=link_us * 1e3, switch_ns=hop * 1e3, leaf_ports=max(8, hosts),
-                      levels=2, sharp=True, channels=1, name="testbed")
+                      nic_ns=link_us * 1e3, switch_ns=(switch_us if switch else 0.0) * 1e3,
+                      leaf_ports=max(8, hosts), levels=2, sharp=True, channels=1,
+                      name="testbed")
     try:
-        return simulate("all_reduce", algo, topo, nbytes).time_ns / 1e9
-    except (ValueError, KeyError):
+        return simulate(coll, algo, topo, nbytes,
+                        slice_bytes=DEFAULT_CHUNK if switch else 64 << 10).time_ns / 1e9
+    except (ValueError, KeyError, NotImplementedError):
         return None
 
 
@@ -147,7 +192,8 @@ def run_layout(hosts: int, ppn: int, args, sizes: list[int]) -> dict:
                "RINGTREE_TIMEOUT": "120"}
         layout = [ppn] * hosts + [0]
         with HostPool(tb, layout, env=env, timeout=3600, token=token) as pool:
-            res = pool.run(_job, sizes, list(args.algos.split(",")), args.reps)
+            res = pool.run(_job, args.colls.split(","), sizes, args.algos.split(","),
+                           args.reps)
     errors = [r for r in res if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
@@ -161,11 +207,31 @@ def run_layout(hosts: int, ppn: int, args, sizes: list[int]) -> dict:
             "tx": {k: statistics.mean(v) for k, v in tx.items()}, "alpha": res[0]["alpha"]}
 
 
-def _job(comm, sizes, algos, reps):
+def _job(comm, colls, sizes, algos, reps):
     local = int(os.environ.get("RINGTREE_LOCAL_RANK", "0"))
     topo = getattr(comm, "topology", None)
-    return {"times": measure(comm, sizes, algos, reps, local),
+    return {"times": measure(comm, colls, sizes, algos, reps, local),
             "alpha": topo.alpha if topo is not None else 50e-6}
+
+
+def _table(r: dict, coll: str, sizes: list[int], hosts: int, ppn: int, rate: float,
+           link_us: float, hop_us: float) -> None:
+    algos = [a for a in ALGOS if any(k.startswith(f"{coll}/{a}/") for k in r["times"])]
+    head = "| size | " + " | ".join(algos) + " | ring ÷ switch | " + \
+        " | ".join(f"{a} MiB [th]" for a in algos) + " | sim switch | sim ring |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for n in sizes:
+        t = {a: r["times"][f"{coll}/{a}/{n}"] for a in algos}
+        cells = [f"{t[a] * 1e3:.2f}" for a in algos]
+        ratio = t["ring"] / t["collnet_direct"] if "ring" in t and \
+            "collnet_direct" in t else float("nan")
+        txc = [f"{r['tx'][f'{coll}/{a}/{n}'] / 2**20:.2f} "
+               f"[{theory_bytes(coll, a, n, hosts, ppn) / 2**20:.2f}]" for a in algos]
+        sim = [predict(coll, a, n, hosts, ppn, rate, link_us, hop_us)
+               for a in ("collnet_direct", "ring")]
+        print(f"| {show(n)} | " + " | ".join(cells) + f" | {ratio:.2f} | " + " | ".join(txc)
+              + " | " + " | ".join(f"{v * 1e3:.2f}" if v else "-" for v in sim) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layouts", default="4x1,4x2")
     p.add_argument("--sizes", default=SIZES)
     p.add_argument("--algos", default=",".join(ALGOS))
+    p.add_argument("--colls", default="all_reduce",
+                   help="all_reduce, broadcast, all_gather, reduce_scatter (comma-separated)")
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--drop", type=float, default=0.0)
@@ -192,35 +260,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# link {args.rate}; drop {args.drop}; load "
           f"{open('/proc/loadavg').read().split()[:3]}")
     doc = {"rate": args.rate, "drop": args.drop, "layouts": {}}
-    algos = args.algos.split(",")
     for lay in args.layouts.split(","):
         hosts, ppn = (int(v) for v in lay.lower().split("x"))
         r = run_layout(hosts, ppn, args, sizes)
         doc["layouts"][lay] = r
         link_us = r["alpha"] * 1e6
         small = min(sizes)
-        hop_us = max(0.0, r["times"].get(f"collnet_direct/{small}", 0.0) * 1e6 - 2 * link_us)
-        r["switch_hop_us"] = hop_us
-        print(f"\n# {lay}: link latency {link_us:.0f} µs (measured by ringtree), switch hop "
-              f"{hop_us:.0f} µs (the {show(small)} CollNet time less two link latencies)")
-        print(f"\n## {lay} ({hosts} hosts x {ppn} ranks), ms per all_reduce (median of "
-              f"{args.reps}); MiB sent per host per call [theory]; sim = simulator")
-        head = "| size | " + " | ".join(algos) + " | ring ÷ switch | " + \
-            " | ".join(f"{a} MiB [th]" for a in algos) + " | sim switch | sim ring |"
-        print(head)
-        print("|" + "---|" * (head.count("|") - 1))
-        for n in sizes:
-            t = {a: r["times"][f"{a}/{n}"] for a in algos}
-            cells = [f"{t[a] * 1e3:.2f}" for a in algos]
-            ratio = t["ring"] / t["collnet_direct"] if "ring" in t and \
-                "collnet_direct" in t else float("nan")
-            txc = [f"{r['tx'][f'{a}/{n}'] / 2**20:.2f} [{theory_bytes(a, n, hosts) / 2**20:.2f}]"
-                   for a in algos]
-            ps = predict("collnet_direct", n, hosts, ppn, rate, link_us, hop_us)
-            pr = predict("ring", n, hosts, ppn, rate, link_us, hop_us)
-            sim = [f"{v * 1e3:.2f}" if v else "-" for v in (ps, pr)]
-            print(f"| {show(n)} | " + " | ".join(cells) + f" | {ratio:.2f} | " +
-                  " | ".join(txc) + " | " + " | ".join(sim) + " |")
+        for coll in args.colls.split(","):
+            t8 = r["times"].get(f"{coll}/collnet_direct/{small}", 0.0)
+            hop_us = max(0.0, t8 * 1e6 - 2 * link_us)
+            r[f"{coll}/switch_hop_us"] = hop_us
+            print(f"\n## {coll}, {lay} ({hosts} hosts x {ppn} ranks): link latency "
+                  f"{link_us:.0f} µs (measured by ringtree), switch hop {hop_us:.0f} µs (the "
+                  f"{show(small)} CollNet time less two link latencies)\n\nms per call "
+                  f"(median of {args.reps}); MiB sent per host per call [theory]; "
+                  f"sim = simulator")
+            _table(r, coll, sizes, hosts, ppn, rate, link_us, hop_us)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

@@ -122,15 +122,10 @@ class LinkedMap:
         return self._head.next.key
 
 
-class LRUCache:
-    """A bounded key → value cache evicting the least recently used key, all O(1)."""
+class _OnLinkedMap:
+    """Size, membership and the operation count of the :class:`LinkedMap` ``_list``."""
 
-    def __init__(self, capacity: int):
-        if capacity < 1:
-            raise ValueError(f"LRUCache capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self._list = LinkedMap()
-        self.evictions = 0
+    _list: LinkedMap
 
     @property
     def ops(self) -> int:
@@ -141,6 +136,17 @@ class LRUCache:
 
     def __contains__(self, key: object) -> bool:
         return key in self._list
+
+
+class LRUCache(_OnLinkedMap):
+    """A bounded key → value cache evicting the least recently used key, all O(1)."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"LRUCache capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._list = LinkedMap()
+        self.evictions = 0
 
     def keys(self) -> list[Hashable]:
         """Keys from least to most recently used."""
@@ -169,7 +175,7 @@ class LRUCache:
         return self._list.pop(key)
 
 
-class LRUPolicy:
+class LRUPolicy(_OnLinkedMap):
     """Evict the block whose last reference was dropped longest ago (vLLM's default).
 
     Blocks freed together are added in reverse chain order by the pool, so within one
@@ -180,16 +186,6 @@ class LRUPolicy:
 
     def __init__(self) -> None:
         self._list = LinkedMap()
-
-    @property
-    def ops(self) -> int:
-        return self._list.ops
-
-    def __len__(self) -> int:
-        return len(self._list)
-
-    def __contains__(self, block: object) -> bool:
-        return block in self._list
 
     def order(self) -> list[int]:
         """Evictable blocks, next victim first."""

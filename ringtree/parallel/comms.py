@@ -65,26 +65,28 @@ def all_reduce(t: torch.Tensor, group, axis: str, op=dist.ReduceOp.SUM,
     return dist.all_reduce(t, op=op, group=group, async_op=async_op)
 
 
-def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group, axis: str,
-                   async_op: bool = False):
-    """``out`` = this rank's block of the sum of ``inp`` over ``group``."""
+def _into(fn, name: str, out: torch.Tensor, inp: torch.Tensor, group, axis: str,
+          nbytes: int, async_op: bool):
+    """``fn(out, inp)`` over ``group``; a one-rank axis only copies."""
     if group is None:
         out.copy_(inp)
         return None
     if _RECORDER is not None:
-        _RECORDER.add("reduce_scatter", axis, group, _nbytes(inp))
-    return _REDUCE_SCATTER(out, inp, group=group, async_op=async_op)
+        _RECORDER.add(name, axis, group, nbytes)
+    return fn(out, inp, group=group, async_op=async_op)
+
+
+def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group, axis: str,
+                   async_op: bool = False):
+    """``out`` = this rank's block of the sum of ``inp`` over ``group``."""
+    return _into(_REDUCE_SCATTER, "reduce_scatter", out, inp, group, axis, _nbytes(inp),
+                 async_op)
 
 
 def all_gather(out: torch.Tensor, inp: torch.Tensor, group, axis: str,
                async_op: bool = False):
     """``out`` = the concatenation of every rank's ``inp`` along dim 0."""
-    if group is None:
-        out.copy_(inp)
-        return None
-    if _RECORDER is not None:
-        _RECORDER.add("all_gather", axis, group, _nbytes(out))
-    return _ALL_GATHER(out, inp, group=group, async_op=async_op)
+    return _into(_ALL_GATHER, "all_gather", out, inp, group, axis, _nbytes(out), async_op)
 
 
 def isend(t: torch.Tensor, peer: int, group):

@@ -22,6 +22,10 @@ class Work:
         self._result: Any = None
         self._callbacks: list[Callable[[Work], None]] = []
         self._lock = threading.Lock()
+        # Set by whoever queued the operation when a waiter can run it itself instead of
+        # sleeping until another thread does (the LL thread's queue): ``help()`` returns
+        # once the operation is done, on this thread or another.
+        self.help: Callable[[], None] | None = None
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         with self._lock:
@@ -48,6 +52,8 @@ class Work:
         cb(self)
 
     def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None and self.help is not None and not self._event.is_set():
+            self.help()
         if not self._event.wait(timeout):
             raise TimeoutError(f"{self.name} did not complete within {timeout} s")
         if self._error is not None:

@@ -69,6 +69,23 @@ def test_ll_waits_for_async_simple_work_on_its_memory():
     assert run_ranks(memory_order, 3, timeout=120) == [True] * 3
 
 
+def waiter_runs_the_queue(comm) -> bool:
+    """Async LL calls, waited for newest first and then in order: a waiting thread runs
+    the queue up to its call itself, in issue order, and every result is exact."""
+    n = comm.size
+    xs = [np.full(5, comm.rank + k, np.int64) for k in range(6)]
+    works = [comm.all_reduce(x, async_op=True) for x in xs]
+    works[2].wait()
+    for w in works:
+        w.wait()
+    return all((x == n * (n - 1) // 2 + n * k).all() for k, x in enumerate(xs)) and \
+        comm.ll.pending == 0
+
+
+def test_waiting_for_async_ll_calls_runs_them_in_issue_order():
+    assert run_ranks(waiter_runs_the_queue, 3, timeout=120) == [True] * 3
+
+
 def disagree(comm):
     """Rank 1's count puts its call on Simple, the others' on LL."""
     count = 1 << 18 if comm.rank == 1 else 4

@@ -6,7 +6,10 @@ collective through the store, like the shm transport's setup). From then on:
 
 - a call the planner gives to LL runs here, on the calling thread, without the executor:
   write, publish, wait, read (:class:`~ringtree.transports.shm_ll_coll.LLOp`); an async
-  call returns a completed :class:`~ringtree.work.Work`;
+  call is queued for the LL thread, and a thread that waits for its Work first runs the
+  queue up to that call itself (it would only sleep until the LL thread had: this saves
+  two thread hand-offs per call, which is most of a small call's time when ranks
+  outnumber cores);
 - a call that runs on Simple *announces* itself in the segment (its sequence number and
   fingerprint), so a rank that chose LL for what should be the same call — it disagrees
   on the size — gets a MismatchError instead of waiting, and the Simple rank finds out
@@ -66,6 +69,7 @@ class LLRunner:
         # async LL calls run in issue order on a thread of their own; anything else that
         # takes a sequence number (an LL call, a Simple call's announcement) drains it
         self.pending = 0
+        self._running = False    # a queued call is being run (by the LL thread or a waiter)
         self._queue: deque = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -124,6 +128,7 @@ class LLRunner:
     def submit(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
                timeout: float | None) -> Work:
         work = Work(op.name)
+        work.help = lambda: self.help(work)
         with self._cv:
             self._queue.append((comm, op, inp, out, red, result, post, seq, timeout, work))
             self.pending += 1
@@ -140,24 +145,43 @@ class LLRunner:
             while self.pending:
                 self._cv.wait(0.1)
 
+    def help(self, work: Work) -> None:
+        """Run the queued calls up to and including ``work``'s on this thread, in issue
+        order and one at a time with the LL thread; return once ``work``'s call has been
+        taken from the queue (by this thread or the LL thread)."""
+        while True:
+            with self._cv:
+                while self._running:
+                    self._cv.wait(0.1)
+                if not any(item[-1] is work for item in self._queue):
+                    return
+                item = self._queue.popleft()
+                self._running = True
+            self._run_queued(item)
+
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._queue:
+                while not self._queue or self._running:
                     if self._thread is not threading.current_thread():
                         return
                     self._cv.wait(0.5)
-                comm, op, inp, out, red, result, post, seq, timeout, work = \
-                    self._queue.popleft()
-            try:
-                self.run_arrays(comm, op, inp, out, red, result, post, seq, False, timeout)
-                err = None
-            except BaseException as e:  # noqa: BLE001 - the Work raises it
-                err = e
-            with self._cv:
-                self.pending -= 1
-                self._cv.notify_all()
-            work._finish(None if err is not None else result, err)
+                item = self._queue.popleft()
+                self._running = True
+            self._run_queued(item)
+
+    def _run_queued(self, item: tuple) -> None:
+        comm, op, inp, out, red, result, post, seq, timeout, work = item
+        try:
+            self.run_arrays(comm, op, inp, out, red, result, post, seq, False, timeout)
+            err = None
+        except BaseException as e:  # noqa: BLE001 - the Work raises it
+            err = e
+        with self._cv:
+            self.pending -= 1
+            self._running = False
+            self._cv.notify_all()
+        work._finish(None if err is not None else result, err)
 
     def announce(self, fp: int) -> None:
         if self.pending:

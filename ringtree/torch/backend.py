@@ -140,6 +140,7 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
             parts = issue()
             if self._coalescing is not None:
                 self._coalescing.append(work)
+        work._parts = [p for p in parts if getattr(p, "help", None) is not None]
         self._when_all(work, parts, list(finishes))
         return work
 

@@ -62,6 +62,7 @@ class RingtreeWork(Work, dist.Work):
         self._dispatch = dispatch
         self._inner: torch.futures.Future | None = None
         self._future: torch.futures.Future | None = None
+        self._parts: list = []  # the ringtree Works behind this one (their ``help``)
 
     # ---- completion (called by the process group) -------------------------------------
 
@@ -88,6 +89,10 @@ class RingtreeWork(Work, dist.Work):
 
     def wait(self, timeout: Any = None) -> bool:
         t = _seconds(timeout)
+        if t is None and not self._event.is_set():
+            for part in self._parts:  # run queued LL calls here instead of sleeping
+                if part.help is not None:
+                    part.help()
         if not self._event.wait(t):
             raise TorchCollectiveTimeout(f"Timed out waiting {int(round((t or 0) * 1000))}ms "
                                          f"for {self.name} to complete (it goes on)")

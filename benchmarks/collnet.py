@@ -141,19 +141,27 @@ def predict(coll: str, algo: str, nbytes: int, hosts: int, ppn: int, rate_bps: f
             link_us: float, switch_us: float) -> float | None:
     """The simulator's time (s) for the same topology, or None if it has no model.
 
-    Hosts sit on a one-leaf fat-tree: one NIC per host at the link rate with the link's
-    one-way latency (``link_us``, what ringtree measured), a reducing leaf. What the
-    testbed really costs, modeled:
+    Hosts sit on a one-leaf fat-tree: one NIC per host at the link rate, a reducing leaf.
+    What the testbed really costs, modeled:
 
+    - latency: ringtree measures ``link_us`` host to host (one way), which the simulator's
+      host → leaf → host path crosses as two links of ``link_us / 2``; through the
+      switch a pass is two such host-to-host crossings (to the switch's host and back),
+      so the leaf stands for the switch and each of its links costs ``link_us``;
     - the software switch's time per pass (``switch_us``, from the 8 B CollNet time less
-      the two link latencies), charged as the leaf's switching latency;
+      the two link latencies), half of it on each of the two links a pass crosses (the
+      fat-tree charges ``switch_ns`` only between leaves and spines, and one leaf has
+      none);
     - store-and-forward units: the simulator moves a slice over one link after another,
       so the slice is the unit a hop must hold whole before forwarding. The software
       switch holds a whole chunk (every member's, before it reduces), so CollNet is
       simulated with the switch's chunk as the slice; the kernel bridge forwards TCP in
       64 KiB segments, so host-to-host schedules are simulated with 64 KiB slices (with
       the executor's 1 MiB slices every message would pay each link in full, twice the
-      measured time at 1 MiB)."""
+      measured time at 1 MiB).
+
+    Not modeled: ``tc tbf`` lets a burst of 1 ms of traffic (125 KB at 1 Gbit/s) through
+    at once, so calls of 64 KiB run faster than any 1 Gbit/s model predicts."""
     from ringtree.sim import simulate
     from ringtree.sim import topology as T
     from ringtree.switch.client import DEFAULT_CHUNK
@@ -162,7 +170,8 @@ def predict(coll: str, algo: str, nbytes: int, hosts: int, ppn: int, rate_bps: f
     switch = algo.startswith("collnet")
     topo = T.fat_tree(hosts, gpus_per_node=ppn, nics_per_node=1, nvlink_gbps=4.0,
                       nvlink_ns=10e3, pcie_gbps=100.0, pcie_ns=0.0, nic_gbps=gbs,
-                      nic_ns=link_us * 1e3, switch_ns=(switch_us if switch else 0.0) * 1e3,
+                      nic_ns=(link_us + switch_us / 2 if switch else link_us / 2) * 1e3,
+                      switch_ns=0.0,
                       leaf_ports=max(8, hosts), levels=2, sharp=True, channels=1,
                       name="testbed")
     try:

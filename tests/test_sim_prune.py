@@ -35,3 +35,21 @@ def test_pruned_channels_change_no_time(topo_name, nodes):
                 assert (a.time_ns, a.rank_done) == (b.time_ns, b.rank_done), (algo, nbytes)
             assert fast.run(full, topo, devices) == fast.run(cut, topo, devices)
     assert pruned_some
+
+
+@pytest.mark.parametrize("topo_name,nodes", [("dgx_h100", 4), ("fat_tree2", 8), ("torus", 8)])
+@pytest.mark.parametrize("model", ["aware", "unaware", "fast"])
+def test_emptied_template_channels_change_no_time(topo_name, nodes, model):
+    """The shared template leaves out channels that move no data on any rank too: the
+    batched run gives the event engine's times (every rank's own Program)."""
+    from ringtree.sim import simulate, symbolic, template
+    from ringtree.sim.fold import options
+
+    topo = presets.get(topo_name, nodes)
+    t = symbolic.template("all_reduce", "ring", topo.nranks, options(topo))
+    p0 = programs_for("all_reduce", "ring", topo)[0]
+    assert template.moving(t, p0, 2, False)[0] is not t or topo.channels == 1
+    for nbytes in (8, 200, 3 << 10, 1 << 20):
+        a = simulate("all_reduce", "ring", topo, nbytes, model=model)
+        b = simulate("all_reduce", "ring", topo, nbytes, model=model, symmetry=False)
+        assert a.time_ns == b.time_ns, (nbytes, a.time_ns, b.time_ns)

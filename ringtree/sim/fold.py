@@ -12,7 +12,7 @@ from typing import overload
 
 from ringtree.core.ir import Collective, Program
 from ringtree.schedules import Options, generate
-from ringtree.sim import symbolic, symmetry, wave
+from ringtree.sim import symbolic, symmetry, template, wave
 from ringtree.sim.compile import Compiled, compile_programs
 from ringtree.sim.topology import Topology
 
@@ -77,7 +77,8 @@ class Lazy(Sequence[Program]):
 
 
 def _shared(coll: Collective, algo: str, topo: Topology, opts: Options, count: int,
-            itemsize: int, slice_bytes: int, aware: bool, in_place: bool) -> Plan | None:
+            itemsize: int, slice_bytes: int, aware: bool, in_place: bool,
+            prune: bool = True) -> Plan | None:
     """A batched plan from the schedule's template (folded when the run is symmetric)."""
     n = topo.nranks
     t = symbolic.template(coll, algo, n, opts)
@@ -91,7 +92,9 @@ def _shared(coll: Collective, algo: str, topo: Topology, opts: Options, count: i
             symbolic.instantiate(t, last.rank).channels != last.channels:
         return None                              # the template misread the generator
     try:
-        tp = wave.Template(t, p0, g or n, count, itemsize, slice_bytes, in_place)
+        tk, pk = template.moving(t, p0, count, in_place) if prune else (t, p0)
+        tp = wave.Template(tk, pk, g or n, count, itemsize, slice_bytes, in_place)
+        tp.share_offs = template.declared_offsets(t)
         tp.order = tp.levels()
     except (wave.Unordered, symbolic.NotSymmetric):
         return None
@@ -114,7 +117,8 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
     """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it
     (``prune``: leave out channels that move no data, :func:`.compile.moving`)."""
     if symmetry_ and programs is None:
-        got = _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware, in_place)
+        got = _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware, in_place,
+                      prune)
         if got is not None:
             return got
     progs: Sequence[Program] = programs if programs is not None else \

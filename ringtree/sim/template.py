@@ -11,7 +11,7 @@ import numpy as np
 from ringtree.core.ir import Program
 from ringtree.core.plan import compile_program
 from ringtree.sim.compile import passes
-from ringtree.sim.symbolic import Sym, offset_of
+from ringtree.sim.symbolic import ALIASED, Sym, _space, offset_of
 from ringtree.sim.symmetry import regions
 
 
@@ -56,6 +56,9 @@ class Template:
             self.sl.append(self._intern((sl * itemsize).astype(np.float64)))
         self._pair(t)
         self.order: list[list[int]] = []
+        # the (channel, offset) connections every rank declares: the unaware model's
+        # link shares (set to the unpruned template's when channels were emptied)
+        self.share_offs = declared_offsets(t)
 
     def _intern(self, a: np.ndarray) -> np.ndarray:
         """One array for every step with the same contents (a ring's steps all share)."""
@@ -121,6 +124,67 @@ class Template:
         if seen != ns:
             raise Unordered("a step waits on itself through another rank (pipelined chain)")
         return out
+
+
+def declared_offsets(t: Program) -> list[tuple[int, int]]:
+    """(channel, peer offset) of every connection the template sends on."""
+    n = t.nranks
+    return sorted({(c, offset_of(q, n)) for c, ch in enumerate(t.channels) for s in ch
+                   for q in s.send_to})
+
+
+def _family(ref) -> tuple | None:
+    """What chunks ``ref`` names on the ranks, as a hashable key (None: unbounded)."""
+    x = ref.index
+    if not isinstance(x, Sym):
+        return (ref.buf, None, ref.index, ref.count)
+    return None if ref.count != 1 else (ref.buf, x.m, x.mod, x.b)
+
+
+def _chunks_of(fam: tuple, n: int) -> set[int]:
+    """Every chunk index a family names on some rank (a superset)."""
+    _, m, mod, b = fam
+    if m is None:
+        return set(range(mod, mod + b))
+    return {m * i + b for i in range(mod or n)}
+
+
+def moving(t: Program, p0: Program, count: int, in_place: bool) -> tuple[Program, Program]:
+    """``t`` and ``p0`` with the channels that move no data on any rank emptied, when
+    they share no storage with the channels kept (:func:`ringtree.sim.compile.moving`
+    for a template: the same exact argument, over the chunks every rank names)."""
+    if in_place and t.collective not in ALIASED:
+        return t, p0
+    n, regs = t.nranks, regions(t, count)
+    names: list[set[tuple]] = []
+    zero: list[set[tuple]] = []
+    for ch in t.channels:
+        fams = {_family(ref) for s in ch for ref in (s.src, s.dst) if ref is not None}
+        if None in fams:
+            return t, p0
+        got: set[tuple] = set()
+        for fam in fams:
+            idx = _chunks_of(fam, n)
+            if idx and (min(idx) < 0 or max(idx) >= len(regs[fam[0]])):
+                return t, p0
+            sp = _space(fam[0], t.collective, in_place)
+            got.update((sp, j) for j in idx)
+        names.append(got)
+        zero.append({k for k in got if not regs[k[0]][k[1]]})
+    keep = [z != c for z, c in zip(zero, names)]
+    if all(keep) or not any(keep):
+        return t, p0
+    kept_zero = set().union(*(z for z, k in zip(zero, keep) if k))
+    dropped = set().union(*(c for c, k in zip(names, keep) if not k))
+    if kept_zero & dropped:
+        return t, p0
+    return _emptied(t, keep), _emptied(p0, keep)
+
+
+def _emptied(p: Program, keep: list[bool]) -> Program:
+    chans = tuple(ch if k else () for ch, k in zip(p.channels, keep))
+    return Program(p.collective, p.algo, p.nranks, p.rank, p.chunks, chans, p.root,
+                   p.scratch, p.in_place_ok, p.meta)
 
 
 def _length(ref, regs: dict, ranks: np.ndarray) -> np.ndarray:

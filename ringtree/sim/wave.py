@@ -49,7 +49,7 @@ class _Links:
         share = None
         if not aware:
             every = [(r, topo.route(devices[r], devices[(r + a) % n], c))
-                     for r in range(n) for (c, a) in offs]
+                     for r in range(n) for (c, a) in tp.share_offs]
             share = channel_shares(every)
         paths = [[path(topo, rt, share) for rt in row] for row in routes]
         self.lat = np.array([[p.latency for p in row] for row in paths]).reshape(g, -1)

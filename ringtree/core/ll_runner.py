@@ -24,6 +24,7 @@ import os
 import threading
 from collections import deque
 
+from ringtree.core import at_exit
 from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
@@ -136,6 +137,7 @@ class LLRunner:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
                                                 name=f"ringtree-ll-rank{comm.rank}")
                 self._thread.start()
+                at_exit.register(self)
             self._cv.notify_all()
         return work
 
@@ -242,6 +244,13 @@ class LLRunner:
     def check(self) -> None:
         """Idle hook of a Simple call: MismatchError if a peer runs another call."""
         self.ll.check_announced(lambda: "the current call")
+
+    def release_thread(self) -> threading.Thread | None:
+        """:func:`ringtree.core.at_exit.register`'s hook: let the LL thread go, return it."""
+        with self._cv:
+            thread, self._thread = self._thread, None
+            self._cv.notify_all()
+        return thread
 
     def close(self) -> None:
         """Close the segment (a thread waiting in it fails) and let the LL thread go."""

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ringtree.core import at_exit
 from ringtree.core.batch import Batch
 from ringtree.core.executor import Executor
 
@@ -90,6 +91,12 @@ class Progress:
             self.worker = None
             self.cv.notify_all()
 
+    def release_thread(self) -> threading.Thread | None:
+        """:func:`ringtree.core.at_exit.register`'s hook: stop the worker, return it."""
+        worker = self.worker
+        self.stop()
+        return worker
+
     def _drive(self, until: Callable[[], bool]) -> None:
         self.driver = threading.current_thread()
         try:
@@ -102,6 +109,7 @@ class Progress:
         if self.worker is None:
             self.worker = threading.Thread(target=self._work_loop, daemon=True, name=self.name)
             self.worker.start()
+            at_exit.register(self)
 
     def _work_loop(self) -> None:
         """Drive the executor whenever it has work and no caller is driving it."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ringtree.bootstrap.environ import export
+from ringtree.closing import Closing
 
 
 class HangError(AssertionError):
@@ -186,7 +187,7 @@ def raise_first(results: list[Any]) -> list[Any]:
     return results
 
 
-class RankPool:
+class RankPool(Closing):
     """N long-lived ranks with one communicator; ``run`` executes a function on all."""
 
     def __init__(self, nranks: int, env: dict | None = None, timeout: float = 120.0):
@@ -252,8 +253,3 @@ class RankPool:
                 p.kill()
                 p.join(timeout=5)
 
-    def __enter__(self) -> RankPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -164,9 +164,7 @@ def _identify(rank: int | None, world_size: int | None, env: Mapping[str, str]) 
     ids = (
         _from_args(rank, world_size)
         or _from_ringtree(env)
-        or _from_torchrun(env)
-        or _from_openmpi(env)
-        or _from_pmi(env)
+        or _from_conventions(env)
         or _from_slurm(env)
         or _Ids("single", 0, 1, 0, 1, ("rank", "world_size", "local_rank", "local_world_size"))
     )
@@ -255,39 +253,27 @@ def _from_ringtree(env: Mapping[str, str]) -> _Ids | None:
         missing = "RINGTREE_WORLD_SIZE" if has_world is None else "RINGTREE_RANK"
         present = "RINGTREE_RANK" if has_world is None else "RINGTREE_WORLD_SIZE"
         raise ValueError(f"{present} is set but {missing} is not; set both (or neither)")
-    return _convention(
-        env,
-        "ringtree",
-        ("RINGTREE_RANK", "RINGTREE_WORLD_SIZE"),
-        ("RINGTREE_LOCAL_RANK",),
-        ("RINGTREE_LOCAL_WORLD_SIZE",),
-    )
+    return _convention(env, "ringtree", ("RINGTREE_RANK", "RINGTREE_WORLD_SIZE"),
+                       ("RINGTREE_LOCAL_RANK",), ("RINGTREE_LOCAL_WORLD_SIZE",))
 
 
-def _from_torchrun(env: Mapping[str, str]) -> _Ids | None:
-    return _convention(
-        env, "torchrun", ("RANK", "WORLD_SIZE"), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)
-    )
+# Launchers that name rank, size, local rank and local size by plain variables, in the
+# order they are tried: (source, (rank, world size), local rank names, local size names).
+_CONVENTIONS = (
+    ("torchrun", ("RANK", "WORLD_SIZE"), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)),
+    ("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+     ("OMPI_COMM_WORLD_LOCAL_RANK",), ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+    ("pmi", ("PMI_RANK", "PMI_SIZE"), ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+     ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")),
+)
 
 
-def _from_openmpi(env: Mapping[str, str]) -> _Ids | None:
-    return _convention(
-        env,
-        "openmpi",
-        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-        ("OMPI_COMM_WORLD_LOCAL_RANK",),
-        ("OMPI_COMM_WORLD_LOCAL_SIZE",),
-    )
-
-
-def _from_pmi(env: Mapping[str, str]) -> _Ids | None:
-    return _convention(
-        env,
-        "pmi",
-        ("PMI_RANK", "PMI_SIZE"),
-        ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
-        ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"),
-    )
+def _from_conventions(env: Mapping[str, str]) -> _Ids | None:
+    for source, world, local_rank, local_world in _CONVENTIONS:
+        ids = _convention(env, source, world, local_rank, local_world)
+        if ids is not None:
+            return ids
+    return None
 
 
 def _from_slurm(env: Mapping[str, str]) -> _Ids | None:

@@ -32,6 +32,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from ringtree.closing import Closing
+
 __all__ = ["Host", "Testbed", "available", "parse_rate"]
 
 SUBNET = "10.77.0"           # hosts get SUBNET.1, .2, ... (private, inside our namespaces)
@@ -190,7 +192,7 @@ def _in_host(host: Host, fn, args: tuple, kwargs: dict) -> None:
     fn(*args, **kwargs)
 
 
-class Testbed:
+class Testbed(Closing):
     """``hosts`` namespace hosts on one bridge, each link shaped to ``rate`` each way.
 
     ``rate``/``burst`` take ``tc`` units (``"1gbit"``, ``"200mbit"``; burst in bytes or
@@ -323,12 +325,6 @@ class Testbed:
         for h in self.hosts:
             h.close()
         self._bridge.close()
-
-    def __enter__(self) -> Testbed:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

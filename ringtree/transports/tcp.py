@@ -408,12 +408,8 @@ class TcpTransport(Transport):
             req = conn.recvq[0]
             try:
                 if conn.hpos < HEADER_BYTES:
-                    n = sock.recv_into(memoryview(conn.hdr)[conn.hpos:])
-                    if n == 0:
-                        self._die(conn, "closed the connection")
-                        return True
+                    conn.hpos += _fill(sock, conn.hdr, conn.hpos)
                     moved = True
-                    conn.hpos += n
                     if conn.hpos < HEADER_BYTES:
                         return moved
                     if bytes(conn.hdr) != req.header:
@@ -425,16 +421,15 @@ class TcpTransport(Transport):
                         return True
                 size = req.buf.nbytes
                 if req.pos < size:
-                    n = sock.recv_into(memoryview(req.buf)[req.pos:])
-                    if n == 0:
-                        self._die(conn, "closed the connection")
-                        return True
+                    req.pos += _fill(sock, req.buf, req.pos)
                     moved = True
-                    req.pos += n
                     if req.pos < size:
                         return moved
             except (BlockingIOError, InterruptedError):
                 return moved
+            except EOFError:  # the peer closed its end (see _fill)
+                self._die(conn, "closed the connection")
+                return True
             except OSError as e:
                 self._die(conn, f"reset the connection ({e.strerror})")
                 return True
@@ -442,3 +437,12 @@ class TcpTransport(Transport):
             conn.hpos = 0
             conn.recvq.popleft()
         return moved
+
+
+def _fill(sock: socket.socket, buf, pos: int) -> int:
+    """Receive what has arrived into ``buf[pos:]``; the byte count, or EOFError if the
+    peer closed the stream (``recv`` returned no bytes)."""
+    n = sock.recv_into(memoryview(buf)[pos:])
+    if n == 0:
+        raise EOFError
+    return n

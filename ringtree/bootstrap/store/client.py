@@ -32,12 +32,13 @@ from ringtree.bootstrap.store.protocol import (
     _mac,
     _recv_frame,
 )
+from ringtree.closing import Closing
 from ringtree.settings import current
 
 OP_TIMEOUT = 5.0  # default deadline of a request that does not wait for a key
 
 
-class StoreClient:
+class StoreClient(Closing):
     """A connection to a :class:`StoreServer`, safe to share between threads.
 
     Connecting is retried until ``connect_timeout`` because the server may not be up yet.
@@ -72,12 +73,6 @@ class StoreClient:
         self._where = f"{host}:{port}"
         self._lock = threading.Lock()
         self._sock: socket.socket | None = self._connect(token.encode("utf-8"), connect_timeout)
-
-    def __enter__(self) -> StoreClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"StoreClient({self._where})"

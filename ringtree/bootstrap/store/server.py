@@ -32,6 +32,7 @@ from ringtree.bootstrap.store.protocol import (
     key_field,
     text_field,
 )
+from ringtree.closing import Closing
 
 
 class _Conn:
@@ -66,7 +67,7 @@ _LISTENER = object()
 _WAKER = object()
 
 
-class StoreServer:
+class StoreServer(Closing):
     """Serve a key-value store on ``host:port`` from a daemon thread.
 
     ``port=0`` picks a free port; the bound one is in :attr:`port`. Clients must present
@@ -101,12 +102,6 @@ class StoreServer:
             target=self._run, name=f"ringtree-store:{self.port}", daemon=True
         )
         self._thread.start()
-
-    def __enter__(self) -> StoreServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"StoreServer({self.host}:{self.port}, keys={len(self._data)})"

@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 
+from ringtree.core import at_exit
 from ringtree.errors import CollectiveTimeout, PeerError
 from ringtree.prof import doctor, flight
 from ringtree.settings import current
@@ -47,8 +48,24 @@ def _key(comm, *parts: object) -> str:
 # ---- answering ----------------------------------------------------------------------------
 
 _answered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_watcher: threading.Thread | None = None
 _lock = threading.Lock()
+
+
+class _Watcher:
+    """The answering thread. It polls the store from native code (torch's TCPStore under
+    torch.distributed), so it is let go at interpreter exit (:mod:`ringtree.core.at_exit`):
+    ended by finalization inside such a call, it would abort the process."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+
+    def release_thread(self) -> threading.Thread | None:
+        self.stop.set()
+        return self.thread
+
+
+_WATCHER = _Watcher()
 
 
 def publish(comm, gen: int) -> None:
@@ -74,10 +91,9 @@ def publish_closed(comm) -> None:
 
 def _watch_loop() -> None:
     poll = max(0.05, current().doctor_poll)
-    while True:
-        time.sleep(poll)
+    while not _WATCHER.stop.wait(poll):
         for comm in list(flight.COMMS):
-            if getattr(comm, "_closed", False):
+            if getattr(comm, "_closed", False) or _WATCHER.stop.is_set():
                 continue
             try:
                 raw = comm.store.try_get(_key(comm, "gen"))
@@ -93,14 +109,15 @@ def _watch_loop() -> None:
 
 
 def start_watcher() -> None:
-    global _watcher
     if not enabled():
         return
     with _lock:
-        if _watcher is None or not _watcher.is_alive():
-            _watcher = threading.Thread(target=_watch_loop, name="ringtree-doctor",
+        w = _WATCHER
+        if not w.stop.is_set() and (w.thread is None or not w.thread.is_alive()):
+            w.thread = threading.Thread(target=_watch_loop, name="ringtree-doctor",
                                         daemon=True)
-            _watcher.start()
+            w.thread.start()
+            at_exit.register(w)
 
 
 # ---- asking -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ringtree.core.batch import conflict
 from ringtree.core.ir import Buf
 
 __all__ = ["check_out", "order_group", "span"]
@@ -85,13 +86,6 @@ def _uses(call) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     return reads, writes
 
 
-def _conflict(a: tuple[list, list], b: tuple[list, list]) -> bool:
-    """Do two calls' (reads, writes) overlap where either one writes?"""
-    (ra, wa), (rb, wb) = a, b
-    return any(_meets(x, y) for x in wa for y in rb + wb) or \
-        any(_meets(x, y) for x in ra for y in wb)
-
-
 def order_group(calls: list) -> list[list]:
     """Apply the group rules to ``calls`` (before anything is submitted) and return them
     as consecutive batches to submit in order: raise on two writers of the same memory,
@@ -116,7 +110,7 @@ def order_group(calls: list) -> list[list]:
     batches: list[list] = [[]]
     members: list[int] = []   # indices of the collectives in the last batch
     for i, call in enumerate(calls):
-        if not p2p[i] and any(_conflict(uses[i], uses[j]) for j in members):
+        if not p2p[i] and any(conflict(*uses[i], *uses[j]) for j in members):
             if any(p2p):
                 raise ValueError(
                     f"group: {calls[members[0]].desc.name} and {call.desc.name} use "

@@ -39,8 +39,7 @@ class Batch:
 
     def conflicts(self, later: Batch) -> bool:
         """Must ``later`` wait for this batch (its memory is written by either)?"""
-        return _overlap(self.writes, later.writes) or _overlap(self.writes, later.reads) \
-            or _overlap(self.reads, later.writes)
+        return conflict(self.reads, self.writes, later.reads, later.writes)
 
     def touch(self, a: np.ndarray | None, writes: bool) -> None:
         """Add ``a``'s bytes to what the batch reads (or writes)."""
@@ -100,6 +99,14 @@ def byte_span(a: np.ndarray | None) -> tuple[int, int] | None:
         return None
     start = a.__array_interface__["data"][0]
     return (start, start + a.nbytes)
+
+
+def conflict(reads_a: list[tuple[int, int]], writes_a: list[tuple[int, int]],
+             reads_b: list[tuple[int, int]], writes_b: list[tuple[int, int]]) -> bool:
+    """Do two uses of memory (byte ranges read, written) overlap where either writes?
+    The memory-order rule of batches in flight and of collectives in one group."""
+    return _overlap(writes_a, writes_b) or _overlap(writes_a, reads_b) \
+        or _overlap(reads_a, writes_b)
 
 
 def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:

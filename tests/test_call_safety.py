@@ -31,18 +31,28 @@ def test_group_send_and_recv_of_one_buffer_shift_the_ring(transport):
 def two_writers(comm):
     peer = 1 - comm.rank
     x = np.zeros(1024, np.float32)
+
+    def body():
+        comm.send(np.ones(512, np.float32), peer)
+        comm.send(np.ones(512, np.float32), peer)
+        comm.recv(x[:512], peer)
+        comm.recv(x[256:768], peer)
+
+    return refused_group(comm, body)
+
+
+def refused_group(comm, body) -> tuple[str, int]:
+    """Run ``body`` inside one group: the ValueError it raised ("no error" if none), and
+    an all-reduce after it, which shows the communicator still usable (nothing was sent)."""
     try:
         with comm.group():
-            comm.send(np.ones(512, np.float32), peer)
-            comm.send(np.ones(512, np.float32), peer)
-            comm.recv(x[:512], peer)
-            comm.recv(x[256:768], peer)
+            body()
     except ValueError as e:
         msg = str(e)
     else:
         msg = "no error"
     y = np.full(8, comm.rank + 1, np.int64)
-    comm.all_reduce(y)  # still usable: nothing was sent
+    comm.all_reduce(y)
     return msg, int(y[0])
 
 
@@ -82,24 +92,19 @@ def collective_with_p2p(comm, which):
     peer = 1 - comm.rank
     x = np.ones(1 << 12, np.float32)
     y = np.zeros(1 << 12, np.float32)
-    try:
-        with comm.group():
-            if which == "recv":
-                comm.all_reduce(x)
-                comm.recv(x, peer)           # writes what the collective uses
-                comm.send(y, peer)
-            else:
-                comm.all_reduce(x, out=y)
-                comm.all_reduce(y)           # would need ordering, beside p2p
-                comm.send(x[:4], peer)
-                comm.recv(np.zeros(4, np.float32), peer)
-    except ValueError as e:
-        msg = str(e)
-    else:
-        msg = "no error"
-    w = np.full(8, comm.rank + 1, np.int64)
-    comm.all_reduce(w)  # still usable: nothing was sent
-    return msg, int(w[0]), float(x[0])
+
+    def body():
+        if which == "recv":
+            comm.all_reduce(x)
+            comm.recv(x, peer)           # writes what the collective uses
+            comm.send(y, peer)
+        else:
+            comm.all_reduce(x, out=y)
+            comm.all_reduce(y)           # would need ordering, beside p2p
+            comm.send(x[:4], peer)
+            comm.recv(np.zeros(4, np.float32), peer)
+
+    return (*refused_group(comm, body), float(x[0]))
 
 
 @pytest.mark.parametrize("which,words", [("recv", "write overlapping memory"),

@@ -59,6 +59,19 @@ def _pool(tb, addr, layout=(2, 2, 0), timeout=60.0, call_timeout=20):
     return HostPool(tb, list(layout), env=env, timeout=timeout, token=TOKEN)
 
 
+def _through_switch(bed, fn, *args, switch_args: tuple[str, ...] = (), **pool_kw):
+    """Start a switch on the bed's switch host, run ``fn`` on every rank of a job using it,
+    stop the switch: (each rank's result, the switch's exit report)."""
+    tb, sw_host = bed
+    p, addr = _start_switch(tb, sw_host, *switch_args)
+    try:
+        with _pool(tb, addr, **pool_kw) as pool:
+            res = pool.run(fn, *args)
+    finally:
+        report = _stop(p)
+    return res, report
+
+
 def _every_op_and_dtype(comm):
     import ml_dtypes
 
@@ -89,13 +102,7 @@ def _every_op_and_dtype(comm):
 
 
 def test_every_op_and_dtype_through_the_switch(bed):
-    tb, sw_host = bed
-    p, addr = _start_switch(tb, sw_host)
-    try:
-        with _pool(tb, addr) as pool:
-            res = pool.run(_every_op_and_dtype)
-    finally:
-        report = _stop(p)
+    res, report = _through_switch(bed, _every_op_and_dtype)
     for r in res:
         assert r == [], r
     assert "results=" in report and "groups=" in report
@@ -119,13 +126,7 @@ def _limits(comm):
 
 
 def test_what_the_switch_cannot_do_is_named_or_falls_back(bed):
-    tb, sw_host = bed
-    p, addr = _start_switch(tb, sw_host)
-    try:
-        with _pool(tb, addr) as pool:
-            res = pool.run(_limits)
-    finally:
-        _stop(p)
+    res, _ = _through_switch(bed, _limits)
     for r in res:
         assert "SUM, MIN and MAX only" in r["explicit"], r
         assert r["fallback_ok"], r
@@ -142,13 +143,8 @@ def _sum_int(comm, calls):
 
 
 def test_dropped_chunks_are_recovered_exactly(bed):
-    tb, sw_host = bed
-    p, addr = _start_switch(tb, sw_host, "--drop", "0.05", "--seed", "3")
-    try:
-        with _pool(tb, addr) as pool:
-            res = pool.run(_sum_int, 3)
-    finally:
-        report = _stop(p)
+    res, report = _through_switch(bed, _sum_int, 3,
+                                  switch_args=("--drop", "0.05", "--seed", "3"))
     assert res == ["ok"] * 4, res
     assert "dropped=0," not in report, report
 
@@ -243,13 +239,8 @@ def _multicast_and_reduce_scatter(comm):
 
 @pytest.mark.parametrize("layout", [(1, 1, 0), (2, 2, 0)])
 def test_multicast_and_reduce_scatter_through_the_switch(bed, layout):
-    tb, sw_host = bed
-    p, addr = _start_switch(tb, sw_host, "--drop", "0.02", "--seed", "4")
-    try:
-        with _pool(tb, addr, layout=layout) as pool:
-            res = pool.run(_multicast_and_reduce_scatter)
-    finally:
-        report = _stop(p)
+    res, report = _through_switch(bed, _multicast_and_reduce_scatter, layout=layout,
+                                  switch_args=("--drop", "0.02", "--seed", "4"))
     for r in res:
         assert r == [], r
     assert "results=0," not in report, report

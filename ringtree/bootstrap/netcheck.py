@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from ringtree.bootstrap.rendezvous import wait_count
 from ringtree.errors import PeerError
 from ringtree.settings import current
 
@@ -175,7 +176,11 @@ def check_peers(store, prefix: str, me: Advert, size: int, timeout: float) -> li
         row = {int(k): v for k, v in json.loads(raw).items()}
         if row:
             failures[r] = row
+    store.add(f"{prefix}/net/read", 1)
     if failures:
+        # every rank raises: leave together, so the rank serving the store does not exit
+        # (closing it) before the others have read the results they need to say why
+        wait_count(store, f"{prefix}/net/read", size, min(timeout, 5.0))
         dst = min(d for row in failures.values() for d in row)
         raise NetworkUnreachable(dst, f"rank {me.rank}: " + describe_failures(adverts,
                                                                                failures))

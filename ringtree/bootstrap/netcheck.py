@@ -180,7 +180,10 @@ def check_peers(store, prefix: str, me: Advert, size: int, timeout: float) -> li
     if failures:
         # every rank raises: leave together, so the rank serving the store does not exit
         # (closing it) before the others have read the results they need to say why
-        wait_count(store, f"{prefix}/net/read", size, min(timeout, 5.0))
+        try:
+            wait_count(store, f"{prefix}/net/read", size, min(timeout, 5.0))
+        except Exception:  # noqa: BLE001 - the store is gone: everyone has read and left
+            pass
         dst = min(d for row in failures.values() for d in row)
         raise NetworkUnreachable(dst, f"rank {me.rank}: " + describe_failures(adverts,
                                                                                failures))

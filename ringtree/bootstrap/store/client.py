@@ -106,7 +106,7 @@ class StoreClient(Closing):
             if remaining <= 0:
                 raise StoreTimeout(
                     f"could not connect to the ringtree store at {self._where} within "
-                    f"{connect_timeout:g}s (last error: {last!r}); is rank 0 or the launcher "
+                    f"{connect_timeout:.3g}s (last error: {last!r}); is rank 0 or the launcher "
                     "running, and is the address reachable from this host?"
                 )
             time.sleep(min(delay, remaining))

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ringtree.communicator import Communicator
 from ringtree.dtypes import DType
@@ -22,6 +23,10 @@ from ringtree.errors import (
 from ringtree.ops import PremulSum, ReduceOp, UserOp, premul_sum
 from ringtree.prof import dump_flight_recorder, profile
 from ringtree.work import Work
+
+if TYPE_CHECKING:
+    from ringtree.bootstrap.job import JobEnv
+    from ringtree.bootstrap.store import StoreClient, StoreServer
 
 __version__ = "0.1.0"
 
@@ -47,9 +52,8 @@ def init(rank: int | None = None, world_size: int | None = None,
     global _WORLD
     import hashlib
 
-    from ringtree.bootstrap.job import detect, job_id
-    from ringtree.bootstrap.jobtoken import plan_store, read_host_token, remove_host_token
-    from ringtree.bootstrap.store import StoreAuthError, StoreClient, StoreError, StoreServer
+    from ringtree.bootstrap.job import detect
+    from ringtree.bootstrap.jobtoken import remove_host_token
     from ringtree.settings import as_timeout, current
 
     if _WORLD is not None and not _WORLD._closed:
@@ -63,40 +67,8 @@ def init(rank: int | None = None, world_size: int | None = None,
     wait = timeout if timeout is not None else settings.timeout
     init_wait = settings.init_timeout or wait
     env = detect(rank, world_size, master_addr, master_port, token)
-    server = None
-    port = env.master_port
-    if env.source == "torchrun" and master_port is None:
-        port += 1  # torchrun's own TCPStore owns MASTER_PORT
-    if env.world_size == 1 and env.source == "single":
-        server = StoreServer("127.0.0.1", 0, env.token)
-        port, connect, tok, token_file = server.port, "127.0.0.1", env.token, None
-    elif env.store_external:  # the launcher hosts the store and handed out its token
-        connect, tok, token_file = env.master_addr, env.token, None
-    else:
-        plan = plan_store(rank=env.rank, world_size=env.world_size,
-                          local_world_size=env.local_world_size, local_known=env.local_known,
-                          master_addr=env.master_addr, port=port, token=token,
-                          job=job_id())
-        connect, tok, token_file = plan.connect, plan.token, plan.token_file
-        if env.rank == 0:
-            try:
-                server = StoreServer(plan.bind, port, tok)
-            except StoreError as e:
-                remove_host_token(token_file)
-                raise StoreError(f"{e} (is another process of this job also rank 0, or "
-                                 "another job using this port?)") from None
-            connect = "127.0.0.1" if plan.bind in ("0.0.0.0", "127.0.0.1") else plan.bind
-    store = None
-    deadline = time.monotonic() + init_wait
-    while store is None:
-        if token_file is not None and env.rank != 0:
-            tok = read_host_token(token_file, max(1e-3, deadline - time.monotonic()), tok)
-        try:
-            store = StoreClient(connect, port, tok, timeout=wait,
-                                connect_timeout=max(1e-3, deadline - time.monotonic()))
-        except StoreAuthError:
-            if token_file is None or env.rank == 0 or time.monotonic() >= deadline:
-                raise  # else: the file we read was an earlier job's; read it again
+    server, connect, port, tok, token_file = _serve_store(env, master_port, token)
+    store, tok = _connect_store(env, connect, port, tok, token_file, wait, init_wait)
     secret = hashlib.sha256(tok.encode()).digest()
     try:
         comm = Communicator(rank=env.rank, size=env.world_size, store=store,
@@ -123,6 +95,57 @@ def init(rank: int | None = None, world_size: int | None = None,
         atexit.register(_linger, comm, server)
     _WORLD = comm
     return comm
+
+
+def _serve_store(env: JobEnv, master_port: int | None, token: str | None
+                 ) -> tuple[StoreServer | None, str, int, str, str | None]:
+    """Where the world's rendezvous store is: (the server this process runs or None, the
+    address and port to connect to, the token, the host token file or None)."""
+    from ringtree.bootstrap.job import job_id
+    from ringtree.bootstrap.jobtoken import plan_store, remove_host_token
+    from ringtree.bootstrap.store import StoreError, StoreServer
+
+    port = env.master_port
+    if env.source == "torchrun" and master_port is None:
+        port += 1  # torchrun's own TCPStore owns MASTER_PORT
+    if env.world_size == 1 and env.source == "single":
+        server = StoreServer("127.0.0.1", 0, env.token)
+        return server, "127.0.0.1", server.port, env.token, None
+    if env.store_external:  # the launcher hosts the store and handed out its token
+        return None, env.master_addr, port, env.token, None
+    plan = plan_store(rank=env.rank, world_size=env.world_size,
+                      local_world_size=env.local_world_size, local_known=env.local_known,
+                      master_addr=env.master_addr, port=port, token=token, job=job_id())
+    if env.rank != 0:
+        return None, plan.connect, port, plan.token, plan.token_file
+    try:
+        server = StoreServer(plan.bind, port, plan.token)
+    except StoreError as e:
+        remove_host_token(plan.token_file)
+        raise StoreError(f"{e} (is another process of this job also rank 0, or "
+                         "another job using this port?)") from None
+    connect = "127.0.0.1" if plan.bind in ("0.0.0.0", "127.0.0.1") else plan.bind
+    return server, connect, port, plan.token, plan.token_file
+
+
+def _connect_store(env: JobEnv, connect: str, port: int, tok: str, token_file: str | None,
+                   wait: float, init_wait: float) -> tuple[StoreClient, str]:
+    """(a client of the store, the token it was accepted with), retried until
+    ``init_wait`` while a rank other than 0 reads a host token file that an earlier job
+    may have left (rank 0 rewrites it)."""
+    from ringtree.bootstrap.jobtoken import read_host_token
+    from ringtree.bootstrap.store import StoreAuthError, StoreClient
+
+    deadline = time.monotonic() + init_wait
+    while True:
+        if token_file is not None and env.rank != 0:
+            tok = read_host_token(token_file, max(1e-3, deadline - time.monotonic()), tok)
+        try:
+            return StoreClient(connect, port, tok, timeout=wait,
+                               connect_timeout=max(1e-3, deadline - time.monotonic())), tok
+        except StoreAuthError:
+            if token_file is None or env.rank == 0 or time.monotonic() >= deadline:
+                raise  # else: the file we read was an earlier job's; read it again
 
 
 def _linger(comm: Communicator, server) -> None:

@@ -102,6 +102,24 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def parse(argv: list[str]) -> Options:
     opt_words, command = _split(argv)
+    ns = _parser().parse_args(opt_words)
+    hosts = _hosts(ns)
+    nproc, nnodes_text = _slots(ns, hosts)
+    if not command:
+        raise UsageError("no command given; usage: ringtree run -n N [options] [--] CMD ARGS...")
+    nnodes = _nodes(ns, nproc, nnodes_text)
+    if ns.timeout is not None and not ns.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {ns.timeout}")
+    if not ns.grace >= 0:
+        raise UsageError(f"--grace must be >= 0 seconds, got {ns.grace}")
+    master = _master(ns, nnodes, hosts)
+    if command[0].endswith(".py"):
+        command = [sys.executable, *command]  # torchrun runs scripts with Python too
+    return Options(nproc, nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
+                   ns.grace, command, ns.bind_to, _exports(ns.export), ns.check_net, hosts)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
         description="Start N ranks of CMD on this node (see `python -m pydoc "
@@ -138,42 +156,50 @@ def parse(argv: list[str]) -> Options:
     parser.add_argument("--standalone", action="store_true", help="torchrun's: one node")
     parser.add_argument("--oversubscribe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allow-run-as-root", action="store_true", help=argparse.SUPPRESS)
-    ns = parser.parse_args(opt_words)
+    return parser
 
-    hosts = _hosts(ns)
+
+def _slots(ns: argparse.Namespace, hosts: list[tuple[str, int]] | None) -> tuple[int, str]:
+    """(ranks on this node, --nnodes as typed) from -n / --nnodes or the host list."""
+    nproc, nnodes_text = ns.nproc, ns.nnodes
     if hosts is not None:
         total = sum(n for _, n in hosts)
-        if ns.nproc is not None and ns.nproc != total:
-            raise UsageError(f"-n {ns.nproc} disagrees with the {total} slots of the hosts; "
+        if nproc is not None and nproc != total:
+            raise UsageError(f"-n {nproc} disagrees with the {total} slots of the hosts; "
                              "drop -n (each host runs its slots)")
-        if ns.nnodes != "1" or ns.node_rank != 0:
+        if nnodes_text != "1" or ns.node_rank != 0:
             raise UsageError("-H/--hostfile start every node themselves; drop --nnodes and "
                              "--node-rank")
-        ns.nproc, ns.nnodes = hosts[0][1], str(len(hosts))
-    if ns.nproc is None:
+        nproc, nnodes_text = hosts[0][1], str(len(hosts))
+    if nproc is None:
         raise UsageError("-n N (ranks on this node) is required; usage: ringtree run -n N "
                          "[options] [--] CMD ARGS...")
-    if not command:
-        raise UsageError("no command given; usage: ringtree run -n N [options] [--] CMD ARGS...")
-    if ":" in ns.nnodes:
-        raise UsageError(f"--nnodes {ns.nnodes}: ringtree run has no elastic node ranges; "
+    return nproc, nnodes_text
+
+
+def _nodes(ns: argparse.Namespace, nproc: int, nnodes_text: str) -> int:
+    """The number of nodes, checked against -n, --standalone and --node-rank."""
+    if ":" in nnodes_text:
+        raise UsageError(f"--nnodes {nnodes_text}: ringtree run has no elastic node ranges; "
                          "give the number of nodes")
     try:
-        nnodes = int(ns.nnodes)
+        nnodes = int(nnodes_text)
     except ValueError:
-        raise UsageError(f"--nnodes {ns.nnodes!r} is not an integer") from None
-    if ns.nproc < 1:
-        raise UsageError(f"-n must be >= 1, got {ns.nproc}")
+        raise UsageError(f"--nnodes {nnodes_text!r} is not an integer") from None
+    if nproc < 1:
+        raise UsageError(f"-n must be >= 1, got {nproc}")
     if nnodes < 1:
         raise UsageError(f"--nnodes must be >= 1, got {nnodes}")
     if ns.standalone and nnodes != 1:
         raise UsageError("--standalone means one node; drop it or --nnodes")
     if not 0 <= ns.node_rank < nnodes:
         raise UsageError(f"--node-rank {ns.node_rank} is outside 0..{nnodes - 1}")
-    if ns.timeout is not None and not ns.timeout > 0:
-        raise UsageError(f"--timeout must be > 0 seconds, got {ns.timeout}")
-    if not ns.grace >= 0:
-        raise UsageError(f"--grace must be >= 0 seconds, got {ns.grace}")
+    return nnodes
+
+
+def _master(ns: argparse.Namespace, nnodes: int,
+            hosts: list[tuple[str, int]] | None) -> tuple[str, int] | None:
+    """Node 0's store address: --master HOST:PORT or torchrun's --master-addr/-port."""
     master_text = ns.master
     if ns.master_addr or ns.master_port:
         if ns.master:
@@ -185,16 +211,18 @@ def parse(argv: list[str]) -> Options:
             "--master HOST:PORT is required with --nnodes > 1: node 0's address, reachable "
             "from every node, and a free port for the store"
         )
+    return master
+
+
+def _exports(items: list[str]) -> dict[str, str | None]:
+    """mpirun's -x: ``VAR`` (inherit its value, None here) or ``VAR=VALUE``."""
     export: dict[str, str | None] = {}
-    for item in ns.export:
+    for item in items:
         var, eq, value = item.partition("=")
         if not var.isidentifier():
             raise UsageError(f"-x {item!r}: not an environment variable name")
         export[var] = value if eq else None
-    if command[0].endswith(".py"):
-        command = [sys.executable, *command]  # torchrun runs scripts with Python too
-    return Options(ns.nproc, nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
-                   ns.grace, command, ns.bind_to, export, ns.check_net, hosts)
+    return export
 
 
 def _hosts(ns) -> list[tuple[str, int]] | None:

@@ -213,11 +213,9 @@ def _progress(enabled: bool, total: int, first: int):
 
 
 def _plot(path: str, losses: list, val: list, first: int, spec, grid) -> None:
-    import matplotlib
+    from ringtree.tools.figure import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("--plot")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     steps = list(range(first + 1, first + 1 + len(losses)))
     ax.plot(steps, losses, label="train loss")

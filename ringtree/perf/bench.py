@@ -203,11 +203,12 @@ class Harness:
 
     def _plot(self, doc: str) -> None:
         from ringtree.perf import plot
+        from ringtree.tools.figure import FigureUnavailable
 
         try:
             plot.plot_docs([(None, json.loads(doc))], self.o.plot)
             print(f"{PROG}: wrote {self.o.plot}", file=self.err)
-        except plot.PlotUnavailable as e:
+        except FigureUnavailable as e:
             print(f"{PROG}: --plot: {e}", file=self.err)
 
     def _sizes(self):

@@ -14,10 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from ringtree.perf.format import load_json
-
-
-class PlotUnavailable(RuntimeError):
-    pass
+from ringtree.tools import figure
 
 
 @dataclass
@@ -72,14 +69,7 @@ def series_of(doc: dict, label: str | None = None) -> list[Series]:
 
 def plot_docs(docs: list[tuple[str | None, dict]], path: str) -> None:
     """Draw every series of every (label, document) into ``path``."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise PlotUnavailable(f"plotting needs matplotlib ({e}); install it with: "
-                              f"pip install matplotlib") from None
+    plt = figure.pyplot("plotting")
     fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(12, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     k = 0
@@ -163,10 +153,5 @@ def main(argv: list[str]) -> int:
             label = os.path.basename(path)
         docs.append((label, doc))
     docs = _distinct(docs, ns.files, len(ns.label))
-    try:
-        plot_docs(docs, ns.output)
-    except PlotUnavailable as e:
-        print(f"ringtree perf plot: {e}", file=sys.stderr)
-        return 2
-    print(f"ringtree perf plot: wrote {ns.output}")
-    return 0
+    return 0 if figure.write("ringtree perf plot", ns.output,
+                             lambda path: plot_docs(docs, path)) else 2

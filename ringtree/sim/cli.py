@@ -165,13 +165,12 @@ def _report(results: dict, walls: dict, total: float) -> None:
 
 
 def _plot(path: str, results: dict, todo: list[int], coll: Collective, name: str) -> None:
-    try:
-        import matplotlib
+    from ringtree.tools.figure import FigureUnavailable, pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("# --plot needs matplotlib (pip install ringtree[plot])", file=sys.stderr)
+    try:
+        plt = pyplot("--plot")
+    except FigureUnavailable as e:
+        print(f"# {e}", file=sys.stderr)
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     for algo, runs in results.items():

@@ -1,1 +1,2 @@
-"""Tools that read the schedule library: ``ringtree algo`` and the schedule drawings."""
+"""Tools: ``ringtree algo`` and the schedule drawings that read the schedule library, and
+``figure``, the one place matplotlib is imported."""

@@ -15,6 +15,7 @@ import sys
 
 from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import Options, algorithms, generate_all, has
+from ringtree.tools import figure
 
 
 def _positive(text: str) -> int:
@@ -127,13 +128,9 @@ def _show(args: argparse.Namespace) -> int:
     coll = parse_collective(args.collective)
     programs = generate_all(coll, args.algo, args.nranks, _options(args, args.nranks))
     print(step_table(programs, long=args.long, by_time=args.time, width=args.width))
-    if args.png:
-        try:
-            draw_png(programs, args.png)
-        except ImportError as e:
-            print(f"ringtree algo: {e}", file=sys.stderr)
-            return 1
-        print(f"wrote {args.png}")
+    if args.png and not figure.write("ringtree algo", args.png,
+                                     lambda path: draw_png(programs, path)):
+        return 1
     return 0
 
 

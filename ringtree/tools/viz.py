@@ -9,7 +9,6 @@ performance model; ``ringtree sim`` is the tool for that.
 
 from __future__ import annotations
 
-import importlib
 import shutil
 from collections import deque
 from dataclasses import dataclass
@@ -176,14 +175,11 @@ def step_table(programs: list[Program], long: bool = False, by_time: bool = Fals
 
 def draw_png(programs: list[Program], path: str) -> None:
     """Rank/time diagram: a box per step (colour = primitive), an arrow per message.
-    Needs matplotlib (``pip install ringtree[plot]``); raises ImportError otherwise."""
-    try:
-        matplotlib = importlib.import_module("matplotlib")
-    except ImportError as e:
-        raise ImportError("drawing needs matplotlib: pip install 'ringtree[plot]' "
-                          "(or pip install matplotlib)") from e
-    matplotlib.use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+    Needs matplotlib (``pip install ringtree[plot]``); raises
+    :class:`~ringtree.tools.figure.FigureUnavailable` otherwise."""
+    from ringtree.tools.figure import pyplot
+
+    plt = pyplot("drawing")
     events, messages = timeline(programs)
     n = len(programs)
     nch = max(len(p.channels) for p in programs)

@@ -31,6 +31,7 @@ from ringtree.core.tuner import MODELS, choose
 from ringtree.dtypes import DType
 from ringtree.ops import ReduceOp, Reducer
 from ringtree.schedules import Options, algorithms, generate
+from ringtree.schedules.hierarchical import pieces_for
 
 P2P_CODE = 200          # the collective code of send/recv in message headers
 P2P_CHANNEL_BASE = 64   # send/recv with tag t run on channel P2P_CHANNEL_BASE + t
@@ -176,7 +177,7 @@ class Planner:
         key = (coll, nbytes)
         cached = self._choices.get(key)
         if cached is None:
-            opts = Options(channels=self.nchannels, nodes=self.nodes)
+            opts = self._options(coll, nbytes)
             model = self.model()
             enabled = self.algo_enabled.get(coll)
             if self.collnet is None:  # CollNet only where a switch was set up, as NCCL
@@ -207,8 +208,15 @@ class Planner:
             "shm_crowded" if self.topology.crowded else "shm"
         return host_model(self.topology, MODELS[intra])
 
-    def program(self, coll: Collective, algo: str, root: int) -> Program:
-        opts = Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)
+    def _options(self, coll: Collective, nbytes: int, root: int = 0) -> Options:
+        """The generators' options; a hierarchical all-reduce's pieces depend on size."""
+        params = pieces_for(nbytes, self.nodes, self.nchannels) \
+            if coll is Collective.ALL_REDUCE else ()
+        return Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes,
+                       params=params)
+
+    def program(self, coll: Collective, algo: str, root: int, nbytes: int = 0) -> Program:
+        opts = self._options(coll, nbytes, root)
         prog = generate(coll, algo, self.size, self.rank, opts)
         if self.collnet is not None and prog.meta.get("virtual_programs"):
             self.collnet.ensure(prog)  # join the switch groups this rank talks to
@@ -243,7 +251,7 @@ class Planner:
         host = {a for a in (self.algo_enabled.get(coll) or algorithms(coll))
                 if not a.startswith("collnet")}
         return choose(coll, nbytes, self.size, host, self.model(),
-                      Options(channels=self.nchannels, nodes=self.nodes))
+                      self._options(coll, nbytes))
 
     # ---- building -------------------------------------------------------------------------
 
@@ -261,7 +269,7 @@ class Planner:
         if algo.startswith("collnet"):
             algo = self._collnet_algo(spec, algo, nbytes)
         protocol = self._protocol(spec, nbytes)
-        prog = self.program(coll, algo, spec.root)
+        prog = self.program(coll, algo, spec.root, nbytes)
         stage, in_place = 0, spec.in_place
         if spec.op is ReduceOp.PREMUL_SUM and spec.inp is not None:
             stage, in_place = _PREMUL, False  # reduce a scaled copy, never the input

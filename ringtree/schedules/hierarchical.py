@@ -104,7 +104,7 @@ class _Layout:
         self.pos = self.chain.index(r)
         self.M = max(len(g) for g in self.groups)
         self.L = len(self.groups)
-        params = tuple((k, v) for k, v in opts.params if k != "inter")
+        params = tuple((k, v) for k, v in opts.params if k not in ("inter", "pieces"))
         self.sub_params = params
 
     def sub(self, coll: Collective, channels: int, sub_root: int = 0) -> Program:
@@ -155,9 +155,22 @@ def _program(coll: Collective, n: int, r: int, chunks: int, chans: list[list[Ste
 @register(Collective.ALL_REDUCE, "hierarchical",
           cost="2(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n)")
 def all_reduce(n: int, r: int, opts: Options) -> Program:
-    """Chain-reduce to the leader, inter-node all-reduce, chain-broadcast."""
+    """Chain-reduce to the leader, inter-node all-reduce, chain-broadcast.
+
+    ``params["pieces"]`` = P > 1 pipelines the three phases: the inter-node program runs
+    as P interleaved copies on 1/P of the data each (step-major, so the leaders' link
+    carries one piece after another), the chain reduce delivers pieces in the order the
+    inter-node steps first read them and the chain broadcast sends each piece as soon as
+    its inter-node steps last wrote it. A step waits only for the steps that touch its
+    memory, so the link starts after 1/(P·L) of the chain reduce instead of all of it and
+    the broadcast ends 1/(P·L) after it (:func:`pieces_for` picks P by size)."""
     lay = _Layout(n, r, opts)
-    sub = lay.sub(Collective.ALL_REDUCE, opts.channels)
+    pieces = int(opts.param("pieces", 1))
+    if pieces < 1:
+        raise ValueError(f"hierarchical: pieces={pieces}, need at least 1")
+    sub = lay.sub(Collective.ALL_REDUCE, opts.channels * pieces)
+    if len(sub.channels) != opts.channels * pieces or lay.M == 1:
+        pieces, sub = 1, lay.sub(Collective.ALL_REDUCE, opts.channels)  # nothing to overlap
     C, alone, leader = sub.chunks, len(lay.chain) == 1, lay.pos == 0
     scratch, stage = sub.scratch, Buf.OUTPUT
     if alone:
@@ -169,12 +182,65 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
              Buf.SCRATCH: _Place(Buf.SCRATCH)}
     inter = _embed(sub, lay.leaders, where) if leader else [[] for _ in sub.channels]
     chans = []
-    for ch, steps in zip(sub.channels, inter):
-        runs = _touched(ch)
-        up = [lay.chain_up(inp(a, c), Ref(stage, stage_off + a, c)) for a, c in runs]
-        down = [lay.chain_down(out(a, c)) for a, c in runs]
+    for c in range(len(sub.channels) // pieces):
+        group = range(c * pieces, (c + 1) * pieces)
+        subs = [sub.channels[j] for j in group]
+        steps = _interleave([inter[j] for j in group])
+        if pieces == 1:
+            runs = _touched(subs[0])
+            up = [lay.chain_up(inp(a, ln), Ref(stage, stage_off + a, ln)) for a, ln in runs]
+            down = [lay.chain_down(out(a, ln)) for a, ln in runs]
+        else:
+            order = _interleave(subs)
+            up = [lay.chain_up(inp(j, 1), Ref(stage, stage_off + j, 1)) for j in _first_use(order)]
+            down = [lay.chain_down(out(j, 1)) for j in _last_write(order)]
         chans.append([s for s in up if s is not None] + steps + [s for s in down if s is not None])
     return _program(Collective.ALL_REDUCE, n, r, C, chans, lay, scratch=scratch)
+
+
+PIECE_BYTES = 1 << 20  # pieces of at least this much (per leader block), ...
+MAX_PIECES = 4         # ... and at most this many
+
+
+def pieces_for(nbytes: int, nodes: tuple[int, ...] | None, channels: int = 1
+               ) -> tuple[tuple[str, object], ...]:
+    """``Options.params`` for a hierarchical all-reduce of ``nbytes``: P pieces where
+    ranks span hosts and share them (``()``, one piece, otherwise). Below
+    ``PIECE_BYTES`` per piece the extra messages cost more than the overlap saves."""
+    if nodes is None:
+        return ()
+    hosts = len(set(nodes))
+    if hosts < 2 or hosts == len(nodes):
+        return ()
+    p = min(MAX_PIECES, nbytes // (PIECE_BYTES * hosts * max(1, channels)))
+    return (("pieces", int(p)),) if p > 1 else ()
+
+
+def _interleave(chans: list) -> list[Step]:
+    """Steps of equally long channels, step-major (step 0 of each, then step 1, ...)."""
+    if len({len(ch) for ch in chans}) > 1:
+        return [s for ch in chans for s in ch]
+    return [ch[i] for i in range(len(chans[0]) if chans else 0) for ch in chans]
+
+
+def _chunks_of(s: Step, refs) -> list[int]:
+    return [j for x in refs if x is not None and x.buf is not Buf.SCRATCH for j in x.chunks()]
+
+
+def _first_use(steps: list[Step]) -> list[int]:
+    seen: dict[int, None] = {}
+    for s in steps:
+        for j in _chunks_of(s, (s.src, s.dst)):
+            seen.setdefault(j, None)
+    return list(seen)
+
+
+def _last_write(steps: list[Step]) -> list[int]:
+    last: dict[int, int] = {}
+    for i, s in enumerate(steps):
+        for j in _chunks_of(s, (s.src, s.dst)):
+            last[j] = i
+    return sorted(last, key=lambda j: last[j])
 
 
 @register(Collective.BROADCAST, "hierarchical", cost="T_inter(n) + (m−1+s−1)(α_i + n/s·β_i)")

@@ -1,0 +1,82 @@
+"""The pipelined hierarchical all-reduce (``params["pieces"]``): its programs pass the
+checker on uneven and non-contiguous node layouts, the planner gives it pieces only where
+ranks span hosts and share them and the message is large, and it runs bit-exact for real
+(node layouts faked on one machine, as in ``test_algorithms_real``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ringtree.core.check import check
+from ringtree.core.ir import Collective
+from ringtree.schedules import Options
+from ringtree.schedules.hierarchical import MAX_PIECES, PIECE_BYTES, pieces_for
+from ringtree.schedules.registry import generate
+from ringtree.testing import RankPool
+
+LAYOUTS = [(0, 0, 1, 1), (0, 0, 0, 0, 1, 1, 1, 1), (0, 1, 0, 1, 2), (0, 0, 0, 1, 1, 2),
+           (1, 1, 0, 0, 0)]
+
+
+@pytest.mark.parametrize("nodes", LAYOUTS, ids=lambda t: "".join(map(str, t)))
+@pytest.mark.parametrize("pieces", [2, 3, 4])
+@pytest.mark.parametrize("inter", ["ring", "rabenseifner", "recursive_doubling", "direct"])
+def test_pieces_pass_the_checker(nodes, pieces, inter):
+    for channels in (1, 2):
+        opts = Options(channels=channels, nodes=nodes,
+                       params=(("inter", inter), ("pieces", pieces)))
+        assert check(Collective.ALL_REDUCE, "hierarchical", len(nodes), opts)
+
+
+def test_chain_feeds_pieces_in_the_order_the_link_needs_them():
+    """Leader 0 of 2x4 sends block 1 of each piece first, so the chain reduces those first,
+    and the chain broadcast sends every piece once it is final, before the last one."""
+    opts = Options(nodes=(0,) * 4 + (1,) * 4, params=(("pieces", 2),))
+    lead = generate(Collective.ALL_REDUCE, "hierarchical", 8, 0, opts).channels[0]
+    names = [str(s) for s in lead]
+    assert names[:4] == [f"recvReduceCopy from 1 src=i[{j}] dst=o[{j}]" for j in (1, 3, 0, 2)]
+    assert names[4:6] == ["send to 4 src=o[1]", "send to 4 src=o[3]"]
+    assert names[-4:] == [f"send to 1 src=o[{j}]" for j in (0, 2, 1, 3)]
+    with pytest.raises(ValueError, match="pieces=0"):
+        generate(Collective.ALL_REDUCE, "hierarchical", 4, 0,
+                 Options(nodes=(0, 0, 1, 1), params=(("pieces", 0),)))
+
+
+def test_pieces_only_across_shared_hosts_and_for_large_messages():
+    two_by_two = (0, 0, 1, 1)
+    assert pieces_for(64 << 20, None) == ()
+    assert pieces_for(64 << 20, (0, 0, 0, 0)) == ()           # one host
+    assert pieces_for(64 << 20, (0, 1, 2, 3)) == ()           # nothing to overlap
+    assert pieces_for(2 * PIECE_BYTES * 2 - 1, two_by_two) == ()
+    assert pieces_for(2 * PIECE_BYTES * 2, two_by_two) == (("pieces", 2),)
+    assert pieces_for(1 << 30, two_by_two) == (("pieces", MAX_PIECES),)
+    assert pieces_for(4 * PIECE_BYTES * 2, two_by_two, channels=2) == (("pieces", 2),)
+
+
+def _pieced_all_reduce(comm, count: int):
+    p = comm.planner
+    p.nodes = tuple(r // 2 for r in range(comm.size))
+    p._plans.clear()
+    p._choices.clear()
+    p._last = None
+    prog = p.program(Collective.ALL_REDUCE, "hierarchical", 0, count * 4)
+    x = (np.arange(count, dtype=np.float32) % 251) * (comm.rank + 1)
+    out = np.empty_like(x)
+    comm.all_reduce(x, out=out, algo="hierarchical")
+    y = x.copy()
+    comm.all_reduce(y, algo="hierarchical")                # in place
+    want = (np.arange(count, dtype=np.float32) % 251) * sum(range(1, comm.size + 1))
+    return dict(prog.meta).get("inter"), len(prog.channels[0]), \
+        bool(np.array_equal(out, want)), bool(np.array_equal(y, want))
+
+
+def test_pieced_all_reduce_is_exact_for_real():
+    count = (8 << 20) // 4 + 5                              # 4 pieces on 2 "hosts"
+    with RankPool(4) as pool:
+        res = pool.run_ok(_pieced_all_reduce, count)
+    flat = generate(Collective.ALL_REDUCE, "hierarchical", 4, 0, Options(nodes=(0, 0, 1, 1)))
+    for r, (inter, nsteps, oop, inplace) in enumerate(res):
+        assert inter == "ring"
+        assert nsteps > len(flat.channels[0]), f"rank {r}: the plan is not pieced"
+        assert oop and inplace, f"rank {r}: wrong sum"

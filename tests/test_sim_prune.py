@@ -53,3 +53,51 @@ def test_emptied_template_channels_change_no_time(topo_name, nodes, model):
         a = simulate("all_reduce", "ring", topo, nbytes, model=model)
         b = simulate("all_reduce", "ring", topo, nbytes, model=model, symmetry=False)
         assert a.time_ns == b.time_ns, (nbytes, a.time_ns, b.time_ns)
+
+
+@pytest.mark.parametrize("topo_name,nodes", [("dgx_h100", 2), ("fat_tree2", 6),
+                                             ("switch_sharp", 5)])
+def test_overlap_check_is_the_per_chunk_one(topo_name, nodes):
+    """The storage check of pruning (difference arrays over the chunks each channel
+    names) answers what the per-chunk sets answer, for every schedule and collective."""
+    from ringtree.sim import compile as sc
+
+    topo = presets.get(topo_name, nodes)
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"):
+        for algo in algorithms(coll):
+            try:
+                progs = programs_for(coll, algo, topo)[:topo.nranks]
+            except ValueError:
+                continue
+            for nbytes in (8, 96, 1000, 4 << 10):
+                lengths = sc._Lengths(topo.nranks, count_for(progs[0].collective, nbytes,
+                                                              topo.nranks))
+                for p in progs:
+                    pre = lengths.of(p)
+                    keep = [sc._moves(ch, pre) for ch in p.channels]
+                    kept = [c for c, k in enumerate(keep) if k]
+                    drop = [c for c, k in enumerate(keep) if not k]
+                    if not kept or not drop:
+                        continue
+                    key = p.storage_map(False)
+                    shared = sc._zero_keys(p, kept, pre, key, True)
+                    want = bool(shared and shared & sc._zero_keys(p, drop, pre, key, False))
+                    assert sc._overlap(p, kept, drop, pre, False) == want, (coll, algo, p.rank)
+
+
+def test_a_channel_of_no_data_sharing_storage_is_kept():
+    """Channel 1 names only chunk 1, which holds no data, but channel 0 names it too:
+    channel 1 must stay (it could be waited on), in the difference-array check as in
+    the per-chunk one; a channel naming a chunk of its own is dropped."""
+    from ringtree.core.ir import Collective, Program, copy, inp, out
+    from ringtree.sim import compile as sc
+
+    def prog(second):
+        chans = ((copy(inp(0, 2), out(0, 2)),), (copy(inp(second), out(second)),))
+        return Program(Collective.ALL_REDUCE, "test", 1, 0, 3, chans)
+
+    pre = sc._Lengths(1, 1).of(prog(1))          # 1 element in 3 chunks: 1, 2 are empty
+    assert sc._overlap(prog(1), [0], [1], pre, False)
+    assert sc.moving(prog(1), pre, False) == (prog(1), [])
+    assert not sc._overlap(prog(2), [0], [1], pre, False)
+    assert sc.moving(prog(2), pre, False)[1] == [1]

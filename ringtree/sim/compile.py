@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+import numpy as np
+
 from ringtree.core.ir import Buf, Program
 from ringtree.core.plan import DEFAULT_SLICE_BYTES, chunk_regions, compile_program
 
@@ -197,6 +199,36 @@ def _zero_keys(p: Program, chans, pre: dict[Buf, list[int]], key, only_zero: boo
     return out
 
 
+def _named(p: Program, chans, pre: dict[Buf, list[int]]) -> dict[Buf, np.ndarray] | None:
+    """Which chunks of every buffer the steps of ``chans`` name (None: a reference
+    outside the buffer), one difference array per buffer instead of a set per chunk."""
+    diff = {b: np.zeros(len(a), np.int64) for b, a in pre.items()}
+    for c in chans:
+        for s in p.channels[c]:
+            for ref in (s.src, s.dst):
+                if ref is not None:
+                    d = diff[ref.buf]
+                    if ref.index < 0 or ref.index + ref.count > len(d) - 1:
+                        return None
+                    d[ref.index] += 1
+                    d[ref.index + ref.count] -= 1
+    return {b: np.cumsum(d[:-1]) > 0 for b, d in diff.items()}
+
+
+def _overlap(p: Program, kept, drop, pre: dict[Buf, list[int]], in_place: bool) -> bool:
+    """Do the channels kept name a chunk of no data that the channels dropped name too
+    (the same storage: in place, an output chunk may be stored in the input)?"""
+    if not in_place:
+        a, b = _named(p, kept, pre), _named(p, drop, pre)
+        if a is not None and b is not None:
+            both = {k: np.nonzero(a[k] & b[k])[0] for k in pre}
+            return any(bool((np.asarray(pre[k])[j + 1] == np.asarray(pre[k])[j]).any())
+                       for k, j in both.items() if j.size)
+    key = p.storage_map(in_place)
+    shared = _zero_keys(p, kept, pre, key, True)
+    return bool(shared and shared & _zero_keys(p, drop, pre, key, False))
+
+
 def moving(p: Program, pre: dict[Buf, list[int]], in_place: bool) -> tuple[Program, list[int]]:
     """``p`` with the channels that move no data emptied, and those channels.
 
@@ -211,10 +243,8 @@ def moving(p: Program, pre: dict[Buf, list[int]], in_place: bool) -> tuple[Progr
     drop = [c for c, k in enumerate(keep) if not k]
     if not drop or not any(keep):
         return p, []
-    key = p.storage_map(in_place)
     kept = [c for c, k in enumerate(keep) if k]
-    shared = _zero_keys(p, kept, pre, key, True)
-    if shared and shared & _zero_keys(p, drop, pre, key, False):
+    if _overlap(p, kept, drop, pre, in_place):
         return p, []
     chans = tuple(ch if k else () for ch, k in zip(p.channels, keep))
     return Program(p.collective, p.algo, p.nranks, p.rank, p.chunks, chans, p.root,

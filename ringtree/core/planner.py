@@ -215,6 +215,17 @@ class Planner:
         return Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes,
                        params=params)
 
+    def _slices(self) -> int:
+        """Slice bytes of a collective's plan. With one rank per host every step crosses
+        the network and forwards a slice only once it has arrived whole, so a slice of
+        about a millisecond of the link (a power of two, at least 64 KiB, at most
+        ``RINGTREE_BUFFSIZE``/4) keeps each hop's link busy while the next is reduced;
+        otherwise ``RINGTREE_BUFFSIZE``/4."""
+        t = self.topology
+        if t is None or t.hosts != self.size:
+            return self.slice_bytes
+        return min(self.slice_bytes, 1 << max(16, (int(t.bandwidth * 1e-3) - 1).bit_length()))
+
     def program(self, coll: Collective, algo: str, root: int, nbytes: int = 0) -> Program:
         opts = self._options(coll, nbytes, root)
         prog = generate(coll, algo, self.size, self.rank, opts)
@@ -276,7 +287,7 @@ class Planner:
         elif in_place and not prog.in_place_ok:
             stage, in_place = _COPY, False    # the algorithm needs input and output apart
         steps = compile_program(prog, list(in_blocks), list(out_blocks), count, itemsize,
-                                self.slice_bytes, in_place)
+                                self._slices(), in_place)
         avg = spec.op is ReduceOp.AVG and (coll is not Collective.REDUCE
                                            or self.rank == spec.root)
         plan = Plan(key, algo, steps, name=coll.value, coll_code=coll.code, root=spec.root,

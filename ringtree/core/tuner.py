@@ -149,12 +149,24 @@ def _estimate_hosts(coll: Collective, algo: str, nbytes: int, n: int, hm: HostMo
     except ValueError:
         return math.inf
     i, e = hm.intra, hm.inter
+    local = (i.beta * st.send_intra + i.gamma * st.reduce) * nbytes
+    link = e.beta * (1 + INCAST * (st.fan_in - 1)) * max(st.host_out, st.host_in) * nbytes
+    fill = _fill(coll, algo, n, opts)
     path = (i.alpha * st.depth + max(0.0, e.alpha - i.alpha) * st.inter_depth
             + i.overhead * st.msgs_intra + e.overhead * st.msgs_inter
-            + i.beta * st.send_intra * nbytes
-            + e.beta * (1 + INCAST * (st.fan_in - 1)) * max(st.host_out, st.host_in) * nbytes
-            + i.gamma * st.reduce * nbytes)
+            + (local + link if fill >= 1 else max(local, link) + fill * min(local, link)))
     return max(path, hm.cpu * st.msgs_total)
+
+
+def _fill(coll: Collective, algo: str, n: int, opts: Options) -> float:
+    """The part of the smaller of the intra-host and link times that does not overlap the
+    larger: 1 (phases one after the other) unless the schedule is pipelined in pieces
+    (a hierarchical all-reduce of P pieces over L hosts: the link waits for the first
+    1/(P·L) of the chain reduce and the last broadcast follows the link by as much)."""
+    p = int(opts.param("pieces", 1))
+    if algo != "hierarchical" or coll is not Collective.ALL_REDUCE or p <= 1:
+        return 1.0
+    return 1.0 / (p * len(set(opts.nodes or (0,))))
 
 
 def ranking(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,

@@ -80,8 +80,8 @@ class Communicator:
         self._closed = False
         self._group: list[tuple[Call, Work | None, object]] | None = None
         self._group_depth = 0
-        # True: every call is driven by the worker thread, a synchronous one waits on its
-        # Work, and any thread may issue (the torch backend, whose autograd threads do).
+        # True: async calls are driven by the worker thread unless their waiter drives
+        # them, and any thread may issue (the torch backend, whose autograd threads do).
         self.background = False
 
         host = select_address(s.socket_ifname, master_addr)
@@ -257,11 +257,12 @@ class Communicator:
             self._group.append((call, work, result))
             return work if async_op else result
         t = self.timeout if timeout is None else timeout
-        if async_op or self.background:
+        if async_op:
             work = Work(call.desc.name)
-            self._submit([call], [work], [result], t)
-            return work if async_op else work.result()
-        self.progress.wait(self._submit([call], [None], [result], t))
+            batch = self._submit([call], [work], [result], t)
+            work.help = lambda: self.progress.help(batch)  # a waiter drives it itself
+            return work
+        self.progress.wait(self._submit([call], [None], [result], t))  # on this thread
         return result
 
     def _submit(self, calls: list[Call], works: list, results: list, timeout: float):

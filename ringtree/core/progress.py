@@ -6,6 +6,13 @@ guards the executor's state. A synchronous call drives until its own batch is do
 async work nobody waits on is driven by a worker thread started on first use; a thread
 that finds another driving waits on the condition instead (the driver notifies when
 batches complete). :meth:`Progress.drive_until` is the one loop that does this.
+
+A thread that waits for async work (:meth:`Progress.help`, a Work's ``help``) takes the
+driver role from the worker instead of sleeping until the worker has finished the work:
+the worker gives it up at its next round (it is interrupted if asleep in the
+transports) and resumes once nobody wants it. The message that completes the work then
+wakes only the waiting thread, not the worker and then the waiter; with more ranks than
+cores each of those wake-ups is a trip through the scheduler.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ class Progress:
         self.cv = threading.Condition()                 # guards the executor's state
         self.driver: threading.Thread | None = None     # the thread making progress now
         self.worker: threading.Thread | None = None     # drives async work nobody waits on
+        self.wanted = 0                                 # threads in help(): the worker yields
 
     def submit(self, calls: list, timeout: float, on_done: Callable[[Batch], None],
                *, background: bool, before: Callable[[], None] | None = None) -> Batch:
@@ -52,8 +60,8 @@ class Progress:
         return batch
 
     def wait(self, batch: Batch) -> None:
-        """Block until ``batch`` completes, driving progress if no other thread is."""
-        self.drive_until(lambda: batch.done)
+        """Block until ``batch`` completes, driving progress on this thread."""
+        self.help(batch)
         if batch.error is not None:
             raise batch.error
 
@@ -78,6 +86,25 @@ class Progress:
                 else:
                     self.cv.wait(0.1)
         return True
+
+    def help(self, batch: Batch) -> None:
+        """Return once ``batch`` has completed, driving the executor on this thread (the
+        worker, if it drives now, hands the role over); errors stay in the batch."""
+        with self.cv:
+            if batch.done:
+                return
+            self.wanted += 1
+            try:
+                while not batch.done:
+                    if self.driver is None:
+                        self._drive(lambda: batch.done)
+                    else:
+                        if self.driver is self.worker:
+                            self.executor.fabric.interrupt()
+                        self.cv.wait(0.1)
+            finally:
+                self.wanted -= 1
+                self.cv.notify_all()  # the worker may go on with what is left
 
     def cancel(self, err: BaseException) -> None:
         """Fail everything in flight with ``err`` (an abort: nothing is recorded)."""
@@ -116,9 +143,10 @@ class Progress:
         me, executor = threading.current_thread(), self.executor
         with self.cv:
             while self.worker is me:
-                if executor.busy and self.driver is None:
+                if executor.busy and self.driver is None and not self.wanted:
                     try:
-                        self._drive(lambda: not executor.busy or self.worker is not me)
+                        self._drive(lambda: not executor.busy or self.worker is not me or
+                                    self.wanted > 0)
                     except BaseException as e:  # noqa: BLE001 - an unexpected failure:
                         executor.cancel(e)      # every Work in flight raises it
                 else:

@@ -144,6 +144,29 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
         self._when_all(work, parts, list(finishes))
         return work
 
+    def _now(self, name: str, value: Any, run: Callable[[], object],
+             finishes: Sequence[Callable[[], None] | None] = (),
+             timeout: float | None = None) -> RingtreeWork:
+        """A blocking call (torch's ``opts.asyncOp`` is False: its caller waits at once):
+        run it to completion on this thread, in this group's issue order, and return its
+        finished Work. Nothing is handed to another thread, so nothing has to wake one."""
+        work = RingtreeWork(name, value, self._dispatch)
+        work._timeout_s = self.timeout if timeout is None else timeout
+        err = None
+        with self._lock:
+            if self._closed:
+                raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
+            try:
+                run()
+            except BaseException as e:  # noqa: BLE001 - the Work carries it
+                err = e
+        self._finish(work, list(finishes), err)
+        return work
+
+    def _blocking(self, opts: Any) -> bool:
+        """Is the caller about to wait (``dist.*(async_op=False)``), outside coalescing?"""
+        return not getattr(opts, "asyncOp", True) and self._coalescing is None
+
     def _when_all(self, work: RingtreeWork, parts: list, finishes: list) -> None:
         left = [len(parts)]
         errors: list[BaseException] = []

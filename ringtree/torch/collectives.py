@@ -60,6 +60,9 @@ class CollectiveOps:
         if t.is_sparse:
             return self._sparse_allreduce(t, opts.reduceOp, tmo, tensors)
         st, op = for_reduce(t, opts.reduceOp)
+        if self._blocking(opts):
+            return self._now("allreduce", tensors, lambda: self.comm.all_reduce(
+                st.obj, op, timeout=tmo), [st.finish], timeout=tmo)
         return self._launch("allreduce", tensors, lambda: [
             self.comm.all_reduce(st.obj, op, async_op=True, timeout=tmo)], [st.finish],
             timeout=tmo)
@@ -90,6 +93,9 @@ class CollectiveOps:
         root = int(opts.rootRank)
         st = for_move(_one(tensors, "broadcast"), writes=self.rank() != root)
         tmo = self._tmo(opts)
+        if self._blocking(opts):
+            return self._now("broadcast", tensors, lambda: self.comm.broadcast(
+                st.obj, root, timeout=tmo), [st.finish], timeout=tmo)
         return self._launch("broadcast", tensors, lambda: [
             self.comm.broadcast(st.obj, root, async_op=True, timeout=tmo)], [st.finish])
 
@@ -99,6 +105,9 @@ class CollectiveOps:
         st, op = for_reduce(_one(tensors, "reduce"), opts.reduceOp,
                             writes=self.rank() == root)
         tmo = self._tmo(opts)
+        if self._blocking(opts):
+            return self._now("reduce", tensors, lambda: self.comm.reduce(
+                st.obj, root, op, timeout=tmo), [st.finish], timeout=tmo)
         return self._launch("reduce", tensors, lambda: [
             self.comm.reduce(st.obj, root, op, async_op=True, timeout=tmo)], [st.finish])
 
@@ -273,6 +282,9 @@ class CollectiveOps:
 
     def barrier(self, opts=None):
         tmo = self._tmo(opts)
+        if self._blocking(opts):
+            return self._now("barrier", [], lambda: self.comm.barrier(timeout=tmo),
+                             timeout=tmo)
         return self._launch("barrier", [], lambda: [
             self.comm.barrier(async_op=True, timeout=tmo)], timeout=tmo)
 

@@ -21,7 +21,7 @@ import pytest
 from ringtree import api
 from ringtree.core.executor import Executor
 from ringtree.core.planner import Planner
-from ringtree.errors import CollectiveTimeout, MismatchError
+from ringtree.errors import CollectiveTimeout, MismatchError, RingtreeError
 from ringtree.prof.recorder import Ev, ProfileObserver, Recorder
 from ringtree.transports.base import HeaderMismatch, Request
 
@@ -205,6 +205,43 @@ def test_timeout_names_the_missing_peer_and_snapshot_shows_the_wait():
     waits = [w for w in ex.snapshot() if w.req is not None and not w.req.done]
     assert waits and all(w.req.peer == 1 and w.call is call for w in waits)
     assert not ex.busy
+
+
+class _SwitchGone(RingtreeError):
+    """Stands for the switch client's error: a ringtree error that is not a PeerError."""
+
+
+def test_a_failed_request_of_another_kind_aborts_every_batch_through_on_error():
+    """A request that fails with an error other than a mismatch or a lost peer (a dead
+    switch) still fails every batch through ``on_error``, named with the rank and the
+    call, and leaves the executor clean; it used to escape from ``advance`` raw, so the
+    rank never told the others and they waited out their timeout."""
+    ranks = make_ranks(2)
+    xs = [np.ones(64, np.float32) for _ in ranks]
+    seen = []
+    ex = ranks[0].ex
+    ex.on_error = lambda e: seen.append(e) or e
+    first = submit(ranks, lambda c: api.for_all_reduce(c, xs[c.rank], "sum", None, "ring"))
+    later = submit(ranks[:1], lambda c: api.for_all_reduce(c, xs[0], "sum", None, "ring"))
+    poll = ex.fabric.poll
+
+    def failing_poll() -> bool:
+        for q in ex.fabric.recvs.values():
+            while q:
+                q.popleft().fail(_SwitchGone("lost the switch at 10.0.0.9:7300"))
+        return poll()
+
+    ex.fabric.poll = failing_poll
+    for _ in range(100):
+        ex.advance()
+        ex.fabric.poll()
+        if first[0].done:
+            break
+    assert first[0].done and later[0].done
+    for b in (first[0], later[0]):
+        assert isinstance(b.error, _SwitchGone)
+        assert str(b.error).startswith("rank 0: lost the switch at 10.0.0.9:7300 during ")
+    assert len(seen) == 1 and not ex.busy
 
 
 def test_profile_observer_records_every_step():

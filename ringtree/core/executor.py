@@ -34,7 +34,7 @@ from ringtree.core.observer import NO_OBSERVER, Observer
 from ringtree.core.plan import DEFAULT_SLICE_BYTES, Call, CStep
 from ringtree.core.step import BufferPool, run_step
 from ringtree.core.wire import WireHeader
-from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
+from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError, RingtreeError
 from ringtree.transports.base import HeaderMismatch
 
 __all__ = ["Executor", "Batch", "Probe", "Waiting"]
@@ -189,7 +189,7 @@ class Executor:
                 if self._step_done(item):
                     return True, True  # a completion callback cancelled everything
                 finished = finished or item.batch.done
-            except (HeaderMismatch, PeerError) as e:
+            except Exception as e:  # noqa: BLE001 - a dead peer or switch, a mismatch, a bug
                 self._active = still + active[i + 1:]
                 self._abort(self._step_error(e, item.call))
                 return True, True
@@ -207,12 +207,24 @@ class Executor:
         self._complete(batch)
         return self._epoch != epoch
 
-    def _step_error(self, e: HeaderMismatch | PeerError, call: Call) -> BaseException:
+    def _step_error(self, e: Exception, call: Call) -> BaseException:
+        """What a step raised, as the error every batch fails with: a mismatch or a lost
+        peer named with this rank and the call; another of ringtree's runtime errors (a
+        dead switch) likewise; anything else (a bug) as it is. Either way the executor
+        is left clean, and ``on_error`` records communication failures for every rank."""
         if isinstance(e, HeaderMismatch):
             return MismatchError(_describe_mismatch(self.rank, e, call))
         self._publish()
-        return PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}",
-                         getattr(e, "cause", None))
+        if isinstance(e, PeerError):
+            return PeerError(e.peer, f"rank {self.rank}: {e} during {call.desc}",
+                             getattr(e, "cause", None))
+        if isinstance(e, RingtreeError) and not isinstance(e, (CollectiveTimeout, CommAborted,
+                                                               MismatchError)):
+            try:
+                return type(e)(f"rank {self.rank}: {e} during {call.desc}")
+            except TypeError:  # a constructor with other arguments: keep it as it is
+                return e
+        return e
 
     # ---- receives from any source --------------------------------------------------------
 

@@ -11,7 +11,8 @@ the median time, the default's bus bandwidth and its fraction of the link bound,
 default ÷ best-ringtree ratio and gloo ÷ default, and writes the raw numbers (``--json``)
 and a plot (``--plot``).
 
-Method: float32 zeros; each repetition is ``barrier; t0; iters × op; t1`` on every rank,
+Method: float32 zeros; one untimed call per candidate and size first (gloo likewise
+drops its first repetition); each repetition is ``barrier; t0; iters × op; t1`` on every rank,
 and its time is the slowest rank's (t1−t0)/iters; ``iters`` makes a repetition last about
 50 ms (a first timed call that already takes that long is the repetition). Each
 repetition runs the candidates in a rotated order, so none is always first after a
@@ -115,8 +116,14 @@ def _slowest(comm, t: float) -> float:
     return float(v[0])
 
 
+_WARM: set = set()
+
+
 def rt_time(comm, coll: str, count: int, algo) -> float:
     f = _op(comm, coll, count, algo)
+    if (coll, count, algo) not in _WARM:  # the plan, its staging and first touches
+        _WARM.add((coll, count, algo))
+        f()
     comm.barrier()
     t0 = time.perf_counter()
     f()

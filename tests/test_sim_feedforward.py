@@ -1,0 +1,96 @@
+"""Runs whose sends wait on no receive carry the network as one batch, link by link
+(:mod:`ringtree.sim.feedforward`), with exactly the event engine's times and events."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from ringtree.schedules import algorithms
+from ringtree.sim import Aware, count_for, engine, feedforward, place, presets, programs_for
+from ringtree.sim.compile import compile_programs
+
+CASES = [("dgx_h100", 2), ("dgx_a100_sharp", 2), ("fat_tree2", 6), ("torus", 6),
+         ("switch_sharp", 5), ("nvswitch", 1)]
+
+
+def _both(topo, coll, algo, nbytes, model, monkeypatch):
+    progs = programs_for(coll, algo, topo)
+    devices = place(progs, topo)
+    cp = compile_programs(progs, count_for(progs[0].collective, nbytes, topo.nranks), 4,
+                          1 << 20)
+    got = engine.run(cp, topo, devices, model)
+    with monkeypatch.context() as m:
+        m.setattr(feedforward, "feed_forward", lambda cp: False)
+        want = engine.run(cp, topo, devices, model)
+    return feedforward.feed_forward(cp), got, want
+
+
+@pytest.mark.parametrize("topo_name,nodes", CASES)
+def test_batched_network_is_the_event_engine(topo_name, nodes, monkeypatch):
+    topo = presets.get(topo_name, nodes)
+    batched = 0
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        for algo in algorithms(coll):
+            for nbytes in (8, 5000, 3 << 20):
+                for model in (Aware(), Aware(integer_ns=True)):
+                    try:
+                        ff, a, b = _both(topo, coll, algo, nbytes, model, monkeypatch)
+                    except ValueError:             # CollNet without a reduction switch
+                        continue
+                    batched += ff
+                    assert (a.time_ns, a.rank_done, a.step_done, a.events) == \
+                        (b.time_ns, b.rank_done, b.step_done, b.events), (coll, algo, nbytes)
+    assert batched                                 # direct ones are feed-forward
+
+
+def test_a_send_after_a_receive_is_not_feed_forward():
+    topo = presets.get("fat_tree2", 4)
+    for algo, ff in (("ring", False), ("tree", False), ("direct", True)):
+        progs = programs_for("all_reduce", algo, topo)
+        cp = compile_programs(progs, 1 << 16, 4, 1 << 20)
+        assert feedforward.feed_forward(cp) is ff, algo
+
+
+def test_routes_that_cycle_run_on_the_heap(monkeypatch):
+    """No link order: the held injections enter the heap, same answer."""
+    assert feedforward.link_order([[0, 1], [1, 0]], 2) is None
+    assert feedforward.link_order([[0, 1], [1, 2]], 3) == [0, 1, 2]
+    topo = presets.get("dgx_h100", 2)
+    want = _both(topo, "all_reduce", "direct", 3 << 20, Aware(), monkeypatch)[2]
+    monkeypatch.setattr(feedforward, "link_order", lambda routes, n: None)
+    got = _both(topo, "all_reduce", "direct", 3 << 20, Aware(), monkeypatch)[1]
+    assert (got.time_ns, got.rank_done, got.events) == (want.time_ns, want.rank_done,
+                                                        want.events)
+
+
+def _serve_one_by_one(arrive, ser, lat, integer):
+    free, out = 0.0, []
+    for a, s in zip(arrive.tolist(), ser.tolist()):
+        st = free
+        if a > st:
+            st = a
+        free = st + s
+        t = free + lat
+        out.append(float(int(t)) if integer else t)
+    return np.array(out)
+
+
+def test_serve_is_the_per_chunk_recurrence():
+    """Busy periods, idle gaps and exact ties, bit for bit."""
+    rng = random.Random(7)
+    for trial in range(300):
+        n = rng.choice([1, 2, 5, 63, 64, 65, 200, 1000])
+        gaps = rng.random()
+        a, t = [], 0.0
+        for _ in range(n):
+            t += rng.choice([0.0, 0.0, 0.1, 1 / 3, 7.0]) if rng.random() < gaps else 0.0
+            a.append(t)
+        ser = np.array([rng.choice([1 / 3, 0.1, 2.0, 1e-3]) for _ in range(n)])
+        arrive = np.array(a)
+        for integer in (False, True):
+            want = _serve_one_by_one(arrive, ser, 0.7, integer)
+            got = feedforward.serve(arrive, ser, 0.7, integer)
+            assert np.array_equal(got, want), trial

@@ -193,7 +193,7 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
         else:
             order = _interleave(subs)
             up = [lay.chain_up(inp(j, 1), Ref(stage, stage_off + j, 1)) for j in _first_use(order)]
-            down = [lay.chain_down(out(j, 1)) for j in _last_write(order)]
+            down = [lay.chain_down(out(j, 1)) for j in _first_use(order, last=True)]
         chans.append([s for s in up if s is not None] + steps + [s for s in down if s is not None])
     return _program(Collective.ALL_REDUCE, n, r, C, chans, lay, scratch=scratch)
 
@@ -223,24 +223,18 @@ def _interleave(chans: list) -> list[Step]:
     return [ch[i] for i in range(len(chans[0]) if chans else 0) for ch in chans]
 
 
-def _chunks_of(s: Step, refs) -> list[int]:
-    return [j for x in refs if x is not None and x.buf is not Buf.SCRATCH for j in x.chunks()]
-
-
-def _first_use(steps: list[Step]) -> list[int]:
-    seen: dict[int, None] = {}
-    for s in steps:
-        for j in _chunks_of(s, (s.src, s.dst)):
-            seen.setdefault(j, None)
-    return list(seen)
-
-
-def _last_write(steps: list[Step]) -> list[int]:
-    last: dict[int, int] = {}
+def _first_use(steps: list[Step], buf: Buf | None = None, last: bool = False) -> list[int]:
+    """Chunks the steps touch (of ``buf``; of input and output if None), in the order of
+    their first use, or with ``last`` of their last."""
+    when: dict[int, int] = {}
     for i, s in enumerate(steps):
-        for j in _chunks_of(s, (s.src, s.dst)):
-            last[j] = i
-    return sorted(last, key=lambda j: last[j])
+        for x in (s.src, s.dst):
+            if x is None or x.buf is Buf.SCRATCH or (buf is not None and x.buf is not buf):
+                continue
+            for j in x.chunks():
+                if last or j not in when:
+                    when[j] = i
+    return sorted(when, key=lambda j: when[j])
 
 
 @register(Collective.BROADCAST, "hierarchical", cost="T_inter(n) + (m−1+s−1)(α_i + n/s·β_i)")
@@ -308,9 +302,13 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
                     j += 1
                 steps.append(copy(scr(pairs[i][1], j - i), out(i, j - i)))
                 i = j
-    down = lay.chain_down(out(0, n))
-    if down is not None:
-        steps.append(down)
+    if lay.identity(n):  # each superblock down the chain once it is final: own first
+        order = [lay.node] + [b for b in _first_use(sub.channels[0], Buf.OUTPUT, last=True)
+                              if b != lay.node]
+        downs = [lay.chain_down(out(b * M, M)) for b in order]
+    else:
+        downs = [lay.chain_down(out(0, n))]
+    steps += [d for d in downs if d is not None]
     return _program(Collective.ALL_GATHER, n, r, 1, [steps], lay, scratch=scratch)
 
 
@@ -329,15 +327,19 @@ def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     scratch = res + M + sub.scratch * M
     steps: list[Step] = []
     slots = sorted((lay.slot(q), q) for q in range(n))
-    i = 0
-    while i < n:                                   # chain-reduce runs of consecutive ranks
-        j = i + 1
-        while j < n and slots[j] == (slots[i][0] + j - i, slots[i][1] + j - i):
-            j += 1
-        s = lay.chain_up(inp(slots[i][1], j - i), scr(slots[i][0], j - i))
+    first = {b: k for k, b in enumerate(_first_use(sub.channels[0], Buf.INPUT))}
+    runs: list[tuple[int, int, int]] = []          # (slot, rank, length)
+    for sl, q in slots:                            # runs of consecutive ranks and slots,
+        if runs and (runs[-1][0] + runs[-1][2], runs[-1][1] + runs[-1][2]) == (sl, q) \
+                and sl % M:                        # one superblock each
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((sl, q, 1))
+    # chain-reduce the superblocks in the order the leaders' link first needs them
+    for sl, q, ln in sorted(runs, key=lambda t: (first.get(t[0] // M, L), t[0])):
+        s = lay.chain_up(inp(q, ln), scr(sl, ln))
         if s is not None:
             steps.append(s)
-        i = j
     if leader:
         used = {sl for sl, _ in slots}
         steps += [copy(inp(0), scr(sl)) for sl in range(L * M) if sl not in used]  # padding

@@ -1,7 +1,9 @@
-"""The pipelined hierarchical all-reduce (``params["pieces"]``): its programs pass the
-checker on uneven and non-contiguous node layouts, the planner gives it pieces only where
-ranks span hosts and share them and the message is large, and it runs bit-exact for real
-(node layouts faked on one machine, as in ``test_algorithms_real``)."""
+"""Hierarchical algorithms whose intra-host phases overlap the link: the pipelined
+all-reduce (``params["pieces"]``) passes the checker on uneven and non-contiguous node
+layouts, the planner gives it pieces only where ranks span hosts and share them and the
+message is large, and it runs bit-exact for real (node layouts faked on one machine, as in
+``test_algorithms_real``); all-gather and reduce-scatter move superblocks through the
+chains in the order the leaders' link makes them final or needs them."""
 
 from __future__ import annotations
 
@@ -80,3 +82,16 @@ def test_pieced_all_reduce_is_exact_for_real():
         assert inter == "ring"
         assert nsteps > len(flat.channels[0]), f"rank {r}: the plan is not pieced"
         assert oop and inplace, f"rank {r}: wrong sum"
+
+
+def test_superblocks_move_through_chains_in_link_order():
+    """2x4: the all-gather's chain broadcasts the node's own superblock while the link
+    brings the other; the reduce-scatter's chain reduces the superblock the leader sends
+    first before its own."""
+    opts = Options(nodes=(0,) * 4 + (1,) * 4)
+    ag = [str(s) for s in generate(Collective.ALL_GATHER, "hierarchical", 8, 5, opts).channels[0]]
+    assert ag[-2:] == ["recvCopySend from 4 to 6 dst=o[4:8]", "recvCopySend from 4 to 6 dst=o[0:4]"]
+    rs = [str(s) for s in generate(Collective.REDUCE_SCATTER, "hierarchical", 8, 1,
+                                   opts).channels[0]]
+    assert rs[:2] == ["recvReduceSend from 2 to 0 src=i[4:8]",
+                      "recvReduceSend from 2 to 0 src=i[0:4]"]

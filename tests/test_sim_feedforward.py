@@ -94,3 +94,4 @@ def test_serve_is_the_per_chunk_recurrence():
             want = _serve_one_by_one(arrive, ser, 0.7, integer)
             got = feedforward.serve(arrive, ser, 0.7, integer)
             assert np.array_equal(got, want), trial
+            assert np.array_equal(feedforward._windows(arrive, ser, 0.7, integer), want)

@@ -100,6 +100,12 @@ def chunk_regions(block_sizes: list[int], chunks: int) -> list[tuple[int, int]]:
     return _regions(block_sizes, chunks)
 
 
+@lru_cache(maxsize=4096)
+def _split(length: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """The slices of a step: ``split_even`` of its ``length`` into ``parts``."""
+    return tuple(split_even(length, parts, k) for k in range(parts))
+
+
 @lru_cache(maxsize=64)
 def _even_regions(size: int, blocks: int, chunks: int) -> list[tuple[int, int]]:
     return _regions([size] * blocks, chunks)
@@ -144,7 +150,7 @@ def compile_program(p: Program, in_blocks: list[int], out_blocks: list[int], cou
             dst = region(s.dst) if s.dst is not None else None
             length = dst.length if dst is not None else src.length if src is not None else 0
             nsl = -(-length // slice_elems) if length else 0
-            slices = tuple(split_even(length, nsl, k) for k in range(nsl))
+            slices = _split(length, nsl)
             # a plain copy onto its own storage (in place) moves nothing
             skip = (s.src is not None and s.dst is not None and not s.recv_from
                     and not s.reduce

@@ -75,8 +75,59 @@ def link_order(routes: list[list[int]], nlinks: int) -> list[int] | None:
 
 def serve(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool) -> np.ndarray:
     """Departure (+ latency) of chunks served in order by one FIFO link that starts idle:
-    the engine's ``max`` and left-to-right sums, one running sum per busy period (read
-    in windows that double while the period lasts)."""
+    the engine's ``max`` and left-to-right sums, one running sum per busy period.
+
+    The periods are guessed from prefix sums (``free_k = max_j (a_j + s_j + … + s_k)``,
+    rounded differently), summed exactly, and the guess is then *checked* on the exact
+    sums: a period starts where a chunk arrives no earlier than the one before it
+    leaves, and nowhere else. A wrong guess is corrected from the exact sums up to where
+    it was wrong (a few rounds), else the chunks are served window by window."""
+    n = arrive.size
+    if not n:
+        return np.empty(0)
+    pre = np.cumsum(ser)
+    lead = arrive.copy()
+    lead[1:] -= pre[:-1]
+    starts = np.empty(n, bool)
+    starts[0] = True
+    starts[1:] = lead[1:] > np.maximum.accumulate(lead)[:-1]
+    for _ in range(4):
+        free = _periods(arrive, ser, starts)
+        late = arrive[1:] > free[:-1]            # chunk k finds the link idle
+        wrong = (starts[1:] & (arrive[1:] < free[:-1])) | (~starts[1:] & late)
+        if not wrong.any():
+            out = free + lat
+            return np.floor(out) if integer else out
+        starts[1:] = late
+    return _windows(arrive, ser, lat, integer)
+
+
+def _periods(arrive: np.ndarray, ser: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """``free`` when busy periods begin exactly at ``starts``: per period the sum
+    arrival + s_k + s_k+1 + … left to right, periods of similar length side by side as
+    rows of one cumulative sum."""
+    n = arrive.size
+    first = np.flatnonzero(starts)
+    length = np.diff(np.append(first, n))
+    seg = np.cumsum(starts) - 1
+    pos = np.arange(n) - first[seg]
+    free = np.empty(n)
+    width = np.maximum(1, 1 << np.ceil(np.log2(np.maximum(length, 1))).astype(np.int64))
+    for w in np.unique(width).tolist():
+        segs = np.flatnonzero(width == w)
+        row = np.full(first.size, -1, np.int64)
+        row[segs] = np.arange(segs.size)
+        acc = np.zeros((segs.size, w + 1))
+        acc[:, 0] = np.maximum(arrive[first[segs]], 0.0)
+        mine = np.flatnonzero(row[seg] >= 0)
+        acc[row[seg[mine]], pos[mine] + 1] = ser[mine]
+        np.cumsum(acc, axis=1, out=acc)
+        free[mine] = acc[row[seg[mine]], pos[mine] + 1]
+    return free
+
+
+def _windows(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool) -> np.ndarray:
+    """:func:`serve` read in windows that double while a busy period lasts."""
     n = arrive.size
     free = np.empty(n)
     k, w, prev = 0, 64, 0.0

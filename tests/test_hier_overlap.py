@@ -31,6 +31,17 @@ def test_pieces_pass_the_checker(nodes, pieces, inter):
         assert check(Collective.ALL_REDUCE, "hierarchical", len(nodes), opts)
 
 
+@pytest.mark.parametrize("nodes", LAYOUTS + [(0, 0, 1, 1, 2, 2)],
+                         ids=lambda t: "".join(map(str, t)))
+@pytest.mark.parametrize("coll,inters", [
+    (Collective.ALL_GATHER, ["ring", "bruck", "recursive_doubling", "direct"]),
+    (Collective.REDUCE_SCATTER, ["ring", "halving", "direct"])])
+def test_block_by_block_gather_and_scatter_pass_the_checker(nodes, coll, inters):
+    for inter in inters:
+        opts = Options(nodes=nodes, params=(("inter", inter), ("pieces", 2)))
+        assert check(coll, "hierarchical", len(nodes), opts)
+
+
 def test_chain_feeds_pieces_in_the_order_the_link_needs_them():
     """Leader 0 of 2x4 sends block 1 of each piece first, so the chain reduces those first,
     and the chain broadcast sends every piece once it is final, before the last one."""
@@ -95,3 +106,37 @@ def test_superblocks_move_through_chains_in_link_order():
                                    opts).channels[0]]
     assert rs[:2] == ["recvReduceSend from 2 to 0 src=i[4:8]",
                       "recvReduceSend from 2 to 0 src=i[0:4]"]
+
+
+def _pieced_gather_and_scatter(comm, count: int):
+    p = comm.planner
+    p.nodes = tuple(r // 2 for r in range(comm.size))
+    p._plans.clear()
+    p._choices.clear()
+    p._last = None
+    n, r = comm.size, comm.rank
+    steps = {c: len(p.program(c, "hierarchical", 0, count * n * 4).channels[0])
+             for c in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)}
+    x = (np.arange(count, dtype=np.float32) % 253) + r
+    gathered = np.empty((n, count), np.float32)
+    comm.all_gather(x, out=gathered, algo="hierarchical")
+    ag_ok = all(np.array_equal(gathered[q], (np.arange(count, dtype=np.float32) % 253) + q)
+                for q in range(n))
+    big = (np.arange(count * n, dtype=np.float32) % 253) * (r + 1)
+    part = np.empty(count, np.float32)
+    comm.reduce_scatter(big, out=part, algo="hierarchical")
+    want = (np.arange(count * n, dtype=np.float32) % 253)[r * count:(r + 1) * count] \
+        * sum(range(1, n + 1))
+    return steps, ag_ok, bool(np.array_equal(part, want))
+
+
+def test_block_by_block_gather_and_scatter_are_exact_for_real():
+    count = (2 << 20) // 4 + 3                              # 8 MiB over 4 ranks: pieced
+    with RankPool(4) as pool:
+        res = pool.run_ok(_pieced_gather_and_scatter, count)
+    flat = Options(nodes=(0, 0, 1, 1))
+    for r, (steps, ag_ok, rs_ok) in enumerate(res):
+        for c, k in steps.items():
+            assert k > len(generate(c, "hierarchical", 4, r, flat).channels[0]), (r, c)
+        assert ag_ok, f"rank {r}: all_gather"
+        assert rs_ok, f"rank {r}: reduce_scatter"

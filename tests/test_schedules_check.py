@@ -64,7 +64,8 @@ def options_for(coll: Collective, algo: str, n: int, i: int = 0) -> Options:
                  Collective.ALL_GATHER: ("ring", "bruck", "recursive_doubling", "direct"),
                  Collective.REDUCE_SCATTER: ("ring", "halving", "direct")}[coll]
         params.append(("inter", inter[j % len(inter)]))
-        if coll is Collective.ALL_REDUCE and j % 3:
+        if coll in (Collective.ALL_REDUCE, Collective.ALL_GATHER,
+                    Collective.REDUCE_SCATTER) and j % 3:
             params.append(("pieces", 1 + j % 4))
     return Options(root=root, channels=channels, nodes=_layout(n, j),
                    params=tuple(sorted(params)))

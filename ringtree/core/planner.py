@@ -209,9 +209,9 @@ class Planner:
         return host_model(self.topology, MODELS[intra])
 
     def _options(self, coll: Collective, nbytes: int, root: int = 0) -> Options:
-        """The generators' options; a hierarchical all-reduce's pieces depend on size."""
-        params = pieces_for(nbytes, self.nodes, self.nchannels) \
-            if coll is Collective.ALL_REDUCE else ()
+        """The generators' options; hierarchical pieces depend on size."""
+        params = pieces_for(nbytes, self.nodes, self.nchannels) if coll in (
+            Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER) else ()
         return Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes,
                        params=params)
 

@@ -13,8 +13,11 @@ the other ranks' compute, since 4-8 ranks share the cores here. Then the pipelin
 spent outside compute) against (p-1)/(m+p-1), for PP=2 and PP=4 at several m.
 
 Same model, data, seed and global batch on every row; the first step of each run is
-left out of tokens/s (warm-up). ``/proc/loadavg`` is printed before and after: on a
-shared machine the numbers move, rerun before quoting.
+left out of tokens/s (warm-up). A second table splits each row's median step into the
+time ranks spent blocked in communication per axis (tp, pp, dp and the loss all-reduce;
+medians of the runs' ``wait_ms``) and the rest (compute, optimizer, data), which bounds
+what any backend can gain. ``/proc/loadavg`` is printed before and after: on a shared
+machine the numbers move, rerun before quoting.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import tempfile
 
 GRIDS = {"dp4": ("DP=4", 4, 1, 1), "tp2dp2": ("TP=2 x DP=2", 2, 2, 1),
          "pp2dp2": ("PP=2 x DP=2", 2, 1, 2), "dp2tp2pp2": ("DP=2 x TP=2 x PP=2", 2, 2, 2)}
+AXES = ("tp", "pp", "dp", "loss")  # wait_ms keys of ``ringtree train --json``
 BUBBLE = re.compile(r"bubble measured ([0-9.]+), formula \(p-1\)/\(m\+p-1\) = ([0-9.]+)")
 
 
@@ -97,17 +101,22 @@ def main(argv: list[str] | None = None) -> int:
         name, dp, tp, pp = GRIDS[key]
         cell = {}
         runs: dict[str, list] = {"ringtree": [], "gloo": []}
+        waits: dict[str, list] = {"ringtree": [], "gloo": []}
         for _ in range(args.repeat):  # interleaved, so a change of load hits both alike
             for backend in runs:
                 res, _, cpu = run_train(dp, tp, pp, backend, args)
                 runs[backend].append((res["tokens_per_s"], statistics.median(
                     res["step_ms"][1:] or res["step_ms"]), cpu / args.steps))
+                waits[backend].append(res.get("wait_ms", {}))
         for backend, rs in runs.items():
             tps, ms, cpu = ([r[i] for r in rs] for i in range(3))
             cell[backend] = (statistics.median(tps), statistics.median(ms),
                              statistics.median(cpu))
             raw[f"{name}/{backend}"] = {"tokens_per_s": tps, "step_ms_median": ms,
-                                        "cpu_s_per_step": cpu}
+                                        "cpu_s_per_step": cpu, "wait_ms": waits[backend]}
+            cell[backend + "/waits"] = {axis: statistics.median(w.get(axis, 0.0) for w in
+                                                                waits[backend])
+                                        for axis in AXES}
         rows.append((name, cell))
         print(f"# {name}: ringtree {runs['ringtree']}, gloo {runs['gloo']} "
               f"(tokens/s, step ms, CPU s/step); loadavg {loadavg()}")
@@ -119,6 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         (rt, rms, rc), (gt, gms, gc) = cell["ringtree"], cell["gloo"]
         print(f"| {name} | {rt:,.0f} | {gt:,.0f} | {rt / gt:.2f} | {rms:.1f} | {gms:.1f} | "
               f"{rc:.2f} | {gc:.2f} |")
+    if rows:
+        print("\n| grid | backend | step ms | tp wait | pp wait | dp wait | loss all-reduce | "
+              "rest (compute, optimizer) |")
+        print("|---|---|---|---|---|---|---|---|")
+    for name, cell in rows:
+        for backend in ("ringtree", "gloo"):
+            ms, w = cell[backend][1], cell[backend + "/waits"]
+            print(f"| {name} | {backend} | {ms:.1f} | " + " | ".join(
+                f"{w[a]:.1f}" for a in AXES) + f" | {ms - sum(w.values()):.1f} |")
     if not args.no_bubble:
         print("\n| pipeline | m | measured bubble (1F1B, ringtree) | (p-1)/(m+p-1) |")
         print("|---|---|---|---|")

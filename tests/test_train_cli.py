@@ -47,8 +47,12 @@ def test_short_run_lowers_validation_loss(tmp_path):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert set(res) == {"losses", "val_losses", "tokens_per_s", "step_ms", "grid", "backend"}
+    assert set(res) == {"losses", "val_losses", "tokens_per_s", "step_ms", "grid", "backend",
+                        "wait_ms"}
     assert res["grid"] == {"dp": 2, "tp": 1, "pp": 1} and res["backend"] == "ringtree"
+    waits = res["wait_ms"]  # dp = 2 only: no tp or pp communication at all
+    assert set(waits) == {"tp", "pp", "dp", "loss"} and waits["tp"] == waits["pp"] == 0.0
+    assert waits["dp"] > 0 and waits["loss"] > 0
     assert len(res["losses"]) == len(res["step_ms"]) == 60 and res["tokens_per_s"] > 0
     first, last = res["val_losses"][0], res["val_losses"][-1]
     assert first - last >= 1.0, f"validation loss {first:.3f} -> {last:.3f}"

@@ -5,10 +5,16 @@ one rank (a ``None`` group, never torch's WORLD), and, while a :class:`CommRecor
 active, appends one event: operation, axis, the group's global ranks, bytes, peer. The
 recorder is how ``ringtree train --record-comm`` writes a step's communication for the
 simulator (:mod:`ringtree.parallel.record`).
+
+Every blocking call (and every wait on an async one through :func:`wait`) also adds the
+time this rank's thread spent in it to its axis; :func:`take_waits` returns and resets
+those sums, so a step can be split into communication waits per axis and the rest.
 """
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +43,35 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+AXES = ("tp", "pp", "dp", "loss")
+_WAITS = dict.fromkeys(AXES, 0.0)   # seconds blocked in communication, per axis
+
+
+@contextmanager
+def waiting(axis: str):
+    """Count the time spent inside the block as communication on ``axis``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _WAITS[axis] += time.perf_counter() - t0
+
+
+def take_waits() -> dict[str, float]:
+    """Seconds blocked per axis since the last call, then reset."""
+    out = dict(_WAITS)
+    for k in _WAITS:
+        _WAITS[k] = 0.0
+    return out
+
+
+def wait(work, axis: str) -> None:
+    """Wait for an async call's work (None: nothing to wait for), timed on ``axis``."""
+    if work is not None:
+        with waiting(axis):
+            work.wait()
+
+
 def set_recorder(rec: CommRecorder | None) -> None:
     global _RECORDER
     _RECORDER = rec
@@ -62,7 +97,10 @@ def all_reduce(t: torch.Tensor, group, axis: str, op=dist.ReduceOp.SUM,
         return None
     if _RECORDER is not None:
         _RECORDER.add("all_reduce", axis, group, _nbytes(t))
-    return dist.all_reduce(t, op=op, group=group, async_op=async_op)
+    if async_op:
+        return dist.all_reduce(t, op=op, group=group, async_op=True)
+    with waiting(axis):
+        return dist.all_reduce(t, op=op, group=group)
 
 
 def _into(fn, name: str, out: torch.Tensor, inp: torch.Tensor, group, axis: str,
@@ -73,7 +111,10 @@ def _into(fn, name: str, out: torch.Tensor, inp: torch.Tensor, group, axis: str,
         return None
     if _RECORDER is not None:
         _RECORDER.add(name, axis, group, nbytes)
-    return fn(out, inp, group=group, async_op=async_op)
+    if async_op:
+        return fn(out, inp, group=group, async_op=True)
+    with waiting(axis):
+        return fn(out, inp, group=group)
 
 
 def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group, axis: str,
@@ -98,11 +139,13 @@ def isend(t: torch.Tensor, peer: int, group):
     """
     if _RECORDER is not None:
         _RECORDER.add("send", "pp", group, _nbytes(t), peer)
-    return dist.isend(t, peer, group=group)
+    with waiting("pp"):
+        return dist.isend(t, peer, group=group)
 
 
 def recv(t: torch.Tensor, peer: int, group) -> None:
     """Receive into ``t`` from global rank ``peer`` (blocking)."""
     if _RECORDER is not None:
         _RECORDER.add("recv", "pp", group, _nbytes(t), peer)
-    dist.recv(t, peer, group=group)
+    with waiting("pp"):
+        dist.recv(t, peer, group=group)

@@ -106,8 +106,7 @@ class DataParallel:
             if not b.launched:
                 raise RuntimeError(f"gradient bucket of {', '.join(b.names[:3])}... never "
                                    f"became ready: a parameter did not get a gradient")
-            if b.work is not None:
-                b.work.wait()
+            comms.wait(b.work, "dp")
             target = b.shard if self.zero else b.grad
             if self.size > 1:
                 target.div_(self.size)

@@ -87,7 +87,7 @@ def run_stage(model: torch.nn.Module, row: list[Action], grid: Grid, act_shape: 
                 g = x.grad
                 pending.append((comms.isend(g, grid.prev_rank, grid.pp_group), g))
     for work, _ in pending:
-        work.wait()
+        comms.wait(work, "pp")
     comms.set_phase("")
     return StageRun(losses, busy, time.perf_counter() - t_start)
 

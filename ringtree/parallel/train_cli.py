@@ -6,7 +6,9 @@ Runs under ``ringtree run``, ``torchrun`` and ``mpirun`` alike (``torch.distribu
 initialised from the launcher's environment; without one it is a single rank). Grid
 arguments are checked against the world size and the model before any process group is
 made. Rank 0 shows a progress bar with the loss and tokens/s and writes ``--json``:
-``{"losses", "val_losses", "tokens_per_s", "step_ms", "grid", "backend"}``.
+``{"losses", "val_losses", "tokens_per_s", "step_ms", "grid", "backend", "wait_ms"}``;
+``wait_ms`` is, per axis (tp, pp, dp, and the loss all-reduce), the median over the timed
+steps of the time a rank spent blocked in communication, averaged over ranks.
 """
 
 from __future__ import annotations
@@ -140,13 +142,14 @@ def _train(args, rank: int) -> int:
 
 def _run(args, rank: int, spec, grid, trainer) -> int:
     from ringtree.parallel import checkpoint, record
+    from ringtree.parallel.comms import AXES
     from ringtree.parallel.schedule import bubble_fraction
 
     if args.resume:
         checkpoint.resume(args.resume, trainer)
     first = trainer.step
     tokens = spec.batch_size * spec.model.block_size
-    losses, val_losses, step_ms, bubbles = [], [], [], []
+    losses, val_losses, step_ms, bubbles, waits = [], [], [], [], []
     bar = _progress(rank == 0 and not args.no_progress, spec.steps - first, first)
     val_losses.append(trainer.evaluate())
     while trainer.step < spec.steps:
@@ -157,6 +160,7 @@ def _run(args, rank: int, spec, grid, trainer) -> int:
             record.write(args.record_comm, rec, trainer)
         losses.append(res.loss)
         step_ms.append(res.seconds * 1e3)
+        waits.append(res.waits)
         bubbles.append(res.stage.bubble)
         if spec.eval_every and trainer.step % spec.eval_every == 0 and trainer.step < spec.steps:
             val_losses.append(trainer.evaluate())
@@ -169,6 +173,8 @@ def _run(args, rank: int, spec, grid, trainer) -> int:
     timed = step_ms[1:] if len(step_ms) > 1 else step_ms
     tps = tokens * len(timed) / (sum(timed) / 1e3)
     bubble = _mean_over_ranks(statistics.fmean(bubbles[1:] or bubbles))
+    wait_ms = {axis: _mean_over_ranks(statistics.median(
+        w[axis] for w in (waits[1:] or waits)) * 1e3) for axis in AXES}
     if args.save:
         checkpoint.save(args.save, trainer, extra=vars(args))
     if rank == 0:
@@ -182,7 +188,7 @@ def _run(args, rank: int, spec, grid, trainer) -> int:
                   f"({args.schedule}, p={grid.pp}, m={spec.micro_batches})")
         out = {"losses": losses, "val_losses": val_losses, "tokens_per_s": tps,
                "step_ms": step_ms, "grid": {"dp": grid.dp, "tp": grid.tp, "pp": grid.pp},
-               "backend": args.backend}
+               "backend": args.backend, "wait_ms": wait_ms}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)

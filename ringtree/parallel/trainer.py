@@ -67,6 +67,7 @@ class StepResult:
     loss: float                    # global mean training loss (every rank)
     stage: StageRun
     seconds: float
+    waits: dict[str, float] = field(default_factory=dict)  # blocked in comms, per axis (s)
 
 
 class Trainer:
@@ -109,11 +110,13 @@ class Trainer:
         """Sum of the last stage's (tp rank 0) values over dp, divided by dp."""
         owner = self.grid.last_stage and self.grid.tp_rank == 0
         t = torch.tensor([float(local_sum) if owner else 0.0], dtype=torch.float64)
-        dist.all_reduce(t)
+        with comms.waiting("loss"):
+            dist.all_reduce(t)
         return float(t[0]) / self.grid.dp
 
     def train_step(self) -> StepResult:
         """Forward, backward, gradient sync and update for global batch ``self.step``."""
+        comms.take_waits()  # what came before (evaluation) is not this step's
         t0 = time.perf_counter()
         for g in self.opt.param_groups:
             g["lr"] = self.lr_at(self.step)
@@ -134,7 +137,7 @@ class Trainer:
         local = float(torch.stack(run.losses).sum()) if run.losses else 0.0
         loss = self._global_mean(local)
         self.step += 1
-        return StepResult(loss, run, time.perf_counter() - t0)
+        return StepResult(loss, run, time.perf_counter() - t0, comms.take_waits())
 
     def close(self) -> None:
         """Release what ties this rank's model to its process groups (the gradient hooks),

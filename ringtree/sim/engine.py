@@ -279,38 +279,42 @@ class _Engine(_Network):
             self.slices(s)
             self.finish(s)
 
-    def batch_network(self) -> None:
-        """A run whose sends wait on no arrival (:func:`.feedforward.feed_forward`): hold
-        every injection back, carry them all link by link (:mod:`.feedforward`), then
-        run the receiving steps with every arrival known. If the routes cycle, the held
-        injections enter the network as usual (nothing has left the heap yet, so the
-        order is the engine's own)."""
-        self.cut = []
-        self.drain()
-        cut, self.cut = self.cut, None
+    def rounds(self, progress: Callable[[int], None] | None = None) -> bool | None:
+        """Carry the network a round at a time (:class:`.feedforward.Rounds`): hold every
+        injection back until nothing else can happen without an arrival, carry the held
+        chunks link by link, deliver them, repeat. A run whose sends wait on no arrival
+        (one-shot ``direct``) is one round. True: done; None: not tried (the routes
+        cycle); False: a round would be served out of the heap's order (rerun it)."""
         cp = self.cp
-        got = None
-        if cut and all(self.ninj[m] == len(cp.step_slices[cp.msg_sstep[m]])
-                       for m in range(cp.nmsgs)):
+        net = feedforward.Rounds(cp, self.conn_links, self.shared, self.rate, self.llat,
+                                 self.integer)
+        if net.order is None:
+            return None
+        arr, narr, rstep = self.arr, self.narr, cp.msg_rstep
+        while True:
+            self.cut = []
+            self.drain()
+            cut, self.cut = self.cut, None
+            if not cut:
+                return True
             cm, ci, ct = zip(*cut)
-            got = feedforward.deliveries(cp, self.conn_links, self.shared, self.rate,
-                                         self.llat, self.integer, cm, ci, ct)
-        if got is None:
-            for m, i, t in cut:
-                links = self.conn_links[cp.msg_conn[m]]
-                if links and self.shared[links[0]]:
-                    heapq.heappush(self.heap, (t, m, i, 0, t - self.over))
+            got = net.carry(cm, ci, ct)
+            if got is None:
+                return False
+            m, t, events = got
+            self.events += events
+            cuts = [0, *(np.flatnonzero(m[1:] != m[:-1]) + 1).tolist(), m.size]
+            times, ms = t.tolist(), m.tolist()
+            for a, b in zip(cuts, cuts[1:]):
+                x = ms[a]
+                if arr[x] is None:
+                    arr[x] = times[a:b]
                 else:
-                    self.network(m, i, t, 0, t - self.over)
-            return
-        m, _, t, events = got
-        self.events += events
-        cuts = [0, *(np.flatnonzero(m[1:] != m[:-1]) + 1).tolist(), m.size]
-        times, ms = t.tolist(), m.tolist()
-        for a, b in zip(cuts, cuts[1:]):
-            self.arr[ms[a]] = times[a:b]
-            self.narr[ms[a]] = b - a
-        self.work.extend({cp.msg_rstep[ms[a]] for a in cuts[:-1]})
+                    arr[x].extend(times[a:b])
+                narr[x] += b - a
+            self.work.extend({rstep[ms[a]] for a in cuts[:-1]})
+            if progress is not None:
+                progress(self.events)
 
     def loop(self, progress: Callable[[int], None] | None = None) -> None:
         heap = self.heap
@@ -342,11 +346,12 @@ class _Engine(_Network):
 
 
 def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware,
-        trace: bool = False, progress: Callable[[int], None] | None = None) -> Result:
+        trace: bool = False, progress: Callable[[int], None] | None = None,
+        batch: bool = True) -> Result:
     """Simulate compiled Programs; ``devices[r]`` is the device of (real or virtual) rank r.
     ``progress(events)`` is called every 65,536 heap events."""
     eng = _Engine(cp, topo, devices, model, trace)
-    if eng.aware and not trace and feedforward.feed_forward(cp):
-        eng.batch_network()
+    if batch and eng.aware and not trace and eng.rounds(progress) is False:
+        eng = _Engine(cp, topo, devices, model, trace)
     eng.loop(progress)
     return eng.result()

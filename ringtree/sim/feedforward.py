@@ -1,23 +1,25 @@
-"""Runs whose sends wait on no receive: the network as one batch, link by link.
+"""The congestion-aware network carried in rounds, link by link, instead of chunk by chunk.
 
-When no step that sends can be held up by an arrival (its channel's earlier steps and
-the steps it waits on in memory receive nothing, and it receives nothing itself —
-one-shot ``direct`` collectives, the first round of many others taken alone), every
-chunk's injection time is known before any chunk moves. The congestion-aware network is
-then a pure function of those times: each link is a FIFO that serves its chunks in the
-engine's heap order, (arrival, message, slice), and a link's arrivals are all known once
-the links before it on every route are served. Visiting the links in a topological order
-of the routes (every route's links in route order) gives every chunk's delivery time
-with the engine's own sums (:func:`serve`):
+The event engine (:mod:`.engine`) serves every link's chunks in its heap's order,
+(arrival, message, slice): pushes never go back in time, so each link, shared or not,
+sees its chunks sorted by that key. So when the chunks still to move are known, a link's
+service is a pure function of their arrival times, and a link's arrivals are all known
+once the links before it on every route are served. A *round* is what the engine can
+inject before anything more arrives: hold those injections, visit the links in a
+topological order of the routes (every route's links in route order), serve each link
+with the engine's own sums (:func:`serve`),
 
     start_k = max(arrival_k, free_{k−1}),  free_k = start_k + bytes_k / rate,
     out_k = free_k + latency            (floored for the integer model)
 
 — the recurrence ASTRA-sim's ``Link.cpp`` runs per chunk, here over arrays: within a
 busy period it is one running sum (``numpy.cumsum`` adds left to right, as the engine
-does); an idle gap starts the next sum. Nothing is approximated, and when the routes
-cycle (a link after another on one route and before it on another) the event engine runs
-as usual. The receiving steps then run on the engine's dataflow with every arrival known.
+does); an idle gap starts the next sum — then deliver the round and let the receivers run
+until the next round is held. Nothing is approximated: a round must reach every link
+after the chunks of the rounds before it (in the heap's order), which is checked on every
+link; when it does not, or the routes cycle, the run goes to the event heap. One-shot
+``direct`` collectives (no send waits on a receive) are one round; two-shot and
+halving-doubling ones at small sizes a few.
 """
 
 from __future__ import annotations
@@ -28,26 +30,7 @@ import numpy as np
 
 from ringtree.sim.compile import Compiled
 
-__all__ = ["feed_forward", "serve", "link_order", "deliveries"]
-
-
-def feed_forward(cp: Compiled) -> bool:
-    """Can every sending step inject all its slices before anything arrives?
-
-    A step needs an arrival to start if its channel's previous step does or a step it
-    waits on in memory cannot finish without one; it needs one to finish if it also
-    receives a message. Steps of a rank only name earlier steps of that rank."""
-    starts = [False] * cp.nsteps            # start waits on an arrival
-    ends = [False] * cp.nsteps              # done waits on an arrival
-    prev, deps, recv, send = cp.step_prev, cp.step_deps, cp.step_recv, cp.step_send
-    for s in range(cp.nsteps):
-        p = prev[s]
-        w = (p >= 0 and starts[p]) or any(ends[d] for d in deps[s])
-        starts[s] = w
-        ends[s] = w or bool(recv[s])
-        if send[s] and ends[s]:
-            return False
-    return True
+__all__ = ["serve", "link_order", "Rounds"]
 
 
 def link_order(routes: list[list[int]], nlinks: int) -> list[int] | None:
@@ -73,9 +56,11 @@ def link_order(routes: list[list[int]], nlinks: int) -> list[int] | None:
     return out if len(out) == nlinks else None
 
 
-def serve(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool) -> np.ndarray:
-    """Departure (+ latency) of chunks served in order by one FIFO link that starts idle:
-    the engine's ``max`` and left-to-right sums, one running sum per busy period.
+def serve(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool,
+          free0: float = 0.0) -> tuple[np.ndarray, float]:
+    """Departure (+ latency) of chunks served in order by one FIFO link free from
+    ``free0`` on, and when it is free again: the engine's ``max`` and left-to-right sums,
+    one running sum per busy period.
 
     The periods are guessed from prefix sums (``free_k = max_j (a_j + s_j + … + s_k)``,
     rounded differently), summed exactly, and the guess is then *checked* on the exact
@@ -84,7 +69,7 @@ def serve(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool) -> np.
     it was wrong (a few rounds), else the chunks are served window by window."""
     n = arrive.size
     if not n:
-        return np.empty(0)
+        return np.empty(0), free0
     pre = np.cumsum(ser)
     lead = arrive.copy()
     lead[1:] -= pre[:-1]
@@ -92,19 +77,24 @@ def serve(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool) -> np.
     starts[0] = True
     starts[1:] = lead[1:] > np.maximum.accumulate(lead)[:-1]
     for _ in range(4):
-        free = _periods(arrive, ser, starts)
+        free = _periods(arrive, ser, starts, free0)
         late = arrive[1:] > free[:-1]            # chunk k finds the link idle
         wrong = (starts[1:] & (arrive[1:] < free[:-1])) | (~starts[1:] & late)
         if not wrong.any():
-            out = free + lat
-            return np.floor(out) if integer else out
+            return _out(free, lat, integer)
         starts[1:] = late
-    return _windows(arrive, ser, lat, integer)
+    return _windows(arrive, ser, lat, integer, free0)
 
 
-def _periods(arrive: np.ndarray, ser: np.ndarray, starts: np.ndarray) -> np.ndarray:
+def _out(free: np.ndarray, lat: float, integer: bool) -> tuple[np.ndarray, float]:
+    out = free + lat
+    return (np.floor(out) if integer else out), float(free[-1])
+
+
+def _periods(arrive: np.ndarray, ser: np.ndarray, starts: np.ndarray,
+             free0: float) -> np.ndarray:
     """``free`` when busy periods begin exactly at ``starts``: per period the sum
-    arrival + s_k + s_k+1 + … left to right, periods of similar length side by side as
+    start + s_k + s_k+1 + … left to right, periods of similar length side by side as
     rows of one cumulative sum."""
     n = arrive.size
     first = np.flatnonzero(starts)
@@ -113,12 +103,14 @@ def _periods(arrive: np.ndarray, ser: np.ndarray, starts: np.ndarray) -> np.ndar
     pos = np.arange(n) - first[seg]
     free = np.empty(n)
     width = np.maximum(1, 1 << np.ceil(np.log2(np.maximum(length, 1))).astype(np.int64))
+    begin = arrive[first]
+    begin[0] = max(begin[0], free0)
     for w in np.unique(width).tolist():
         segs = np.flatnonzero(width == w)
         row = np.full(first.size, -1, np.int64)
         row[segs] = np.arange(segs.size)
         acc = np.zeros((segs.size, w + 1))
-        acc[:, 0] = np.maximum(arrive[first[segs]], 0.0)
+        acc[:, 0] = begin[segs]
         mine = np.flatnonzero(row[seg] >= 0)
         acc[row[seg[mine]], pos[mine] + 1] = ser[mine]
         np.cumsum(acc, axis=1, out=acc)
@@ -126,11 +118,12 @@ def _periods(arrive: np.ndarray, ser: np.ndarray, starts: np.ndarray) -> np.ndar
     return free
 
 
-def _windows(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool) -> np.ndarray:
+def _windows(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool,
+             free0: float = 0.0) -> tuple[np.ndarray, float]:
     """:func:`serve` read in windows that double while a busy period lasts."""
     n = arrive.size
     free = np.empty(n)
-    k, w, prev = 0, 64, 0.0
+    k, w, prev = 0, 64, free0
     while k < n:
         e = min(n, k + w)
         acc = np.empty(e - k + 1)
@@ -144,46 +137,68 @@ def _windows(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool) -> 
         prev = float(free[end - 1])
         w = 64 if gap.size else 2 * w
         k = end
-    out = free + lat
-    return np.floor(out) if integer else out
+    return _out(free, lat, integer)
 
 
-def deliveries(cp: Compiled, routes: list[list[int]], shared: list[bool], rate: list[float],
-               llat: list[float], integer: bool, cm: list[int], ci: list[int],
-               ct: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
-    """Delivery time of every injected chunk (message ``cm``, slice ``ci``, at hop 0 at
-    ``ct``), sorted by (connection, message, slice), with those keys and the heap events
-    the engine would have processed; None when the routes cycle."""
-    order = link_order(routes, len(rate))
-    if order is None:
-        return None
-    m = np.asarray(cm, np.int64)
-    i = np.asarray(ci, np.int64)
-    conn = np.asarray(cp.msg_conn, np.int64)[m]
-    srt = np.lexsort((i, m, conn))
-    m, i, conn = m[srt], i[srt], conn[srt]
-    t = np.asarray(ct, np.float64)[srt]
-    per = [cp.step_slices[s] for s in cp.msg_sstep]          # slice bytes per message
-    first = np.cumsum([0] + [len(x) for x in per])
-    sizes = np.fromiter(chain.from_iterable(per), np.float64, int(first[-1]))[first[m] + i]
-    bounds = np.searchsorted(conn, np.arange(len(routes) + 1))
-    users: list[list[int]] = [[] for _ in rate]
-    events = 0
-    for c, rt in enumerate(routes):
-        for li in rt:
-            users[li].append(c)
-        events += sum(shared[li] for li in rt) * int(bounds[c + 1] - bounds[c])
-    for li in order:
-        if not users[li]:
-            continue
-        idx = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in users[li]])
-        if not idx.size:
-            continue
-        by = np.lexsort((i[idx], m[idx], t[idx]))
-        idx = idx[by]
-        t[idx] = serve(t[idx], sizes[idx] / rate[li], llat[li], integer)
-    for c in range(len(routes)):                  # a connection delivers in order
-        a, b = bounds[c], bounds[c + 1]
-        if b - a > 1:
+class Rounds:
+    """The network of one run, carried a round at a time: the chunks injected since the
+    last round, link by link, each link continuing from where the last round left it.
+
+    A round is exact only if every link serves its chunks after the ones of earlier
+    rounds in the heap's order; :meth:`carry` checks that on every link (the first
+    chunk of the round against the last one served) and returns None when it fails."""
+
+    def __init__(self, cp: Compiled, routes: list[list[int]], shared: list[bool],
+                 rate: list[float], llat: list[float], integer: bool) -> None:
+        self.cp, self.routes, self.rate, self.llat = cp, routes, rate, llat
+        self.integer = integer
+        self.order = link_order(routes, len(rate))
+        self.users: list[list[int]] = [[] for _ in rate]
+        for c, rt in enumerate(routes):
+            for li in rt:
+                self.users[li].append(c)
+        self.nshared = [sum(shared[li] for li in rt) for rt in routes]
+        per = [cp.step_slices[s] for s in cp.msg_sstep]      # slice bytes per message
+        self.first = np.cumsum([0] + [len(x) for x in per])
+        self.sizes = np.fromiter(chain.from_iterable(per), np.float64, int(self.first[-1]))
+        self.msg_conn = np.asarray(cp.msg_conn, np.int64)
+        self.free = [0.0] * len(rate)
+        self.last: list[tuple[float, int, int]] = [(-np.inf, -1, -1)] * len(rate)
+        self.conn_arr = np.zeros(len(routes))
+
+    def carry(self, cm: list[int], ci: list[int], ct: list[float]
+              ) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """Delivery times of chunks (message ``cm``, slice ``ci``) injected at hop 0 at
+        ``ct``, sorted by (connection, message, slice), with their messages and the heap
+        events the engine would have processed; None if the round is out of order."""
+        assert self.order is not None
+        m = np.asarray(cm, np.int64)
+        i = np.asarray(ci, np.int64)
+        conn = self.msg_conn[m]
+        srt = np.lexsort((i, m, conn))
+        m, i, conn = m[srt], i[srt], conn[srt]
+        t = np.asarray(ct, np.float64)[srt]
+        sizes = self.sizes[self.first[m] + i]
+        bounds = np.searchsorted(conn, np.arange(len(self.routes) + 1))
+        count = np.diff(bounds)
+        events = int(np.dot(count, self.nshared))
+        busy = {int(c) for c in np.flatnonzero(count)}
+        for li in self.order:
+            cs = [c for c in self.users[li] if c in busy]
+            if not cs:
+                continue
+            idx = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in cs])
+            idx = idx[np.lexsort((i[idx], m[idx], t[idx]))]
+            head = (float(t[idx[0]]), int(m[idx[0]]), int(i[idx[0]]))
+            if head <= self.last[li]:
+                return None
+            k = idx[-1]
+            self.last[li] = (float(t[k]), int(m[k]), int(i[k]))
+            t[idx], self.free[li] = serve(t[idx], sizes[idx] / self.rate[li], self.llat[li],
+                                          self.integer, self.free[li])
+        for c in busy:                            # a connection delivers in order
+            a, b = bounds[c], bounds[c + 1]
+            t[a] = max(t[a], self.conn_arr[c])
             np.maximum.accumulate(t[a:b], out=t[a:b])
-    return m, i, t, events
+            self.conn_arr[c] = t[b - 1]
+        return m, t, events

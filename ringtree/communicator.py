@@ -34,6 +34,7 @@ from ringtree.core.tuner import parse_algo_spec
 from ringtree.dtypes import DType
 from ringtree.errors import CommAborted
 from ringtree.ops import ReduceOp
+from ringtree.prof import attach, detach
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
 from ringtree.work import Work
@@ -117,8 +118,6 @@ class Communicator:
         self.executor.on_error = self._on_error
         self.progress = Progress(self.executor, f"ringtree-rank{rank}")
         self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
-        from ringtree.prof import attach
-
         attach(self)  # flight recorder, SIGUSR1 dump, doctor watcher, RINGTREE_PROFILE
         self.topology = None  # ringtree.core.topology.Topology when ranks span hosts
         if len(set(self.nodes)) > 1:
@@ -406,8 +405,6 @@ class Communicator:
         self._broken = self._broken or CommAborted(f"rank {self.rank} aborted")
         self._fail_pending(self._broken)  # Works in flight raise instead of hanging
         self.fabric.close()
-        from ringtree.prof import detach
-
         detach(self)
         self._closed = True
         self.progress.stop()
@@ -419,8 +416,6 @@ class Communicator:
         try:
             self.synchronize()
         finally:
-            from ringtree.prof import detach
-
             detach(self)  # last status for the doctor; RINGTREE_PROFILE files
             self._closed = True
             self.progress.stop()

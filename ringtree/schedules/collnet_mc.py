@@ -30,6 +30,7 @@ all-gather ≈ 2α + 2h + n·β; reduce-scatter ≈ 2α + 2h + n·β up, n/p·β
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from ringtree.core import ir
@@ -67,6 +68,23 @@ def broadcast(n: int, r: int, opts: Options) -> Program:
                    meta={"virtual_programs": virtual})
 
 
+def _owner(n: int, c: int, b: int) -> int:
+    """The virtual rank of owner ``b``'s switch group in part ``c``: n + c·n + b."""
+    return n + c * n + b
+
+
+def _per_owner(coll: Collective, n: int, r: int, opts: Options,
+               channel: Callable[[int], list[Step]], on_host: Callable[..., Program]) -> Program:
+    """The member program whose part c runs ``channel(c)`` against one switch group per
+    owner (:func:`_owner_switches`); on one host, ``on_host``'s schedule under this name."""
+    if _on_host(n, opts):
+        return replace(on_host(n, r, opts), algo=ALGO)
+    k = opts.channels
+    return Program(coll, ALGO, n, r, k, tuple(tuple(channel(c)) for c in range(k)),
+                   meta={"virtual_programs": _owner_switches(
+                       coll, n, k, coll is Collective.REDUCE_SCATTER)})
+
+
 def _owner_switches(coll: Collective, n: int, k: int, reduce: bool) -> tuple[Program, ...]:
     progs = []
     for c in range(k):
@@ -74,38 +92,30 @@ def _owner_switches(coll: Collective, n: int, k: int, reduce: bool) -> tuple[Pro
             others = tuple(q for q in range(n) if q != b)
             step = Step(dst=scr(c), recv_from=tuple(range(n)), send_to=(b,), reduce=True) \
                 if reduce else Step(dst=scr(c), recv_from=(b,), send_to=others)
-            progs.append(_switch(coll, n, n + c * n + b, c, k, step))
+            progs.append(_switch(coll, n, _owner(n, c, b), c, k, step))
     return tuple(progs)
 
 
 @register(Collective.ALL_GATHER, ALGO, cost="2α + 2h + n·β (n = gathered bytes)")
 def all_gather(n: int, r: int, opts: Options) -> Program:
     """Each rank's block goes to its own switch group, which multicasts it."""
-    if _on_host(n, opts):
-        return replace(direct.all_gather(n, r, opts), algo=ALGO)
     k = opts.channels
-    chans = []
-    for c in range(k):
-        steps = [Step(src=inp(c), dst=out(r * k + c), send_to=(n + c * n + r,))]
-        steps += [ir.recv(n + c * n + q, out(q * k + c)) for q in range(n) if q != r]
-        chans.append(tuple(steps))
-    return Program(Collective.ALL_GATHER, ALGO, n, r, k, tuple(chans),
-                   meta={"virtual_programs": _owner_switches(Collective.ALL_GATHER, n, k,
-                                                             False)})
+
+    def channel(c: int) -> list[Step]:
+        gathered = [ir.recv(_owner(n, c, q), out(q * k + c)) for q in range(n) if q != r]
+        return [Step(src=inp(c), dst=out(r * k + c), send_to=(_owner(n, c, r),)), *gathered]
+
+    return _per_owner(Collective.ALL_GATHER, n, r, opts, channel, direct.all_gather)
 
 
 @register(Collective.REDUCE_SCATTER, ALGO,
           cost="2α + 2h + n·β up + n/p·β down (n = input bytes)")
 def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     """Block b of every rank goes to b's switch group, which reduces and returns it to b."""
-    if _on_host(n, opts):
-        return replace(direct.reduce_scatter(n, r, opts), algo=ALGO)
     k = opts.channels
-    chans = []
-    for c in range(k):
-        steps = [ir.send(n + c * n + b, inp(b * k + c)) for b in range(n)]
-        steps.append(ir.recv(n + c * n + r, out(c)))
-        chans.append(tuple(steps))
-    return Program(Collective.REDUCE_SCATTER, ALGO, n, r, k, tuple(chans),
-                   meta={"virtual_programs": _owner_switches(Collective.REDUCE_SCATTER, n, k,
-                                                             True)})
+
+    def channel(c: int) -> list[Step]:
+        return [*(ir.send(_owner(n, c, b), inp(b * k + c)) for b in range(n)),
+                ir.recv(_owner(n, c, r), out(c))]
+
+    return _per_owner(Collective.REDUCE_SCATTER, n, r, opts, channel, direct.reduce_scatter)

@@ -27,6 +27,12 @@ def _program(coll: Collective, n: int, r: int, opts: Options, chunks: int,
                    tuple(tuple(channel(c)) for c in range(opts.channels)), root=opts.root, **kw)
 
 
+def _blocks(buf: Callable[[int], ir.Ref], n: int, k: int, c: int) -> Callable[[int], ir.Ref]:
+    """Block ``b`` (mod n) of channel ``c``'s part of a buffer of n·k blocks: the block of
+    rank b lives at (b mod n)·k + c, so each channel's ring moves whole rank blocks."""
+    return lambda b: buf((b % n) * k + c)
+
+
 @register(Collective.ALL_REDUCE, "ring", cost="2(p−1)·α + 2(p−1)/p·n·β + (p−1)/p·n·γ")
 def all_reduce(n: int, r: int, opts: Options) -> Program:
     """send, recvReduceSend ×(n−2), recvReduceCopySend, recvCopySend ×(n−2), recv."""
@@ -57,9 +63,7 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
     nxt, prv = (r + 1) % n, (r - 1) % n
 
     def channel(c: int) -> list[Step]:
-        def blk(b: int) -> ir.Ref:
-            return out((b % n) * k + c)
-
+        blk = _blocks(out, n, k, c)
         steps = [ir.Step(src=inp(c), dst=blk(r), send_to=(nxt,) if n > 1 else ())]
         steps += [ir.recv_copy_send(prv, nxt, blk(r - j)) for j in range(1, n - 1)]
         if n > 1:
@@ -76,9 +80,7 @@ def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     nxt, prv = (r + 1) % n, (r - 1) % n
 
     def channel(c: int) -> list[Step]:
-        def blk(b: int) -> ir.Ref:
-            return inp((b % n) * k + c)
-
+        blk = _blocks(inp, n, k, c)
         if n == 1:
             return [copy(blk(0), out(c))]
         steps = [ir.send(nxt, blk(r - 1))]

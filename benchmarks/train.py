@@ -4,6 +4,10 @@
     python benchmarks/train.py --steps 30 --repeat 5 --json out.json
     python benchmarks/train.py --no-bubble --grids dp4,tp2dp2   # a subset of the rows
 
+The rows: DP=4, TP=2 x DP=2, PP=2 x DP=2, DP=2 x TP=2 x PP=2 at the global batch and
+micro-batches given (32 and 4 by default), and one labelled communication-heavier row,
+DP=4 at global batch 8 in one micro-batch (``dp4small``).
+
 For each grid (DP=4, TP=2 x DP=2, PP=2 x DP=2, DP=2 x TP=2 x PP=2) and each backend it
 launches ``ringtree run -n N ringtree train ... --json`` (the CLI users run), repeats it,
 and reports the median tokens/s and median step time, then ringtree's tokens/s over
@@ -12,7 +16,7 @@ included) divided by its steps: a backend that burns CPU while it waits takes it
 the other ranks' compute, since 4-8 ranks share the cores here. Then the pipeline bubble: measured by the 1F1B executor (share of a stage's step
 spent outside compute) against (p-1)/(m+p-1), for PP=2 and PP=4 at several m.
 
-Same model, data, seed and global batch on every row; the first step of each run is
+Same model, data, seed and global batch on every row but ``dp4small``; the first step of each run is
 left out of tokens/s (warm-up). A second table splits each row's median step into the
 time ranks spent blocked in communication per axis (tp, pp, dp and the loss all-reduce;
 medians of the runs' ``wait_ms``) and the rest (compute, optimizer, data), which bounds
@@ -33,7 +37,13 @@ import sys
 import tempfile
 
 GRIDS = {"dp4": ("DP=4", 4, 1, 1), "tp2dp2": ("TP=2 x DP=2", 2, 2, 1),
-         "pp2dp2": ("PP=2 x DP=2", 2, 1, 2), "dp2tp2pp2": ("DP=2 x TP=2 x PP=2", 2, 2, 2)}
+         "pp2dp2": ("PP=2 x DP=2", 2, 1, 2), "dp2tp2pp2": ("DP=2 x TP=2 x PP=2", 2, 2, 2),
+         "dp4small": ("DP=4, batch 8, 1 micro-batch (communication-heavier)", 4, 1, 1)}
+# Rows that change the run's batch: (global batch, micro-batches). DP=4 at batch 8 is the
+# small-batch end of data parallelism (2 sequences per rank per step): a quarter of the
+# compute for the same gradient all-reduce. It is a second, labelled row next to DP=4,
+# not a replacement for it.
+BATCH = {"dp4small": (8, 1)}
 AXES = ("tp", "pp", "dp", "loss")  # wait_ms keys of ``ringtree train --json``
 BUBBLE = re.compile(r"bubble measured ([0-9.]+), formula \(p-1\)/\(m\+p-1\) = ([0-9.]+)")
 
@@ -47,7 +57,8 @@ def loadavg() -> str:
 
 
 def run_train(dp: int, tp: int, pp: int, backend: str, args, micro: int | None = None,
-              extra: list[str] | None = None) -> tuple[dict, float | None, float]:
+              extra: list[str] | None = None, batch: int | None = None
+              ) -> tuple[dict, float | None, float]:
     """One ``ringtree train`` job: its --json, the measured bubble (pp > 1) and the CPU
     seconds its processes used (children's rusage, launcher included)."""
     n = dp * tp * pp
@@ -56,7 +67,7 @@ def run_train(dp: int, tp: int, pp: int, backend: str, args, micro: int | None =
         cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", str(n), sys.executable,
                "-m", "ringtree.cli", "train", "--dp", str(dp), "--tp", str(tp), "--pp",
                str(pp), "--micro-batches", str(micro or args.micro_batches), "--steps",
-               str(args.steps), "--batch-size", str(args.batch_size), "--backend", backend,
+               str(args.steps), "--batch-size", str(batch or args.batch_size), "--backend", backend,
                "--layers", str(args.layers), "--embd", str(args.embd), "--heads", "4",
                "--block-size", str(args.block_size), "--eval-batches", "1", "--no-progress",
                "--json", out, *(extra or [])]
@@ -99,12 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     rows, raw = [], {}
     for key in ([] if args.only_bubble else args.grids.split(",")):
         name, dp, tp, pp = GRIDS[key]
+        batch, micro = BATCH.get(key, (None, None))
         cell = {}
         runs: dict[str, list] = {"ringtree": [], "gloo": []}
         waits: dict[str, list] = {"ringtree": [], "gloo": []}
         for _ in range(args.repeat):  # interleaved, so a change of load hits both alike
             for backend in runs:
-                res, _, cpu = run_train(dp, tp, pp, backend, args)
+                res, _, cpu = run_train(dp, tp, pp, backend, args, micro=micro, batch=batch)
                 runs[backend].append((res["tokens_per_s"], statistics.median(
                     res["step_ms"][1:] or res["step_ms"]), cpu / args.steps))
                 waits[backend].append(res.get("wait_ms", {}))

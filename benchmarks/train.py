@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# loadavg before: {loadavg()}")
     print(f"# model: {args.layers} layers, d={args.embd}, T={args.block_size}; global batch "
           f"{args.batch_size} sequences, {args.micro_batches} micro-batches, {args.steps} "
-          f"steps, median of {args.repeat} runs")
+          f"steps, median of {args.repeat} runs" + "".join(
+              f"; {k}: batch {b}, {m} micro-batch(es)" for k, (b, m) in BATCH.items()
+              if k in args.grids.split(",")))
     rows, raw = [], {}
     for key in ([] if args.only_bubble else args.grids.split(",")):
         name, dp, tp, pp = GRIDS[key]

@@ -102,3 +102,40 @@ def test_abort_fails_pending_work():
 
     res = run_ranks(abort_fails_pending_work, 2, timeout=60)
     assert res[0] == "CommAborted", res
+
+
+def waiter_drives_its_recv(comm):
+    """Rank 1 waits on an async receive; rank 0 sends only once rank 1's waiting thread
+    holds the driver role, so the message is found by that thread, which completes the
+    Work (its callbacks run on the driving thread), not the worker thread."""
+    import threading
+    import time
+
+    key = "test/waiter-drives"
+    x = np.zeros(1024, dtype=np.int64)
+    if comm.rank == 0:
+        comm.store.get(key, timeout=60)
+        comm.send(np.arange(1024, dtype=np.int64), 1)
+        return "sent"
+    if comm.rank != 1:
+        return "idle"
+    me, done_on = threading.current_thread(), []
+    w = comm.irecv(x, 0)
+    w.add_done_callback(lambda _: done_on.append(threading.current_thread()))
+
+    def tell_sender() -> None:  # once this thread drives (or after 10 s: the test fails)
+        end = time.monotonic() + 10
+        while comm.progress.driver is not me and time.monotonic() < end:
+            time.sleep(0.001)
+        comm.store.set(key, b"1")
+
+    helper = threading.Thread(target=tell_sender)
+    helper.start()
+    w.wait()
+    helper.join()
+    assert (x == np.arange(1024)).all()
+    return "waiter" if done_on == [me] else f"completed on {done_on}"
+
+
+def test_a_waiting_thread_drives_its_own_async_receive(pool3):
+    assert pool3.run_ok(waiter_drives_its_recv) == ["sent", "waiter", "idle"]

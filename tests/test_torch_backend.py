@@ -192,6 +192,32 @@ def test_zero_copy_and_bfloat16(pool):
     assert torch.equal(res[0][1], expect.to(torch.bfloat16))
 
 
+def _blocking_calls_stay_on_the_caller(ctx):
+    """``dist.all_reduce(t)`` (torch's asyncOp False) runs on the calling thread: nothing
+    is queued for the LL thread; ``async_op=True`` is (it must progress unwaited)."""
+    ll = ctx.group.comm.ll
+    queued = []
+    submit = ll.submit
+    ll.submit = lambda *a, **k: queued.append(1) or submit(*a, **k)
+    try:
+        t = _data(ctx.rank, 16)
+        for _ in range(3):
+            dist.all_reduce(t)
+        dist.broadcast(t, 0)
+        dist.barrier()
+        blocking = len(queued)
+        dist.all_reduce(t, async_op=True).wait()
+    finally:
+        ll.submit = submit
+    return blocking, len(queued), t
+
+
+def test_blocking_collectives_run_on_the_calling_thread(pool):
+    res = pool.run_ok(_blocking_calls_stay_on_the_caller)
+    assert [r[:2] for r in res] == [(0, 1), (0, 1)]
+    assert torch.equal(res[0][2], res[1][2])
+
+
 # ---- the other collectives --------------------------------------------------------------
 
 def _collectives(ctx):

@@ -5,9 +5,10 @@ calls its methods — from Python for ``dist.*`` and through the pybind trampoli
 (DDP's Reducer, functional collectives). Every operation (:mod:`ringtree.torch.collectives`)
 builds the ringtree call on the caller's thread (checks raise at once), submits it to the
 communicator's streaming executor (through :class:`~ringtree.torch.engine.ProgressEngine`,
-a thin adapter; the core's worker thread drives it) and returns a
-:class:`~ringtree.torch.work.RingtreeWork` at once; the autograd thread that issues
-DDP's bucket all-reduces never waits for communication. This module holds the
+a thin adapter; the core's worker thread drives it until a thread waits on it) and returns
+a :class:`~ringtree.torch.work.RingtreeWork` at once; the autograd thread that issues
+DDP's bucket all-reduces never waits for communication. A blocking ``dist.*`` call
+(``opts.asyncOp`` False) instead runs to completion on its caller's thread (``_now``). This module holds the
 group's identity, the plumbing from ringtree Works to torch Works, its lifetime, and the
 backend creator torch calls.
 

@@ -77,7 +77,13 @@ class _Network:
                 self.shared[li] = len(u) > 1
         self.rate = [topo.bytes_per_ns(i) for i in range(len(topo.links))]
         self.llat = [lk.latency for lk in topo.links]
-        self.free = [0.0] * len(topo.links)
+        self.cp, self.trace = cp, trace
+        self.fresh_network()
+
+    def fresh_network(self) -> None:
+        """Idle links and connections, nothing sent (what a run starts from)."""
+        cp = self.cp
+        self.free = [0.0] * len(self.rate)
         nconn, nm = len(cp.conns), cp.nmsgs
         self.conn_inj = [0.0] * nconn
         self.conn_arr = [0.0] * nconn
@@ -92,7 +98,7 @@ class _Network:
         # canonical FIFO tie-break that does not depend on the order of evaluation
         self.heap: list[tuple[float, int, int, int, float]] = []
         self.events = 0
-        self.transfers: list | None = [] if trace else None
+        self.transfers: list | None = [] if self.trace else None
         self.cut: list[tuple[int, int, float]] | None = None   # injections held back
 
 
@@ -102,7 +108,6 @@ class _Engine(_Network):
     def __init__(self, cp: Compiled, topo: Topology, devices: list[int],
                  model: Unaware | Aware, trace: bool) -> None:
         super().__init__(cp, topo, devices, model, trace)
-        self.cp = cp
         ns = cp.nsteps
         self.nxt_in_chan = [-1] * ns
         self.dependents: list[list[int]] = [[] for _ in range(ns)]
@@ -120,6 +125,14 @@ class _Engine(_Network):
         ops, sl, rk = cp.step_ops, cp.step_slices, cp.step_rank
         self.comp = [[compute_ns(b, ops[s], red[rk[s]]) for b in sl[s]] if ops[s] else None
                      for s in range(ns)]
+        self.pend0 = self.pend
+        self.fresh_steps()
+
+    def fresh_steps(self) -> None:
+        """No step issued yet."""
+        cp, ns = self.cp, self.cp.nsteps
+        sl = cp.step_slices
+        self.pend = list(self.pend0)
         self.start = [-1.0] * ns
         self.done = [-1.0] * ns
         self.maxin = [0.0] * ns
@@ -352,6 +365,7 @@ def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware
     ``progress(events)`` is called every 65,536 heap events."""
     eng = _Engine(cp, topo, devices, model, trace)
     if batch and eng.aware and not trace and eng.rounds(progress) is False:
-        eng = _Engine(cp, topo, devices, model, trace)
+        eng.fresh_network()                      # start again on the heap
+        eng.fresh_steps()
     eng.loop(progress)
     return eng.result()

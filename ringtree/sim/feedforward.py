@@ -153,10 +153,9 @@ class Rounds:
         self.cp, self.routes, self.rate, self.llat = cp, routes, rate, llat
         self.integer = integer
         self.order = link_order(routes, len(rate))
-        self.users: list[list[int]] = [[] for _ in rate]
-        for c, rt in enumerate(routes):
-            for li in rt:
-                self.users[li].append(c)
+        self.rank = [0] * len(rate)              # position in the link order
+        for k, li in enumerate(self.order or ()):
+            self.rank[li] = k
         self.nshared = [sum(shared[li] for li in rt) for rt in routes]
         per = [cp.step_slices[s] for s in cp.msg_sstep]      # slice bytes per message
         self.first = np.cumsum([0] + [len(x) for x in per])
@@ -182,11 +181,13 @@ class Rounds:
         bounds = np.searchsorted(conn, np.arange(len(self.routes) + 1))
         count = np.diff(bounds)
         events = int(np.dot(count, self.nshared))
-        busy = {int(c) for c in np.flatnonzero(count)}
-        for li in self.order:
-            cs = [c for c in self.users[li] if c in busy]
-            if not cs:
-                continue
+        busy = np.flatnonzero(count).tolist()
+        users: dict[int, list[int]] = {}          # the links this round uses, and by whom
+        for c in busy:
+            for li in self.routes[c]:
+                users.setdefault(li, []).append(c)
+        for li in sorted(users, key=self.rank.__getitem__):
+            cs = users[li]
             idx = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in cs])
             idx = idx[np.lexsort((i[idx], m[idx], t[idx]))]
             head = (float(t[idx[0]]), int(m[idx[0]]), int(i[idx[0]]))

@@ -57,11 +57,12 @@ def test_emptied_template_channels_change_no_time(topo_name, nodes, model):
 
 @pytest.mark.parametrize("topo_name,nodes", [("dgx_h100", 2), ("fat_tree2", 6),
                                              ("switch_sharp", 5)])
-def test_overlap_check_is_the_per_chunk_one(topo_name, nodes):
+def test_overlap_check_is_the_per_chunk_one(topo_name, nodes, monkeypatch):
     """The storage check of pruning (difference arrays over the chunks each channel
     names) answers what the per-chunk sets answer, for every schedule and collective."""
     from ringtree.sim import compile as sc
 
+    monkeypatch.setattr(sc, "ARRAYS_FROM_CHUNKS", 0)       # the arrays for every buffer
     topo = presets.get(topo_name, nodes)
     for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"):
         for algo in algorithms(coll):
@@ -85,7 +86,7 @@ def test_overlap_check_is_the_per_chunk_one(topo_name, nodes):
                     assert sc._overlap(p, kept, drop, pre, False) == want, (coll, algo, p.rank)
 
 
-def test_a_channel_of_no_data_sharing_storage_is_kept():
+def test_a_channel_of_no_data_sharing_storage_is_kept(monkeypatch):
     """Channel 1 names only chunk 1, which holds no data, but channel 0 names it too:
     channel 1 must stay (it could be waited on), in the difference-array check as in
     the per-chunk one; a channel naming a chunk of its own is dropped."""
@@ -96,6 +97,7 @@ def test_a_channel_of_no_data_sharing_storage_is_kept():
         chans = ((copy(inp(0, 2), out(0, 2)),), (copy(inp(second), out(second)),))
         return Program(Collective.ALL_REDUCE, "test", 1, 0, 3, chans)
 
+    monkeypatch.setattr(sc, "ARRAYS_FROM_CHUNKS", 0)
     pre = sc._Lengths(1, 1).of(prog(1))          # 1 element in 3 chunks: 1, 2 are empty
     assert sc._overlap(prog(1), [0], [1], pre, False)
     assert sc.moving(prog(1), pre, False) == (prog(1), [])

@@ -215,10 +215,15 @@ def _named(p: Program, chans, pre: dict[Buf, list[int]]) -> dict[Buf, np.ndarray
     return {b: np.cumsum(d[:-1]) > 0 for b, d in diff.items()}
 
 
+# buffers of fewer chunks are checked with sets (cheaper than building the arrays: a
+# tree on 131,072 ranks has a few chunks per rank)
+ARRAYS_FROM_CHUNKS = 512
+
+
 def _overlap(p: Program, kept, drop, pre: dict[Buf, list[int]], in_place: bool) -> bool:
     """Do the channels kept name a chunk of no data that the channels dropped name too
     (the same storage: in place, an output chunk may be stored in the input)?"""
-    if not in_place:
+    if not in_place and sum(map(len, pre.values())) > ARRAYS_FROM_CHUNKS:
         a, b = _named(p, kept, pre), _named(p, drop, pre)
         if a is not None and b is not None:
             both = {k: np.nonzero(a[k] & b[k])[0] for k in pre}

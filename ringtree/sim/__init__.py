@@ -26,8 +26,9 @@ channel that moves no data is left out of the compiled run (:func:`.compile.movi
 exact); the generator options hash once, not once per rank. A tree all-reduce of 8 B on
 131,072 ranks is then 1.2 M chunks and about 30 s (``benchmarks/sim_scale.py``).
 
-The congestion-aware event engine carries its network in *rounds* where it can
-(:mod:`.feedforward`): what can be injected before anything more arrives is held, carried
+The congestion-aware event engine carries its network in *rounds* when ranks send many
+messages at once (at least 64 per rank, :data:`.engine.ROUNDS_MSGS_PER_RANK`; a
+tree's rounds are too small to pay) (:mod:`.feedforward`): what can be injected before anything more arrives is held, carried
 link by link with array arithmetic (each link a FIFO in the heap's order, the engine's
 own sums), delivered, and the receivers run until the next round — checked on every link
 to be the heap's order, else the run goes to the heap. A one-shot ``direct`` all-reduce

@@ -53,22 +53,12 @@ def fake_nodes(comm, layout: str):
         comm.nodes = tuple(r // 2 for r in range(n))
     elif layout == "round_robin":
         comm.nodes = tuple(r % 2 for r in range(n))
-    _plan_for(comm, comm.nodes)
+    comm.planner.relayout(comm.nodes)  # the planner keeps its own copy
     try:
         yield
     finally:
         comm.nodes = saved
-        _plan_for(comm, saved)
-
-
-def _plan_for(comm, nodes: tuple[int, ...]) -> None:
-    """The planner generates from its own copy of the layout: give it the fake one, and
-    forget plans and choices made for another."""
-    p = comm.planner
-    p.nodes = nodes
-    p._plans.clear()
-    p._choices.clear()
-    p._last = None
+        comm.planner.relayout(saved)
 
 
 def _u(a: np.ndarray, dt: DType) -> np.ndarray:

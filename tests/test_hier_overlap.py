@@ -69,10 +69,7 @@ def test_pieces_only_across_shared_hosts_and_for_large_messages():
 
 def _pieced_all_reduce(comm, count: int):
     p = comm.planner
-    p.nodes = tuple(r // 2 for r in range(comm.size))
-    p._plans.clear()
-    p._choices.clear()
-    p._last = None
+    p.relayout(tuple(r // 2 for r in range(comm.size)))
     prog = p.program(Collective.ALL_REDUCE, "hierarchical", 0, count * 4)
     x = (np.arange(count, dtype=np.float32) % 251) * (comm.rank + 1)
     out = np.empty_like(x)
@@ -110,10 +107,7 @@ def test_superblocks_move_through_chains_in_link_order():
 
 def _pieced_gather_and_scatter(comm, count: int):
     p = comm.planner
-    p.nodes = tuple(r // 2 for r in range(comm.size))
-    p._plans.clear()
-    p._choices.clear()
-    p._last = None
+    p.relayout(tuple(r // 2 for r in range(comm.size)))
     n, r = comm.size, comm.rank
     steps = {c: len(p.program(c, "hierarchical", 0, count * n * 4).channels[0])
              for c in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)}

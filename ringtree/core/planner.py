@@ -156,6 +156,14 @@ class Planner:
         self.ll = None                      # the communicator's LLRunner, if any
         self.proto_enabled: dict = {}       # RINGTREE_PROTO per collective
 
+    def relayout(self, nodes: tuple[int, ...]) -> None:
+        """Plan for the node layout ``nodes`` from now on, forgetting the plans and
+        algorithm choices made for the old one (tests fake multi-host layouts on one)."""
+        self.nodes = nodes
+        self._plans.clear()
+        self._choices.clear()
+        self._last = None
+
     def plan(self, spec: CallSpec) -> Plan:
         """The plan for ``spec``'s shape: the previous call's if the shape repeats."""
         last = self._last

@@ -16,7 +16,10 @@ drops its first repetition); each repetition is ``barrier; t0; iters × op; t1``
 and its time is the slowest rank's (t1−t0)/iters; ``iters`` makes a repetition last about
 50 ms (a first timed call that already takes that long is the repetition). Each
 repetition runs the candidates in a rotated order, so none is always first after a
-barrier. An algorithm more than 1.8× slower than the best at some size ≥ 1 MiB is not run
+barrier. Sizes up to 64 KiB, where candidates are tens of microseconds apart and a
+repetition costs little, get ``--small-reps`` repetitions (default 15) instead of
+``--reps``: the median of a few 50 ms samples moves as much as the candidates differ,
+and the best of eight such medians is biased low. An algorithm more than 1.8× slower than the best at some size ≥ 1 MiB is not run
 at the larger sizes (printed as ``-``), which keeps a full sweep under an hour.
 
 Link bound (each host's link carries ``rate`` each way; L hosts, S bytes): all_reduce
@@ -55,6 +58,7 @@ LAYOUTS = "2x2,4x1,2x4"
 RATES = "1gbit,200mbit"
 PRUNE_RATIO, PRUNE_FROM = 1.8, 1 << 20
 REP_SECONDS = 0.05
+SMALL = 64 << 10          # sizes up to this get --small-reps repetitions
 
 
 def parse_size(s: str) -> int:
@@ -176,7 +180,7 @@ def gloo_worker(args) -> None:
                 def f(x=x, out=out):
                     dist.reduce_scatter_tensor(out, x)
             times = []
-            for rep in range(args.reps + 1):
+            for rep in range(reps_for(nbytes, args.reps, args.small_reps) + 1):
                 dist.barrier()
                 t0 = time.perf_counter()
                 f()
@@ -211,7 +215,8 @@ def run_gloo(tb, hosts: int, ppn: int, args) -> dict:
                "--nproc-per-node", str(ppn), "--node-rank", str(i),
                "--master-addr", tb.hosts[0].addr, "--master-port", str(port),
                os.path.abspath(__file__), "--gloo-worker", "--gloo-out", out,
-               "--colls", args.colls, "--sizes", args.sizes, "--reps", str(args.reps)]
+               "--colls", args.colls, "--sizes", args.sizes, "--reps", str(args.reps),
+               "--small-reps", str(args.small_reps)]
         procs.append(h.popen(cmd, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True))
     errs = [p.communicate(timeout=7200)[1] for p in procs]
@@ -224,8 +229,13 @@ def run_gloo(tb, hosts: int, ppn: int, args) -> dict:
 
 # ---- the sweep ----------------------------------------------------------------------------
 
+def reps_for(nbytes: int, reps: int, small_reps: int) -> int:
+    """Repetitions at a size: ``small_reps`` up to :data:`SMALL`, else ``reps``."""
+    return max(reps, small_reps) if nbytes <= SMALL else reps
+
+
 def sweep(pool, hosts: int, coll: str, sizes: list[int], reps: int, n: int,
-          only: str | None = None) -> dict:
+          only: str | None = None, small_reps: int = 0) -> dict:
     from ringtree.schedules import algorithms
 
     algos = [None] + [a for a in algorithms(coll) if not a.startswith("collnet")
@@ -236,7 +246,7 @@ def sweep(pool, hosts: int, coll: str, sizes: list[int], reps: int, n: int,
         count = counts(coll, nbytes, n)
         live = [a for a in algos if a not in pruned]
         times: dict = {a: [] for a in live}
-        for rep in range(reps):
+        for rep in range(reps_for(nbytes, reps, small_reps)):
             k = rep % len(live)
             for a in live[k:] + live[:k]:
                 times[a].append(pool.run_ok(rt_time, coll, count, a)[0])
@@ -312,6 +322,8 @@ def main() -> int:
     ap.add_argument("--colls", default=",".join(COLLS))
     ap.add_argument("--sizes", default=SIZES)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--small-reps", type=int, default=15,
+                    help="repetitions at sizes up to 64 KiB (default 15)")
     ap.add_argument("--no-gloo", action="store_true")
     ap.add_argument("--algos", help="ringtree algorithms to run besides the default "
                     "(comma-separated; default: all but CollNet's)")
@@ -368,7 +380,7 @@ def main() -> int:
                                         "rate_bps": parse_rate(rate), "hosts": hosts, "n": n,
                                         "coll": coll, "topology": topo,
                                         "results": sweep(pool, hosts, coll, sizes, args.reps,
-                                                         n, args.algos)})
+                                                         n, args.algos, args.small_reps)})
                         with open(args.json, "w") as fh:  # what is done so far
                             json.dump({"entries": entries, "gloo": glos}, fh, indent=1)
                 if not args.no_gloo:

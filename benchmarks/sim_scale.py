@@ -47,14 +47,15 @@ def _sizes(lo: int, hi: int) -> list[int]:
 
 
 def _one(topo_name: str, nodes: int, algo: str, sizes: list[int]) -> tuple[int, int, str]:
-    from ringtree.sim import presets, simulate
+    from ringtree.sim import Sweep, presets, simulate
 
     topo = presets.get(topo_name, nodes)
+    sweep = Sweep()         # as `ringtree sim` does: the structure compiled once per sweep
     events, runs, note = 0, 0, ""
     c0 = time.process_time()
     for s in sizes:
         try:
-            r = simulate("all_reduce", algo, topo, s)
+            r = simulate("all_reduce", algo, topo, s, sweep=sweep)
         except (ValueError, RuntimeError) as e:      # e.g. CollNet without SHArP
             return events, runs, f"skipped: {str(e)[:60]}"
         events += r.events

@@ -71,7 +71,7 @@ def test_overlap_check_is_the_per_chunk_one(topo_name, nodes, monkeypatch):
             except ValueError:
                 continue
             for nbytes in (8, 96, 1000, 4 << 10):
-                lengths = sc._Lengths(topo.nranks, count_for(progs[0].collective, nbytes,
+                lengths = sc.Lengths(topo.nranks, count_for(progs[0].collective, nbytes,
                                                               topo.nranks))
                 for p in progs:
                     pre = lengths.of(p)
@@ -98,7 +98,7 @@ def test_a_channel_of_no_data_sharing_storage_is_kept(monkeypatch):
         return Program(Collective.ALL_REDUCE, "test", 1, 0, 3, chans)
 
     monkeypatch.setattr(sc, "ARRAYS_FROM_CHUNKS", 0)
-    pre = sc._Lengths(1, 1).of(prog(1))          # 1 element in 3 chunks: 1, 2 are empty
+    pre = sc.Lengths(1, 1).of(prog(1))          # 1 element in 3 chunks: 1, 2 are empty
     assert sc._overlap(prog(1), [0], [1], pre, False)
     assert sc.moving(prog(1), pre, False) == (prog(1), [])
     assert not sc._overlap(prog(2), [0], [1], pre, False)

@@ -53,9 +53,10 @@ from dataclasses import dataclass
 from ringtree.core.ir import Collective, Program, parse_collective
 from ringtree.sim import engine, fast, fold, wave
 from ringtree.sim.model import Aware, Unaware, parse_model
+from ringtree.sim.structure import Sweep
 from ringtree.sim.topology import Topology
 
-__all__ = ["SimRun", "simulate", "programs_for", "place", "count_for", "busbw_factor",
+__all__ = ["SimRun", "simulate", "Sweep", "programs_for", "place", "count_for", "busbw_factor",
            "Aware", "Unaware", "Topology"]
 
 
@@ -144,18 +145,21 @@ def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
              model: str | Aware | Unaware = "aware", itemsize: int = 4, root: int = 0,
              channels: int | None = None, slice_bytes: int = engine.DEFAULT_SLICE_BYTES,
              in_place: bool = False, trace: bool = False, params: tuple = (),
-             symmetry: bool = True, programs: list[Program] | None = None) -> SimRun:
+             symmetry: bool = True, programs: list[Program] | None = None,
+             sweep: Sweep | None = None) -> SimRun:
     """Simulate ``coll`` with ``algo`` moving ``nbytes`` (nccl-tests size) on ``topo``.
 
     ``model``: ``aware`` / ``unaware`` (event engine) or ``fast`` (vectorised α-β, same
     result as ``unaware``). ``trace`` keeps every transfer for :mod:`.trace`.
     ``symmetry``: simulate one representative per class of ranks when the run is exactly
     symmetric (:func:`ringtree.sim.fast.period`); the answer is the same, only faster.
+    ``sweep``: a :class:`~ringtree.sim.structure.Sweep` shared by the calls of a sweep
+    over sizes, which then compile the Programs' structure once (same answers).
     """
     coll = parse_collective(coll)
     with _no_gc():
         return _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels,
-                         slice_bytes, in_place, trace, params, symmetry, programs)
+                         slice_bytes, in_place, trace, params, symmetry, programs, sweep)
 
 
 # progress callback ``f(events)`` of the running simulation (set by the CLI)
@@ -175,14 +179,14 @@ def _no_gc():
 
 
 def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_bytes,
-              in_place, trace, params, symmetry, programs) -> SimRun:
+              in_place, trace, params, symmetry, programs, sweep) -> SimRun:
     count = count_for(coll, nbytes, topo.nranks, itemsize)
     m = Unaware() if model == "fast" else parse_model(model)
     opts = fold.options(topo, root, channels, params)
     plan = fold.prepare(coll, algo.lower(), topo, count, itemsize, slice_bytes,
                         aware=isinstance(m, Aware), in_place=in_place,
                         symmetry_=symmetry and not trace, opts=opts, programs=programs,
-                        place=place, prune=not trace)
+                        place=place, prune=not trace, sweep=sweep)
     if plan.batch is not None:
         try:
             t, events = wave.run(plan.batch, plan.template, topo, plan.devices, m,

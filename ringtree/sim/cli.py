@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import algorithms
-from ringtree.sim import SimRun, count_for, presets, simulate
+from ringtree.sim import SimRun, Sweep, count_for, presets, simulate
 from ringtree.sim.progress import Progress, peak_rss_mib
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the largest size")
     p.add_argument("--no-fold", action="store_true",
                    help="simulate every rank's own Program with the event engine (no "
-                        "symmetry folding, no shared programs; same answers, slower)")
+                        "symmetry folding, no shared programs, no structure compiled once "
+                        "per sweep; same answers, slower)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print wall time, peak memory and events per second")
     return p
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     with Progress(len(algos) * len(todo)) as bar:
         for algo in algos:
             t0 = time.perf_counter()
+            sweep = Sweep()                  # the Programs' structure, compiled once
             try:
                 results[algo] = {}
                 for s in todo:
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                     results[algo][s] = simulate(
                         coll, algo, topo, s, model=args.model, itemsize=itemsize,
                         root=max(root, 0), channels=args.channels,
-                        slice_bytes=parse_size(args.slice), symmetry=not args.no_fold)
+                        slice_bytes=parse_size(args.slice), symmetry=not args.no_fold,
+                        sweep=None if args.no_fold else sweep)
                     bar.done_one(results[algo][s].events)
             except (ValueError, RuntimeError) as e:
                 del results[algo]

@@ -48,6 +48,9 @@ class Compiled:
     world: int = 0                    # ranks of the whole run
     declared: set[tuple[int, int, int]] = field(default_factory=set)  # every (src, dst, ch)
     chan_images: dict[int, tuple[int, ...]] = field(default_factory=dict)  # folded channels
+    # what the engines derive from the connections (routes), shared by the runs of one
+    # sweep that have the same messages (:mod:`.structure`)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def nsteps(self) -> int:
@@ -129,35 +132,42 @@ class _Builder:
 
     def pair(self) -> None:
         """Pair the i-th send with the i-th receive of every connection."""
-        cp = self.cp
-        for conn in sorted(set(self.sends) | set(self.recvs)):
-            ss, rr = self.sends.get(conn, []), self.recvs.get(conn, [])
-            if len(ss) != len(rr):
-                raise ValueError(f"connection {conn[0]}→{conn[1]} channel {conn[2]}: "
-                                 f"{len(ss)} sends but {len(rr)} receives")
-            cid = len(cp.conns)
-            cp.conns.append(conn)
-            cp.conn_ranks.append(self.route_pair.get(conn, (conn[0], conn[1])))
-            for i, ((a, pa), (b, pb)) in enumerate(zip(ss, rr)):
-                if cp.step_slices[a] != cp.step_slices[b]:
-                    raise ValueError(f"connection {conn}: message {i} sizes differ "
-                                     f"({sum(cp.step_slices[a])} vs "
-                                     f"{sum(cp.step_slices[b])} B)")
-                m = len(cp.msg_src)
-                cp.msg_src.append(conn[0])
-                cp.msg_dst.append(conn[1])
-                cp.msg_chan.append(conn[2])
-                cp.msg_conn.append(cid)
-                cp.msg_sstep.append(a)
-                cp.msg_rstep.append(b)
-                self.send_ids[a][pa] = m
-                self.recv_ids[b][pb] = m
-        empty: tuple[int, ...] = ()
-        cp.step_send = [tuple(x) if x else empty for x in self.send_ids]
-        cp.step_recv = [tuple(x) if x else empty for x in self.recv_ids]
+        pair(self.cp, self.sends, self.recvs, self.route_pair, self.send_ids,
+             self.recv_ids, self.cp.step_slices)
 
 
-class _Lengths:
+def pair(cp: Compiled, sends: dict, recvs: dict, route_pair: dict, send_ids: list,
+         recv_ids: list, sizes: list | None) -> None:
+    """Number the messages of ``cp``: the i-th send of every connection (``sends``, its
+    (step, position) in program order) with its i-th receive; ``sizes``: check that both
+    ends cut the message into the same slices."""
+    for conn in sorted(set(sends) | set(recvs)):
+        ss, rr = sends.get(conn, []), recvs.get(conn, [])
+        if len(ss) != len(rr):
+            raise ValueError(f"connection {conn[0]}→{conn[1]} channel {conn[2]}: "
+                             f"{len(ss)} sends but {len(rr)} receives")
+        cid = len(cp.conns)
+        cp.conns.append(conn)
+        cp.conn_ranks.append(route_pair.get(conn, (conn[0], conn[1])))
+        for i, ((a, pa), (b, pb)) in enumerate(zip(ss, rr)):
+            if sizes is not None and sizes[a] != sizes[b]:
+                raise ValueError(f"connection {conn}: message {i} sizes differ "
+                                 f"({sum(sizes[a])} vs {sum(sizes[b])} B)")
+            m = len(cp.msg_src)
+            cp.msg_src.append(conn[0])
+            cp.msg_dst.append(conn[1])
+            cp.msg_chan.append(conn[2])
+            cp.msg_conn.append(cid)
+            cp.msg_sstep.append(a)
+            cp.msg_rstep.append(b)
+            send_ids[a][pa] = m
+            recv_ids[b][pb] = m
+    empty: tuple[int, ...] = ()
+    cp.step_send = [tuple(x) if x else empty for x in send_ids]
+    cp.step_recv = [tuple(x) if x else empty for x in recv_ids]
+
+
+class Lengths:
     """Prefix sums of the element lengths of every chunk of every buffer, per layout
     (every rank of a run shares one), to tell in O(1) whether a reference moves data."""
 
@@ -272,7 +282,7 @@ def compile_programs(programs: Sequence[Program], count: int, itemsize: int,
     cp = Compiled(len(programs) if fold else n, fold=fold, world=n)
     b = _Builder(cp, fold, shares)
     cache: dict[tuple, tuple[int, int]] = {}
-    lengths = _Lengths(n, count)
+    lengths = Lengths(n, count)
     for rank, p in enumerate(programs):
         if p.rank != rank:
             raise ValueError(f"program {rank} is for rank {p.rank}")
@@ -318,9 +328,15 @@ def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = Fals
     """
     from ringtree.sim.model import channel_shares, path
 
+    key = (id(topo), tuple(devices), share)
+    got = cp.memo.get(key)
+    if got is not None and got[0] is topo:
+        return got[1]
     pairs = [(devices[s], devices[d], c) for (s, d), (_, _, c) in zip(cp.conn_ranks, cp.conns)]
     shares = None
     if share:
         shares = channel_shares((s, topo.route(devices[s], devices[d], c))
                                 for s, d, c in declared_connections(cp))
-    return [path(topo, topo.route(a, b, c), shares) for a, b, c in pairs]
+    out = [path(topo, topo.route(a, b, c), shares) for a, b, c in pairs]
+    cp.memo[key] = (topo, out)
+    return out

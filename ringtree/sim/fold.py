@@ -14,6 +14,7 @@ from ringtree.core.ir import Collective, Program
 from ringtree.schedules import Options, generate
 from ringtree.sim import symbolic, symmetry, template, wave
 from ringtree.sim.compile import Compiled, compile_programs
+from ringtree.sim.structure import Sweep
 from ringtree.sim.topology import Topology
 
 
@@ -113,9 +114,11 @@ def compile_plan(plan: Plan, coll: Collective, algo: str, topo: Topology, opts: 
 def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: int,
             slice_bytes: int, *, aware: bool, in_place: bool = False, symmetry_: bool = True,
             opts: Options, programs: list[Program] | None = None, place=None,
-            prune: bool = True) -> Plan:
+            prune: bool = True, sweep: Sweep | None = None) -> Plan:
     """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it
-    (``prune``: leave out channels that move no data, :func:`.compile.moving`)."""
+    (``prune``: leave out channels that move no data, :func:`.compile.moving`;
+    ``sweep``: keep what does not depend on ``count`` for the next call,
+    :mod:`.structure`)."""
     if symmetry_ and programs is None:
         got = _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware, in_place,
                       prune)
@@ -125,10 +128,11 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
         Lazy(coll, algo, topo.nranks, opts)
     devices = place(progs, topo)
     g = symmetry.period(progs, topo, devices, count, aware, in_place) if symmetry_ else 0
-    if g:
-        cp = compile_programs(progs[:g], count, itemsize, slice_bytes, in_place, fold=g,
-                              prune=prune, shares=not aware)
+    run = progs[:g] if g else progs
+    if sweep is not None and programs is None:
+        cp = sweep.compile((coll, algo, topo.nranks, opts), run, count, itemsize,
+                           slice_bytes, in_place, g, prune, not aware)
     else:
-        cp = compile_programs(progs, count, itemsize, slice_bytes, in_place, prune=prune,
-                              shares=not aware)
+        cp = compile_programs(run, count, itemsize, slice_bytes, in_place, fold=g,
+                              prune=prune, shares=not aware)
     return Plan(cp, devices, g)

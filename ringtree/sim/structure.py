@@ -1,0 +1,244 @@
+"""What a sweep compiles once: the part of :func:`.compile.compile_programs` that does not
+depend on the byte count.
+
+A sweep (``ringtree sim -b 8 -e 1G``) simulates one set of Programs at many sizes. Their
+steps, memory dependencies (:meth:`ringtree.core.ir.Program.memory_deps`), copy
+elision, names, connections and message pairing are the same at every size; only the
+element length of each step — hence its slices — changes, and with it which channels
+move data (:func:`.compile.moving`) and which steps are empty (an empty step sends and
+receives nothing, so the pairing of messages depends on it too).
+
+:class:`Structure` keeps, per pruning pattern (the channels each rank leaves out), the
+concatenated steps with the chunk range that sets each step's length, and per pattern of
+empty steps the paired messages. A size then costs one vectorised difference of chunk
+prefix sums, one slice table and the pruning check; everything keyed by a pattern is
+built the first time the pattern occurs, with the executor's own compiler
+(:func:`ringtree.core.plan.compile_program`). The result is the uncached
+:func:`.compile.compile_programs`'s, field by field (``tests/test_sim_structure.py``);
+whatever the cached path cannot reproduce (a schedule whose messages do not pair) is
+compiled by the uncached path, which raises its own error.
+
+Compiled runs built from one pairing share its ``memo`` (:func:`.compile.connection_routes`
+keeps the routes there), so the engines' per-connection set-up is paid once per topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ringtree.core.ir import Program, split_even
+from ringtree.core.plan import compile_program
+from ringtree.sim.compile import Compiled, Lengths, compile_programs, moving, pair, passes
+
+__all__ = ["Structure", "Sweep"]
+
+# a sweep keeps the structure of runs of at most this many steps (what it holds is about
+# the size of one compiled run; bigger runs compile per size, as without a sweep)
+STRUCTURE_STEPS = 1_000_000
+
+
+@dataclass
+class _Layout:
+    """The steps of every rank for one pruning pattern, numbered as the compiler does."""
+
+    step_rank: list[int] = field(default_factory=list)
+    step_chan: list[int] = field(default_factory=list)
+    step_prev: list[int] = field(default_factory=list)
+    step_deps: list[tuple[int, ...]] = field(default_factory=list)
+    step_ops: list[int] = field(default_factory=list)
+    step_name: list[str] = field(default_factory=list)
+    send_to: list[tuple[int, ...]] = field(default_factory=list)
+    recv_from: list[tuple[int, ...]] = field(default_factory=list)
+    lo: list[int] = field(default_factory=list)     # prefix-sum index of the first chunk
+    hi: list[int] = field(default_factory=list)     # ... and of the one after the last
+    pairings: dict[bytes, _Pairing] = field(default_factory=dict)
+    arrays: tuple[np.ndarray, np.ndarray] | None = None
+
+
+@dataclass
+class _Pairing:
+    """Messages of one pattern of empty steps (the i-th send of a connection with its
+    i-th receive), and what the engines derive from them (``memo``)."""
+
+    cp: Compiled                         # every field but the slices; its memo is shared
+    sstep: np.ndarray
+    rstep: np.ndarray
+
+
+class Structure:
+    """The count-independent compilation of ``programs`` (real ranks, then virtual
+    ranks), for :meth:`compile` at any count. Arguments as for
+    :func:`.compile.compile_programs`."""
+
+    def __init__(self, programs: Sequence[Program], in_place: bool = False, fold: int = 0,
+                 prune: bool = True, shares: bool = True) -> None:
+        self.programs = list(programs)
+        self.in_place, self.fold, self.prune, self.shares = in_place, fold, prune, shares
+        self.n = self.programs[0].nranks
+        for rank, p in enumerate(self.programs):
+            if p.rank != rank:
+                raise ValueError(f"program {rank} is for rank {p.rank}")
+        self.declared = {(rank, q, c) for rank, p in enumerate(self.programs)
+                         for c, ch in enumerate(p.channels) for s in ch for q in s.send_to
+                         } if shares else set()
+        self.layouts: dict[tuple, _Layout] = {}
+        self.slice_tables: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
+        keys: list[tuple] = []
+        for p in self.programs:
+            k = (p.collective, p.chunks, p.scratch)
+            if k not in keys:
+                keys.append(k)
+        self.layout_keys = keys                 # prefix sums are laid out in this order
+
+    def compile(self, count: int, itemsize: int, slice_bytes: int) -> Compiled:
+        """``compile_programs(programs, count, itemsize, slice_bytes, ...)``."""
+        lengths = Lengths(self.n, count)
+        pre, base = self._prefix(lengths)
+        progs, drops = [], []
+        for p in self.programs:
+            q, drop = moving(p, lengths.of(p), self.in_place) if self.prune else (p, [])
+            progs.append(q)
+            drops.append(tuple(drop))
+        key = tuple(drops)
+        lay = self.layouts.get(key)
+        if lay is None:
+            lay = self.layouts[key] = self._layout(progs, base, count, itemsize, slice_bytes)
+        assert lay.arrays is not None
+        ln = pre[lay.arrays[1]] - pre[lay.arrays[0]]
+        mask = ln > 0
+        pr = lay.pairings.get(mask.tobytes())
+        if pr is None:
+            pr = self._pairing(lay, mask)
+            if pr is None:                      # the uncached compiler names the error
+                return compile_programs(self.programs, count, itemsize, slice_bytes,
+                                        self.in_place, self.fold, self.prune, self.shares)
+            lay.pairings[mask.tobytes()] = pr
+        if not np.array_equal(ln[pr.sstep], ln[pr.rstep]):
+            return compile_programs(self.programs, count, itemsize, slice_bytes,
+                                    self.in_place, self.fold, self.prune, self.shares)
+        return replace(pr.cp, step_slices=self._slices(ln, itemsize, slice_bytes))
+
+    def _prefix(self, lengths: Lengths) -> tuple[np.ndarray, dict]:
+        """Every layout's chunk prefix sums in one array, and where each buffer starts."""
+        parts, base, at = [np.zeros(1, np.int64)], {}, 1
+        for coll, chunks, scratch in self.layout_keys:
+            p = next(q for q in self.programs
+                     if (q.collective, q.chunks, q.scratch) == (coll, chunks, scratch))
+            for b, a in lengths.of(p).items():
+                base[(coll, chunks, scratch, b)] = at
+                parts.append(np.asarray(a, np.int64))
+                at += len(a)
+        return np.concatenate(parts), base
+
+    def _slices(self, ln: np.ndarray, itemsize: int, slice_bytes: int) -> list:
+        """Bytes of every slice of every step (``compile_program``'s ``_split``)."""
+        table = self.slice_tables.setdefault((itemsize, slice_bytes), {})
+        se = max(1, slice_bytes // max(1, itemsize))
+        out = []
+        for x in ln.tolist():
+            sl = table.get(x)
+            if sl is None:
+                parts = -(-x // se)
+                sl = table[x] = tuple(split_even(x, parts, k)[1] * itemsize
+                                      for k in range(parts))
+            out.append(sl)
+        return out
+
+    def _layout(self, progs: list[Program], base: dict, count: int, itemsize: int,
+                slice_bytes: int) -> _Layout:
+        lay = _Layout()
+        n = self.n
+        names: dict[tuple, str] = {}
+        for rank, p in enumerate(progs):
+            ib, ob = p.collective.blocks(n)
+            try:
+                compiled = compile_program(p, [count] * ib, [count] * ob, count, itemsize,
+                                           slice_bytes, self.in_place)
+            except ValueError as e:
+                raise ValueError(f"rank {rank}: {e}") from None
+            lk = (p.collective, p.chunks, p.scratch)
+            first = len(lay.step_rank)
+            for c, chan in enumerate(compiled):
+                prev = -1
+                for cs in chan:
+                    s = cs.step
+                    gid = first + cs.gid
+                    lay.step_rank.append(rank)
+                    lay.step_chan.append(c)
+                    lay.step_prev.append(prev)
+                    lay.step_deps.append(tuple(first + d for d in cs.deps))
+                    lay.step_ops.append(passes(cs))
+                    nk = (s.src is not None, s.dst is not None, bool(s.recv_from),
+                          bool(s.send_to), s.reduce)
+                    lay.step_name.append(names.get(nk) or names.setdefault(nk, s.name))
+                    lay.send_to.append(s.send_to)
+                    lay.recv_from.append(s.recv_from)
+                    ref = s.dst if s.dst is not None else s.src
+                    if ref is None:
+                        lay.lo.append(0)
+                        lay.hi.append(0)
+                    else:
+                        at = base[(*lk, ref.buf)] + ref.index
+                        lay.lo.append(at)
+                        lay.hi.append(at + ref.count)
+                    prev = gid
+        lay.arrays = (np.asarray(lay.lo, np.intp), np.asarray(lay.hi, np.intp))
+        return lay
+
+    def _pairing(self, lay: _Layout, mask: np.ndarray) -> _Pairing | None:
+        fold = self.fold
+        sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        route_pair: dict[tuple[int, int, int], tuple[int, int]] = {}
+        send_ids: list[list[int]] = [[] for _ in lay.step_rank]
+        recv_ids: list[list[int]] = [[] for _ in lay.step_rank]
+        for gid in np.flatnonzero(mask).tolist():
+            rank, c = lay.step_rank[gid], lay.step_chan[gid]
+            st, rf = lay.send_to[gid], lay.recv_from[gid]
+            for pos, q in enumerate(st):
+                if fold:
+                    route_pair[(rank, q % fold, c)] = (rank, q)
+                    q %= fold
+                sends.setdefault((rank, q, c), []).append((gid, pos))
+            for pos, q in enumerate(rf):
+                recvs.setdefault((q % fold if fold else q, rank, c), []).append((gid, pos))
+            send_ids[gid] = [0] * len(st)
+            recv_ids[gid] = [0] * len(rf)
+        cp = Compiled(len(self.programs) if fold else self.n, step_rank=lay.step_rank,
+                      step_chan=lay.step_chan, step_prev=lay.step_prev,
+                      step_deps=lay.step_deps, step_ops=lay.step_ops,
+                      step_name=lay.step_name, fold=fold, world=self.n,
+                      declared=self.declared)
+        try:
+            pair(cp, sends, recvs, route_pair, send_ids, recv_ids, None)
+        except ValueError:
+            return None
+        return _Pairing(cp, np.asarray(cp.msg_sstep, np.intp),
+                        np.asarray(cp.msg_rstep, np.intp))
+
+
+
+class Sweep:
+    """Structures kept across the calls of one sweep: pass the same object to every
+    :func:`ringtree.sim.simulate` of the sweep (``sweep=``); drop it after."""
+
+    def __init__(self, max_steps: int = STRUCTURE_STEPS) -> None:
+        self.max_steps = max_steps
+        self.structures: dict[tuple, Structure] = {}
+
+    def compile(self, key: tuple, programs: Sequence[Program], count: int, itemsize: int,
+                slice_bytes: int, in_place: bool, fold: int, prune: bool,
+                shares: bool) -> Compiled:
+        """``compile_programs`` of ``programs`` (identified by ``key``: what generated
+        them), from the structure kept for them when the run is small enough."""
+        k = (key, in_place, fold, prune, shares)
+        st = self.structures.get(k)
+        if st is None:
+            if len(programs) * programs[0].steps > self.max_steps:
+                return compile_programs(programs, count, itemsize, slice_bytes, in_place,
+                                        fold, prune, shares)
+            st = self.structures[k] = Structure(programs, in_place, fold, prune, shares)
+        return st.compile(count, itemsize, slice_bytes)

@@ -1,0 +1,109 @@
+"""A sweep compiles the Programs' structure once (:mod:`ringtree.sim.structure`): every
+size then gives the uncached compiler's run field by field, and the same tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from ringtree.schedules import algorithms
+from ringtree.sim import Sweep, count_for, place, presets, programs_for, simulate
+from ringtree.sim.compile import Compiled, compile_programs
+from ringtree.sim.structure import Structure
+
+SIZES = [8, 24, 96, 1000, 4 << 10, 3 << 20, 40 << 20]
+FIELDS = [f.name for f in dataclasses.fields(Compiled) if f.name != "memo"]
+
+
+def _same(st: Structure, progs, count: int, itemsize: int, slice_bytes: int, **kw) -> None:
+    try:
+        want = compile_programs(progs, count, itemsize, slice_bytes, **kw)
+    except ValueError as e:                     # the same error, from the same compiler
+        with pytest.raises(ValueError, match=re.escape(str(e))):
+            st.compile(count, itemsize, slice_bytes)
+        return
+    got = st.compile(count, itemsize, slice_bytes)
+    for name in FIELDS:
+        assert getattr(got, name) == getattr(want, name), name
+
+
+EVERY = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+@pytest.mark.parametrize("topo_name,nodes,in_place,colls", [
+    ("dgx_h100", 2, False, ("all_reduce",)), ("dgx_a100_sharp", 2, True, ("all_reduce",)),
+    ("fat_tree2", 5, False, EVERY), ("switch_sharp", 6, True, EVERY),
+    ("torus", 6, False, EVERY)])
+def test_structure_compiles_what_the_compiler_does(topo_name, nodes, in_place, colls):
+    topo = presets.get(topo_name, nodes)
+    for coll in colls:
+        for algo in algorithms(coll):
+            try:
+                progs = programs_for(coll, algo, topo)
+                place(progs, topo)
+            except ValueError:                  # CollNet without a reduction switch
+                continue
+            for shares in (False, True):
+                st = Structure(progs, in_place, 0, True, shares)
+                for nbytes in SIZES[::-1] + SIZES:     # every size twice, both orders
+                    count = count_for(progs[0].collective, nbytes, topo.nranks)
+                    _same(st, progs, count, 4, 1 << 20, in_place=in_place, shares=shares)
+            assert len(st.layouts) >= 1
+
+
+@pytest.mark.parametrize("topo_name,nodes,algo,g", [
+    ("torus", 8, "hierarchical", 4), ("torus", 8, "recursive_doubling", 4),
+    ("dgx_a100", 4, "rabenseifner", 16)])
+def test_structure_of_a_folded_run(topo_name, nodes, algo, g):
+    topo = presets.get(topo_name, nodes)
+    progs = programs_for("all_reduce", algo, topo)
+    st = Structure(progs[:g], fold=g)
+    for nbytes in SIZES:
+        count = count_for(progs[0].collective, nbytes, topo.nranks)
+        _same(st, progs[:g], count, 2, 1 << 16, fold=g)
+
+
+@pytest.mark.parametrize("topo_name,nodes,model", [
+    ("dgx_h100_sharp", 1, "aware"), ("fat_tree2", 8, "unaware"), ("switch_sharp", 5, "fast"),
+    ("torus", 6, "aware")])
+def test_a_sweep_gives_the_same_results(topo_name, nodes, model):
+    topo = presets.get(topo_name, nodes)
+    for algo in algorithms("all_reduce"):
+        sweep = Sweep()
+        for nbytes in SIZES:
+            try:
+                want = simulate("all_reduce", algo, topo, nbytes, model=model)
+            except ValueError:
+                break
+            got = simulate("all_reduce", algo, topo, nbytes, model=model, sweep=sweep)
+            assert (got.time_ns, got.events, got.simulated) == \
+                (want.time_ns, want.events, want.simulated), (algo, nbytes)
+            if got.result is not None:
+                assert got.result.rank_done == want.result.rank_done
+                assert got.result.step_done == want.result.step_done
+
+
+def test_a_sweep_compiles_big_runs_per_size():
+    topo = presets.get("fat_tree2", 8)
+    sweep = Sweep(max_steps=10)
+    a = simulate("all_reduce", "tree", topo, 1 << 20, sweep=sweep)
+    assert not sweep.structures
+    assert a.time_ns == simulate("all_reduce", "tree", topo, 1 << 20).time_ns
+
+
+@pytest.mark.parametrize("argv", [
+    ["all_reduce", "-t", "fat_tree2", "-N", "8", "-b", "8", "-e", "16M", "-f", "8"],
+    ["all_gather", "-t", "dgx_h100", "-N", "1", "-b", "8", "-e", "64M", "-f", "16",
+     "--model", "unaware"],
+    ["all_reduce", "-t", "switch_sharp", "-N", "6", "-b", "8", "-e", "4M", "-f", "8",
+     "--algo", "collnet_direct,direct,direct2,tree"]])
+def test_the_cli_table_is_the_one_compiled_per_size(argv, capsys, monkeypatch):
+    from ringtree.sim import cli
+
+    assert cli.main(argv) == 0
+    swept = capsys.readouterr().out
+    monkeypatch.setattr(cli, "Sweep", lambda: Sweep(max_steps=0))
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == swept

@@ -291,3 +291,16 @@ def test_copy_size_classes_are_checked():
     with pytest.raises(CheckError, match="different sizes"):
         copy_sizes_match([bad])
     assert Buf.SCRATCH.letter == "s"
+
+
+@pytest.mark.parametrize("coll,algo", PAIRS, ids=[f"{a}-{c.value}" for c, a in PAIRS])
+def test_memory_deps_by_runs_is_by_slots(coll, algo):
+    """The two ways of :meth:`Program.memory_deps` agree on every rank of every schedule,
+    out of place and in place, several channels, layouts and roots."""
+    for n in (1, 2, 3, 5, 8, 12, 16):
+        for i in range(4):
+            opts = options_for(coll, algo, n, i)
+            programs = with_virtual(generate_all(coll, algo, n, opts))
+            for p in programs:
+                for mode in (False, True):
+                    assert p.deps_by_runs(mode) == p.deps_by_slots(mode), (n, opts, p.rank)

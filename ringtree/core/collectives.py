@@ -109,6 +109,23 @@ class CollectiveSpec:
             return rank * chunks + j
         return None
 
+    def output_alias_runs(self, rank: int, chunks: int, lo: int, hi: int
+                          ) -> list[tuple[int | None, int, int]]:
+        """:meth:`output_alias` of output chunks ``lo``..``hi``−1 as runs ``(first, a,
+        b)``: chunks a..b−1 are stored at input chunks first.. (None: their own)."""
+        if self.alias == SAME:
+            return [(lo, lo, hi)]
+        if self.alias == OUT_INPUT and self.in_place:
+            return [(rank * chunks + lo, lo, hi)]
+        if self.alias == IN_OUTPUT and self.in_place:
+            a, b = max(lo, rank * chunks), min(hi, (rank + 1) * chunks)
+            if a >= b:
+                return [(None, lo, hi)]
+            runs = [(None, lo, a)] if lo < a else []
+            runs.append((a - rank * chunks, a, b))
+            return runs + ([(None, b, hi)] if b < hi else [])
+        return [(None, lo, hi)]
+
     def expected(self, nranks: int, rank: int, root: int, chunks: int, j: int
                  ) -> set[tuple[int, int]] | None:
         """The postcondition: the (rank, input chunk) contributions output chunk ``j`` of

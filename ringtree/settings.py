@@ -134,7 +134,8 @@ declare("RINGTREE_SOCKET_IFNAME", text, None,
 declare("RINGTREE_NSOCKS_PERTHREAD", integer, 1,
         "TCP sockets per peer (NCCL_NSOCKS_PERTHREAD); messages from 256 KiB stripe")
 declare("RINGTREE_SOCKET_BUFFER", integer, None,
-        "bytes of socket buffer to ask for where kernel autotuning cannot reach it (4 MiB)")
+        "bytes of TCP socket buffer to ask for where the kernel allows it (4 MiB; 0: "
+        "autotuning only)")
 declare("RINGTREE_BUFFSIZE", integer, 4 << 20,
         "pipeline buffer in bytes; slices are a quarter of it (at least 4 KiB)")
 declare("RINGTREE_NCHANNELS", integer, 1, "parallel channels per collective")

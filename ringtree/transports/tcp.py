@@ -3,8 +3,8 @@
 - ``RINGTREE_NSOCKS_PERTHREAD`` sockets per (peer, channel) (NCCL's name; default 1):
   messages of at least 256 KiB are cut into that many contiguous parts, one per socket,
   so several TCP streams share a fat or lossy path.
-  Socket buffers: the kernel's autotuning, unless it cannot reach
-  ``RINGTREE_SOCKET_BUFFER`` (default 4 MiB), then that size is set.
+  Socket buffers: ``RINGTREE_SOCKET_BUFFER`` (default 4 MiB) where the kernel allows it,
+  so the kernel holds what a busy rank has queued (``tcp_socket``).
 - Per message the Python work is constant (a header, a ``sendmsg``/``recv_into`` per
   socket-buffer's worth): the kernel copies the payload straight from and into NumPy
   memory.

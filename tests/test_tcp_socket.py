@@ -1,0 +1,52 @@
+"""TCP socket settings: which buffer size a socket asks for, and that it gets it."""
+
+import socket
+
+import pytest
+
+from ringtree.transports import tcp_socket
+from ringtree.transports.tcp_socket import SOCKET_BUFFER, buffer_size
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("want, cap, autotune, expected", [
+    (4 * MiB, 4 * MiB, 4 * MiB, 4 * MiB),      # the cap allows it: ask, whatever autotuning
+    (4 * MiB, 64 * MiB, 32 * MiB, 4 * MiB),    # reaches
+    (4 * MiB, 212992, 4 * MiB, None),          # a stock cap: autotuning goes further
+    (4 * MiB, 212992, 6 * MiB, None),
+    (4 * MiB, 3 * MiB, 4 * MiB, 3 * MiB),      # the doubled cap beats autotuning's 4 MiB
+    (4 * MiB, 0, 0, None),                     # nothing readable: leave the kernel alone
+])
+def test_buffer_size_asks_only_where_it_gets_more_than_autotuning(want, cap, autotune,
+                                                                  expected):
+    assert buffer_size(want, cap, autotune) == expected
+
+
+def _limits(monkeypatch, values: dict[str, int]) -> None:
+    monkeypatch.setattr(tcp_socket, "_sysctl", lambda path, field=0: values[path])
+
+
+def test_the_setting_sizes_both_directions_and_zero_means_autotuning(monkeypatch):
+    _limits(monkeypatch, {"core/wmem_max": 8 * MiB, "core/rmem_max": 212992,
+                          "ipv4/tcp_wmem": 4 * MiB, "ipv4/tcp_rmem": 6 * MiB})
+    monkeypatch.delenv("RINGTREE_SOCKET_BUFFER", raising=False)
+    assert tcp_socket._buffers() == [(socket.SO_SNDBUF, SOCKET_BUFFER)]
+    monkeypatch.setenv("RINGTREE_SOCKET_BUFFER", str(2 * MiB))
+    assert tcp_socket._buffers() == [(socket.SO_SNDBUF, 2 * MiB)]
+    monkeypatch.setenv("RINGTREE_SOCKET_BUFFER", "0")
+    assert tcp_socket._buffers() == []
+
+
+def test_a_tuned_socket_holds_what_was_asked_for(monkeypatch):
+    monkeypatch.setattr(tcp_socket, "_BUFFERS", None)
+    monkeypatch.delenv("RINGTREE_SOCKET_BUFFER", raising=False)
+    asked = dict(tcp_socket._buffers())
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        tcp_socket.tune(s)
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        for opt, size in asked.items():
+            assert s.getsockopt(socket.SOL_SOCKET, opt) >= size  # Linux doubles it
+    finally:
+        s.close()

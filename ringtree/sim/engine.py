@@ -161,8 +161,11 @@ class _Engine(_Network):
         if self.start[r] >= 0.0 and self.nxt[r] == i:
             self.work.append(r)
 
-    def network(self, m: int, i: int, t: float, hop: int, t0: float) -> None:
-        """Carry slice i of message m from hop ``hop`` of its route, arriving there at t."""
+    def network(self, m: int, i: int, t: float, hop: int, t0: float
+                ) -> tuple[float, int, int, int, float] | None:
+        """Carry slice i of message m from hop ``hop`` of its route, arriving there at t,
+        up to its next shared link (returned as the heap item that waits there) or to
+        its receiver (None)."""
         cp = self.cp
         b = cp.step_slices[cp.msg_sstep[m]][i]
         links = self.conn_links[cp.msg_conn[m]]
@@ -171,8 +174,7 @@ class _Engine(_Network):
         for h in range(hop, len(links)):
             li = links[h]
             if shared[li] and h != hop:
-                heapq.heappush(self.heap, (t, m, i, h, t0))
-                return
+                return (t, m, i, h, t0)
             st = free[li]
             if t > st:
                 st = t
@@ -182,6 +184,7 @@ class _Engine(_Network):
             if integer:
                 t = float(int(t))
         self.deliver(m, i, t, t0)
+        return None
 
     def inject(self, m: int, i: int, t: float) -> None:
         cp = self.cp
@@ -206,7 +209,9 @@ class _Engine(_Network):
             if links and self.shared[links[0]]:
                 heapq.heappush(self.heap, (t + self.over, m, i, 0, t))
             else:
-                self.network(m, i, t + self.over, 0, t)
+                wait = self.network(m, i, t + self.over, 0, t)
+                if wait is not None:
+                    heapq.heappush(self.heap, wait)
         else:
             d = self.over + self.conn_lat[c] + (b / bott if b else 0.0)
             self.deliver(m, i, t + (float(int(d)) if self.integer else d), t)
@@ -330,16 +335,24 @@ class _Engine(_Network):
                 progress(self.events)
 
     def loop(self, progress: Callable[[int], None] | None = None) -> None:
-        heap = self.heap
+        """Pop the heap in order, carrying each chunk to its next shared link. Until a
+        chunk is delivered the step side has nothing to do, so a chunk that reaches a
+        shared link is pushed and the heap's first popped in one ``heappushpop`` (the
+        push, the empty drain and the pop it replaces, in the same order)."""
+        heap, network = self.heap, self.network
         while True:
             self.drain()
             if not heap:
                 return
             t, m, i, h, t0 = heapq.heappop(heap)
-            self.events += 1
-            if progress is not None and not self.events & 0xFFFF:
-                progress(self.events)
-            self.network(m, i, t, h, t0)
+            while True:
+                self.events += 1
+                if progress is not None and not self.events & 0xFFFF:
+                    progress(self.events)
+                wait = network(m, i, t, h, t0)
+                if wait is None:
+                    break
+                t, m, i, h, t0 = heapq.heappushpop(heap, wait)
 
     def result(self) -> Result:
         cp, done = self.cp, self.done

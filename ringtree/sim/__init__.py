@@ -51,7 +51,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ringtree.core.ir import Collective, Program, parse_collective
-from ringtree.sim import engine, fast, fold, wave
+from ringtree.sim import budget, engine, fast, fold, wave
 from ringtree.sim.model import Aware, Unaware, parse_model
 from ringtree.sim.structure import Sweep
 from ringtree.sim.topology import Topology
@@ -146,7 +146,7 @@ def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
              channels: int | None = None, slice_bytes: int = engine.DEFAULT_SLICE_BYTES,
              in_place: bool = False, trace: bool = False, params: tuple = (),
              symmetry: bool = True, programs: list[Program] | None = None,
-             sweep: Sweep | None = None) -> SimRun:
+             sweep: Sweep | None = None, max_work: int = budget.MAX_WORK) -> SimRun:
     """Simulate ``coll`` with ``algo`` moving ``nbytes`` (nccl-tests size) on ``topo``.
 
     ``model``: ``aware`` / ``unaware`` (event engine) or ``fast`` (vectorised α-β, same
@@ -155,11 +155,14 @@ def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
     symmetric (:func:`ringtree.sim.fast.period`); the answer is the same, only faster.
     ``sweep``: a :class:`~ringtree.sim.structure.Sweep` shared by the calls of a sweep
     over sizes, which then compile the Programs' structure once (same answers).
+    ``max_work``: refuse (:class:`~ringtree.sim.budget.TooLarge`) a run of more steps and
+    slices than this once folded (0: no limit).
     """
     coll = parse_collective(coll)
     with _no_gc():
         return _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels,
-                         slice_bytes, in_place, trace, params, symmetry, programs, sweep)
+                         slice_bytes, in_place, trace, params, symmetry, programs, sweep,
+                         max_work)
 
 
 # progress callback ``f(events)`` of the running simulation (set by the CLI)
@@ -179,14 +182,14 @@ def _no_gc():
 
 
 def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_bytes,
-              in_place, trace, params, symmetry, programs, sweep) -> SimRun:
+              in_place, trace, params, symmetry, programs, sweep, max_work) -> SimRun:
     count = count_for(coll, nbytes, topo.nranks, itemsize)
     m = Unaware() if model == "fast" else parse_model(model)
     opts = fold.options(topo, root, channels, params)
     plan = fold.prepare(coll, algo.lower(), topo, count, itemsize, slice_bytes,
                         aware=isinstance(m, Aware), in_place=in_place,
                         symmetry_=symmetry and not trace, opts=opts, programs=programs,
-                        place=place, prune=not trace, sweep=sweep)
+                        place=place, prune=not trace, sweep=sweep, max_work=max_work)
     if plan.batch is not None:
         try:
             t, events = wave.run(plan.batch, plan.template, topo, plan.devices, m,

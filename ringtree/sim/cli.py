@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import algorithms
-from ringtree.sim import SimRun, Sweep, count_for, presets, simulate
+from ringtree.sim import SimRun, Sweep, budget, count_for, presets, simulate
 from ringtree.sim.progress import Progress, peak_rss_mib
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="simulate every rank's own Program with the event engine (no "
                         "symmetry folding, no shared programs, no structure compiled once "
                         "per sweep; same answers, slower)")
+    p.add_argument("--max-work", type=float, default=budget.MAX_WORK,
+                   help="skip an algorithm whose run would simulate more steps and slices "
+                        f"than this once folded (default {budget.MAX_WORK:.3g}; 0: no limit)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print wall time, peak memory and events per second")
     return p
@@ -113,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
             sweep = Sweep()                  # the Programs' structure, compiled once
             try:
                 results[algo] = {}
-                for s in todo:
+                for s in reversed(todo):     # the largest first: refused at once
                     bar.label(f"{algo} {s} B")
                     results[algo][s] = simulate(
                         coll, algo, topo, s, model=args.model, itemsize=itemsize,
                         root=max(root, 0), channels=args.channels,
                         slice_bytes=parse_size(args.slice), symmetry=not args.no_fold,
-                        sweep=None if args.no_fold else sweep)
+                        sweep=None if args.no_fold else sweep, max_work=int(args.max_work))
                     bar.done_one(results[algo][s].events)
             except (ValueError, RuntimeError) as e:
                 del results[algo]

@@ -12,7 +12,7 @@ from typing import overload
 
 from ringtree.core.ir import Collective, Program
 from ringtree.schedules import Options, generate
-from ringtree.sim import symbolic, symmetry, template, wave
+from ringtree.sim import budget, symbolic, symmetry, template, wave
 from ringtree.sim.compile import Compiled, compile_programs
 from ringtree.sim.structure import Sweep
 from ringtree.sim.topology import Topology
@@ -114,11 +114,12 @@ def compile_plan(plan: Plan, coll: Collective, algo: str, topo: Topology, opts: 
 def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: int,
             slice_bytes: int, *, aware: bool, in_place: bool = False, symmetry_: bool = True,
             opts: Options, programs: list[Program] | None = None, place=None,
-            prune: bool = True, sweep: Sweep | None = None) -> Plan:
+            prune: bool = True, sweep: Sweep | None = None, max_work: int = 0) -> Plan:
     """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it
     (``prune``: leave out channels that move no data, :func:`.compile.moving`;
     ``sweep``: keep what does not depend on ``count`` for the next call,
-    :mod:`.structure`)."""
+    :mod:`.structure`; ``max_work``: refuse runs over this many steps and slices,
+    :mod:`.budget`)."""
     if symmetry_ and programs is None:
         got = _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware, in_place,
                       prune)
@@ -127,7 +128,12 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
     progs: Sequence[Program] = programs if programs is not None else \
         Lazy(coll, algo, topo.nranks, opts)
     devices = place(progs, topo)
-    g = symmetry.period(progs, topo, devices, count, aware, in_place) if symmetry_ else 0
+    whole = not symmetry_ or symmetry.cannot_fold(progs, topo, devices, count, aware,
+                                                  in_place)
+    g = 0 if whole else symmetry.period(progs, topo, devices, count, aware, in_place)
+    if programs is None:
+        budget.check(progs[0], g or topo.nranks, count, itemsize, slice_bytes, in_place,
+                     max_work, f"folded onto {g}" if g else "no symmetry to fold")
     run = progs[:g] if g else progs
     if sweep is not None and programs is None:
         cp = sweep.compile((coll, algo, topo.nranks, opts), run, count, itemsize,

@@ -185,6 +185,38 @@ def period(programs: Sequence[Program], topo: Topology, devices: list[int], coun
     return g
 
 
+def cannot_fold(programs: Sequence[Program], topo: Topology, devices: list[int],
+                count: int, aware: bool, in_place: bool = False) -> bool:
+    """True only when :func:`period` is sure to find nothing, read off rank 0's Program
+    and rank g's for each candidate shift g (not all n): no candidate, rank g is not rank
+    0 shifted, or (congestion-aware) a link carries connections of both (two blocks).
+    False means :func:`period` has to look."""
+    n = topo.nranks
+    if len(programs) != n or n < 2:
+        return True
+    p0 = programs[0]
+    regs = regions(p0, count)
+    routes0: set[int] | None = None
+    for g in candidates(topo, devices):
+        pg = programs[g]
+        if not same_shape(pg, p0, g, n, regs, in_place):
+            continue
+        if not aware:
+            return False
+        if routes0 is None:
+            routes0 = _links_of(p0, topo, devices)
+        if not routes0 & _links_of(pg, topo, devices):
+            return False
+    return True
+
+
+def _links_of(p: Program, topo: Topology, devices: list[int]) -> set[int]:
+    r = p.rank
+    return {li for c, q in {(c, q) for c, ch in enumerate(p.channels) for s in ch
+                            for q in s.send_to}
+            for li in topo.route(devices[r], devices[q], c)}
+
+
 def regions(p: Program, count: int) -> dict:
     """Element length of every chunk of every buffer of ``p``'s collective."""
     ib, ob = p.collective.blocks(p.nranks)

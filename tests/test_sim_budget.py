@@ -1,0 +1,55 @@
+"""The simulator's work limit, and the cheap proof that a run cannot fold."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringtree.core.ir import Collective
+from ringtree.schedules import algorithms
+from ringtree.sim import budget, count_for, fold, place, presets, simulate, symmetry
+from ringtree.sim.cli import main as sim_main
+
+PRESETS = [("dgx_h100", 4), ("dgx_a100_sharp", 2), ("fat_tree2", 16), ("torus", 16),
+           ("switch", 6), ("fat_tree3", 64)]
+
+
+@pytest.mark.parametrize("name,nodes", PRESETS)
+def test_cannot_fold_only_when_period_finds_nothing(name, nodes):
+    """Where :func:`symmetry.cannot_fold` says no fold exists, the full proof agrees."""
+    topo = presets.get(name, nodes)
+    opts = fold.options(topo)
+    said = folded = 0
+    for coll in (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+        for algo in algorithms(coll):
+            progs = fold.Lazy(coll, algo, topo.nranks, opts)
+            try:
+                devices = place(progs, topo)
+            except ValueError:                   # CollNet without a reduction switch
+                continue
+            for nbytes in (8, 3 << 20):
+                count = count_for(coll, nbytes, topo.nranks)
+                for aware in (True, False):
+                    g = symmetry.period(progs, topo, devices, count, aware)
+                    no = symmetry.cannot_fold(progs, topo, devices, count, aware)
+                    assert not (no and g), (coll, algo, nbytes, aware, g)
+                    said += no
+                    folded += g > 0
+    assert said                                  # the shortcut is taken somewhere
+    assert folded or name in ("switch", "torus")  # one node / no node blocks
+
+
+def test_over_the_limit_is_refused_before_simulating():
+    topo = presets.get("dgx_h100", 2)
+    r = simulate("all_reduce", "direct", topo, 1 << 24)
+    with pytest.raises(budget.TooLarge, match="steps and slices"):
+        simulate("all_reduce", "direct", topo, 1 << 24, max_work=r.events // 4)
+    again = simulate("all_reduce", "direct", topo, 1 << 24, max_work=0)
+    assert again.time_ns == r.time_ns
+
+
+def test_cli_says_an_algorithm_is_too_large(capsys):
+    assert sim_main(["all_reduce", "-t", "dgx_h100", "-N", "2", "--algo", "direct,ring",
+                     "-b", "1M", "-e", "4M", "--max-work", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "# direct: skipped (about" in out and "--max-work" in out
+    assert "# algo: ring" in out

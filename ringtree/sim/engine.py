@@ -99,7 +99,8 @@ class _Network:
         self.heap: list[tuple[float, int, int, int, float]] = []
         self.events = 0
         self.transfers: list | None = [] if self.trace else None
-        self.cut: list[tuple[int, int, float]] | None = None   # injections held back
+        # injections held back (message, slice, time), in rounds
+        self.cut: tuple[list[int], list[int], list[float]] | None = None
 
 
 class _Engine(_Network):
@@ -123,8 +124,14 @@ class _Engine(_Network):
         red = [topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9
                for r in range(len(devices))]
         ops, sl, rk = cp.step_ops, cp.step_slices, cp.step_rank
-        self.comp = [[compute_ns(b, ops[s], red[rk[s]]) for b in sl[s]] if ops[s] else None
-                     for s in range(ns)]
+        memo: dict[tuple[int, int, float], list[float]] = {}   # slices are shared tuples
+        self.comp: list[list[float] | None] = [None] * ns
+        for s in (s for s in range(ns) if ops[s]):
+            k = (id(sl[s]), ops[s], red[rk[s]])
+            got = memo.get(k)
+            self.comp[s] = got if got is not None else memo.setdefault(
+                k, [compute_ns(b, ops[s], k[2]) for b in sl[s]])
+        self.arrays: dict[int, np.ndarray] = {}     # id of a step's slices: their bytes
         self.pend0 = self.pend
         self.fresh_steps()
 
@@ -203,7 +210,9 @@ class _Engine(_Network):
         if self.unsent[s] == 0 and self.nxt[s] == len(cp.step_slices[s]):
             self.work.append(s)
         if self.cut is not None:
-            self.cut.append((m, i, t + self.over))
+            self.cut[0].append(m)
+            self.cut[1].append(i)
+            self.cut[2].append(t + self.over)
         elif self.aware:
             links = self.conn_links[c]
             if links and self.shared[links[0]]:
@@ -215,13 +224,48 @@ class _Engine(_Network):
         else:
             d = self.over + self.conn_lat[c] + (b / bott if b else 0.0)
             self.deliver(m, i, t + (float(int(d)) if self.integer else d), t)
-        self.ninj[m] += 1
-        if self.ninj[m] == len(cp.step_slices[s]):   # message fully injected: next may go
-            nm = m + 1
+        self.injected(m, 1)
+
+    def injected(self, m: int, k: int) -> None:
+        """k more slices of message m have left; once all have, the next may go."""
+        cp = self.cp
+        self.ninj[m] += k
+        if self.ninj[m] == len(cp.step_slices[cp.msg_sstep[m]]):
+            c, nm = cp.msg_conn[m], m + 1
             if nm < cp.nmsgs and cp.msg_conn[nm] == c:
                 self.conn_cur[c] = nm
                 for j, tj in self.waiting.pop(nm, ()):
                     self.inject(nm, j, tj)
+
+    def inject_all(self, m: int, i0: int, t: np.ndarray) -> None:
+        """Rounds: :meth:`inject` of slices i0, i0+1, … of m, ready at ``t``, as arrays."""
+        cp = self.cp
+        c = cp.msg_conn[m]
+        if self.conn_cur[c] != m:
+            for k, tk in enumerate(t.tolist()):
+                self.ready(m, i0 + k, tk)
+            return
+        s, t = cp.msg_sstep[m], t.copy()
+        if t[0] < self.conn_inj[c]:
+            t[0] = self.conn_inj[c]
+        np.maximum.accumulate(t, out=t)
+        self.conn_inj[c] = float(t[-1])
+        sl, k = cp.step_slices[s], t.size
+        b = self.arrays.get(id(sl))
+        if b is None:
+            b = self.arrays[id(sl)] = np.asarray(sl, np.float64)
+        # a slice is never empty, and b / inf is 0: inject's t + (b / first or 0)
+        fin = float((t + b[i0:i0 + k] / self.conn_first[c]).max())
+        if fin > self.sdone[s]:
+            self.sdone[s] = fin
+        self.unsent[s] -= k
+        if self.unsent[s] == 0 and self.nxt[s] == len(cp.step_slices[s]):
+            self.work.append(s)
+        assert self.cut is not None
+        self.cut[0].extend([m] * k)
+        self.cut[1].extend(range(i0, i0 + k))
+        self.cut[2].extend((t + self.over).tolist())
+        self.injected(m, k)
 
     def ready(self, m: int, i: int, t: float) -> None:
         if self.conn_cur[self.cp.msg_conn[m]] == m:
@@ -243,10 +287,38 @@ class _Engine(_Network):
             if self.pend[ns_] == 0:
                 self.work.append(ns_)
 
+    def slices_at_once(self, s: int, nsl: int) -> None:
+        """Rounds: :meth:`slices` of a step that sends, injected by :meth:`inject_all`."""
+        i0 = self.nxt[s]
+        rv, cs = self.cp.step_recv[s], self.comp[s]
+        if not rv and cs is None:                # every slice is ready when the step is
+            k, t = nsl, np.full(nsl - i0, self.last[s])
+        else:
+            k = min([self.narr[m] for m in rv], default=nsl)
+            arr, ts, tk = self.arr, [], self.last[s]
+            for i in range(i0, k):
+                for m in rv:
+                    a = arr[m][i]
+                    if a > tk:
+                        tk = a
+                if cs is not None:
+                    tk += cs[i]
+                ts.append(tk)
+            if not ts:
+                return
+            t = np.array(ts)
+        self.last[s] = float(t[-1])
+        self.nxt[s] = k
+        for m in self.cp.step_send[s]:
+            self.inject_all(m, i0, t)
+
     def slices(self, s: int) -> None:
         """Process every slice of step s whose inputs have all arrived."""
         sl = self.cp.step_slices[s]
         nsl = len(sl)
+        if self.cut is not None and nsl - self.nxt[s] >= AT_ONCE and self.cp.step_send[s]:
+            self.slices_at_once(s, nsl)
+            return
         rv = self.cp.step_recv[s]
         cs = self.comp[s]
         nxt, narr, arr, last = self.nxt, self.narr, self.arr, self.last
@@ -310,12 +382,11 @@ class _Engine(_Network):
             return None
         arr, narr, rstep = self.arr, self.narr, cp.msg_rstep
         while True:
-            self.cut = []
+            self.cut = ([], [], [])
             self.drain()
-            cut, self.cut = self.cut, None
-            if not cut:
+            (cm, ci, ct), self.cut = self.cut, None
+            if not cm:
                 return True
-            cm, ci, ct = zip(*cut)
             got = net.carry(cm, ci, ct)
             if got is None:
                 return False
@@ -372,10 +443,10 @@ class _Engine(_Network):
 
 
 # Rounds pay where a rank sends many messages at once (one-shot and two-shot direct: 63
-# and 126 per channel on 64 ranks); a tree's rounds carry a few chunks each and cost
-# more in array set-up than its heap events (tree 8 B on 131,072 ranks: 52 s, 29 s on
-# the heap alone).
+# and 126 per channel on 64 ranks); a tree's rounds carry a few chunks each and cost more
+# in array set-up than its heap events (tree 8 B on 131,072 ranks: 52 s, 29 s on the heap)
 ROUNDS_MSGS_PER_RANK = 64
+AT_ONCE = 8        # in rounds, a step sending this many slices more injects them as arrays
 
 
 def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware,

@@ -9,8 +9,8 @@ its time (first rank in to last rank out); per configuration: the ranks' CPU per
 (user, system), each host's tbf drops and TCP retransmissions. With ``--timeline`` a
 sampler in every host reads ``eth0``'s sent bytes every 0.5 ms and each call also prints,
 per host, the ms its link ran below 30% of the rate ("idle"), and how long after the
-call's start its first byte left and before its end the last one did (the samplers take
-CPU themselves).
+call's start its first byte left and before its end the last one did (``--gaps``: every
+idle stretch of 4 ms or more; the samplers take CPU themselves).
 
     python benchmarks/multihost_link.py --rate 200mbit --size 16M \\
         --config autotuned=RINGTREE_SOCKET_BUFFER=0 --config default= --rounds 3
@@ -92,8 +92,26 @@ def _counters(tb) -> list[tuple[int, int]]:
     return out
 
 
-def _link(spans: list, samples: list[dict], rate_bps: float) -> list[str]:
-    """Per call, per host: idle ms, first-byte and last-byte gaps."""
+def _gaps(t, dt, db, rate_bps: float, least: float = 0.004) -> str:
+    """The link's idle stretches of at least ``least`` s: "start+length" in ms."""
+    out, start = [], None
+    for j in range(len(dt)):
+        slow = db[j] * 8 < 0.3 * rate_bps * dt[j]
+        if slow and start is None:
+            start = t[j]
+        elif not slow and start is not None:
+            if t[j] - start >= least:
+                out.append(f"{start * 1e3:.0f}+{(t[j] - start) * 1e3:.0f}")
+            start = None
+    if start is not None and t[-1] - start >= least:
+        out.append(f"{start * 1e3:.0f}+{(t[-1] - start) * 1e3:.0f}")
+    return " ".join(out) or "none"
+
+
+def _link(spans: list, samples: list[dict], rate_bps: float, gaps: bool = False
+          ) -> list[str]:
+    """Per call, per host: idle ms, first-byte and last-byte gaps (with ``gaps``, each
+    idle stretch of 4 ms or more: its start after the call's and its length)."""
     lines = []
     for i in range(len(spans[0])):
         t0, t1 = min(s[i][0] for s in spans), max(s[i][1] for s in spans)
@@ -111,7 +129,8 @@ def _link(spans: list, samples: list[dict], rate_bps: float) -> list[str]:
             head = tt[moving[0]] - t0 if len(moving) else 0.0
             tail = t1 - tt[moving[-1] + 1] if len(moving) else 0.0
             cells.append(f"{(bb[-1] - bb[0]) / 1e6:.1f} MB, idle {idle * 1e3:.0f}, "
-                         f"head {head * 1e3:.1f}, tail {tail * 1e3:.1f}")
+                         f"head {head * 1e3:.1f}, tail {tail * 1e3:.1f}"
+                         + (f", gaps {_gaps(tt - t0, dt, db, rate_bps)}" if gaps else ""))
         lines.append(f"    {(t1 - t0) * 1e3:,.1f} ms: " + " | ".join(cells))
     return lines
 
@@ -131,6 +150,8 @@ def main() -> int:
     ap.add_argument("--config", action="append", default=[], metavar="NAME=VAR=VALUE,...")
     ap.add_argument("--no-gloo", action="store_true")
     ap.add_argument("--timeline", action="store_true")
+    ap.add_argument("--gaps", action="store_true", help="with --timeline: list the idle "
+                    "stretches of 4 ms or more")
     args = ap.parse_args()
     from ringtree.testbed import Testbed, available, parse_rate
     from ringtree.testbed.pool import HostPool
@@ -175,7 +196,7 @@ def main() -> int:
                 for h in tb.hosts:
                     with open(os.path.join(tmp, f"s-{label}-{h.index}")) as fh:
                         smp.append(json.load(fh))
-                print("\n".join(_link(spans, smp, rate)), flush=True)
+                print("\n".join(_link(spans, smp, rate, args.gaps)), flush=True)
             return calls
 
         pools = {k: HostPool(tb, ppn, env={"RINGTREE_TOKEN": secrets.token_hex(8), **v},

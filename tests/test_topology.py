@@ -177,3 +177,25 @@ def test_one_rank_per_host_slices_a_millisecond_of_the_link():
     assert slices((0, 1, 2, 3), 200e6 / 8) == 64 << 10
     assert slices((0, 1, 2, 3), 100e9 / 8) == 1 << 20
     assert slices((0, 0, 1, 1), 1e9 / 8) == 1 << 20
+
+
+@pytest.mark.parametrize("layout", [(2, 2), (2, 4)])
+def test_an_all_reduce_goes_in_pieces_from_a_smaller_size_than_the_others(layout):
+    """The planner pipelines a hierarchical all-reduce from 256 KiB per piece and host
+    (2×4 at 1 Gbit/s: 1 and 2 MiB in pieces beat the double binary tree, which in one
+    piece they did not), all-gather and reduce-scatter from 1 MiB; with those pieces the
+    tuner takes the hierarchical all-reduce at 1 and 2 MiB."""
+    from ringtree.core.planner import Planner
+
+    hosts, ppn = layout
+    hm, opts, n = _testbed(hosts, ppn, 1e9)
+    p = Planner(0, n, opts.nodes, nchannels=1, slice_bytes=1 << 20, algo_enabled={},
+                link="tcp")
+    assert p._options(Collective.ALL_REDUCE, 1 << 20).params == (("pieces", 2),)
+    assert p._options(Collective.ALL_REDUCE, (1 << 20) - 1).params == ()
+    assert p._options(Collective.ALL_GATHER, 1 << 20).params == ()
+    assert p._options(Collective.REDUCE_SCATTER, 4 << 20).params == (("pieces", 2),)
+    for nbytes in (1 << 20, 2 << 20):
+        pieced = p._options(Collective.ALL_REDUCE, nbytes)
+        assert choose(Collective.ALL_REDUCE, nbytes, n, ALL_REDUCE_FLAT, hm, pieced) \
+            == "hierarchical", nbytes

@@ -31,7 +31,7 @@ from ringtree.core.tuner import MODELS, choose
 from ringtree.dtypes import DType
 from ringtree.ops import ReduceOp, Reducer
 from ringtree.schedules import Options, algorithms, generate
-from ringtree.schedules.hierarchical import pieces_for
+from ringtree.schedules.hierarchical import ALL_REDUCE_PIECE_BYTES, PIECE_BYTES, pieces_for
 
 P2P_CODE = 200          # the collective code of send/recv in message headers
 P2P_CHANNEL_BASE = 64   # send/recv with tag t run on channel P2P_CHANNEL_BASE + t
@@ -218,8 +218,10 @@ class Planner:
 
     def _options(self, coll: Collective, nbytes: int, root: int = 0) -> Options:
         """The generators' options; hierarchical pieces depend on size."""
-        params = pieces_for(nbytes, self.nodes, self.nchannels) if coll in (
-            Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER) else ()
+        params = () if coll not in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER,
+                                    Collective.ALL_GATHER) else \
+            pieces_for(nbytes, self.nodes, self.nchannels, ALL_REDUCE_PIECE_BYTES
+                       if coll is Collective.ALL_REDUCE else PIECE_BYTES)
         return Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes,
                        params=params)
 

@@ -203,20 +203,29 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
 
 
 PIECE_BYTES = 1 << 20  # pieces of at least this much (per leader block), ...
+ALL_REDUCE_PIECE_BYTES = 256 << 10  # ... or this much for an all-reduce, ...
 MAX_PIECES = 4         # ... and at most this many
 
 
-def pieces_for(nbytes: int, nodes: tuple[int, ...] | None, channels: int = 1
-               ) -> tuple[tuple[str, object], ...]:
-    """``Options.params`` for a hierarchical all-reduce of ``nbytes``: P pieces where
-    ranks span hosts and share them (``()``, one piece, otherwise). Below
-    ``PIECE_BYTES`` per piece the extra messages cost more than the overlap saves."""
+def pieces_for(nbytes: int, nodes: tuple[int, ...] | None, channels: int = 1,
+               least: int = PIECE_BYTES) -> tuple[tuple[str, object], ...]:
+    """``Options.params`` for a hierarchical collective of ``nbytes``: P pieces where
+    ranks span hosts and share them (``()``, one piece, otherwise). Below ``least``
+    bytes per piece and host the extra messages cost more than the overlap saves.
+
+    All-reduces take ``ALL_REDUCE_PIECE_BYTES``: on the testbed (2×4, 1 Gbit/s,
+    ``benchmarks/multihost.py --algos hierarchical,tree --reps 7``, runs alternated;
+    the default and hierarchical forced, medians) pieces from 256 KiB took the
+    all-reduce at 1 / 2 / 4 MiB from 10.1–10.2 / 20.9–21.7 / 39.6–40.3 ms (pieces from
+    1 MiB: one piece below 4 MiB) to 9.2–9.6 / 18.9–19.8 / 37.4–39.6 ms, where the
+    double binary tree, whose two half-trees overlap the same way, took 9.6–9.9 /
+    19.3–19.8 / 40.6–42.3 ms."""
     if nodes is None:
         return ()
     hosts = len(set(nodes))
     if hosts < 2 or hosts == len(nodes):
         return ()
-    p = min(MAX_PIECES, nbytes // (PIECE_BYTES * hosts * max(1, channels)))
+    p = min(MAX_PIECES, nbytes // (least * hosts * max(1, channels)))
     return (("pieces", int(p)),) if p > 1 else ()
 
 

@@ -1,7 +1,7 @@
 """What keeps a shaped link from its bound: ringtree configurations side by side, and gloo,
 with what each host's link carried and when it stood idle.
 
-One testbed (``--layout`` H×P, ``--rate``), one all-reduce size. Each ``--config
+One testbed (``--layout`` H×P, ``--rate``), one collective (``--coll``) and size. Each ``--config
 NAME=VAR=VALUE,VAR=VALUE`` is a job of its own (socket options are set at connect), and
 the jobs take turns for ``--rounds`` rounds of ``--iters`` calls, so machine noise hits
 them alike; gloo (``torch.distributed``, ``GLOO_SOCKET_IFNAME=eth0``) runs last. Per call:
@@ -33,15 +33,20 @@ import numpy as np
 _GLOO = r'''
 import json, resource, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
-count, iters, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+count, iters, out, coll = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+n = dist.get_world_size()
 x = torch.zeros(count)
-dist.all_reduce(x)
+y = torch.zeros(count * n if coll == "all_gather" else count // n)
+op = {"all_reduce": lambda: dist.all_reduce(x),
+      "all_gather": lambda: dist.all_gather_into_tensor(y, x),
+      "reduce_scatter": lambda: dist.reduce_scatter_tensor(y, x)}[coll]
+op()
 r0 = resource.getrusage(resource.RUSAGE_SELF)
 spans = []
 for _ in range(iters):
     dist.barrier()
     t0 = time.monotonic()
-    dist.all_reduce(x)
+    op()
     spans.append((t0, time.monotonic()))
 r1 = resource.getrusage(resource.RUSAGE_SELF)
 cpu = ((r1.ru_utime - r0.ru_utime) / iters, (r1.ru_stime - r0.ru_stime) / iters)
@@ -66,15 +71,19 @@ def _sampler(path: str, stop: str) -> None:
         json.dump({"t": ts, "tx": tx}, f)
 
 
-def _job(comm, count: int, iters: int):
+def _job(comm, coll: str, count: int, iters: int):
     x = np.zeros(count, np.float32)
-    comm.all_reduce(x)
+    y = np.zeros(count * comm.size if coll == "all_gather" else count // comm.size, np.float32)
+    op = {"all_reduce": lambda: comm.all_reduce(x),
+          "all_gather": lambda: comm.all_gather(x, out=y.reshape(comm.size, count)),
+          "reduce_scatter": lambda: comm.reduce_scatter(x, out=y)}[coll]
+    op()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     spans = []
     for _ in range(iters):
         comm.barrier()
         t0 = time.monotonic()
-        comm.all_reduce(x)
+        op()
         spans.append((t0, time.monotonic()))
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return spans, ((r1.ru_utime - r0.ru_utime) / iters, (r1.ru_stime - r0.ru_stime) / iters)
@@ -144,7 +153,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layout", default="4x1")
     ap.add_argument("--rate", default="200mbit")
-    ap.add_argument("--size", default="16M")
+    ap.add_argument("--size", default="16M", help="nccl-tests size: all_gather's output, "
+                    "reduce_scatter's input")
+    ap.add_argument("--coll", default="all_reduce",
+                    choices=["all_reduce", "all_gather", "reduce_scatter"])
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--config", action="append", default=[], metavar="NAME=VAR=VALUE,...")
@@ -163,7 +175,11 @@ def main() -> int:
     hosts, ppn = (int(v) for v in args.layout.split("x"))
     s = args.size.upper()
     nbytes = int(s[:-1]) << {"K": 10, "M": 20, "G": 30}[s[-1]] if s[-1] in "KMG" else int(s)
-    count, rate = nbytes // 4, parse_rate(args.rate)
+    n = hosts * ppn
+    elems = nbytes // 4
+    count = elems // n if args.coll == "all_gather" else \
+        elems // n * n if args.coll == "reduce_scatter" else elems
+    rate = parse_rate(args.rate)
     configs = {}
     for c in args.config or ["default="]:
         name, _, env = c.partition("=")
@@ -206,7 +222,7 @@ def main() -> int:
             for rnd in range(args.rounds):
                 for k, pool in pools.items():
                     def run(pool=pool):
-                        res = pool.run_ok(_job, count, args.iters)
+                        res = pool.run_ok(_job, args.coll, count, args.iters)
                         return [r[0] for r in res], [r[1] for r in res]
                     times[k] += measured(f"{k} round {rnd}", run)
         finally:
@@ -227,7 +243,7 @@ def main() -> int:
                                    WORLD_SIZE=str(hosts * ppn))
                         procs.append(h.popen([sys.executable, script, str(count),
                                               str(args.iters * args.rounds),
-                                              os.path.join(tmp, "g")], env=env))
+                                              os.path.join(tmp, "g"), args.coll], env=env))
                 for p in procs:
                     p.wait()
                 res = []
@@ -239,7 +255,8 @@ def main() -> int:
             times["gloo"] = measured("gloo", gloo)
     with open("/proc/loadavg") as fh:
         print(f"load after: {fh.read().strip()}")
-    bound = 2 * (hosts - 1) / hosts * nbytes / (rate / 8)
+    share = 2 if args.coll == "all_reduce" else 1
+    bound = share * (hosts - 1) / hosts * nbytes / (rate / 8)
     for k, v in times.items():
         med = statistics.median(v)
         print(f"{k}: median {med * 1e3:,.1f} ms of {len(v)} ({bound / med:.1%} of the link "

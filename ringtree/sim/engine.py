@@ -453,10 +453,15 @@ def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware
         trace: bool = False, progress: Callable[[int], None] | None = None,
         batch: bool = True) -> Result:
     """Simulate compiled Programs; ``devices[r]`` is the device of (real or virtual) rank r.
-    ``progress(events)`` is called every 65,536 heap events."""
+    ``progress(events)`` is called every 65,536 heap events. Runs compiled from one
+    :class:`.structure.Structure` (a sweep's sizes) go to the heap at once after the
+    rounds failed on one of them: the same answer, without carrying it twice."""
     eng = _Engine(cp, topo, devices, model, trace)
     many = cp.nmsgs >= ROUNDS_MSGS_PER_RANK * max(1, cp.nranks)
-    if batch and many and eng.aware and not trace and eng.rounds(progress) is False:
+    failed = ("rounds failed", id(topo), eng.integer)    # for the other sizes of a sweep
+    if batch and many and eng.aware and not trace and failed not in cp.memo and \
+            eng.rounds(progress) is False:
+        cp.memo[failed] = True
         eng.fresh_network()                      # start again on the heap
         eng.fresh_steps()
     eng.loop(progress)

@@ -89,8 +89,7 @@ def _shared(coll: Collective, algo: str, topo: Topology, opts: Options, count: i
     g = symmetry.template_period(t, topo, devices, count, aware, in_place)
     p0 = generate(coll, algo, n, 0, opts)
     last = generate(coll, algo, n, (g or n) - 1, opts)
-    if symbolic.instantiate(t, 0).channels != p0.channels or \
-            symbolic.instantiate(t, last.rank).channels != last.channels:
+    if not symbolic.reads(t, p0) or not symbolic.reads(t, last):
         return None                              # the template misread the generator
     try:
         tk, pk = template.moving(t, p0, count, in_place) if prune else (t, p0)

@@ -98,10 +98,38 @@ class Sym:
         return f"Sym({self.m}*((r+{self.a})%{self.mod})+{self.b})"
 
 
+# the templates of the last few runs: a sweep over sizes reads one template per size
+_TEMPLATES: dict[tuple, Program | None] = {}
+_READS: dict[tuple[int, int], tuple[Program, Program, bool]] = {}
+KEEP = 8
+
+
 def template(coll: Collective | str, algo: str, nranks: int, opts: Options) -> Program | None:
     """The symbolic Program of ``algo``, or None if the generator depends on the rank in
-    any other way than affine arithmetic (or brings virtual ranks)."""
-    gen = _registry._REGISTRY.get((parse_collective(coll), algo.lower()))
+    any other way than affine arithmetic (or brings virtual ranks). Generators are pure,
+    so the last few answers are kept."""
+    key = (parse_collective(coll), algo.lower(), nranks, opts)
+    if key not in _TEMPLATES:
+        if len(_TEMPLATES) >= KEEP:
+            _TEMPLATES.clear()
+        _TEMPLATES[key] = _template(*key)
+    return _TEMPLATES[key]
+
+
+def reads(t: Program, p: Program) -> bool:
+    """Is template ``t`` at ``p.rank`` the generated Program ``p`` (same channels)? Kept
+    per pair of objects (both held, so their ids stay theirs)."""
+    key = (id(t), id(p))
+    got = _READS.get(key)
+    if got is None or got[0] is not t or got[1] is not p:
+        if len(_READS) >= KEEP:
+            _READS.clear()
+        got = _READS[key] = (t, p, instantiate(t, p.rank).channels == p.channels)
+    return got[2]
+
+
+def _template(coll: Collective, algo: str, nranks: int, opts: Options) -> Program | None:
+    gen = _registry._REGISTRY.get((coll, algo))
     if gen is None or nranks < 2:
         return None
     try:

@@ -238,7 +238,24 @@ def template_period(t: Program, topo: Topology, devices: list[int], count: int,
     gs = symbolic.shift_periods(t, gs, regs, in_place)
     if not gs:
         return 0
-    offs = symbolic.offsets(t)
-    conns = [(r, (r + a) % n, c) for r in range(n) for c, os in enumerate(offs) for a in os]
-    routes = _Routes(conns, topo, devices, aware)
-    return next((g for g in gs if routes.periodic(g, n)), 0)
+    offs = tuple(tuple(sorted(os)) for os in symbolic.offsets(t))
+    key = (id(topo), tuple(devices), offs, aware)
+    got = _ROUTES.get(key)
+    if got is None or got[0] is not topo:
+        if len(_ROUTES) >= symbolic.KEEP:
+            _ROUTES.clear()
+        conns = [(r, (r + a) % n, c) for r in range(n) for c, os in enumerate(offs)
+                 for a in os]
+        got = _ROUTES[key] = (topo, _Routes(conns, topo, devices, aware), {})
+    routes, seen = got[1], got[2]
+    for g in gs:
+        if g not in seen:
+            seen[g] = routes.periodic(g, n)
+        if seen[g]:
+            return g
+    return 0
+
+
+# the routes of the last few templates' connections, and which shifts they keep (a sweep
+# over sizes asks the same question at every size)
+_ROUTES: dict[tuple, tuple[Topology, _Routes, dict[int, bool]]] = {}

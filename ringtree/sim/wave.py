@@ -231,14 +231,17 @@ class _Run:
 
     def _hop(self, link, t, b, keys) -> np.ndarray:
         lk = self.links
-        order = np.lexsort(tuple(reversed((link, t) + keys)))
+        order = np.lexsort((t, link))
+        sl, st = link[order], t[order]
+        if ((sl[1:] == sl[:-1]) & (st[1:] == st[:-1])).any():   # a tie: the whole key
+            order = np.lexsort(tuple(reversed((link, t) + keys)))
         link, t, b = link[order], t[order], b[order]
         first = np.ones(link.size, bool)
         first[1:] = link[1:] != link[:-1]
         heads = np.nonzero(first)[0]
         lastpos = np.append(heads[1:], link.size) - 1
-        ks = [k[order] for k in keys]
-        self._check(link[heads], t[heads], np.stack([k[heads] for k in ks], 1))
+        at_heads, at_last = order[heads], order[lastpos]
+        self._check(link[heads], t[heads], np.stack([k[at_heads] for k in keys], 1))
         sizes = lastpos - heads + 1
         pos = np.arange(link.size) - np.repeat(heads, sizes)
         ser = b / lk.rate[link]
@@ -246,7 +249,7 @@ class _Run:
         if self.integer:
             out = np.floor(out)
         lk.last_t[link[lastpos]] = t[lastpos]
-        lk.last_k[link[lastpos]] = np.stack([k[lastpos] for k in ks], 1)
+        lk.last_k[link[lastpos]] = np.stack([k[at_last] for k in keys], 1)
         res = np.empty_like(out)
         res[order] = out
         return res

@@ -1,5 +1,5 @@
 """In rounds, the event engine processes a step's ready slices as arrays
-(:meth:`ringtree.sim.engine._Engine.slices_at_once`): the same times and events as slice by
+(:func:`ringtree.sim.feedforward.slices_at_once`): the same times and events as slice by
 slice, and as the event heap."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ringtree.schedules import algorithms
-from ringtree.sim import Aware, count_for, engine, place, presets, programs_for
+from ringtree.sim import Aware, count_for, engine, feedforward, place, presets, programs_for
 from ringtree.sim.compile import compile_programs
 
 CASES = [("dgx_h100", 2), ("dgx_a100_sharp", 1), ("fat_tree2", 6), ("torus", 6),
@@ -22,19 +22,19 @@ def _key(r):
 def test_slices_at_once_are_the_slices_one_by_one(topo_name, nodes, monkeypatch):
     topo = presets.get(topo_name, nodes)
     monkeypatch.setattr(engine, "ROUNDS_MSGS_PER_RANK", 0)       # rounds for every run
-    at_once, rounds = engine._Engine.slices_at_once, engine._Engine.rounds
+    at_once, rounds = feedforward.slices_at_once, engine._Engine.rounds
     seen = {"at_once": 0, "rounds": 0}
 
-    def counted_at_once(self, *a):
+    def counted_at_once(*a):
         seen["at_once"] += 1
-        return at_once(self, *a)
+        return at_once(*a)
 
     def counted_rounds(self, *a):
         done = rounds(self, *a)
         seen["rounds"] += done is True and seen["at_once"] > 0
         return done
 
-    monkeypatch.setattr(engine._Engine, "slices_at_once", counted_at_once)
+    monkeypatch.setattr(feedforward, "slices_at_once", counted_at_once)
     monkeypatch.setattr(engine._Engine, "rounds", counted_rounds)
     for coll in ("all_reduce", "all_gather", "reduce_scatter"):
         for algo in algorithms(coll):

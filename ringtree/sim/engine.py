@@ -237,36 +237,6 @@ class _Engine(_Network):
                 for j, tj in self.waiting.pop(nm, ()):
                     self.inject(nm, j, tj)
 
-    def inject_all(self, m: int, i0: int, t: np.ndarray) -> None:
-        """Rounds: :meth:`inject` of slices i0, i0+1, … of m, ready at ``t``, as arrays."""
-        cp = self.cp
-        c = cp.msg_conn[m]
-        if self.conn_cur[c] != m:
-            for k, tk in enumerate(t.tolist()):
-                self.ready(m, i0 + k, tk)
-            return
-        s, t = cp.msg_sstep[m], t.copy()
-        if t[0] < self.conn_inj[c]:
-            t[0] = self.conn_inj[c]
-        np.maximum.accumulate(t, out=t)
-        self.conn_inj[c] = float(t[-1])
-        sl, k = cp.step_slices[s], t.size
-        b = self.arrays.get(id(sl))
-        if b is None:
-            b = self.arrays[id(sl)] = np.asarray(sl, np.float64)
-        # a slice is never empty, and b / inf is 0: inject's t + (b / first or 0)
-        fin = float((t + b[i0:i0 + k] / self.conn_first[c]).max())
-        if fin > self.sdone[s]:
-            self.sdone[s] = fin
-        self.unsent[s] -= k
-        if self.unsent[s] == 0 and self.nxt[s] == len(cp.step_slices[s]):
-            self.work.append(s)
-        assert self.cut is not None
-        self.cut[0].extend([m] * k)
-        self.cut[1].extend(range(i0, i0 + k))
-        self.cut[2].extend((t + self.over).tolist())
-        self.injected(m, k)
-
     def ready(self, m: int, i: int, t: float) -> None:
         if self.conn_cur[self.cp.msg_conn[m]] == m:
             self.inject(m, i, t)
@@ -287,37 +257,12 @@ class _Engine(_Network):
             if self.pend[ns_] == 0:
                 self.work.append(ns_)
 
-    def slices_at_once(self, s: int, nsl: int) -> None:
-        """Rounds: :meth:`slices` of a step that sends, injected by :meth:`inject_all`."""
-        i0 = self.nxt[s]
-        rv, cs = self.cp.step_recv[s], self.comp[s]
-        if not rv and cs is None:                # every slice is ready when the step is
-            k, t = nsl, np.full(nsl - i0, self.last[s])
-        else:
-            k = min([self.narr[m] for m in rv], default=nsl)
-            arr, ts, tk = self.arr, [], self.last[s]
-            for i in range(i0, k):
-                for m in rv:
-                    a = arr[m][i]
-                    if a > tk:
-                        tk = a
-                if cs is not None:
-                    tk += cs[i]
-                ts.append(tk)
-            if not ts:
-                return
-            t = np.array(ts)
-        self.last[s] = float(t[-1])
-        self.nxt[s] = k
-        for m in self.cp.step_send[s]:
-            self.inject_all(m, i0, t)
-
     def slices(self, s: int) -> None:
         """Process every slice of step s whose inputs have all arrived."""
         sl = self.cp.step_slices[s]
         nsl = len(sl)
         if self.cut is not None and nsl - self.nxt[s] >= AT_ONCE and self.cp.step_send[s]:
-            self.slices_at_once(s, nsl)
+            feedforward.slices_at_once(self, s, nsl)
             return
         rv = self.cp.step_recv[s]
         cs = self.comp[s]

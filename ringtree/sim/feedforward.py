@@ -30,7 +30,7 @@ import numpy as np
 
 from ringtree.sim.compile import Compiled
 
-__all__ = ["serve", "link_order", "Rounds"]
+__all__ = ["serve", "link_order", "Rounds", "slices_at_once", "inject_all"]
 
 
 def link_order(routes: list[list[int]], nlinks: int) -> list[int] | None:
@@ -203,3 +203,65 @@ class Rounds:
             np.maximum.accumulate(t[a:b], out=t[a:b])
             self.conn_arr[c] = t[b - 1]
         return m, t, events
+
+
+# -- the engine's side of a round: a step's slices sent at once ----------------------
+
+def slices_at_once(eng, s: int, nsl: int) -> None:
+    """The engine's ``slices`` of step ``s`` (with sends), which :func:`inject_all` injects;
+    a step sending many slices (one-shot ``direct`` at large sizes) pays no Python per
+    slice sent."""
+    i0 = eng.nxt[s]
+    rv, cs = eng.cp.step_recv[s], eng.comp[s]
+    if not rv and cs is None:                # every slice is ready when the step is
+        k, t = nsl, np.full(nsl - i0, eng.last[s])
+    else:
+        k = min([eng.narr[m] for m in rv], default=nsl)
+        arr, ts, tk = eng.arr, [], eng.last[s]
+        for i in range(i0, k):
+            for m in rv:
+                a = arr[m][i]
+                if a > tk:
+                    tk = a
+            if cs is not None:
+                tk += cs[i]
+            ts.append(tk)
+        if not ts:
+            return
+        t = np.array(ts)
+    eng.last[s] = float(t[-1])
+    eng.nxt[s] = k
+    for m in eng.cp.step_send[s]:
+        inject_all(eng, m, i0, t)
+
+
+def inject_all(eng, m: int, i0: int, t: np.ndarray) -> None:
+    """The engine's ``inject`` of slices i0, i0+1, … of message m, ready at ``t``, as
+    arrays: the same running max and sums, slice by slice (rounds only)."""
+    cp = eng.cp
+    c = cp.msg_conn[m]
+    if eng.conn_cur[c] != m:
+        for k, tk in enumerate(t.tolist()):
+            eng.ready(m, i0 + k, tk)
+        return
+    s, t = cp.msg_sstep[m], t.copy()
+    if t[0] < eng.conn_inj[c]:
+        t[0] = eng.conn_inj[c]
+    np.maximum.accumulate(t, out=t)
+    eng.conn_inj[c] = float(t[-1])
+    sl, k = cp.step_slices[s], t.size
+    b = eng.arrays.get(id(sl))
+    if b is None:
+        b = eng.arrays[id(sl)] = np.asarray(sl, np.float64)
+    # a slice is never empty, and b / inf is 0: inject's t + (b / first or 0)
+    fin = float((t + b[i0:i0 + k] / eng.conn_first[c]).max())
+    if fin > eng.sdone[s]:
+        eng.sdone[s] = fin
+    eng.unsent[s] -= k
+    if eng.unsent[s] == 0 and eng.nxt[s] == len(cp.step_slices[s]):
+        eng.work.append(s)
+    assert eng.cut is not None
+    eng.cut[0].extend([m] * k)
+    eng.cut[1].extend(range(i0, i0 + k))
+    eng.cut[2].extend((t + eng.over).tolist())
+    eng.injected(m, k)

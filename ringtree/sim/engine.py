@@ -62,19 +62,11 @@ class _Network:
         self.aware = aware = isinstance(model, Aware)
         self.integer = model.integer_ns
         self.over = topo.overhead_ns
-        paths = connection_routes(cp, topo, devices, share=not aware)
-        self.conn_lat = [p.latency for p in paths]
-        self.conn_bott = [p.bottleneck for p in paths]
-        self.conn_first = [p.first for p in paths]
-        self.conn_links = [p.links for p in paths]
-        self.shared = [False] * len(topo.links)
-        if aware:
-            users: dict[int, set[int]] = {}
-            for cid, p in enumerate(paths):
-                for li in p.links:
-                    users.setdefault(li, set()).add(cid)
-            for li, u in users.items():
-                self.shared[li] = len(u) > 1
+        key = ("network", id(topo), tuple(devices), aware)     # kept for a sweep's sizes
+        got = cp.memo.get(key)
+        if got is None:
+            got = cp.memo[key] = _connections(cp, topo, devices, aware)
+        self.conn_lat, self.conn_bott, self.conn_first, self.conn_links, self.shared = got
         self.rate = [topo.bytes_per_ns(i) for i in range(len(topo.links))]
         self.llat = [lk.latency for lk in topo.links]
         self.cp, self.trace = cp, trace
@@ -103,6 +95,22 @@ class _Network:
         self.cut: tuple[list[int], list[int], list[float]] | None = None
 
 
+def _connections(cp: Compiled, topo: Topology, devices: list[int], aware: bool) -> tuple:
+    """Latency, bottleneck, first-link rate and links of every connection, and which links
+    more than one connection uses."""
+    paths = connection_routes(cp, topo, devices, share=not aware)
+    shared = [False] * len(topo.links)
+    if aware:
+        users: dict[int, set[int]] = {}
+        for cid, p in enumerate(paths):
+            for li in p.links:
+                users.setdefault(li, set()).add(cid)
+        for li, u in users.items():
+            shared[li] = len(u) > 1
+    return ([p.latency for p in paths], [p.bottleneck for p in paths],
+            [p.first for p in paths], [p.links for p in paths], shared)
+
+
 class _Engine(_Network):
     """The dataflow over (step, slice) times, driving :class:`_Network`."""
 
@@ -110,17 +118,10 @@ class _Engine(_Network):
                  model: Unaware | Aware, trace: bool) -> None:
         super().__init__(cp, topo, devices, model, trace)
         ns = cp.nsteps
-        self.nxt_in_chan = [-1] * ns
-        self.dependents: list[list[int]] = [[] for _ in range(ns)]
-        self.pend = [0] * ns
-        for s in range(ns):
-            p = cp.step_prev[s]
-            if p >= 0:
-                self.nxt_in_chan[p] = s
-                self.pend[s] += 1
-            for d in cp.step_deps[s]:
-                self.dependents[d].append(s)
-                self.pend[s] += 1
+        got = cp.memo.get("steps")                 # kept for a sweep's sizes
+        if got is None:
+            got = cp.memo["steps"] = _dependents(cp)
+        self.nxt_in_chan, self.dependents, self.pend = got
         red = [topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9
                for r in range(len(devices))]
         ops, sl, rk = cp.step_ops, cp.step_slices, cp.step_rank
@@ -385,6 +386,22 @@ class _Engine(_Network):
         nbytes = sum(sum(cp.step_slices[cp.msg_sstep[m]]) for m in range(cp.nmsgs))
         return Result(max(rank_done, default=0.0), rank_done, cp.nmsgs, nbytes, self.events,
                       self.start, done, self.transfers)
+
+
+def _dependents(cp: Compiled) -> tuple[list[int], list[list[int]], list[int]]:
+    """The next step of every step's channel, the steps waiting on it, and how many
+    steps every step waits for."""
+    ns = cp.nsteps
+    nxt_in_chan, dependents, pend = [-1] * ns, [[] for _ in range(ns)], [0] * ns
+    for s in range(ns):
+        p = cp.step_prev[s]
+        if p >= 0:
+            nxt_in_chan[p] = s
+            pend[s] += 1
+        for d in cp.step_deps[s]:
+            dependents[d].append(s)
+            pend[s] += 1
+    return nxt_in_chan, dependents, pend
 
 
 # Rounds pay where a rank sends many messages at once (one-shot and two-shot direct: 63

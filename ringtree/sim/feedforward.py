@@ -152,11 +152,16 @@ class Rounds:
                  rate: list[float], llat: list[float], integer: bool) -> None:
         self.cp, self.routes, self.rate, self.llat = cp, routes, rate, llat
         self.integer = integer
-        self.order = link_order(routes, len(rate))
-        self.rank = [0] * len(rate)              # position in the link order
-        for k, li in enumerate(self.order or ()):
-            self.rank[li] = k
-        self.nshared = [sum(shared[li] for li in rt) for rt in routes]
+        key = ("link order", id(routes), id(shared))    # kept for a sweep's sizes
+        got = cp.memo.get(key)
+        if got is None:
+            order = link_order(routes, len(rate))
+            rank = [0] * len(rate)               # position in the link order
+            for k, li in enumerate(order or ()):
+                rank[li] = k
+            got = cp.memo[key] = (order, rank, [sum(shared[li] for li in rt)
+                                                for rt in routes], routes, shared)
+        self.order, self.rank, self.nshared = got[:3]
         per = [cp.step_slices[s] for s in cp.msg_sstep]      # slice bytes per message
         self.first = np.cumsum([0] + [len(x) for x in per])
         self.sizes = np.fromiter(chain.from_iterable(per), np.float64, int(self.first[-1]))
@@ -187,8 +192,9 @@ class Rounds:
             for li in self.routes[c]:
                 users.setdefault(li, []).append(c)
         for li in sorted(users, key=self.rank.__getitem__):
-            cs = users[li]
-            idx = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in cs])
+            cs = np.asarray(users[li])
+            lo, ln = bounds[cs], count[cs]            # every chunk of those connections
+            idx = np.repeat(lo - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
             idx = idx[np.lexsort((i[idx], m[idx], t[idx]))]
             head = (float(t[idx[0]]), int(m[idx[0]]), int(i[idx[0]]))
             if head <= self.last[li]:

@@ -37,6 +37,13 @@ stays expensive is the per-chunk Python of the steps themselves (about 1 µs per
 sent or received) and, at small sizes, compiling every rank's Program (``direct2`` on 64
 ranks: about 1.5 s per size).
 
+What no folding or template shortens is refused before it is built (:mod:`.budget`): a
+run whose rank 0 has more steps and slices sent, times the ranks simulated, than
+``max_work`` (2^25, about a minute of the event engine) raises
+:class:`~ringtree.sim.budget.TooLarge`, and ``ringtree sim`` says so at once and goes
+on (``direct`` on 1,024 ranks would carry 1.1 G slices at 1 GiB; ``--max-work 0``
+lifts the limit).
+
 CollNet Programs bring *virtual ranks* (in-network reduction switches, see
 ``ringtree.schedules.collnet``) which are placed on the topology's reduction-capable
 switches.

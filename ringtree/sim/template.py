@@ -25,11 +25,10 @@ class Template:
 
     def __init__(self, t: Program, p0: Program, g: int, count: int, itemsize: int,
                  slice_bytes: int, in_place: bool) -> None:
-        n = self.n = t.nranks
+        self.n = t.nranks
         self.g = g
-        ib, ob = t.collective.blocks(n)
-        cs0 = compile_program(p0, [count] * ib, [count] * ob, count, itemsize, slice_bytes,
-                              in_place)
+        self._keep = _fixed(t, p0, count, itemsize, slice_bytes, in_place)
+        deps, ops = self._keep[3], self._keep[4]
         regs = {b: np.asarray(v, np.int64) for b, v in regions(t, count).items()}
         ranks = np.arange(g)
         elems = max(1, slice_bytes // max(1, itemsize))
@@ -41,11 +40,10 @@ class Template:
         self.ops: list[int] = []
         self.nsl: list[np.ndarray] = []
         self.sl: list[np.ndarray] = []          # (g, K) slice bytes, 0-padded
-        flat = [cs for ch in cs0 for cs in ch]
         for gid, (_, j, s) in enumerate(self.steps):
             self.prev.append(gid - 1 if j else -1)
-            self.deps.append(flat[gid].deps)
-            self.ops.append(passes(flat[gid]))
+            self.deps.append(deps[gid])
+            self.ops.append(ops[gid])
             length = _length(s.dst if s.dst is not None else s.src, regs, ranks)
             nsl = -(-length // elems)
             k = int(nsl.max()) if nsl.size else 0
@@ -91,7 +89,14 @@ class Template:
                 self.send_of[(s1, p1)] = (s2, p2, a)
 
     def levels(self) -> list[list[int]]:
-        """Template steps grouped by depth in the dependency graph (Kahn)."""
+        """Template steps grouped by depth in the dependency graph (Kahn); the same for
+        every size of one template, so kept with its memory dependencies."""
+        keep = self._keep
+        if keep[5] is None:
+            keep[5] = self._levels()
+        return keep[5]
+
+    def _levels(self) -> list[list[int]]:
         ns = len(self.steps)
         preds: list[set[int]] = [set() for _ in range(ns)]
         for s in range(ns):
@@ -124,6 +129,27 @@ class Template:
         if seen != ns:
             raise Unordered("a step waits on itself through another rank (pipelined chain)")
         return out
+
+
+# per (template, Program of rank 0, in place): what does not depend on the count — every
+# step's memory dependencies and reduction passes (the executor's compiler, at the first
+# count seen) and the dependency levels; objects held, so their ids stay theirs
+_FIXED: dict[tuple[int, int, bool], list] = {}
+
+
+def _fixed(t: Program, p0: Program, count: int, itemsize: int, slice_bytes: int,
+           in_place: bool) -> list:
+    key = (id(t), id(p0), in_place)
+    got = _FIXED.get(key)
+    if got is None or got[0] is not t or got[1] is not p0:
+        if len(_FIXED) >= 8:
+            _FIXED.clear()
+        ib, ob = t.collective.blocks(t.nranks)
+        flat = [cs for ch in compile_program(p0, [count] * ib, [count] * ob, count, itemsize,
+                                             slice_bytes, in_place) for cs in ch]
+        got = _FIXED[key] = [t, p0, in_place, [cs.deps for cs in flat],
+                             [passes(cs) for cs in flat], None]
+    return got
 
 
 def declared_offsets(t: Program) -> list[tuple[int, int]]:

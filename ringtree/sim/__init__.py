@@ -8,7 +8,8 @@ The same Programs the executor runs (``ringtree.schedules``) are executed on a
 :class:`~ringtree.sim.topology.Topology` (:mod:`.topology`, :mod:`.routing`,
 :mod:`.presets`) under a congestion-aware or -unaware network model (:mod:`.model`):
 
-- :mod:`.compile` flattens Programs with the executor's own compiler;
+- :mod:`.compile` flattens Programs with the executor's own compiler, :mod:`.structure`
+  keeps what of that a sweep's sizes share;
 - :mod:`.engine` is the event engine (its network carried in rounds by
   :mod:`.feedforward` where that keeps the heap's order), :mod:`.fast` the α-β model
   as one longest-path problem in numpy;
@@ -32,10 +33,16 @@ tree's rounds are too small to pay) (:mod:`.feedforward`): what can be injected 
 link by link with array arithmetic (each link a FIFO in the heap's order, the engine's
 own sums), delivered, and the receivers run until the next round — checked on every link
 to be the heap's order, else the run goes to the heap. A one-shot ``direct`` all-reduce
-is one round: 1 GiB on 64 ranks (23 M chunk-hops) takes about 7 s instead of 80. What
-stays expensive is the per-chunk Python of the steps themselves (about 1 µs per chunk
-sent or received) and, at small sizes, compiling every rank's Program (``direct2`` on 64
-ranks: about 1.5 s per size).
+is one round: 1 GiB on 64 ranks (23 M chunk-hops) takes about 3.5 s instead of 80; a
+step that sends many slices injects them as arrays. A sweep's sizes after one whose
+rounds left the heap's order go to the heap at once (``direct2`` at 256 KiB and up).
+
+A sweep over sizes (``ringtree sim -b 8 -e 1G``; :class:`.structure.Sweep` passed to
+every :func:`simulate`) compiles the Programs' structure once (:mod:`.structure`): steps,
+memory dependencies, names, message pairing, routes and what the engine derives from
+them are kept; a size recomputes the step lengths, slices and pruning. What stays
+expensive is the Python per step and per chunk received (``direct2`` on 64 ranks: about
+1 s per size on the heap).
 
 What no folding or template shortens is refused before it is built (:mod:`.budget`): a
 run whose rank 0 has more steps and slices sent, times the ranks simulated, than

@@ -125,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                         sweep=None if args.no_fold else sweep, max_work=int(args.max_work))
                     bar.done_one(results[algo][s].events)
             except (ValueError, RuntimeError) as e:
-                del results[algo]
-                bar.skip(len(todo) - len(results.get(algo, ())))
+                bar.skip(len(todo) - len(results.pop(algo)))  # the sizes not run
                 print(f"# {algo}: skipped ({e})", flush=True)
                 continue
             walls[algo] = time.perf_counter() - t0

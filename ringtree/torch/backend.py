@@ -8,9 +8,9 @@ communicator's streaming executor (through :class:`~ringtree.torch.engine.Progre
 a thin adapter; the core's worker thread drives it until a thread waits on it) and returns
 a :class:`~ringtree.torch.work.RingtreeWork` at once; the autograd thread that issues
 DDP's bucket all-reduces never waits for communication. A blocking ``dist.*`` call
-(``opts.asyncOp`` False) instead runs to completion on its caller's thread (``_now``). This module holds the
-group's identity, the plumbing from ringtree Works to torch Works, its lifetime, and the
-backend creator torch calls.
+(``opts.asyncOp`` False) instead runs to completion on its caller's thread (``_now``).
+This module holds the group's identity, the plumbing from ringtree Works to torch Works,
+its lifetime, and the backend creator torch calls.
 
 Groups: ``init_process_group("ringtree")`` and ``new_group(backend="ringtree")`` both
 come through :func:`create_backend`, which builds a ringtree communicator over the store

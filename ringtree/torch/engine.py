@@ -4,8 +4,8 @@ Every async call a process group issues is submitted to the communicator's execu
 background mode (``Communicator.background``) and driven by the core's worker thread, so
 the thread that issues it (autograd's, for DDP's buckets) never waits for communication;
 a thread that waits on its Work drives it itself (``Progress.help``), and a blocking call
-(torch's ``opts.asyncOp`` False) runs on its caller's thread. The
-executor does the scheduling: in-order issue per channel, sends to a peer posted in
+(torch's ``opts.asyncOp`` False) runs on its caller's thread. The executor does the
+scheduling: in-order issue per channel, sends to a peer posted in
 program order, several calls in flight at once (an ``isend`` and the ``irecv`` after it
 progress together), memory order between calls, deadlines, and failure (recorded for
 every rank, then every pending call fails).

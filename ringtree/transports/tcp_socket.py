@@ -8,12 +8,12 @@ reduces, and on a busy machine it waits for a core; while it does, its link carr
 what the kernel holds. So where the kernel allows it (``net.core.wmem_max``/``rmem_max``
 at least ``RINGTREE_SOCKET_BUFFER``, default 4 MiB) ringtree asks for that size, which the
 kernel doubles: 8 MiB, 335 ms of a 200 Mbit/s link, 67 ms at 1 Gbit/s. On the testbed's
-4×1 ring at 200 Mbit/s this took a 64 MiB all-reduce
-from 4,441 to 4,350 ms (median of 6, quiet machine; gloo 4,340) and a 16 MiB one from
-1,155 to 1,126 ms with other work on the machine (median of 9); at 1 Gbit/s the two were
-equal (215 ms). ``benchmarks/multihost_link.py`` reruns the comparison. Where the cap is lower, the size is asked for only if the doubled cap
-still beats autotuning's ceiling (``tcp_wmem``/``tcp_rmem``); else the kernel stays in
-charge. ``RINGTREE_SOCKET_BUFFER=0`` leaves autotuning in charge everywhere; links whose
+4×1 ring at 200 Mbit/s this took a 64 MiB all-reduce from 4,441 to 4,350 ms (median of 6,
+quiet machine; gloo 4,340) and a 16 MiB one from 1,155 to 1,126 ms with other work on the
+machine (median of 9); at 1 Gbit/s the two were equal (215 ms).
+``benchmarks/multihost_link.py`` reruns the comparison. Where the cap is lower, the size
+is asked for only if the doubled cap still beats autotuning's ceiling
+(``tcp_wmem``/``tcp_rmem``); else the kernel stays in charge. ``RINGTREE_SOCKET_BUFFER=0`` leaves autotuning in charge everywhere; links whose
 bandwidth-delay product exceeds 8 MiB want a larger size.
 
 Sockets per peer: ``RINGTREE_NSOCKS_PERTHREAD`` (NCCL's ``NCCL_NSOCKS_PERTHREAD``). NCCL

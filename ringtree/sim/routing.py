@@ -1,6 +1,25 @@
 """Fixed routes through a :class:`~ringtree.sim.topology.Topology` (see its docstring
 for the three routing rules): up-down for hierarchical networks with rail (channel) and
-ECMP choices, dimension order for multi-dimensional networks, breadth-first otherwise."""
+uplink choices, dimension order for multi-dimensional networks, breadth-first otherwise.
+
+Uplinks of network switches (``Topology.uplinks``):
+
+- ``dmodk`` (the default, InfiniBand): destination-mod-k. InfiniBand switches forward by
+  destination LID alone (linear forwarding tables), and OpenSM's fat-tree routing
+  assigns the up-port at level l as ``floor(D / k^l) mod k`` for destination D
+  (Zahavi, Johnson, Kerbyson & Lang, "Optimized InfiniBand fat-tree routing for shift
+  all-to-all communication patterns", CCPE 2010; Gómez, Gilabert, Flich, López & Duato,
+  "Deterministic versus adaptive routing in fat-trees", IPDPS 2007). Here D is the
+  destination's host port (leaf ordinal × the leaf's host ports + the port), and a switch
+  with k qualifying uplinks takes ``D mod k`` and passes ``D div k`` up (mixed radix).
+  Every destination then has one path down from each top switch, so a shift or XOR
+  permutation of hosts crosses every up and down link at most once, and the routes of
+  node r + s (r ^ s) are those of node r under a relabeling of the links — the node
+  symmetry :mod:`.symmetry` folds.
+- ``hash``: ECMP, a hash of (source, destination, channel), what Ethernet / RoCE fabrics
+  do; it breaks the node symmetry of the routes.
+
+Node-local devices (an NVSwitch choosing a NIC) pick by channel: rail c, NCCL's PXN."""
 
 from __future__ import annotations
 
@@ -25,6 +44,13 @@ class Router:
         self.memo: dict[int, frozenset[int]] = {}
         self.cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
         self.bfs: dict[int, list[int]] = {}
+        if t.uplinks not in UPLINKS:
+            raise ValueError(f"{t.name}: unknown uplinks {t.uplinks!r}; expected one of "
+                             f"{', '.join(UPLINKS)}")
+        self.dmodk = t.uplinks == "dmodk"
+        self.ports: dict[tuple[int, int], int] = {}
+        self.below: dict[int, list[int]] = {}
+        self.rank_of: dict[int, int] | None = None
         if t.routing == "dor":
             self.index = {d.name: i for i, d in enumerate(t.devices)}
             self.npus = math.prod(size for _, size, _, _ in t.dims)
@@ -57,13 +83,61 @@ class Router:
             self.cache[key] = r
         return r
 
-    def _pick(self, d: int, cands: list[int], a: int, b: int, ch: int) -> int:
+    def _pick(self, d: int, cands: list[int], a: int, b: int, ch: int, key: list[int]
+              ) -> int:
+        """The uplink of ``d`` among ``cands``; ``key`` holds what is left of the
+        destination's D-mod-K digits (consumed here)."""
         if self.t.devices[d].node >= 0:
             return cands[ch % len(cands)]
+        if self.dmodk:
+            k = len(cands)
+            x = key[0]
+            key[0] = x // k
+            return cands[x % k]
         h = (a * 2654435761 ^ b * 40503 ^ (ch + 1) * 97) & 0x7FFFFFFF
         return cands[h % len(cands)]
 
-    def _climb(self, a: int, goal: int, a0: int, b0: int, ch: int) -> list[int]:
+    def port(self, b: int, ch: int) -> int:
+        """D of destination ``b`` on channel ``ch``: its first network switch's ordinal
+        among the switches of that level × that switch's downlinks, plus the position
+        among them of the device through which ``b`` hangs below it (rail ``ch``); a
+        destination that is itself a switch has its device id."""
+        got = self.ports.get((b, ch))
+        if got is None:
+            t, d, got = self.t, b, b
+            while t.devices[d].node >= 0 and self.ups[d]:
+                ups = self.ups[d]
+                nxt = t.links[ups[ch % len(ups)]].dst
+                if t.devices[nxt].node < 0:
+                    downs = self._downs(nxt)
+                    got = self._ordinal(nxt) * len(downs) + downs.index(d)
+                    break
+                d = nxt
+            self.ports[(b, ch)] = got
+        return got
+
+    def _downs(self, s: int) -> list[int]:
+        """Devices below switch ``s``, in device order."""
+        got = self.below.get(s)
+        if got is None:
+            t, lv = self.t, self.t.devices[s].level
+            got = self.below[s] = sorted(t.links[li].dst for li in self.out[s]
+                                         if t.devices[t.links[li].dst].level < lv)
+        return got
+
+    def _ordinal(self, s: int) -> int:
+        """Position of network switch ``s`` among the network switches of its level."""
+        if self.rank_of is None:
+            seen: dict[int, int] = {}
+            self.rank_of = {}
+            for i, dv in enumerate(self.t.devices):
+                if dv.node < 0:
+                    self.rank_of[i] = seen.get(dv.level, 0)
+                    seen[dv.level] = self.rank_of[i] + 1
+        return self.rank_of[s]
+
+    def _climb(self, a: int, goal: int, a0: int, b0: int, ch: int, key: list[int]
+               ) -> list[int]:
         """Links of an upward path from ``a`` to its ancestor ``goal``."""
         path, d = [], a
         while d != goal:
@@ -71,7 +145,7 @@ class Router:
                      or goal in self.reach(self.t.links[li].dst)]
             if not cands:
                 raise ValueError(f"{self.t.name}: no upward path from {a} to {goal}")
-            li = self._pick(d, cands, a0, b0, ch)
+            li = self._pick(d, cands, a0, b0, ch, key)
             path.append(li)
             d = self.t.links[li].dst
         return path
@@ -80,16 +154,18 @@ class Router:
         links = self.t.links
         up, d = [], a
         rb = self.reach(b)
+        key = [self.port(b, ch)] if self.dmodk else [0]
         while d != b and d not in rb:
             ups = self.ups[d]
             if not ups:
                 return self._shortest(a, b)
             good = [li for li in ups if links[li].dst == b or links[li].dst in rb]
-            li = self._pick(d, good or ups, a, b, ch)
+            li = self._pick(d, good or ups, a, b, ch, key)
             up.append(li)
             d = links[li].dst
         down = [self.link_of[(links[li].dst, links[li].src)]
-                for li in reversed(self._climb(b, d, a, b, ch))] if d != b else []
+                for li in reversed(self._climb(b, d, a, b, ch, [self.port(b, ch)] if self.dmodk
+                                                else [0]))] if d != b else []
         return tuple(up + down)
 
     def _switch_of(self, d: int) -> tuple[int, list[int]] | None:
@@ -171,6 +247,9 @@ class Router:
             path.append(li)
             d = self.t.links[li].src
         return tuple(reversed(path))
+
+
+UPLINKS = ("dmodk", "hash")
 
 
 def coords(i: int, dims) -> list[int]:

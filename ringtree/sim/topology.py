@@ -12,7 +12,9 @@ Routing is deterministic, as in astra-network-analytical's fixed routes:
   a message climbs to the lowest device that is an ancestor of the destination and comes
   down. Where several uplinks qualify, node-local devices (an NVSwitch choosing a NIC)
   pick by channel — channel c leaves through rail c, NCCL's PXN — and network switches
-  pick by a hash of (source, destination, channel), i.e. ECMP.
+  by ``uplinks``: ``dmodk`` (default), the destination mod the uplinks, as InfiniBand's
+  fat-tree routing does, or ``hash``, ECMP on (source, destination, channel), as
+  Ethernet fabrics do (:mod:`.routing`).
 - ``dor``: multi-dimensional networks (ASTRA-sim's ``MultiDimTopology``): ring, fully
   connected and switch dimensions, traversed in dimension order; a ring takes the shorter
   way round when bidirectional.
@@ -67,7 +69,8 @@ class Topology:
     sender (NCCL's per-step latency beyond the wire); ``channels`` the default number of
     channels for schedules run on it; ``dims`` describes ``dor`` networks as
     ``(kind, size, bandwidth, latency)`` per dimension; ``launch_ns`` a fixed cost per
-    collective call (NCCL's ``baseLat``; the Python API's call overhead on ``local``)."""
+    collective call (NCCL's ``baseLat``; the Python API's call overhead on ``local``);
+    ``uplinks`` how network switches choose among uplinks (:mod:`.routing`)."""
 
     name: str
     devices: tuple[Device, ...]
@@ -80,6 +83,7 @@ class Topology:
     dims: tuple[tuple[str, int, float, float], ...] = ()
     params: tuple[tuple[str, object], ...] = field(default=())
     launch_ns: float = 0.0
+    uplinks: str = "dmodk"
 
     @property
     def nranks(self) -> int:
@@ -188,7 +192,7 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
              leaf_ports: int = 32, levels: int = 2, pod_leaves: int = 8,
              oversubscription: float = 1.0, rail_optimized: bool = True,
              sharp: bool = False, gpu_reduce_gbps: float = 0.0, overhead_ns: float = 0.0,
-             channels: int = 0, name: str = "fat_tree") -> Topology:
+             channels: int = 0, name: str = "fat_tree", uplinks: str = "dmodk") -> Topology:
     """Hosts of GPUs on an NVSwitch, NICs, and a two- or three-level fat-tree.
 
     Per node: GPUs ↔ NVSwitch (``nvlink_gbps`` each way per GPU), NVSwitch ↔ each NIC
@@ -199,6 +203,7 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
     pods of ``pod_leaves`` leaves with one aggregation switch per leaf uplink, each
     with ``pod_leaves / oversubscription`` core uplinks. ``sharp`` makes every network
     switch an in-network reduction switch. Switch latency is ``switch_ns`` per hop.
+    ``uplinks``: ``dmodk`` (InfiniBand's destination-mod-k) or ``hash`` (ECMP).
     """
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError("need at least one node with one GPU")
@@ -228,7 +233,7 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
     fanin = leaf_ports if rail_optimized else max(1, leaf_ports // max(1, nics_per_node))
     return Topology(name, tuple(devices), tuple(links), tuple(ranks), "updown", GB,
                     overhead_ns, channels or max(1, nics_per_node),
-                    params=(("collnet_fanin", fanin),))
+                    params=(("collnet_fanin", fanin),), uplinks=uplinks)
 
 
 def _node(devices: list[Device], links: list[Link], ranks: list[int], n: int, gpus: int,
@@ -298,7 +303,7 @@ def to_dict(t: Topology) -> dict:
         "params": [list(p) for p in t.params],
         "devices": [asdict(d) for d in t.devices],
         "links": [[lk.src, lk.dst, lk.bandwidth, lk.latency] for lk in t.links],
-        "ranks": list(t.ranks),
+        "ranks": list(t.ranks), "uplinks": t.uplinks,
     }
 
 
@@ -325,6 +330,7 @@ def from_dict(d: dict) -> Topology:
         dims=tuple((str(k), int(s), float(bw), float(lat)) for k, s, bw, lat in d.get("dims", ())),
         params=tuple((str(k), v) for k, v in d.get("params", ())),
         launch_ns=float(d.get("launch_ns", 0.0)),
+        uplinks=str(d.get("uplinks", "dmodk")),
     )
 
 

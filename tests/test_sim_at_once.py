@@ -22,6 +22,7 @@ def _key(r):
 def test_slices_at_once_are_the_slices_one_by_one(topo_name, nodes, monkeypatch):
     topo = presets.get(topo_name, nodes)
     monkeypatch.setattr(engine, "ROUNDS_MSGS_PER_RANK", 0)       # rounds for every run
+    monkeypatch.setattr(engine, "FIXED_POINT", False)
     at_once, rounds = feedforward.slices_at_once, engine._Engine.rounds
     seen = {"at_once": 0, "rounds": 0}
 
@@ -61,6 +62,7 @@ def test_a_sweep_goes_to_the_heap_after_the_rounds_failed(monkeypatch):
     from ringtree.sim import Sweep, simulate
 
     monkeypatch.setattr(engine, "ROUNDS_MSGS_PER_RANK", 0)
+    monkeypatch.setattr(engine, "FIXED_POINT", False)
     topo = presets.get("dgx_h100", 2)
     sweep, failed = Sweep(), 0
     for algo in ("direct2", "ring", "tree", "rabenseifner"):

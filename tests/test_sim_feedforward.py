@@ -32,6 +32,7 @@ def _both(topo, coll, algo, nbytes, model, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(feedforward.Rounds, "carry", counted)
         m.setattr(engine, "ROUNDS_MSGS_PER_RANK", 0)      # rounds for every run here
+        m.setattr(engine, "FIXED_POINT", False)
         got = engine.run(cp, topo, devices, model)
     want = engine.run(cp, topo, devices, model, batch=False)
     return seen, got, want

@@ -10,9 +10,9 @@ The same Programs the executor runs (``ringtree.schedules``) are executed on a
 
 - :mod:`.compile` flattens Programs with the executor's own compiler, :mod:`.structure`
   keeps what of that a sweep's sizes share;
-- :mod:`.engine` is the event engine (its network carried in rounds by
-  :mod:`.feedforward` where that keeps the heap's order), :mod:`.fast` the α-β model
-  as one longest-path problem in numpy;
+- :mod:`.engine` is the event engine (its answer settled as a fixed point of arrays by
+  :mod:`.dataflow`, or its network carried in rounds by :mod:`.feedforward`, where that
+  is exact), :mod:`.fast` the α-β model as one longest-path problem in numpy;
 - :mod:`.symbolic` runs a schedule generator on a symbolic rank to get one shared
   template Program for every rank, :mod:`.symmetry` proves when the run is symmetric
   under a shift of ranks, and :mod:`.fold` chooses what to simulate; :mod:`.wave` runs a

@@ -166,6 +166,9 @@ class Rounds:
         self.first = np.cumsum([0] + [len(x) for x in per])
         self.sizes = np.fromiter(chain.from_iterable(per), np.float64, int(self.first[-1]))
         self.msg_conn = np.asarray(cp.msg_conn, np.int64)
+        # messages numbered connection by connection (:func:`.compile.pair`): sorting on
+        # (connection, message, slice) is sorting on the chunk's (message, slice)
+        self.by_conn = bool(np.all(self.msg_conn[1:] >= self.msg_conn[:-1]))
         self.free = [0.0] * len(rate)
         self.last: list[tuple[float, int, int]] = [(-np.inf, -1, -1)] * len(rate)
         self.conn_arr = np.zeros(len(routes))
@@ -178,9 +181,11 @@ class Rounds:
         assert self.order is not None
         m = np.asarray(cm, np.int64)
         i = np.asarray(ci, np.int64)
+        g = self.first[m] + i                   # the chunk's place in (message, slice)
+        srt = np.argsort(g, kind="stable") if self.by_conn else np.lexsort(
+            (i, m, self.msg_conn[m]))
+        m, i = m[srt], i[srt]
         conn = self.msg_conn[m]
-        srt = np.lexsort((i, m, conn))
-        m, i, conn = m[srt], i[srt], conn[srt]
         t = np.asarray(ct, np.float64)[srt]
         sizes = self.sizes[self.first[m] + i]
         bounds = np.searchsorted(conn, np.arange(len(self.routes) + 1))
@@ -195,7 +200,10 @@ class Rounds:
             cs = np.asarray(users[li])
             lo, ln = bounds[cs], count[cs]            # every chunk of those connections
             idx = np.repeat(lo - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
-            idx = idx[np.lexsort((i[idx], m[idx], t[idx]))]
+            # in (message, slice) order already when messages are numbered by connection:
+            # a stable sort on the time alone is the sort on (time, message, slice)
+            idx = idx[np.argsort(t[idx], kind="stable")] if self.by_conn else \
+                idx[np.lexsort((i[idx], m[idx], t[idx]))]
             head = (float(t[idx[0]]), int(m[idx[0]]), int(i[idx[0]]))
             if head <= self.last[li]:
                 return None

@@ -1,0 +1,331 @@
+"""The event engine's answer as a fixed point: the step side as arrays, level by level,
+and the network carried whole, alternated until neither changes.
+
+Given when every chunk arrives, the engine's step side (:mod:`.engine`) is a pure
+function of those arrivals — max-plus sums along every channel:
+
+    start_s = max(0, start_prev(s), done_d for every memory dependency d),
+    ready_s,i = max(ready_s,i−1 (start_s for i = 0), arrivals of slice i) + γ_s,i,
+    inject_m,i = max(ready_sender(m),i, inject of the chunk before on m's connection),
+    done_s = max(ready_s,last (start_s without slices), inject + bytes / first-link rate),
+
+and given when every chunk is injected, the network is a pure function of those
+injections: every link a FIFO in the heap's order (arrival, message, slice), carried
+link by link by :class:`.feedforward.Rounds` with the engine's own sums. So this module
+evaluates the steps of one dependency *level* (one step per channel) as one vector
+operation with the engine's floats — maxima, and additions in the engine's order — then
+the whole network, and repeats from the new arrivals until they are the ones it started
+from, bit for bit.
+
+Such a fixed point is the engine's answer: every dependency adds time (a chunk crosses
+each link in a positive time), so two different fixed points would differ first at some
+earliest chunk and link, whose inputs — its own arrival there, and every chunk the link
+served before it — are earlier and hence the same in both. A run that has not settled
+after :data:`MAX_ITERATIONS` goes back to the engine. One-shot ``direct`` settles in two
+passes, two-shot ``direct2`` in four to seven.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtree.sim import feedforward
+from ringtree.sim.compile import Compiled
+
+__all__ = ["Levels", "run", "MAX_ITERATIONS"]
+
+MAX_ITERATIONS = 12
+
+
+class Levels:
+    """The steps of a run grouped by dependency level (one step per channel and level:
+    a step comes after the previous step of its channel and after its memory
+    dependencies), with the previous step and the dependencies of each, as arrays. None
+    of this depends on the size (kept for a sweep in ``Compiled.memo``)."""
+
+    def __init__(self, cp: Compiled) -> None:
+        ns = cp.nsteps
+        lev = [0] * ns
+        for s in range(ns):                      # steps are numbered after their deps
+            p = cp.step_prev[s]
+            x = lev[p] + 1 if p >= 0 else 0
+            for d in cp.step_deps[s]:
+                if lev[d] >= x:
+                    x = lev[d] + 1
+            lev[s] = x
+        order = np.argsort(np.asarray(lev, np.int64), kind="stable")
+        counts = np.bincount(np.asarray(lev, np.int64)) if ns else np.zeros(0, np.int64)
+        cuts = np.concatenate(([0], np.cumsum(counts)))
+        prev = np.asarray(cp.step_prev, np.int64)
+        self.steps: list[np.ndarray] = []
+        self.prev: list[np.ndarray] = []
+        self.deps: list[tuple[np.ndarray, np.ndarray]] = []    # (row, dependency)
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            S = order[a:b]
+            self.steps.append(S)
+            self.prev.append(prev[S])
+            rows, ds = [], []
+            for r, s in enumerate(S.tolist()):
+                for d in cp.step_deps[s]:
+                    rows.append(r)
+                    ds.append(d)
+            self.deps.append((np.asarray(rows, np.int64), np.asarray(ds, np.int64)))
+
+
+def _ok(cp: Compiled) -> bool:
+    """The shapes this evaluation covers: messages numbered connection by connection
+    (:func:`.compile.pair`), no step sending twice on one connection, steps numbered
+    after their dependencies."""
+    conn = np.asarray(cp.msg_conn, np.int64)
+    if conn.size and not bool(np.all(conn[1:] >= conn[:-1])):
+        return False
+    for s in range(cp.nsteps):
+        snd = cp.step_send[s]
+        if len(snd) > 1 and len({cp.msg_conn[m] for m in snd}) != len(snd):
+            return False
+        if cp.step_prev[s] >= s or any(d >= s for d in cp.step_deps[s]):
+            return False
+    return True
+
+
+class _Size:
+    """What one size adds to the levels: slices, their compute times, and per level the
+    gathers from the chunks' arrival times and into their injection times."""
+
+    def __init__(self, eng, lv: Levels) -> None:
+        cp = eng.cp
+        sl = cp.step_slices
+        nsl = np.fromiter((len(x) for x in sl), np.int64, cp.nsteps)
+        self.nsl = nsl
+        per = [len(sl[s]) for s in cp.msg_sstep]
+        self.first = np.concatenate(([0], np.cumsum(per, dtype=np.int64)))
+        self.nchunks = int(self.first[-1])
+        self.conn = np.asarray(cp.msg_conn, np.int64)
+        self.cfirst = np.asarray(eng.conn_first, np.float64)
+        self.levels = []
+        for S in lv.steps:
+            w = int(nsl[S].max()) if S.size else 0
+            # recv slots: (row, first chunk of the message) for the k-th receive
+            rv = [cp.step_recv[s] for s in S.tolist()]
+            slots = []
+            for k in range(max((len(x) for x in rv), default=0)):
+                rows = np.asarray([r for r, x in enumerate(rv) if len(x) > k], np.int64)
+                ms = np.asarray([x[k] for x in rv if len(x) > k], np.int64)
+                slots.append((rows, self.first[ms]))
+            comp = None
+            rows_c = [r for r, s in enumerate(S.tolist()) if eng.comp[s] is not None]
+            if rows_c:
+                comp = np.zeros((S.size, w))
+                for r in rows_c:
+                    cs = eng.comp[int(S[r])]
+                    comp[r, :len(cs)] = cs
+            # sends: every chunk sent by the level, its row, slice and connection
+            srow, sm = [], []
+            for r, s in enumerate(S.tolist()):
+                for m in cp.step_send[s]:
+                    srow.append(r)
+                    sm.append(m)
+            sends = None
+            if sm:
+                smv = np.asarray(sm, np.int64)
+                k = nsl[S[np.asarray(srow, np.int64)]]
+                row = np.repeat(np.asarray(srow, np.int64), k)
+                off = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+                g = np.repeat(self.first[smv], k) + off
+                c = np.repeat(self.conn[smv], k)
+                b = np.asarray([x for m in sm for x in sl[cp.msg_sstep[m]]], np.float64)
+                sends = (row, off, g, c, b / self.cfirst[c])
+            self.levels.append((w, slots, comp, sends))
+
+
+def _steps(lv: Levels, sz: _Size, arrive: np.ndarray, ns: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start and done of every step and injection time of every chunk, given when every
+    chunk arrives (``arrive`` in (message, slice) order)."""
+    start = np.zeros(ns)
+    done = np.zeros(ns)
+    inject = np.zeros(sz.nchunks)
+    conn_inj = np.zeros(int(sz.conn.max()) + 1 if sz.conn.size else 1)
+    nsl = sz.nsl
+    for S, P, (drow, dstep), (w, slots, comp, sends) in zip(lv.steps, lv.prev, lv.deps,
+                                                           sz.levels):
+        st = np.zeros(S.size)
+        has = P >= 0
+        np.maximum(st, np.where(has, start[np.maximum(P, 0)], 0.0), out=st)
+        if drow.size:
+            np.maximum.at(st, drow, done[dstep])
+        start[S] = st
+        n = nsl[S]
+        t = st.copy()
+        ready = np.empty((S.size, w))
+        for j in range(w):
+            for rows, f in slots:
+                live = n[rows] > j
+                r, g = rows[live], f[live] + j
+                t[r] = np.maximum(t[r], arrive[g])
+            if comp is not None:
+                t = t + comp[:, j]
+            ready[:, j] = t
+        d = np.where(n > 0, ready[np.arange(S.size), np.maximum(n - 1, 0)], st) if w else \
+            st.copy()
+        if sends is not None:
+            row, off, g, c, lag = sends
+            inj = np.maximum(ready[row, off], conn_inj[c])
+            inject[g] = inj
+            # a connection's chunks go in (message, slice) order, ready times only grow:
+            # its last chunk of the level is its latest
+            np.maximum.at(conn_inj, c, inj)
+            sdone = np.zeros(S.size)
+            np.maximum.at(sdone, row, inj + lag)
+            np.maximum(d, sdone, out=d)
+        done[S] = d
+    return start, done, inject
+
+
+class _Network:
+    """The chunks of a whole run on their links, by *stage*: a link's stage is one more
+    than that of any link before it on a route, so the links of one stage feed none of
+    each other and are carried together — every link's chunks sorted by arrival (in
+    (message, slice) order on ties) and served by :func:`serve_links`."""
+
+    def __init__(self, eng, sz: _Size) -> None:
+        cp = eng.cp
+        routes = eng.conn_links
+        key = ("link stages", id(routes))
+        got = cp.memo.get(key)
+        if got is None:
+            got = cp.memo[key] = _stages(routes, len(eng.rate))
+        self.ok = got is not None
+        self.events = 0
+        self.stages: list[tuple] = []
+        if got is None:
+            return
+        stage = got
+        nconn = len(routes)
+        per = np.bincount(sz.conn, weights=np.diff(sz.first), minlength=nconn)
+        per = per.astype(np.int64)
+        lo = np.concatenate(([0], np.cumsum(per)))      # chunks of connection c
+        shared = eng.shared
+        self.events = int(sum(int(per[c]) * sum(shared[li] for li in routes[c])
+                              for c in range(nconn) if per[c]))
+        users: dict[int, list[int]] = {}
+        for c in np.flatnonzero(per).tolist():
+            for li in routes[c]:
+                users.setdefault(li, []).append(c)
+        sizes = np.asarray([x for s in cp.msg_sstep for x in cp.step_slices[s]], np.float64)
+        by: dict[int, list[int]] = {}
+        for li in users:
+            by.setdefault(stage[li], []).append(li)
+        for k in sorted(by):
+            idxs, sers, lats, segs = [], [], [], []
+            for j, li in enumerate(sorted(by[k])):
+                cs = np.asarray(users[li], np.int64)
+                ln = per[cs]
+                idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
+                idxs.append(idx)
+                sers.append(sizes[idx] / eng.rate[li])
+                lats.append(np.full(idx.size, eng.llat[li]))
+                segs.append(np.full(idx.size, j, np.int64))
+            seg = np.concatenate(segs)
+            heads = np.ones(seg.size, bool)
+            heads[1:] = seg[1:] != seg[:-1]
+            self.stages.append((np.concatenate(idxs), np.concatenate(sers),
+                                np.concatenate(lats), seg, heads))
+        self.conn_of = np.repeat(np.arange(nconn), per)
+
+    def carry(self, inject: np.ndarray, integer: bool) -> np.ndarray | None:
+        """Arrival of every chunk injected (reaching its first link) at ``inject``, or
+        None when a connection would deliver out of order (its chunks keep their order
+        on every FIFO link, so this is a check)."""
+        t = inject.copy()
+        for idx, ser, lat, seg, heads in self.stages:
+            x = t[idx]
+            o = np.lexsort((x, seg))        # per link by time; ties keep (message, slice)
+            t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
+        back = (t[1:] < t[:-1]) & (self.conn_of[1:] == self.conn_of[:-1])
+        return None if back.any() else t
+
+
+def _stages(routes: list[list[int]], nlinks: int) -> list[int] | None:
+    """Every link's stage (0 for a route's first link, one more than any link before it
+    on a route), or None when the routes make a cycle."""
+    order = feedforward.link_order(routes, nlinks)
+    if order is None:
+        return None
+    succ: list[set[int]] = [set() for _ in range(nlinks)]
+    for rt in routes:
+        for a, b in zip(rt, rt[1:]):
+            succ[a].add(b)
+    stage = [0] * nlinks
+    for li in order:
+        for b in succ[li]:
+            if stage[b] <= stage[li]:
+                stage[b] = stage[li] + 1
+    return stage
+
+
+def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.ndarray,
+                integer: bool) -> np.ndarray:
+    """:func:`.feedforward.serve` of several idle links at once: the chunks of each link
+    in its order, one link after another, each link's first chunk marked in ``heads``
+    (every link starts a busy period there), ``lat`` each chunk's link latency."""
+    n = arrive.size
+    if not n:
+        return np.empty(0)
+    # the guess of :func:`.feedforward.serve`, link by link: prefix sums restarted at
+    # every link, each link's leads lifted above the last one's (a guess, checked below)
+    pre = np.cumsum(ser)
+    seg = np.cumsum(heads) - 1
+    base = (pre - ser)[heads]
+    lead = arrive - (pre - ser - base[seg])
+    lift = 4.0 * (float(np.abs(lead).max()) + 1.0)
+    lead += seg * lift
+    starts = np.empty(n, bool)
+    starts[0] = True
+    starts[1:] = lead[1:] > np.maximum.accumulate(lead)[:-1]
+    starts |= heads
+    inner = ~heads[1:]
+    for _ in range(4):
+        free = feedforward._periods(arrive, ser, starts, 0.0)
+        late = arrive[1:] > free[:-1]            # chunk k finds the link idle
+        wrong = ((starts[1:] & (arrive[1:] < free[:-1])) | (~starts[1:] & late)) & inner
+        if not wrong.any():
+            out = free + lat
+            return np.floor(out) if integer else out
+        starts[1:] = late | heads[1:]
+    out = np.empty(n)                            # link by link
+    cut = np.flatnonzero(heads).tolist() + [n]
+    for a, b in zip(cut, cut[1:]):
+        out[a:b] = feedforward.serve(arrive[a:b], ser[a:b], float(lat[a]), integer)[0]
+    return out
+
+
+def run(eng, progress=None) -> bool:
+    """Settle ``eng``'s run (an :class:`.engine._Engine` fresh from its set-up) as a fixed
+    point and store its step times and events; False when it does not apply or does not
+    settle (the engine then runs it itself)."""
+    cp = eng.cp
+    got = cp.memo.get("levels")
+    if got is None:
+        got = cp.memo["levels"] = Levels(cp) if _ok(cp) else False
+    if got is False:
+        return False
+    lv = got
+    sz = _Size(eng, lv)
+    net = _Network(eng, sz)
+    if not net.ok:
+        return False
+    arrive = np.zeros(sz.nchunks)
+    for _ in range(MAX_ITERATIONS):
+        start, done, inject = _steps(lv, sz, arrive, cp.nsteps)
+        t = net.carry(inject + eng.over, eng.integer)
+        if t is None:
+            return False
+        if np.array_equal(t, arrive):
+            eng.start, eng.done = start.tolist(), done.tolist()
+            eng.events = net.events
+            if progress is not None:
+                progress(net.events)
+            return True
+        arrive = t
+    return False

@@ -1,0 +1,109 @@
+"""The event engine's answer as a fixed point of the step side as arrays and the network
+carried whole (:mod:`ringtree.sim.dataflow`): the heap's times, per-step start and done
+times and events, bit for bit, and the heap's answer when it does not settle."""
+
+from __future__ import annotations
+
+import pytest
+
+import ringtree.sim as sim
+from ringtree.schedules import algorithms
+from ringtree.sim import Aware, count_for, dataflow, engine, feedforward, place, presets
+from ringtree.sim.compile import compile_programs
+
+CASES = [("dgx_h100", 2), ("dgx_a100_sharp", 2), ("fat_tree2", 6), ("torus", 6),
+         ("switch_sharp", 5), ("nvswitch", 8), ("ring", 5), ("local", 4)]
+
+
+def _key(r):
+    return r.time_ns, r.rank_done, r.step_start, r.step_done, r.events
+
+
+def _settled(cp, topo, devices, model):
+    eng = engine._Engine(cp, topo, devices, model, False)
+    return eng.result() if dataflow.run(eng) else None
+
+
+@pytest.mark.parametrize("topo_name,nodes", CASES)
+def test_fixed_point_is_the_event_engine(topo_name, nodes):
+    topo = presets.get(topo_name, nodes)
+    settled = 0
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        for algo in algorithms(coll):
+            try:
+                progs = sim.programs_for(coll, algo, topo)
+                devices = place(progs, topo)
+            except ValueError:                  # CollNet without a reduction switch
+                continue
+            for nbytes in (8, 5000, 3 << 20):
+                cp = compile_programs(progs, count_for(progs[0].collective, nbytes,
+                                                       topo.nranks), 4, 256 << 10)
+                for model in (Aware(), Aware(integer_ns=True)):
+                    got = _settled(cp, topo, devices, model)
+                    if got is None:
+                        continue
+                    settled += 1
+                    want = engine.run(cp, topo, devices, model, batch=False)
+                    assert _key(got) == _key(want), (coll, algo, nbytes, model)
+    assert settled
+
+
+def test_what_does_not_settle_runs_on_the_heap(monkeypatch):
+    """One pass is not a fixed point of a two-shot all-reduce; the heap answers, and a
+    sweep does not try the fixed point again; routes that cycle are refused."""
+    topo = presets.get("dgx_h100", 2)
+    progs = sim.programs_for("all_reduce", "direct2", topo)
+    devices = place(progs, topo)
+    cp = compile_programs(progs, count_for(progs[0].collective, 3 << 20, topo.nranks), 4)
+    want = engine.run(cp, topo, devices, Aware(), batch=False)
+    monkeypatch.setattr(dataflow, "MAX_ITERATIONS", 1)
+    assert _settled(cp, topo, devices, Aware()) is None
+    got = engine.run(cp, topo, devices, Aware())
+    assert _key(got) == _key(want)
+    assert any(k[0] == "no fixed point" for k in cp.memo if isinstance(k, tuple))
+    monkeypatch.setattr(dataflow, "MAX_ITERATIONS", 12)
+    cp.memo.clear()
+    monkeypatch.setattr(feedforward, "link_order", lambda routes, n: None)
+    assert _settled(cp, topo, devices, Aware()) is None
+    assert _key(engine.run(cp, topo, devices, Aware())) == _key(want)
+
+
+def test_direct_settles_in_two_passes(monkeypatch):
+    """One-shot direct: no send waits on a receive, so the second pass confirms the
+    first."""
+    topo = presets.get("dgx_h100", 2)
+    progs = sim.programs_for("all_reduce", "direct", topo)
+    devices = place(progs, topo)
+    cp = compile_programs(progs, count_for(progs[0].collective, 5000, topo.nranks), 4)
+    monkeypatch.setattr(dataflow, "MAX_ITERATIONS", 2)
+    got = _settled(cp, topo, devices, Aware())
+    assert got is not None
+    assert _key(got) == _key(engine.run(cp, topo, devices, Aware(), batch=False))
+
+
+def test_links_served_together_are_each_link_served_alone():
+    """Busy periods, idle gaps, ties, several links one after another, bit for bit."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(11)
+    for trial in range(200):
+        parts, heads = [], []
+        for _ in range(rng.choice([1, 2, 3, 7])):
+            n = rng.choice([1, 2, 5, 64, 300])
+            t, a = rng.choice([0.0, 5.0, 1e4]), []
+            for _ in range(n):
+                t += rng.choice([0.0, 0.0, 0.1, 1 / 3, 7.0, 400.0])
+                a.append(t)
+            ser = [rng.choice([1 / 3, 0.1, 2.0, 1e-3, 50.0]) for _ in range(n)]
+            parts.append((np.array(a), np.array(ser), rng.choice([0.0, 0.7, 500.0])))
+            heads += [True] + [False] * (n - 1)
+        arrive = np.concatenate([p[0] for p in parts])
+        ser = np.concatenate([p[1] for p in parts])
+        lat = np.concatenate([np.full(p[0].size, p[2]) for p in parts])
+        for integer in (False, True):
+            want = np.concatenate([feedforward.serve(a, s, lt, integer)[0]
+                                   for a, s, lt in parts])
+            got = dataflow.serve_links(arrive, ser, lat, np.array(heads), integer)
+            assert np.array_equal(got, want), trial

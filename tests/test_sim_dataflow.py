@@ -16,16 +16,15 @@ CASES = [("dgx_h100", 2), ("dgx_a100_sharp", 2), ("fat_tree2", 6), ("torus", 6),
 
 
 def _key(r):
-    return r.time_ns, r.rank_done, r.step_start, r.step_done, r.events
+    return r.time_ns, r.rank_done, r.step_start, r.step_done, r.events, r.messages, r.bytes
 
 
 def _settled(cp, topo, devices, model):
-    eng = engine._Engine(cp, topo, devices, model, False)
-    return eng.result() if dataflow.run(eng) else None
+    return dataflow.run(engine._Engine(cp, topo, devices, model, False))
 
 
 @pytest.mark.parametrize("topo_name,nodes", CASES)
-def test_fixed_point_is_the_event_engine(topo_name, nodes):
+def test_fixed_point_is_the_event_engine(topo_name, nodes, monkeypatch):
     topo = presets.get(topo_name, nodes)
     settled = 0
     for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
@@ -36,6 +35,8 @@ def test_fixed_point_is_the_event_engine(topo_name, nodes):
             except ValueError:                  # CollNet without a reduction switch
                 continue
             for nbytes in (8, 5000, 3 << 20):
+                # links sorted all at once, and one by one
+                monkeypatch.setattr(dataflow, "SORT_PER_LINK", 0 if nbytes == 5000 else 1 << 17)
                 cp = compile_programs(progs, count_for(progs[0].collective, nbytes,
                                                        topo.nranks), 4, 256 << 10)
                 for model in (Aware(), Aware(integer_ns=True)):

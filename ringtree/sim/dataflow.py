@@ -35,6 +35,7 @@ from ringtree.sim.compile import Compiled
 __all__ = ["Levels", "run", "MAX_ITERATIONS"]
 
 MAX_ITERATIONS = 12
+SORT_PER_LINK = 1 << 17      # chunks of a link stage from which its links sort one by one
 
 
 class Levels:
@@ -70,6 +71,24 @@ class Levels:
                     rows.append(r)
                     ds.append(d)
             self.deps.append((np.asarray(rows, np.int64), np.asarray(ds, np.int64)))
+        # per level: the k-th receive of every step (row, message), every send (row,
+        # message), the steps that compute
+        self.recv: list[list[tuple[np.ndarray, np.ndarray]]] = []
+        self.send: list[tuple[np.ndarray, np.ndarray]] = []
+        self.comp: list[np.ndarray] = []
+        for S in self.steps:
+            rv = [cp.step_recv[s] for s in S.tolist()]
+            slots = []
+            for k in range(max((len(x) for x in rv), default=0)):
+                slots.append((np.asarray([r for r, x in enumerate(rv) if len(x) > k],
+                                         np.int64),
+                              np.asarray([x[k] for x in rv if len(x) > k], np.int64)))
+            self.recv.append(slots)
+            srow = [r for r, s in enumerate(S.tolist()) for _ in cp.step_send[s]]
+            sm = [m for s in S.tolist() for m in cp.step_send[s]]
+            self.send.append((np.asarray(srow, np.int64), np.asarray(sm, np.int64)))
+            self.comp.append(np.asarray([r for r, s in enumerate(S.tolist())
+                                         if cp.step_ops[s]], np.int64))
 
 
 def _ok(cp: Compiled) -> bool:
@@ -95,45 +114,42 @@ class _Size:
     def __init__(self, eng, lv: Levels) -> None:
         cp = eng.cp
         sl = cp.step_slices
-        nsl = np.fromiter((len(x) for x in sl), np.int64, cp.nsteps)
+        nsl = np.fromiter(map(len, sl), np.int64, cp.nsteps)
         self.nsl = nsl
-        per = [len(sl[s]) for s in cp.msg_sstep]
+        per = nsl[np.asarray(cp.msg_sstep, np.int64)]
         self.first = np.concatenate(([0], np.cumsum(per, dtype=np.int64)))
         self.nchunks = int(self.first[-1])
         self.conn = np.asarray(cp.msg_conn, np.int64)
         self.cfirst = np.asarray(eng.conn_first, np.float64)
         self.levels = []
-        for S in lv.steps:
+        arrays: dict[int, np.ndarray] = {}      # slices are tuples shared by many steps
+        for S, slots0, (srow, sm), crow in zip(lv.steps, lv.recv, lv.send, lv.comp):
             w = int(nsl[S].max()) if S.size else 0
-            # recv slots: (row, first chunk of the message) for the k-th receive
-            rv = [cp.step_recv[s] for s in S.tolist()]
-            slots = []
-            for k in range(max((len(x) for x in rv), default=0)):
-                rows = np.asarray([r for r, x in enumerate(rv) if len(x) > k], np.int64)
-                ms = np.asarray([x[k] for x in rv if len(x) > k], np.int64)
-                slots.append((rows, self.first[ms]))
+            slots = [(rows, self.first[ms]) for rows, ms in slots0]
             comp = None
-            rows_c = [r for r, s in enumerate(S.tolist()) if eng.comp[s] is not None]
-            if rows_c:
+            if crow.size and w:
                 comp = np.zeros((S.size, w))
-                for r in rows_c:
-                    cs = eng.comp[int(S[r])]
-                    comp[r, :len(cs)] = cs
-            # sends: every chunk sent by the level, its row, slice and connection
-            srow, sm = [], []
-            for r, s in enumerate(S.tolist()):
-                for m in cp.step_send[s]:
-                    srow.append(r)
-                    sm.append(m)
+                cs = [eng.comp[s] for s in S[crow].tolist()]
+                if all(len(x) == w for x in cs):
+                    comp[crow] = cs
+                else:
+                    for r, x in zip(crow.tolist(), cs):
+                        comp[r, :len(x)] = x
             sends = None
-            if sm:
-                smv = np.asarray(sm, np.int64)
-                k = nsl[S[np.asarray(srow, np.int64)]]
-                row = np.repeat(np.asarray(srow, np.int64), k)
+            if sm.size:
+                k = nsl[S[srow]]
+                row = np.repeat(srow, k)
                 off = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-                g = np.repeat(self.first[smv], k) + off
-                c = np.repeat(self.conn[smv], k)
-                b = np.asarray([x for m in sm for x in sl[cp.msg_sstep[m]]], np.float64)
+                g = np.repeat(self.first[sm], k) + off
+                c = np.repeat(self.conn[sm], k)
+                parts = []
+                for st in S[srow].tolist():
+                    x = sl[st]
+                    got = arrays.get(id(x))
+                    if got is None:
+                        got = arrays[id(x)] = np.asarray(x, np.float64)
+                    parts.append(got)
+                b = np.concatenate(parts)
                 sends = (row, off, g, c, b / self.cfirst[c])
             self.levels.append((w, slots, comp, sends))
 
@@ -191,35 +207,34 @@ class _Network:
     def __init__(self, eng, sz: _Size) -> None:
         cp = eng.cp
         routes = eng.conn_links
-        key = ("link stages", id(routes))
+        key = ("link stages", id(routes), id(eng.shared))
         got = cp.memo.get(key)
         if got is None:
-            got = cp.memo[key] = _stages(routes, len(eng.rate))
+            got = cp.memo[key] = _users(routes, eng.shared, len(eng.rate))
         self.ok = got is not None
         self.events = 0
         self.stages: list[tuple] = []
+        self.sizes = np.zeros(0)
         if got is None:
             return
-        stage = got
+        by_stage, nshared = got
         nconn = len(routes)
         per = np.bincount(sz.conn, weights=np.diff(sz.first), minlength=nconn)
         per = per.astype(np.int64)
         lo = np.concatenate(([0], np.cumsum(per)))      # chunks of connection c
-        shared = eng.shared
-        self.events = int(sum(int(per[c]) * sum(shared[li] for li in routes[c])
-                              for c in range(nconn) if per[c]))
-        users: dict[int, list[int]] = {}
-        for c in np.flatnonzero(per).tolist():
-            for li in routes[c]:
-                users.setdefault(li, []).append(c)
-        sizes = np.asarray([x for s in cp.msg_sstep for x in cp.step_slices[s]], np.float64)
-        by: dict[int, list[int]] = {}
-        for li in users:
-            by.setdefault(stage[li], []).append(li)
-        for k in sorted(by):
+        self.events = int(np.dot(per, nshared))
+        arrays: dict[int, np.ndarray] = {}
+        parts = []
+        for st in cp.msg_sstep:
+            x = cp.step_slices[st]
+            got = arrays.get(id(x))
+            if got is None:
+                got = arrays[id(x)] = np.asarray(x, np.float64)
+            parts.append(got)
+        self.sizes = sizes = np.concatenate(parts) if parts else np.zeros(0)
+        for links in by_stage:
             idxs, sers, lats, segs = [], [], [], []
-            for j, li in enumerate(sorted(by[k])):
-                cs = np.asarray(users[li], np.int64)
+            for j, (li, cs) in enumerate(links):
                 ln = per[cs]
                 idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
                 idxs.append(idx)
@@ -229,8 +244,9 @@ class _Network:
             seg = np.concatenate(segs)
             heads = np.ones(seg.size, bool)
             heads[1:] = seg[1:] != seg[:-1]
+            cut = np.flatnonzero(heads).tolist() + [seg.size]
             self.stages.append((np.concatenate(idxs), np.concatenate(sers),
-                                np.concatenate(lats), seg, heads))
+                                np.concatenate(lats), seg, heads, list(zip(cut, cut[1:]))))
         self.conn_of = np.repeat(np.arange(nconn), per)
 
     def carry(self, inject: np.ndarray, integer: bool) -> np.ndarray | None:
@@ -238,12 +254,34 @@ class _Network:
         None when a connection would deliver out of order (its chunks keep their order
         on every FIFO link, so this is a check)."""
         t = inject.copy()
-        for idx, ser, lat, seg, heads in self.stages:
+        for idx, ser, lat, seg, heads, links in self.stages:
             x = t[idx]
-            o = np.lexsort((x, seg))        # per link by time; ties keep (message, slice)
+            # per link by time; ties keep (message, slice): one sort of every link for
+            # a few chunks, a sort per link for many
+            o = np.lexsort((x, seg)) if x.size < SORT_PER_LINK else np.concatenate(
+                [np.argsort(x[a:b], kind="stable") + a for a, b in links])
             t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
         back = (t[1:] < t[:-1]) & (self.conn_of[1:] == self.conn_of[:-1])
         return None if back.any() else t
+
+
+def _users(routes: list[list[int]], shared: list[bool], nlinks: int
+           ) -> tuple[list[list[tuple[int, np.ndarray]]], np.ndarray] | None:
+    """The links of every stage with the connections crossing each, and every
+    connection's shared links (its chunks' heap events); None when the routes cycle."""
+    stage = _stages(routes, nlinks)
+    if stage is None:
+        return None
+    users: dict[int, list[int]] = {}
+    for c, rt in enumerate(routes):
+        for li in rt:
+            users.setdefault(li, []).append(c)
+    by: dict[int, list[int]] = {}
+    for li in sorted(users):
+        by.setdefault(stage[li], []).append(li)
+    nshared = np.asarray([sum(shared[li] for li in rt) for rt in routes], np.int64)
+    return ([[(li, np.asarray(users[li], np.int64)) for li in by[k]] for k in sorted(by)],
+            nshared)
 
 
 def _stages(routes: list[list[int]], nlinks: int) -> list[int] | None:
@@ -300,32 +338,44 @@ def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.
     return out
 
 
-def run(eng, progress=None) -> bool:
+def run(eng, progress=None):
     """Settle ``eng``'s run (an :class:`.engine._Engine` fresh from its set-up) as a fixed
-    point and store its step times and events; False when it does not apply or does not
-    settle (the engine then runs it itself)."""
+    point: its :class:`~.engine.Result`, or None when this does not apply or the run
+    does not settle (the engine then runs it itself)."""
     cp = eng.cp
     got = cp.memo.get("levels")
     if got is None:
         got = cp.memo["levels"] = Levels(cp) if _ok(cp) else False
     if got is False:
-        return False
+        return None
     lv = got
     sz = _Size(eng, lv)
     net = _Network(eng, sz)
     if not net.ok:
-        return False
+        return None
     arrive = np.zeros(sz.nchunks)
     for _ in range(MAX_ITERATIONS):
         start, done, inject = _steps(lv, sz, arrive, cp.nsteps)
         t = net.carry(inject + eng.over, eng.integer)
         if t is None:
-            return False
+            return None
         if np.array_equal(t, arrive):
-            eng.start, eng.done = start.tolist(), done.tolist()
-            eng.events = net.events
             if progress is not None:
                 progress(net.events)
-            return True
+            return _result(eng, start, done, net)
         arrive = t
-    return False
+    return None
+
+
+def _result(eng, start: np.ndarray, done: np.ndarray, net: _Network):
+    """The engine's :meth:`~.engine._Engine.result` of these step times."""
+    from ringtree.sim.engine import Result
+
+    cp = eng.cp
+    rank = np.asarray(cp.step_rank, np.int64)
+    real = rank < cp.nranks
+    rank_done = np.zeros(cp.nranks)
+    np.maximum.at(rank_done, rank[real], done[real])
+    rd = rank_done.tolist()
+    return Result(max(rd, default=0.0), rd, cp.nmsgs, int(net.sizes.sum()), net.events,
+                  start.tolist(), done.tolist(), None)

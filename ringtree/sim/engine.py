@@ -427,8 +427,9 @@ def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware
     unsettled = ("no fixed point", id(topo), eng.integer)
     if FIXED_POINT and batch and many and eng.aware and not trace and \
             unsettled not in cp.memo:
-        if dataflow.run(eng, progress):
-            return eng.result()
+        got = dataflow.run(eng, progress)
+        if got is not None:
+            return got
         cp.memo[unsettled] = True
         eng.fresh_network()
         eng.fresh_steps()

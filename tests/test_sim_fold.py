@@ -158,3 +158,73 @@ def test_memory_grows_at_most_linearly(algo, size):
     small, big = got[32]["peak_kib"], got[128]["peak_kib"]
     assert big <= 4 * small + 64 * 1024, got
     assert got[128]["grew_kib"] <= 4 * got[32]["grew_kib"] + 64 * 1024, got
+
+
+def _exact(algo, topo, nbytes, model="aware", coll="all_reduce"):
+    """Folded vs every rank simulated: the time, every simulated step's start and end,
+    every rank's finish (rank r finishes with its representative r mod g) and the events
+    (the folded run's, once per block)."""
+    f = simulate(coll, algo, topo, nbytes, model=model, max_work=0)
+    w = simulate(coll, algo, topo, nbytes, model=model, symmetry=False, max_work=0)
+    assert f.time_ns == w.time_ns, (algo, topo.name, nbytes, model)
+    g, n = f.simulated, topo.nranks
+    if f.result is not None:
+        fr, wr = f.result, w.result
+        k = len(fr.step_done)
+        assert fr.step_done == wr.step_done[:k] and fr.step_start == wr.step_start[:k]
+        assert [fr.rank_done[r % g] for r in range(n)] == wr.rank_done
+        assert f.events * (n // g) == w.events
+    return g
+
+
+BUTTERFLY = [lambda: presets.get("dgx_h100", 4),
+             lambda: presets.get("dgx_h100", 8, leaf_ports=2),     # 4 leaf groups, spines
+             lambda: presets.get("dgx_a100", 8, leaf_ports=4, gpus_per_node=2,
+                                 nics_per_node=2),
+             lambda: presets.get("fat_tree2", 32),                 # 2 leaves
+             lambda: presets.get("fat_tree3", 64),                 # 2 pods, cores
+             lambda: presets.get("torus", 16)]
+
+
+@pytest.mark.parametrize("make", BUTTERFLY)
+def test_xor_folding_equals_unfolded(make):
+    """Butterflies (partner r XOR 2^k) fold under XOR of blocks of ranks, with links
+    shared between blocks simulated through their orbits' representatives."""
+    topo = make()
+    g0 = symmetry.node_period(topo)
+    smallest = topo.nranks
+    for algo in ("rabenseifner", "recursive_doubling"):
+        for nbytes in (8, 64 << 10, 3 * MiB + 12):
+            for model in ("aware", "unaware"):
+                smallest = min(smallest, _exact(algo, topo, nbytes, model))
+    if topo.name.startswith(("dgx", "fat")):
+        assert smallest == g0                    # onto one node
+    f = symmetry.find(fold.Lazy(Collective.ALL_REDUCE, "rabenseifner", topo.nranks,
+                                fold.options(topo)), topo, list(topo.ranks),
+                      count_for(Collective.ALL_REDUCE, 64 << 10, topo.nranks), True)
+    if topo.name.startswith(("dgx", "fat")):
+        assert f is not None and f.xor and f.g == g0
+
+
+@pytest.mark.parametrize("make", [lambda: _slow_link(presets.get("dgx_h100", 8, leaf_ports=2)),
+                                  lambda: _slow_gpu(presets.get("fat_tree2", 32)),
+                                  lambda: presets.get("dgx_h100", 8, leaf_ports=2,
+                                                      uplinks="hash")])
+def test_xor_folding_refuses_asymmetric_runs(make):
+    """A slow link, a slow GPU or ECMP-hashed uplinks break the symmetry: the butterflies
+    then fold less or not at all, and still give the unfolded answer."""
+    topo = make()
+    for algo in ("rabenseifner", "recursive_doubling"):
+        g = _exact(algo, topo, 64 << 10)
+        assert g > symmetry.node_period(topo), (algo, topo.name, g)
+
+
+def test_folds_other_collectives_exactly():
+    topo = presets.get("dgx_h100", 8, leaf_ports=2)
+    for coll in ("all_gather", "reduce_scatter"):
+        for algo in algorithms(coll):
+            if algo.startswith("collnet"):
+                continue
+            _exact(algo, topo, 3 * MiB, coll=coll)
+    for algo in ("ring", "tree", "hierarchical", "direct"):
+        _exact(algo, topo, 3 * MiB)

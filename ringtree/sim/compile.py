@@ -45,6 +45,8 @@ class Compiled:
     conns: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, channel)
     conn_ranks: list[tuple[int, int]] = field(default_factory=list)  # ranks routed between
     fold: int = 0                     # rank period g of a folded run (0 = every rank)
+    xor: bool = False                 # folded under XOR of blocks of g ranks, not shifts
+    link_rep: dict[int, int] | None = None   # folded: link -> its orbit's representative
     world: int = 0                    # ranks of the whole run
     declared: set[tuple[int, int, int]] = field(default_factory=set)  # every (src, dst, ch)
     chan_images: dict[int, tuple[int, ...]] = field(default_factory=dict)  # folded channels
@@ -76,6 +78,7 @@ class _Builder:
 
     def __init__(self, cp: Compiled, fold: int, shares: bool = True) -> None:
         self.cp, self.fold, self.shares = cp, fold, shares
+        self.n, self.xor = cp.world, cp.xor
         self.sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.route_pair: dict[tuple[int, int, int], tuple[int, int]] = {}
@@ -108,13 +111,11 @@ class _Builder:
                         cp.declared.add((rank, q, c))
                 if sl:
                     for pos, q in enumerate(s.send_to):
-                        if fold:
-                            self.route_pair[(rank, q % fold, c)] = (rank, q)
-                            q %= fold
                         self.sends.setdefault((rank, q, c), []).append((gid, pos))
                     for pos, q in enumerate(s.recv_from):
-                        self.recvs.setdefault((q % fold if fold else q, rank, c),
-                                              []).append((gid, pos))
+                        a, b = folded_sender(q, rank, fold, self.n, self.xor) if fold \
+                            else (q, rank)
+                        self.recvs.setdefault((a, b, c), []).append((gid, pos))
                     self.send_ids.append([0] * len(s.send_to))
                     self.recv_ids.append([0] * len(s.recv_from))
                 else:
@@ -134,6 +135,22 @@ class _Builder:
         """Pair the i-th send with the i-th receive of every connection."""
         pair(self.cp, self.sends, self.recvs, self.route_pair, self.send_ids,
              self.recv_ids, self.cp.step_slices)
+
+
+def image(r: int, b: int, g: int, n: int, xor: bool) -> int:
+    """Rank r under block element b of a fold of g ranks: shifted by b·g (mod n), or its
+    block (r div g) XOR b."""
+    if xor:
+        return ((r // g) ^ b) * g + r % g
+    return (r + b * g) % n
+
+
+def folded_sender(q: int, r: int, g: int, n: int, xor: bool) -> tuple[int, int]:
+    """A folded run's connection for rank r receiving from q: q's representative q mod g
+    sending to r moved by the inverse of the element that takes q mod g to q (rank q does
+    to r what q mod g does to that rank)."""
+    b = q // g
+    return q % g, image(r, b if xor else -b % (n // g), g, n, xor)
 
 
 def pair(cp: Compiled, sends: dict, recvs: dict, route_pair: dict, send_ids: list,
@@ -268,18 +285,21 @@ def moving(p: Program, pre: dict[Buf, list[int]], in_place: bool) -> tuple[Progr
 
 def compile_programs(programs: Sequence[Program], count: int, itemsize: int,
                      slice_bytes: int = DEFAULT_SLICE_BYTES, in_place: bool = False,
-                     fold: int = 0, prune: bool = True, shares: bool = True) -> Compiled:
+                     fold: int = 0, prune: bool = True, shares: bool = True,
+                     xor: bool = False) -> Compiled:
     """Flatten Programs (real ranks first, then virtual ranks) for the engines.
 
     With ``fold = g`` the Programs are the representatives 0..g−1 of a run that is
-    exactly symmetric under a shift of g ranks (:mod:`.symmetry`): a peer q stands for
-    its class q mod g, while the connection keeps the route to the real peer.
+    exactly symmetric under shifts of g ranks (``xor``: under XOR of aligned blocks of g
+    ranks; :mod:`.symmetry`): a representative sends to its real peers, and a receive
+    from q is matched with what q's representative q mod g sends to the image of the
+    receiver (:func:`folded_sender`).
     ``prune``: leave out channels that move no data (:func:`moving`; same times).
     ``shares``: record every connection the Programs declare (``Compiled.declared``, the
     unaware model's link shares; the aware model does not read it).
     """
     n = programs[0].nranks
-    cp = Compiled(len(programs) if fold else n, fold=fold, world=n)
+    cp = Compiled(len(programs) if fold else n, fold=fold, world=n, xor=xor)
     b = _Builder(cp, fold, shares)
     cache: dict[tuple, tuple[int, int]] = {}
     lengths = Lengths(n, count)
@@ -312,7 +332,8 @@ def declared_connections(cp: Compiled) -> set[tuple[int, int, int]]:
         every = {(s, d, k) for s, d, c in every for k in cp.chan_images.get(c, (c,))}
     n, g = cp.world, cp.fold
     if g:
-        every = {((s + k) % n, (d + k) % n, c) for k in range(0, n, g) for s, d, c in every}
+        every = {(image(s, b, g, n, cp.xor), image(d, b, g, n, cp.xor), c)
+                 for b in range(n // g) for s, d, c in every}
     return every
 
 
@@ -324,11 +345,12 @@ def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = Fals
     over the *whole* run: a folded run also routes the images of its connections under
     the shifts it stands for. Shares count every connection the Programs declare, so a
     step with no data to move still holds its share (the answer does not depend on which
-    channels a small message happens to fill).
+    channels a small message happens to fill). A folded run with ``link_rep`` routes
+    over one representative link per orbit of the symmetry (:mod:`.symmetry`).
     """
     from ringtree.sim.model import channel_shares, path
 
-    key = (id(topo), tuple(devices), share)
+    key = (id(topo), tuple(devices), share, cp.link_rep is not None)
     got = cp.memo.get(key)
     if got is not None and got[0] is topo:
         return got[1]
@@ -337,6 +359,9 @@ def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = Fals
     if share:
         shares = channel_shares((s, topo.route(devices[s], devices[d], c))
                                 for s, d, c in declared_connections(cp))
-    out = [path(topo, topo.route(a, b, c), shares) for a, b, c in pairs]
+    rep = cp.link_rep
+    out = [path(topo, topo.route(a, b, c) if rep is None else
+                tuple(rep.get(li, li) for li in topo.route(a, b, c)), shares)
+           for a, b, c in pairs]
     cp.memo[key] = (topo, out)
     return out

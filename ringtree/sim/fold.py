@@ -127,17 +127,40 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
     progs: Sequence[Program] = programs if programs is not None else \
         Lazy(coll, algo, topo.nranks, opts)
     devices = place(progs, topo)
-    whole = not symmetry_ or symmetry.cannot_fold(progs, topo, devices, count, aware,
-                                                  in_place)
-    g = 0 if whole else symmetry.period(progs, topo, devices, count, aware, in_place)
+    key = (coll, algo, topo.nranks, opts, id(topo), tuple(devices), aware, in_place,
+           symmetry.pattern(progs[0], count)) if symmetry_ and programs is None else None
+    got = _FOLDS.get(key) if key is not None else None
+    if got is not None and got[0] is topo:
+        bound, f = got[1], got[2]
+    else:
+        bound = symmetry.fold_bound(progs, topo, devices, count, aware, in_place) \
+            if symmetry_ else 0
+        f = None
+    if programs is None and bound:               # over the limit even at the best fold
+        budget.check(progs[0], bound, count, itemsize, slice_bytes, in_place, max_work,
+                     f"folded onto {bound} at best")
+    if got is None or got[0] is not topo:
+        f = symmetry.find(progs, topo, devices, count, aware, in_place) if bound else None
+        if key is not None:
+            if len(_FOLDS) >= symbolic.KEEP:
+                _FOLDS.clear()
+            _FOLDS[key] = (topo, bound, f)
+    g = f.g if f else 0
     if programs is None:
         budget.check(progs[0], g or topo.nranks, count, itemsize, slice_bytes, in_place,
                      max_work, f"folded onto {g}" if g else "no symmetry to fold")
     run = progs[:g] if g else progs
+    xor = bool(f and f.xor)
     if sweep is not None and programs is None:
         cp = sweep.compile((coll, algo, topo.nranks, opts), run, count, itemsize,
-                           slice_bytes, in_place, g, prune, not aware)
+                           slice_bytes, in_place, g, prune, not aware, xor)
     else:
         cp = compile_programs(run, count, itemsize, slice_bytes, in_place, fold=g,
-                              prune=prune, shares=not aware)
+                              prune=prune, shares=not aware, xor=xor)
+    cp.link_rep = f.links if f else None
     return Plan(cp, devices, g)
+
+
+# what the last few runs' folds were, per chunk-length pattern (:func:`.symmetry.pattern`):
+# a sweep over sizes proves each pattern's fold once
+_FOLDS: dict[tuple, tuple[Topology, int, symmetry.Fold | None]] = {}

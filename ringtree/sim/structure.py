@@ -31,7 +31,15 @@ import numpy as np
 
 from ringtree.core.ir import Program, split_even
 from ringtree.core.plan import compile_program
-from ringtree.sim.compile import Compiled, Lengths, compile_programs, moving, pair, passes
+from ringtree.sim.compile import (
+    Compiled,
+    Lengths,
+    compile_programs,
+    folded_sender,
+    moving,
+    pair,
+    passes,
+)
 
 __all__ = ["Structure", "Sweep"]
 
@@ -74,9 +82,10 @@ class Structure:
     :func:`.compile.compile_programs`."""
 
     def __init__(self, programs: Sequence[Program], in_place: bool = False, fold: int = 0,
-                 prune: bool = True, shares: bool = True) -> None:
+                 prune: bool = True, shares: bool = True, xor: bool = False) -> None:
         self.programs = list(programs)
         self.in_place, self.fold, self.prune, self.shares = in_place, fold, prune, shares
+        self.xor = xor
         self.n = self.programs[0].nranks
         for rank, p in enumerate(self.programs):
             if p.rank != rank:
@@ -114,11 +123,13 @@ class Structure:
             pr = self._pairing(lay, mask)
             if pr is None:                      # the uncached compiler names the error
                 return compile_programs(self.programs, count, itemsize, slice_bytes,
-                                        self.in_place, self.fold, self.prune, self.shares)
+                                        self.in_place, self.fold, self.prune, self.shares,
+                                        self.xor)
             lay.pairings[mask.tobytes()] = pr
         if not np.array_equal(ln[pr.sstep], ln[pr.rstep]):
             return compile_programs(self.programs, count, itemsize, slice_bytes,
-                                    self.in_place, self.fold, self.prune, self.shares)
+                                    self.in_place, self.fold, self.prune, self.shares,
+                                        self.xor)
         return replace(pr.cp, step_slices=self._slices(ln, itemsize, slice_bytes))
 
     def _prefix(self, lengths: Lengths) -> tuple[np.ndarray, dict]:
@@ -199,19 +210,17 @@ class Structure:
             rank, c = lay.step_rank[gid], lay.step_chan[gid]
             st, rf = lay.send_to[gid], lay.recv_from[gid]
             for pos, q in enumerate(st):
-                if fold:
-                    route_pair[(rank, q % fold, c)] = (rank, q)
-                    q %= fold
                 sends.setdefault((rank, q, c), []).append((gid, pos))
             for pos, q in enumerate(rf):
-                recvs.setdefault((q % fold if fold else q, rank, c), []).append((gid, pos))
+                a, b = folded_sender(q, rank, fold, self.n, self.xor) if fold else (q, rank)
+                recvs.setdefault((a, b, c), []).append((gid, pos))
             send_ids[gid] = [0] * len(st)
             recv_ids[gid] = [0] * len(rf)
         cp = Compiled(len(self.programs) if fold else self.n, step_rank=lay.step_rank,
                       step_chan=lay.step_chan, step_prev=lay.step_prev,
                       step_deps=lay.step_deps, step_ops=lay.step_ops,
                       step_name=lay.step_name, fold=fold, world=self.n,
-                      declared=self.declared)
+                      declared=self.declared, xor=self.xor)
         try:
             pair(cp, sends, recvs, route_pair, send_ids, recv_ids, None)
         except ValueError:
@@ -231,14 +240,14 @@ class Sweep:
 
     def compile(self, key: tuple, programs: Sequence[Program], count: int, itemsize: int,
                 slice_bytes: int, in_place: bool, fold: int, prune: bool,
-                shares: bool) -> Compiled:
+                shares: bool, xor: bool = False) -> Compiled:
         """``compile_programs`` of ``programs`` (identified by ``key``: what generated
         them), from the structure kept for them when the run is small enough."""
-        k = (key, in_place, fold, prune, shares)
+        k = (key, in_place, fold, prune, shares, xor)
         st = self.structures.get(k)
         if st is None:
             if len(programs) * programs[0].steps > self.max_steps:
                 return compile_programs(programs, count, itemsize, slice_bytes, in_place,
-                                        fold, prune, shares)
-            st = self.structures[k] = Structure(programs, in_place, fold, prune, shares)
+                                        fold, prune, shares, xor)
+            st = self.structures[k] = Structure(programs, in_place, fold, prune, shares, xor)
         return st.compile(count, itemsize, slice_bytes)

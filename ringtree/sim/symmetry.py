@@ -11,10 +11,12 @@ when one fails the run is simulated whole.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ringtree.core.ir import Buf, Program
 from ringtree.core.plan import chunk_regions
 from ringtree.sim import symbolic
+from ringtree.sim.compile import image
 from ringtree.sim.model import channel_shares, path
 from ringtree.sim.topology import Topology
 
@@ -40,31 +42,86 @@ def _ref_ok(x, y, regs: dict, fwd: dict, bwd: dict, kp, kq) -> bool:
     return True
 
 
-def _step_ok(s, t, dr: int, n: int) -> bool:
+def _step_ok(s, t, dr: int, n: int, xg: int) -> bool:
     if s.reduce != t.reduce or len(s.recv_from) != len(t.recv_from) \
             or len(s.send_to) != len(t.send_to):
         return False
+    if xg:
+        return all(a == image(b, dr, xg, n, True) for a, b in zip(s.recv_from + s.send_to,
+                                                                   t.recv_from + t.send_to))
     return all((a - b - dr) % n == 0 for a, b in zip(s.recv_from + s.send_to,
                                                      t.recv_from + t.send_to))
 
 
-def same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, in_place: bool) -> bool:
+def same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, in_place: bool,
+               xor_g: int = 0) -> bool:
     """Is Program p (rank r) Program q (rank r − dr) with peers shifted by dr and chunks
-    renamed by a size-preserving bijection (so every dependency and size is the same)?"""
+    renamed by a size-preserving bijection (so every dependency and size is the same)?
+    With ``xor_g``: p's rank is q's with its block of ``xor_g`` ranks XOR dr, and so are
+    the peers (:func:`~ringtree.sim.compile.image`).
+
+    The renaming is either positional (the j-th chunk of a reference is the j-th of its
+    counterpart, one bijection for the whole Program) or, out of place, a XOR of the
+    chunk index by one mask per buffer mapping each reference onto its counterpart as a
+    set (a butterfly's halves swap places): the memory dependencies (from which storage
+    two steps share), the element lengths and the slices are then the same."""
     if (len(p.channels) != len(q.channels) or p.chunks != q.chunks
             or p.scratch != q.scratch):
         return False
+    for cp_, cq in zip(p.channels, q.channels):
+        if len(cp_) != len(cq) or not all(_step_ok(s, t, dr, n, xor_g)
+                                          for s, t in zip(cp_, cq)):
+            return False
     kp, kq = p.storage_map(in_place), q.storage_map(in_place)
     fwd: dict = {}
     bwd: dict = {}
-    for cp_, cq in zip(p.channels, q.channels):
-        if len(cp_) != len(cq):
+    if all(_ref_ok(s.src, t.src, regs, fwd, bwd, kp, kq)
+           and _ref_ok(s.dst, t.dst, regs, fwd, bwd, kp, kq)
+           for cp_, cq in zip(p.channels, q.channels) for s, t in zip(cp_, cq)):
+        return True
+    return not in_place and _xor_renamed(p, q, regs)
+
+
+def _xor_renamed(p: Program, q: Program, regs: dict) -> bool:
+    """Does chunk j ↦ j XOR m_buf map every reference of q onto p's as a set, with
+    m_buf read off the first single-chunk reference of each buffer, keeping lengths?"""
+    pairs = [(x, y) for cp_, cq in zip(p.channels, q.channels) for s, t in zip(cp_, cq)
+             for x, y in ((s.src, t.src), (s.dst, t.dst))]
+    mask: dict = {}
+    for x, y in pairs:
+        if (x is None) != (y is None) or (x is not None and (x.buf != y.buf
+                                                             or x.count != y.count)):
             return False
-        for s, t in zip(cp_, cq):
-            if not (_step_ok(s, t, dr, n) and _ref_ok(s.src, t.src, regs, fwd, bwd, kp, kq)
-                    and _ref_ok(s.dst, t.dst, regs, fwd, bwd, kp, kq)):
+        if x is not None and x.count == 1 and x.buf not in mask:
+            mask[x.buf] = x.index ^ y.index
+    for x, y in pairs:
+        if x is None:
+            continue
+        m = mask.get(x.buf, 0)
+        rg = regs[x.buf]
+        size = 1 << m.bit_length()
+        if len(rg) % size:
+            return False                         # XOR by m leaves the buffer
+        c = x.count
+        if c & (c - 1) == 0 and x.index % c == 0 and c >= 1:
+            if y.index != (x.index ^ m) & ~(c - 1):
                 return False
-    return True
+        elif sorted(j ^ m for j in range(x.index, x.index + c)) != \
+                list(range(y.index, y.index + c)):
+            return False
+    return all(_xor_keeps_lengths(regs[b], m) for b, m in mask.items() if m)
+
+
+def _xor_keeps_lengths(rg: list[int], m: int) -> bool:
+    got = _LENGTHS.get((id(rg), m))
+    if got is None or got[0] is not rg:
+        if len(_LENGTHS) > 64:
+            _LENGTHS.clear()
+        got = _LENGTHS[(id(rg), m)] = (rg, all(rg[j] == rg[j ^ m] for j in range(len(rg))))
+    return got[1]
+
+
+_LENGTHS: dict[tuple[int, int], tuple[list[int], bool]] = {}
 
 
 def node_period(topo: Topology) -> int:
@@ -91,30 +148,88 @@ def _link_users_closed(paths: dict, g: int) -> bool:
     return True
 
 
-def _isomorphic(paths: dict, topo: Topology, g: int, n: int) -> bool:
+def _isomorphic(paths: dict, topo: Topology, g: int, n: int, xor: bool) -> bool:
     """Every block's routes are block 0's under one link bijection keeping every link's
     bandwidth and latency (so the FIFO links see the same contention)."""
     links = topo.links
-    for base in range(g, n, g):
+    for b in range(1, n // g):
         fwd: dict[int, int] = {}
         bwd: dict[int, int] = {}
         for (r, q, c), pth in paths.items():
             if r >= g:
                 continue
-            img = paths.get((r + base, (q + base) % n, c))
+            img = paths.get((image(r, b, g, n, xor), image(q, b, g, n, xor), c))
             if img is None or len(img.links) != len(pth.links):
                 return False
-            for a, b in zip(pth.links, img.links):
-                if fwd.setdefault(a, b) != b or bwd.setdefault(b, a) != a:
+            for a, x in zip(pth.links, img.links):
+                if fwd.setdefault(a, x) != x or bwd.setdefault(x, a) != a:
                     return False
-                if (links[a].bandwidth, links[a].latency) != (links[b].bandwidth,
-                                                              links[b].latency):
+                if (links[a].bandwidth, links[a].latency) != (links[x].bandwidth,
+                                                              links[x].latency):
                     return False
     return True
 
 
+def generators(g: int, n: int, xor: bool) -> list[int]:
+    """Block elements generating the group of a fold: the shift by one block, or the XOR
+    of each bit of the block index."""
+    if not xor:
+        return [1]
+    return [1 << k for k in range((n // g).bit_length() - 1)]
+
+
+def _orbits(paths: dict, topo: Topology, g: int, n: int, xor: bool) -> dict[int, int] | None:
+    """The quotient of the links by the fold's group, or None if there is none.
+
+    Each generator h must map every connection's route onto the route of the connection's
+    image, link by link, through one bijection π_h of the links used that keeps bandwidth
+    and latency; then the π's are the group acting on the links (π_h∘π_h' of a route is
+    the route of the image under h·h', so π respects the group's relations on every link
+    used) and the whole run is invariant. If moreover the group acts freely (every
+    link's orbit has |G| = n/g links), the FIFO of a link carries, at the same times, the
+    images of exactly the block-0 messages that cross any link of its orbit, one element
+    per such link: simulating block 0 with every link replaced by its orbit's
+    representative (the smallest id) is exact. Returns link → representative."""
+    links = topo.links
+    perms: list[dict[int, int]] = []
+    for h in generators(g, n, xor):
+        fwd: dict[int, int] = {}
+        bwd: dict[int, int] = {}
+        for (r, q, c), pth in paths.items():
+            img = paths.get((image(r, h, g, n, xor), image(q, h, g, n, xor), c))
+            if img is None or len(img.links) != len(pth.links):
+                return None
+            for a, x in zip(pth.links, img.links):
+                if fwd.setdefault(a, x) != x or bwd.setdefault(x, a) != a:
+                    return None
+        if any((links[a].bandwidth, links[a].latency) != (links[x].bandwidth,
+                                                          links[x].latency)
+               for a, x in fwd.items()):
+            return None
+        perms.append(fwd)
+    size = n // g
+    rep: dict[int, int] = {}
+    for li in perms[0] if perms else ():
+        if li in rep:
+            continue
+        orbit, todo = {li}, [li]
+        while todo:
+            x = todo.pop()
+            for pm in perms:
+                y = pm[x]
+                if y not in orbit:
+                    orbit.add(y)
+                    todo.append(y)
+        if len(orbit) != size:
+            return None                       # not free: a link is its own image
+        m = min(orbit)
+        for x in orbit:
+            rep[x] = m
+    return rep
+
+
 class _Routes:
-    """Routes of every connection of a run, computed once for all candidate periods."""
+    """Routes of every connection of a run, computed once for all candidate folds."""
 
     def __init__(self, conns, topo: Topology, devices: list[int], aware: bool) -> None:
         self.topo, self.aware = topo, aware
@@ -126,13 +241,36 @@ class _Routes:
             self.summary = {k: (p.latency, p.bottleneck, p.first) for k, p in
                             ((k, path(topo, v, share)) for k, v in raw.items())}
 
-    def periodic(self, g: int, n: int) -> bool:
+    def fold(self, g: int, n: int, xor: bool = False) -> Fold | None:
+        """The fold of g ranks (shifts or XOR) the network keeps, or None. Aware: no link
+        carries two blocks' connections and the blocks' routes are isomorphic (links as
+        they are), else the links' quotient (:func:`_orbits`)."""
         if self.aware:
-            return _link_users_closed(self.paths, g) and _isomorphic(self.paths, self.topo,
-                                                                      g, n)
+            if _link_users_closed(self.paths, g) and _isomorphic(self.paths, self.topo,
+                                                                  g, n, xor):
+                return Fold(g, xor)
+            rep = _orbits(self.paths, self.topo, g, n, xor)
+            return None if rep is None else Fold(g, xor, rep)
         summary = self.summary
-        return all(summary.get((r - g, (q - g) % n, c)) == v
-                   for (r, q, c), v in summary.items() if r >= g)
+        for h in generators(g, n, xor):
+            if not all(summary.get((image(r, h, g, n, xor), image(q, h, g, n, xor), c)) == v
+                       for (r, q, c), v in summary.items()):
+                return None
+        return Fold(g, xor)
+
+    def periodic(self, g: int, n: int) -> bool:
+        return self.fold(g, n) is not None
+
+
+@dataclass(frozen=True)
+class Fold:
+    """What :func:`find` proved: simulate ranks 0..g−1 of a run symmetric under shifts of
+    g ranks or (``xor``) XOR of aligned blocks of g ranks; ``links``: each used link's
+    orbit representative, when blocks share links (None: the links as they are)."""
+
+    g: int
+    xor: bool = False
+    links: dict[int, int] | None = field(default=None, compare=False)
 
 
 def candidates(topo: Topology, devices: list[int]) -> list[int]:
@@ -147,74 +285,106 @@ def candidates(topo: Topology, devices: list[int]) -> list[int]:
             and all(red[r] == red[r - g] for r in range(g, n))]
 
 
-def _peers_distinct(programs: Sequence[Program], g: int) -> bool:
-    """Peers of one channel stay distinct modulo g (a folded connection is one peer)."""
-    for a in range(g):
-        for ch in programs[a].channels:
-            cls: dict[int, int] = {}
-            for s in ch:
-                for q in s.send_to + s.recv_from:
-                    if cls.setdefault(q % g, q) != q:
-                        return False
-    return True
+def kinds(g: int, n: int) -> tuple[bool, ...]:
+    """Folds of g ranks to try: shifts, and XOR when the blocks are a power of two."""
+    b = n // g
+    return (False, True) if b > 2 and b & (b - 1) == 0 else (False,)
+
+
+def _parent(r: int, g: int, n: int, xor: bool) -> tuple[int, int]:
+    """(rank, element) with ``image(rank, element) == r``: a spanning tree of the ranks
+    outside block 0 under the generators."""
+    if not xor:
+        return r - g, 1
+    b = r // g
+    low = b & -b
+    return image(r, low, g, n, True), low
+
+
+def find(programs: Sequence[Program], topo: Topology, devices: list[int], count: int,
+         aware: bool, in_place: bool = False) -> Fold | None:
+    """The fold of fewest ranks (g a multiple of the ranks per node, shifts tried before
+    XOR) under which the run is exactly symmetric, or None: every Program is its parent's
+    (:func:`_parent`) moved by a generator, and the routes are as :meth:`_Routes.fold`
+    says."""
+    n = topo.nranks
+    if len(programs) != n or n < 2:
+        return None
+    regs = regions(programs[0], count)
+    p0 = programs[0]
+    # cheap first: the Program g ranks on must be rank 0's, moved
+    tries = [(g, x) for g in candidates(topo, devices) for x in kinds(g, n)
+             if same_shape(programs[g], p0, 1 if x else g, n, regs, in_place, g if x else 0)]
+    if not tries:
+        return None
+    conns = sorted({(r, q, c) for r, p in enumerate(programs)
+                    for c, ch in enumerate(p.channels) for s in ch for q in s.send_to})
+    routes = _Routes(conns, topo, devices, aware)
+    for g, x in tries:
+        f = routes.fold(g, n, x)
+        if f is None:
+            continue
+        if all(same_shape(programs[r], programs[a], h if x else g, n, regs, in_place,
+                          g if x else 0)
+               for r in range(g, n) for a, h in (_parent(r, g, n, x),)):
+            return f
+    return None
 
 
 def period(programs: Sequence[Program], topo: Topology, devices: list[int], count: int,
            aware: bool, in_place: bool = False) -> int:
-    """The smallest shift g (a multiple of the ranks per node) under which the run is
-    exactly symmetric, or 0. In the congestion-aware model no link may carry
-    connections of two blocks of g ranks, and the blocks' routes must be isomorphic."""
+    """The ranks :func:`find`'s fold simulates, or 0."""
+    f = find(programs, topo, devices, count, aware, in_place)
+    return f.g if f else 0
+
+
+def fold_bound(programs: Sequence[Program], topo: Topology, devices: list[int],
+               count: int, aware: bool, in_place: bool = False) -> int:
+    """The fewest ranks a fold could simulate, read off rank 0's Program and rank g's for
+    each candidate g (not all n), or 0 when :func:`find` is sure to find nothing: rank g
+    is not rank 0 moved, or (congestion-aware) a route of rank 0 and its image under the
+    move differ in length, bandwidth or latency, or cross links that no one bijection
+    maps (then no block's routes are another's)."""
     n = topo.nranks
     if len(programs) != n or n < 2:
         return 0
-    regs = regions(programs[0], count)
-    # cheap first: the Program g ranks on must be rank 0's, shifted
-    gs = [g for g in candidates(topo, devices)
-          if same_shape(programs[g], programs[0], g, n, regs, in_place)]
-    if not gs:
-        return 0
-    conns = sorted({(r, q, c) for r, p in enumerate(programs)
-                    for c, ch in enumerate(p.channels) for s in ch for q in s.send_to})
-    routes = _Routes(conns, topo, devices, aware)
-    g = next((g for g in gs if routes.periodic(g, n)), 0)
-    if not g or not _peers_distinct(programs, g):
-        return 0
-    for r in range(g, n):
-        if not same_shape(programs[r], programs[r - g], g, n, regs, in_place):
-            return 0
-    return g
+    p0 = programs[0]
+    regs = regions(p0, count)
+    links = topo.links
+    for g in candidates(topo, devices):
+        pg = programs[g]
+        for x in kinds(g, n):
+            if not same_shape(pg, p0, 1 if x else g, n, regs, in_place, g if x else 0):
+                continue
+            if not aware:
+                return g
+            fwd: dict[int, int] = {}
+            bwd: dict[int, int] = {}
+            ok = True
+            for c, q in {(c, q) for c, ch in enumerate(p0.channels) for s in ch
+                         for q in s.send_to}:
+                a = topo.route(devices[0], devices[q], c)
+                b = topo.route(devices[g], devices[image(q, 1, g, n, x)], c)
+                if len(a) != len(b):
+                    ok = False
+                    break
+                for u, v in zip(a, b):
+                    if fwd.setdefault(u, v) != v or bwd.setdefault(v, u) != u or \
+                            (links[u].bandwidth, links[u].latency) != (links[v].bandwidth,
+                                                                       links[v].latency):
+                        ok = False
+                        break
+                if not ok:
+                    break
+            if ok:
+                return g
+    return 0
 
 
 def cannot_fold(programs: Sequence[Program], topo: Topology, devices: list[int],
                 count: int, aware: bool, in_place: bool = False) -> bool:
-    """True only when :func:`period` is sure to find nothing, read off rank 0's Program
-    and rank g's for each candidate shift g (not all n): no candidate, rank g is not rank
-    0 shifted, or (congestion-aware) a link carries connections of both (two blocks).
-    False means :func:`period` has to look."""
-    n = topo.nranks
-    if len(programs) != n or n < 2:
-        return True
-    p0 = programs[0]
-    regs = regions(p0, count)
-    routes0: set[int] | None = None
-    for g in candidates(topo, devices):
-        pg = programs[g]
-        if not same_shape(pg, p0, g, n, regs, in_place):
-            continue
-        if not aware:
-            return False
-        if routes0 is None:
-            routes0 = _links_of(p0, topo, devices)
-        if not routes0 & _links_of(pg, topo, devices):
-            return False
-    return True
-
-
-def _links_of(p: Program, topo: Topology, devices: list[int]) -> set[int]:
-    r = p.rank
-    return {li for c, q in {(c, q) for c, ch in enumerate(p.channels) for s in ch
-                            for q in s.send_to}
-            for li in topo.route(devices[r], devices[q], c)}
+    """True only when :func:`find` is sure to find nothing (:func:`fold_bound`)."""
+    return not fold_bound(programs, topo, devices, count, aware, in_place)
 
 
 def regions(p: Program, count: int) -> dict:
@@ -223,6 +393,17 @@ def regions(p: Program, count: int) -> dict:
     return {Buf.INPUT: _regions(ib, count, p.chunks),
             Buf.OUTPUT: _regions(ob, count, p.chunks),
             Buf.SCRATCH: _regions(p.blocks(Buf.SCRATCH), count, p.chunks)}
+
+
+def pattern(p: Program, count: int) -> tuple:
+    """Which chunks of each buffer have equal lengths at ``count`` (each chunk labelled by
+    the first chunk of its length): all that :func:`same_shape` reads of the lengths, so
+    two counts with one pattern fold alike."""
+    out = []
+    for b, rg in regions(p, count).items():
+        first: dict[int, int] = {}
+        out.append((b, tuple(first.setdefault(ln, j) for j, ln in enumerate(rg))))
+    return tuple(out)
 
 
 def template_period(t: Program, topo: Topology, devices: list[int], count: int,
@@ -250,7 +431,8 @@ def template_period(t: Program, topo: Topology, devices: list[int], count: int,
     routes, seen = got[1], got[2]
     for g in gs:
         if g not in seen:
-            seen[g] = routes.periodic(g, n)
+            f = routes.fold(g, n)
+            seen[g] = f is not None and f.links is None  # the batch runs links as they are
         if seen[g]:
             return g
     return 0

@@ -152,7 +152,7 @@ def rt_choice(comm, coll: str, count: int) -> str:
 
 def rt_topology(comm):
     t = comm.topology
-    return None if t is None else (t.alpha, t.bandwidth, t.source)
+    return None if t is None else (t.alpha, t.bandwidth, t.source, t.burst)
 
 
 # ---- gloo ranks (torchrun inside the testbed hosts) --------------------------------------

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ringtree.core.ir import Collective
-from ringtree.core.topology import Topology, from_file
+from ringtree.core.topology import Topology, from_file, rate_and_burst
 from ringtree.core.tuner import MODELS, choose, estimate, host_model
 from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import host_stats
@@ -56,12 +56,13 @@ def test_one_host_keeps_the_flat_model():
             estimate(Collective.ALL_REDUCE, "ring", size, 4, MODELS["shm"], one)
 
 
-def _testbed(hosts: int, ppn: int, rate_bps: float, cpus: int = 2) -> tuple:
+def _testbed(hosts: int, ppn: int, rate_bps: float, cpus: int = 2, alpha: float = 90e-6,
+             burst: float = 0.0) -> tuple:
     """A topology like the namespace testbed's: every host on one machine of ``cpus``
     cores, α as rank 0 measures it there."""
     nodes = tuple(h for h in range(hosts) for _ in range(ppn))
-    topo = Topology(nodes, alpha=90e-6, bandwidth=rate_bps / 8, source="test", cpus=cpus,
-                    machines=(0,) * len(nodes))
+    topo = Topology(nodes, alpha=alpha, bandwidth=rate_bps / 8, source="test", cpus=cpus,
+                    machines=(0,) * len(nodes), burst=burst)
     intra = MODELS["shm_crowded"] if topo.crowded else MODELS["shm"]
     return host_model(topo, intra), Options(nodes=nodes), len(nodes)
 
@@ -83,6 +84,47 @@ def test_crowded_small_all_reduce_takes_fewest_messages_in_all(layout, want):
     total = {a: host_stats(Collective.ALL_REDUCE, a, n, opts).msgs_total
              for a in ("direct", "recursive_doubling", "hierarchical")}
     assert total[want] == min(total.values()), total
+
+
+@pytest.mark.parametrize("alpha", [60e-6, 110e-6, 170e-6])
+def test_crowded_small_all_reduce_on_two_hosts_of_four_is_hierarchical(alpha):
+    """2x4 at 200 Mbit/s (benchmarks/multihost.py): hierarchical 0.67-0.85 ms at 8 and
+    256 B, recursive doubling 0.90-1.2 ms; rank 0's α ranged over 60-170 µs between
+    probes of one job, and the choice must not hang on it."""
+    hm, opts, n = _testbed(2, 4, 200e6, alpha=alpha)
+    for nbytes in (8, 256):
+        assert choose(Collective.ALL_REDUCE, nbytes, n, ALL_REDUCE_FLAT, hm, opts) \
+            == "hierarchical", (alpha, nbytes)
+
+
+def test_a_burst_the_link_passes_at_once_hides_the_steps_latency():
+    """4x1 at 200 Mbit/s, 8 KiB all-reduce (tbf bucket 32 KiB): recursive doubling puts
+    16 KiB through each host's link, halving-doubling 12 KiB in twice the steps; measured
+    0.69 against 0.53-0.62 ms, about each one's link time or path alone, not their sum.
+    Without a bucket the steps wait on every byte and recursive doubling wins."""
+    bucket, opts, n = _testbed(4, 1, 200e6, burst=32 << 10)
+    flat, _, _ = _testbed(4, 1, 200e6)
+    assert bucket.burst == pytest.approx((32 << 10) / 25e6)
+    assert choose(Collective.ALL_REDUCE, 8 << 10, n, ALL_REDUCE_FLAT, bucket, opts) \
+        == "rabenseifner"
+    assert choose(Collective.ALL_REDUCE, 8 << 10, n, ALL_REDUCE_FLAT, flat, opts) \
+        == "recursive_doubling"
+    # a call far larger than the bucket costs about the same either way
+    big = [estimate(Collective.ALL_REDUCE, "ring", 64 << 20, n, m, opts)
+           for m in (bucket, flat)]
+    assert big[0] < big[1] < big[0] * 1.001
+
+
+def test_rate_and_burst_of_a_token_bucket_from_back_to_back_transfers():
+    rho, sigma, rtt, size = 25e6, 32 << 10, 200e-6, 1 << 20
+    full = rtt + (size - sigma) / rho
+    empty = rtt + size / rho
+    got_rho, got_sigma = rate_and_burst(size, rtt, [full, empty + 1e-3, empty, empty])
+    assert got_rho == pytest.approx(rho) and got_sigma == pytest.approx(sigma)
+    # a link without a bucket (or a first transfer slowed by a busy CPU): no burst
+    assert rate_and_burst(size, rtt, [empty + 2e-3, empty, empty])[1] == 0.0
+    with pytest.raises(ValueError, match="at least 2 transfers"):
+        rate_and_burst(size, rtt, [full])
 
 
 def test_uncrowded_hosts_keep_the_per_rank_model():

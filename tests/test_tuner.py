@@ -67,3 +67,17 @@ def test_model_prefers_log_steps_small_and_bandwidth_optimal_large():
              ("ring", "recursive_doubling")}
     assert small["recursive_doubling"] < small["ring"]
     assert large["ring"] < large["recursive_doubling"]
+
+
+def test_a_token_bucket_overlaps_the_link_with_the_rest_of_the_path():
+    from ringtree.core.tuner import overlap_burst
+
+    # no bucket (a link that serialises at its rate): the additive alpha-beta cost
+    assert overlap_burst(300e-6, 700e-6, 0.0) == pytest.approx(1000e-6)
+    # the link's bytes fit the bucket: the larger of the two
+    assert overlap_burst(300e-6, 700e-6, 1e-3) == pytest.approx(700e-6)
+    assert overlap_burst(900e-6, 700e-6, 1e-3) == pytest.approx(900e-6)
+    # more than the bucket holds: the link's time plus the idle time the bucket cannot
+    # cover
+    assert overlap_burst(1.5e-3, 10e-3, 1e-3) == pytest.approx(10.5e-3)
+    assert overlap_burst(0.5e-3, 10e-3, 1e-3) == pytest.approx(10e-3)

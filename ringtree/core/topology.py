@@ -7,10 +7,18 @@ how fast the path between hosts is.
   (:func:`ringtree.sim.topology.load`; the route from a rank of node 0 to a rank of
   node 1: latencies summed, the narrowest link's bandwidth) — or else measured once per
   job by the first communicator that spans hosts: rank 0 ping-pongs a small message with
-  the first rank of every other host (α = half the best round trip, less the per-message
-  software cost the model charges separately), then times a 1 MiB message, best of 4
-  (B = bytes / (time − round trip)), and keeps the slowest host. Rank 0 broadcasts the numbers, so
-  every rank's tuner sees the same ones and picks the same algorithm.
+  the first rank of every other host (α = half the best of 20 round trips, less the
+  per-message software cost the model charges separately; on a machine with more ranks
+  than cores the best of 5 ranged over 60–170 µs between probes of one job), then, after
+  the link has been idle for a while, times four 1 MiB messages back to back and keeps
+  the slowest host. Rank 0 broadcasts the numbers, so every rank's tuner sees the same
+  ones and picks the same algorithm.
+- A shaped link (a token bucket: Linux ``tc tbf``, a cloud provider's policer) carries at
+  most σ + ρ·t bytes in any t (the (σ, ρ) arrival curve of Cruz, "A calculus for network
+  delay", IEEE Trans. Inf. Theory 37(1), 1991). The messages after the first find the
+  bucket empty and give the sustained rate ρ = bytes / (time − round trip); the first,
+  sent with a full bucket, is faster by σ/ρ, which gives the burst σ (0 on a link that
+  simply serialises at its rate, and from ``RINGTREE_TOPO_FILE``).
 
 The tuner then charges each algorithm for what it moves over each link class
 (:func:`ringtree.schedules.stats.host_stats`, :func:`ringtree.core.tuner.estimate`):
@@ -27,14 +35,18 @@ from dataclasses import dataclass
 import numpy as np
 
 PROBE_BYTES = 1 << 20
-PROBE_REPS = 4  # best of: a busy CPU only ever makes a transfer look slower
+PROBE_REPS = 4  # the first with a full token bucket, then the best of the rest
+PINGS = 20  # round trips, best of: a busy CPU only ever makes one look slower
+IDLE = 0.01  # s of idle link before the first transfer, so a token bucket fills up
 _JOB: Topology | None = None  # measured by this process's first multi-host communicator
 
 
 @dataclass(frozen=True)
 class Topology:
-    """``nodes[r]``: host index of rank r; the inter-host link's ``alpha`` (s, one way)
-    and ``bandwidth`` (bytes/s, each direction); ``source`` says where they came from."""
+    """``nodes[r]``: host index of rank r; the inter-host link's ``alpha`` (s, one way),
+    sustained ``bandwidth`` (bytes/s, each direction) and token-bucket ``burst`` (bytes it
+    passes at once after an idle spell; 0 for a link that serialises at its rate);
+    ``source`` says where they came from."""
 
     nodes: tuple[int, ...]
     alpha: float
@@ -42,6 +54,7 @@ class Topology:
     source: str
     cpus: int = 0  # cores of rank 0's host (taken for every host)
     machines: tuple[int, ...] = ()  # physical machine of each rank (hosts may share one)
+    burst: float = 0.0
 
     @property
     def crowded(self) -> bool:
@@ -68,7 +81,9 @@ class Topology:
         layout = "; ".join(f"host {h}: ranks {_span(rs)}" for h, rs in sorted(per.items()))
         shared = len(set(self.machines)) < self.hosts if self.machines else False
         return (f"{self.hosts} hosts ({layout}); inter-host link {self.bandwidth * 8 / 1e6:,.0f}"
-                f" Mbit/s, latency {self.alpha * 1e6:.0f} us ({self.source})"
+                f" Mbit/s, latency {self.alpha * 1e6:.0f} us"
+                + (f", burst {self.burst / 1024:,.0f} KiB" if self.burst else "")
+                + f" ({self.source})"
                 + ("; hosts share one machine's cores" if shared else "")
                 + ("; more ranks than cores" if self.crowded else ""))
 
@@ -102,40 +117,56 @@ def _leaders(nodes: tuple[int, ...]) -> list[int]:
     return [r for h, r in sorted(seen.items(), key=lambda kv: kv[1]) if h != nodes[0]]
 
 
-def measure(comm, overhead: float) -> tuple[float, float, float]:
-    """Collective over ``comm``: (alpha, bandwidth, cores) rank 0 measured, on every
-    rank."""
+def measure(comm, overhead: float) -> tuple[float, float, float, float]:
+    """Collective over ``comm``: (alpha, bandwidth, cores, burst) rank 0 measured, on
+    every rank."""
     small = np.zeros(1, np.float64)
     big = np.zeros(PROBE_BYTES, np.uint8)
-    res = np.zeros(3, np.float64)
+    res = np.zeros(4, np.float64)
     if comm.rank == 0:
-        alphas, bws = [], []
+        alphas, bws, bursts = [], [], []
         for peer in _leaders(comm.nodes):
             rtts = []
-            for _ in range(5):
+            for _ in range(PINGS):
                 t0 = time.perf_counter()
                 comm.send(small, peer)
                 comm.recv(small, peer)
                 rtts.append(time.perf_counter() - t0)
             rtt = min(rtts)
-            best = 0.0
+            time.sleep(IDLE)
+            times = []
             for _ in range(PROBE_REPS):
                 t0 = time.perf_counter()
                 comm.send(big, peer)
                 comm.recv(small, peer)
-                best = max(best, big.nbytes / max(time.perf_counter() - t0 - rtt, 1e-6))
+                times.append(time.perf_counter() - t0)
+            bw, burst = rate_and_burst(big.nbytes, rtt, times)
             alphas.append(max(5e-6, rtt / 2 - overhead))
-            bws.append(best)
-        res[:] = (max(alphas), min(bws), os.cpu_count() or 1)
+            bws.append(bw)
+            bursts.append(burst)
+        res[:] = (max(alphas), min(bws), os.cpu_count() or 1, min(bursts))
     elif comm.rank in _leaders(comm.nodes):
-        for _ in range(5):
+        for _ in range(PINGS):
             comm.recv(small, 0)
             comm.send(small, 0)
         for _ in range(PROBE_REPS):
             comm.recv(big, 0)
             comm.send(small, 0)
     comm.broadcast(res, root=0, algo="ring")
-    return float(res[0]), float(res[1]), float(res[2])
+    return float(res[0]), float(res[1]), float(res[2]), float(res[3])
+
+
+def rate_and_burst(nbytes: int, rtt: float, times: list[float]) -> tuple[float, float]:
+    """(ρ bytes/s, σ bytes) of a (σ, ρ) token bucket from back-to-back transfers of
+    ``nbytes`` (each acknowledged): ``times[0]`` started with a full bucket and took
+    rtt + (nbytes − σ)/ρ, the rest found it empty and took rtt + nbytes/ρ; the best of the
+    rest is kept (a busy CPU only ever makes a transfer slower). σ is at least 0 and at
+    most half of ``nbytes`` (beyond that the probe cannot tell a bucket from noise)."""
+    if len(times) < 2:
+        raise ValueError(f"rate_and_burst needs at least 2 transfers, got {len(times)}")
+    drained = min(times[1:])
+    rho = nbytes / max(drained - rtt, 1e-6)
+    return rho, min(nbytes / 2, max(0.0, rho * (drained - times[0])))
 
 
 def machines(host_ids: list[str]) -> tuple[int, ...]:
@@ -153,16 +184,17 @@ def learn(comm, overhead: float) -> Topology | None:
         return None
     where = machines([p.host_id for p in comm.peers])
     if _JOB is not None:
-        return Topology(nodes, _JOB.alpha, _JOB.bandwidth, _JOB.source, _JOB.cpus, where)
+        return Topology(nodes, _JOB.alpha, _JOB.bandwidth, _JOB.source, _JOB.cpus, where,
+                        _JOB.burst)
     from ringtree.settings import current
 
     path = (current().topo_file or "").strip()
-    res = np.zeros(3, np.float64)
+    res = np.zeros(4, np.float64)
     if path:
         err = None
         if comm.rank == 0:  # rank 0's reading is everyone's, as with a measurement
             try:
-                res[:] = (*from_file(path), os.cpu_count() or 1)
+                res[:] = (*from_file(path), os.cpu_count() or 1, 0.0)
             except (OSError, ValueError, KeyError) as e:
                 err, res[:] = e, np.nan
         comm.broadcast(res, root=0, algo="ring")
@@ -173,6 +205,7 @@ def learn(comm, overhead: float) -> Topology | None:
     else:
         res[:] = measure(comm, overhead)
         source = "measured by rank 0"
-    topo = Topology(nodes, float(res[0]), float(res[1]), source, int(res[2]), where)
+    topo = Topology(nodes, float(res[0]), float(res[1]), source, int(res[2]), where,
+                    float(res[3]))
     _JOB = topo
     return topo

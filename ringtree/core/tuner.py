@@ -43,9 +43,12 @@ def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:
 
 # Crowded machines (more ranks than cores), fitted to benchmarks/multihost.py on 2x2, 4x1
 # and 2x4 namespace hosts sharing 2 cores: the software cost of one TCP message, and the
-# CPU seconds one message (its send and its receive) takes from the machine's cores.
+# CPU seconds one message (its send and its receive) takes from the machine's cores. On
+# 2x4 (8 ranks, 2 cores) a small recursive-doubling all-reduce, 24 messages at once, took
+# 0.90-1.2 ms (75-100 us per message), and four concurrent cross-host ping-pongs 430-490
+# us a round trip; 50 us had put it at 0.60 ms, below the hierarchical one's 0.67-0.85.
 CROWDED_TCP_OVERHEAD = 60e-6
-CROWDED_CPU = 50e-6
+CROWDED_CPU = 75e-6
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,16 @@ class HostModel:
 
     ``cpu``: when a machine runs more ranks than it has cores, the CPU seconds its cores
     spend on all of them for each message any rank sends (``CROWDED_CPU`` × ranks on the
-    busiest machine ÷ (its cores × all ranks)); 0 otherwise."""
+    busiest machine ÷ (its cores × all ranks)); 0 otherwise.
+
+    ``burst``: seconds of the link a token-bucket shaper lets through at once after an
+    idle spell (σ/ρ of :class:`~ringtree.core.topology.Topology`'s burst σ and rate ρ);
+    0 for a link that serialises at its rate."""
 
     intra: LinkModel
     inter: LinkModel
     cpu: float = 0.0
+    burst: float = 0.0
 
 
 def host_model(topo, intra: LinkModel) -> HostModel:
@@ -103,7 +111,8 @@ def host_model(topo, intra: LinkModel) -> HostModel:
     else:
         o, alpha, cpu = tcp.overhead, topo.alpha, 0.0
     return HostModel(intra, LinkModel(alpha=alpha, overhead=o, beta=1 / topo.bandwidth,
-                                      gamma=tcp.gamma), cpu)
+                                      gamma=tcp.gamma), cpu,
+                     getattr(topo, "burst", 0.0) / topo.bandwidth)
 
 
 def estimate(coll: Collective, algo: str, nbytes: int, n: int,
@@ -122,7 +131,10 @@ def estimate(coll: Collective, algo: str, nbytes: int, n: int,
     than the ring's one with the same bytes) + γ·reduced. On a crowded machine the result
     is at least the CPU its cores need for every rank's messages,
     ``HostModel.cpu``·(messages of all ranks): the ranks take turns on the cores, so the
-    algorithm with fewer messages in all wins small sizes even with a longer path."""
+    algorithm with fewer messages in all wins small sizes even with a longer path.
+
+    On a token-bucket link (σ, ρ) the link term and the rest of the path overlap by up to
+    σ/ρ (:func:`overlap_burst`)."""
     if n == 1:
         return 0.0
     if isinstance(model, HostModel):
@@ -152,10 +164,26 @@ def _estimate_hosts(coll: Collective, algo: str, nbytes: int, n: int, hm: HostMo
     local = (i.beta * st.send_intra + i.gamma * st.reduce) * nbytes
     link = e.beta * (1 + INCAST * (st.fan_in - 1)) * max(st.host_out, st.host_in) * nbytes
     fill = _fill(coll, algo, n, opts)
-    path = (i.alpha * st.depth + max(0.0, e.alpha - i.alpha) * st.inter_depth
-            + i.overhead * st.msgs_intra + e.overhead * st.msgs_inter
-            + (local + link if fill >= 1 else max(local, link) + fill * min(local, link)))
-    return max(path, hm.cpu * st.msgs_total)
+    hops = (i.alpha * st.depth + max(0.0, e.alpha - i.alpha) * st.inter_depth
+            + i.overhead * st.msgs_intra + e.overhead * st.msgs_inter)
+    # what of the path leaves the link idle: the hops and the intra-host phases (all of
+    # them, or, pipelined in pieces, the part that does not overlap the link)
+    idle = hops + (local if fill >= 1 else fill * min(local, link) + max(0.0, local - link))
+    return max(overlap_burst(idle, link, hm.burst), hm.cpu * st.msgs_total)
+
+
+def overlap_burst(idle: float, link: float, burst: float) -> float:
+    """Seconds per call, in a run of calls, of a path that keeps a host's link busy for
+    ``link`` s and idle for ``idle`` s, on a token bucket that passes ``burst`` s of the
+    link at once: ``idle + link − min(idle, link, burst)``.
+
+    A (σ, ρ) shaper carries at most σ + ρ·t bytes in any t (Cruz 1991). While the path
+    waits on latency and software the bucket refills, up to σ, and the next bytes go out
+    at once: a call that needs the link for ``link`` ≤ σ/ρ costs max(idle, link) (the
+    steps' latencies hide under the link's time, or the reverse), a longer one
+    link + max(0, idle − σ/ρ). With ``burst`` 0 (a link that serialises every byte at
+    its rate) this is the additive α-β cost, idle + link (Hockney 1994)."""
+    return idle + link - min(idle, link, burst)
 
 
 def _fill(coll: Collective, algo: str, n: int, opts: Options) -> float:

@@ -69,14 +69,14 @@ def test_what_does_not_settle_runs_on_the_heap(monkeypatch):
     assert _key(engine.run(cp, topo, devices, Aware())) == _key(want)
 
 
-def test_direct_settles_in_two_passes(monkeypatch):
-    """One-shot direct: no send waits on a receive, so the second pass confirms the
-    first."""
+def test_direct_settles_in_one_carry(monkeypatch):
+    """One-shot direct: no send waits on a receive, so the injections from the first
+    arrivals are those it started from."""
     topo = presets.get("dgx_h100", 2)
     progs = sim.programs_for("all_reduce", "direct", topo)
     devices = place(progs, topo)
     cp = compile_programs(progs, count_for(progs[0].collective, 5000, topo.nranks), 4)
-    monkeypatch.setattr(dataflow, "MAX_ITERATIONS", 2)
+    monkeypatch.setattr(dataflow, "MAX_ITERATIONS", 1)
     got = _settled(cp, topo, devices, Aware())
     assert got is not None
     assert _key(got) == _key(engine.run(cp, topo, devices, Aware(), batch=False))
@@ -108,3 +108,5 @@ def test_links_served_together_are_each_link_served_alone():
                                    for a, s, lt in parts])
             got = dataflow.serve_links(arrive, ser, lat, np.array(heads), integer)
             assert np.array_equal(got, want), trial
+            alone = dataflow._one_by_one(arrive, ser, lat, np.array(heads), integer)
+            assert np.array_equal(alone, want), trial

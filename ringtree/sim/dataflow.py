@@ -11,18 +11,19 @@ function of those arrivals — max-plus sums along every channel:
 
 and given when every chunk is injected, the network is a pure function of those
 injections: every link a FIFO in the heap's order (arrival, message, slice), carried
-link by link by :class:`.feedforward.Rounds` with the engine's own sums. So this module
+link by link with the engine's own sums (:func:`.feedforward.serve`). So this module
 evaluates the steps of one dependency *level* (one step per channel) as one vector
 operation with the engine's floats — maxima, and additions in the engine's order — then
-the whole network, and repeats from the new arrivals until they are the ones it started
-from, bit for bit.
+the whole network (the links of one *stage* at once), and repeats from the new arrivals
+until the steps inject what they injected before, bit for bit (then the arrivals are
+those of these injections too).
 
 Such a fixed point is the engine's answer: every dependency adds time (a chunk crosses
 each link in a positive time), so two different fixed points would differ first at some
 earliest chunk and link, whose inputs — its own arrival there, and every chunk the link
 served before it — are earlier and hence the same in both. A run that has not settled
-after :data:`MAX_ITERATIONS` goes back to the engine. One-shot ``direct`` settles in two
-passes, two-shot ``direct2`` in four to seven.
+after :data:`MAX_ITERATIONS` carries goes back to the engine. One-shot ``direct`` settles
+after one carry, two-shot ``direct2`` after two to six.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ringtree.sim.compile import Compiled
 __all__ = ["Levels", "run", "MAX_ITERATIONS"]
 
 MAX_ITERATIONS = 12
-SORT_PER_LINK = 1 << 17      # chunks of a link stage from which its links sort one by one
+SORT_PER_LINK = 1 << 17   # chunks of a link stage from which its links go one by one
 
 
 class Levels:
@@ -257,7 +258,7 @@ class _Network:
         for idx, ser, lat, seg, heads, links in self.stages:
             x = t[idx]
             # per link by time; ties keep (message, slice): one sort of every link for
-            # a few chunks, a sort per link for many
+            # a few chunks, a sort per link for many (and so are they served)
             o = np.lexsort((x, seg)) if x.size < SORT_PER_LINK else np.concatenate(
                 [np.argsort(x[a:b], kind="stable") + a for a, b in links])
             t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
@@ -310,6 +311,8 @@ def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.
     n = arrive.size
     if not n:
         return np.empty(0)
+    if n >= SORT_PER_LINK:                       # many chunks: link by link
+        return _one_by_one(arrive, ser, lat, heads, integer)
     # the guess of :func:`.feedforward.serve`, link by link: prefix sums restarted at
     # every link, each link's leads lifted above the last one's (a guess, checked below)
     pre = np.cumsum(ser)
@@ -331,7 +334,14 @@ def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.
             out = free + lat
             return np.floor(out) if integer else out
         starts[1:] = late | heads[1:]
-    out = np.empty(n)                            # link by link
+    return _one_by_one(arrive, ser, lat, heads, integer)
+
+
+def _one_by_one(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.ndarray,
+                integer: bool) -> np.ndarray:
+    """:func:`serve_links` link by link."""
+    n = arrive.size
+    out = np.empty(n)
     cut = np.flatnonzero(heads).tolist() + [n]
     for a, b in zip(cut, cut[1:]):
         out[a:b] = feedforward.serve(arrive[a:b], ser[a:b], float(lat[a]), integer)[0]
@@ -353,17 +363,19 @@ def run(eng, progress=None):
     net = _Network(eng, sz)
     if not net.ok:
         return None
-    arrive = np.zeros(sz.nchunks)
+    # injections from arrivals at time 0, then: carry them, the steps' injections from
+    # those arrivals; the same injections again mean the arrivals are theirs too
+    inject = _steps(lv, sz, np.zeros(sz.nchunks), cp.nsteps)[2]
     for _ in range(MAX_ITERATIONS):
-        start, done, inject = _steps(lv, sz, arrive, cp.nsteps)
-        t = net.carry(inject + eng.over, eng.integer)
-        if t is None:
+        arrive = net.carry(inject + eng.over, eng.integer)
+        if arrive is None:
             return None
-        if np.array_equal(t, arrive):
+        start, done, again = _steps(lv, sz, arrive, cp.nsteps)
+        if np.array_equal(again, inject):
             if progress is not None:
                 progress(net.events)
             return _result(eng, start, done, net)
-        arrive = t
+        inject = again
     return None
 
 

@@ -140,7 +140,8 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
         budget.check(progs[0], bound, count, itemsize, slice_bytes, in_place, max_work,
                      f"folded onto {bound} at best")
     if got is None or got[0] is not topo:
-        f = symmetry.find(progs, topo, devices, count, aware, in_place) if bound else None
+        f = symmetry.find(progs, topo, devices, count, aware, in_place,
+                          key[:-1] if key else None) if bound else None
         if key is not None:
             if len(_FOLDS) >= symbolic.KEEP:
                 _FOLDS.clear()

@@ -60,56 +60,68 @@ def same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, in_place: bo
     With ``xor_g``: p's rank is q's with its block of ``xor_g`` ranks XOR dr, and so are
     the peers (:func:`~ringtree.sim.compile.image`).
 
-    The renaming is either positional (the j-th chunk of a reference is the j-th of its
-    counterpart, one bijection for the whole Program) or, out of place, a XOR of the
-    chunk index by one mask per buffer mapping each reference onto its counterpart as a
-    set (a butterfly's halves swap places): the memory dependencies (from which storage
+    The renaming is either a XOR of the chunk index by one mask per buffer mapping each
+    reference onto its counterpart as a set (out of place; a butterfly's halves swap
+    places) or positional (the j-th chunk of a reference is the j-th of its counterpart,
+    one bijection for the whole Program): the memory dependencies (from which storage
     two steps share), the element lengths and the slices are then the same."""
+    if not _peers_ok(p, q, dr, n, xor_g):
+        return False
+    masks = None if in_place else _xor_masks(p, q)
+    if masks is not None and all(_xor_keeps_lengths(regs[b], m) for b, m in masks if m):
+        return True
+    return _positional(p, q, regs, in_place)
+
+
+def _peers_ok(p: Program, q: Program, dr: int, n: int, xor_g: int) -> bool:
+    """Same channels and steps, peers moved, chunks and scratch alike."""
     if (len(p.channels) != len(q.channels) or p.chunks != q.chunks
             or p.scratch != q.scratch):
         return False
-    for cp_, cq in zip(p.channels, q.channels):
-        if len(cp_) != len(cq) or not all(_step_ok(s, t, dr, n, xor_g)
-                                          for s, t in zip(cp_, cq)):
-            return False
+    return all(len(cp_) == len(cq) and all(_step_ok(s, t, dr, n, xor_g)
+                                           for s, t in zip(cp_, cq))
+               for cp_, cq in zip(p.channels, q.channels))
+
+
+def _positional(p: Program, q: Program, regs: dict, in_place: bool) -> bool:
     kp, kq = p.storage_map(in_place), q.storage_map(in_place)
     fwd: dict = {}
     bwd: dict = {}
-    if all(_ref_ok(s.src, t.src, regs, fwd, bwd, kp, kq)
-           and _ref_ok(s.dst, t.dst, regs, fwd, bwd, kp, kq)
-           for cp_, cq in zip(p.channels, q.channels) for s, t in zip(cp_, cq)):
-        return True
-    return not in_place and _xor_renamed(p, q, regs)
+    return all(_ref_ok(s.src, t.src, regs, fwd, bwd, kp, kq)
+               and _ref_ok(s.dst, t.dst, regs, fwd, bwd, kp, kq)
+               for cp_, cq in zip(p.channels, q.channels) for s, t in zip(cp_, cq))
 
 
-def _xor_renamed(p: Program, q: Program, regs: dict) -> bool:
-    """Does chunk j ↦ j XOR m_buf map every reference of q onto p's as a set, with
-    m_buf read off the first single-chunk reference of each buffer, keeping lengths?"""
+def _xor_masks(p: Program, q: Program) -> frozenset | None:
+    """The masks (buffer, m) such that chunk j ↦ j XOR m maps every reference of q onto
+    p's as a set, m read off the first single-chunk reference of each buffer; None if
+    there are none. Lengths are not read (:func:`_xor_keeps_lengths` does)."""
     pairs = [(x, y) for cp_, cq in zip(p.channels, q.channels) for s, t in zip(cp_, cq)
              for x, y in ((s.src, t.src), (s.dst, t.dst))]
     mask: dict = {}
     for x, y in pairs:
         if (x is None) != (y is None) or (x is not None and (x.buf != y.buf
                                                              or x.count != y.count)):
-            return False
+            return None
         if x is not None and x.count == 1 and x.buf not in mask:
             mask[x.buf] = x.index ^ y.index
+    nchunks = {b: p.chunks * k for b, k in zip(
+        (Buf.INPUT, Buf.OUTPUT), p.collective.blocks(p.nranks))}
+    nchunks[Buf.SCRATCH] = p.chunks * p.blocks(Buf.SCRATCH)
     for x, y in pairs:
         if x is None:
             continue
         m = mask.get(x.buf, 0)
-        rg = regs[x.buf]
-        size = 1 << m.bit_length()
-        if len(rg) % size:
-            return False                         # XOR by m leaves the buffer
+        if nchunks[x.buf] % (1 << m.bit_length()):
+            return None                          # XOR by m leaves the buffer
         c = x.count
-        if c & (c - 1) == 0 and x.index % c == 0 and c >= 1:
+        if c & (c - 1) == 0 and x.index % c == 0:
             if y.index != (x.index ^ m) & ~(c - 1):
-                return False
+                return None
         elif sorted(j ^ m for j in range(x.index, x.index + c)) != \
                 list(range(y.index, y.index + c)):
-            return False
-    return all(_xor_keeps_lengths(regs[b], m) for b, m in mask.items() if m)
+            return None
+    return frozenset(mask.items())
 
 
 def _xor_keeps_lengths(rg: list[int], m: int) -> bool:
@@ -302,11 +314,13 @@ def _parent(r: int, g: int, n: int, xor: bool) -> tuple[int, int]:
 
 
 def find(programs: Sequence[Program], topo: Topology, devices: list[int], count: int,
-         aware: bool, in_place: bool = False) -> Fold | None:
+         aware: bool, in_place: bool = False, key: tuple | None = None) -> Fold | None:
     """The fold of fewest ranks (g a multiple of the ranks per node, shifts tried before
     XOR) under which the run is exactly symmetric, or None: every Program is its parent's
     (:func:`_parent`) moved by a generator, and the routes are as :meth:`_Routes.fold`
-    says."""
+    says. ``key`` names what generated ``programs``: what does not depend on the count
+    (the routes' folds, the peers and XOR masks of every rank) is then kept for the next
+    call (a sweep over sizes)."""
     n = topo.nranks
     if len(programs) != n or n < 2:
         return None
@@ -317,18 +331,65 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
              if same_shape(programs[g], p0, 1 if x else g, n, regs, in_place, g if x else 0)]
     if not tries:
         return None
-    conns = sorted({(r, q, c) for r, p in enumerate(programs)
-                    for c, ch in enumerate(p.channels) for s in ch for q in s.send_to})
-    routes = _Routes(conns, topo, devices, aware)
+    kept = _kept(("routes", key, id(topo), tuple(devices), aware), topo, key)
+    routes = None
     for g, x in tries:
-        f = routes.fold(g, n, x)
-        if f is None:
-            continue
-        if all(same_shape(programs[r], programs[a], h if x else g, n, regs, in_place,
-                          g if x else 0)
-               for r in range(g, n) for a, h in (_parent(r, g, n, x),)):
+        if (g, x) not in kept:
+            if routes is None:
+                conns = sorted({(r, q, c) for r, p in enumerate(programs)
+                                for c, ch in enumerate(p.channels) for s in ch
+                                for q in s.send_to})
+                routes = _Routes(conns, topo, devices, aware)
+            kept[(g, x)] = routes.fold(g, n, x)
+        f = kept[(g, x)]
+        if f is not None and _all_ranks(programs, g, x, n, regs, in_place, topo, key):
             return f
     return None
+
+
+def _kept(k: tuple, topo: Topology, key: tuple | None) -> dict:
+    """The dict kept under ``k`` (a fresh one when ``key`` is None)."""
+    if key is None:
+        return {}
+    got = _FIND.get(k)
+    if got is None or got[0] is not topo:
+        if len(_FIND) >= 4 * symbolic.KEEP:
+            _FIND.clear()
+        got = _FIND[k] = (topo, {})
+    return got[1]
+
+
+def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
+               in_place: bool, topo: Topology, key: tuple | None) -> bool:
+    """Every rank outside block 0 is its parent moved (:func:`same_shape`); the peers
+    and the XOR masks of all ranks are kept under ``key``, so that another count needs
+    only the masks' lengths (or, when some rank has no XOR renaming, the full check)."""
+    kept = _kept(("ranks", key, in_place), topo, key)
+    got = kept.get((g, x))
+    if got is None:
+        masks: set | None = set()
+        for r in range(g, n):
+            a, h = _parent(r, g, n, x)
+            p, q = programs[r], programs[a]
+            if not _peers_ok(p, q, h if x else g, n, g if x else 0):
+                got = False
+                break
+            m = None if in_place or masks is None else _xor_masks(p, q)
+            masks = None if m is None else masks | m
+        else:
+            got = "positional" if masks is None else frozenset(masks)
+        kept[(g, x)] = got
+    if got is False:
+        return False
+    if got != "positional" and all(_xor_keeps_lengths(regs[b], m) for b, m in got if m):
+        return True
+    return all(same_shape(programs[r], programs[a], h if x else g, n, regs, in_place,
+                          g if x else 0)
+               for r in range(g, n) for a, h in (_parent(r, g, n, x),))
+
+
+# what find() keeps for a sweep: the routes' folds and the ranks' peers and XOR masks
+_FIND: dict[tuple, tuple[Topology, dict]] = {}
 
 
 def period(programs: Sequence[Program], topo: Topology, devices: list[int], count: int,

@@ -15,6 +15,13 @@ seconds is stopped and reported as such.
 
 Usage: python benchmarks/sim_scale.py [--cases NAME,NAME] [--timeout S] [--detail]
        [--presets NAME,NAME]
+       python benchmarks/sim_scale.py --largest [--limit-gib 8] [--timeout S]
+
+``--largest`` looks for the largest case that fits in ``--limit-gib`` of memory: ring
+all-reduce of 1 GiB and tree all-reduce of 8 B on dgx_h100, doubling the nodes from the
+bar's own cases, each run in a fresh process. It stops before a run whose peak RSS,
+extrapolated linearly from the last one (memory is O(ranks × channels)), would pass the
+limit, or when a run passes the limit or ``--timeout``, and prints what it measured.
 
 ``--detail`` also prints, for the sweeps, the CPU seconds of every (preset, algorithm);
 ``--presets`` runs the 8-node sweep on those presets only (the bar is for all of them).
@@ -81,6 +88,10 @@ def run_case(name: str, only: list[str] | None = None) -> dict:
     elif name == "tree_8B_131072":
         events, _, note = _one("dgx_h100", 16384, "tree", [8])
         detail.append(note)
+    elif name.startswith("grow:"):                  # --largest: grow:ALGO:BYTES:NODES
+        _, algo, size, nodes = name.split(":")
+        events, _, note = _one("dgx_h100", int(nodes), algo, [int(size)])
+        detail.append(note)
     elif name in ("sweep_8_nodes", "readme_sharp_128"):
         pairs = [(p, 8) for p in only or presets.PRESETS] if name == "sweep_8_nodes" else \
             [("dgx_h100_sharp", 128)]
@@ -92,7 +103,7 @@ def run_case(name: str, only: list[str] | None = None) -> dict:
                 print(f"    {detail[-1]}", flush=True)     # read back if the case times out
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    bar_s, bar_mib = CASES[name]
+    bar_s, bar_mib = CASES.get(name, (float("inf"), None))
     return {"case": name, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
             "max_rss_MiB": round(rss, 1), "events": events,
             "events_per_s": round(events / wall) if wall > 0 else 0,
@@ -101,8 +112,50 @@ def run_case(name: str, only: list[str] | None = None) -> dict:
             "detail": detail}
 
 
+def _fresh(case: list[str], timeout: float) -> dict | None:
+    """One ``--case`` run in a fresh process (None if it ran past ``timeout``)."""
+    try:
+        out = subprocess.run([sys.executable, __file__, "--case", *case], capture_output=True,
+                             text=True, check=True, timeout=timeout).stdout
+    except subprocess.TimeoutExpired:
+        return None
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def largest(limit_mib: float, timeout: float) -> None:
+    """Double the nodes of each growing case while the next run fits in ``limit_mib``."""
+    for algo, size, nodes in (("ring", GiB, 2048), ("tree", 8, 16384)):
+        last = None
+        while True:
+            if last is not None and last["max_rss_MiB"] * 2 > limit_mib:
+                print(f"{algo:4s} next: {nodes * 8:,d} ranks would need about "
+                      f"{last['max_rss_MiB'] * 2 / 1024:.1f} GiB (linear), over the limit; "
+                      f"stopped", flush=True)
+                break
+            res = _fresh([f"grow:{algo}:{size}:{nodes}"], timeout)
+            if res is None:
+                print(f"{algo:4s} {nodes * 8:>9,d} ranks: stopped after {timeout:.0f} s",
+                      flush=True)
+                break
+            fits = res["max_rss_MiB"] <= limit_mib
+            print(f"{algo:4s} {nodes * 8:>9,d} ranks {size:>10,d} B: wall {res['wall_s']:7.1f} s"
+                  f"  cpu {res['cpu_s']:7.1f} s  peak RSS {res['max_rss_MiB']:8.1f} MiB  "
+                  f"{res['events']:>11,d} chunks ({res['events_per_s']:,d}/s)"
+                  f"{'' if fits else '  OVER the limit'}", flush=True)
+            if not fits:
+                break
+            last, nodes = res, nodes * 2
+
+
 def main() -> int:
     args = sys.argv[1:]
+    if "--largest" in args:
+        gib = float(args[args.index("--limit-gib") + 1]) if "--limit-gib" in args else 8.0
+        timeout = float(args[args.index("--timeout") + 1]) if "--timeout" in args else 900.0
+        with open("/proc/loadavg") as f:
+            print(f"# load average: {f.read().strip()}; limit {gib:g} GiB")
+        largest(gib * 1024, timeout)
+        return 0
     only = args[args.index("--presets") + 1].split(",") if "--presets" in args else []
     if len(args) >= 2 and args[0] == "--case":
         print(json.dumps(run_case(args[1], only)))

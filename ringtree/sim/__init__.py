@@ -15,12 +15,17 @@ The same Programs the executor runs (``ringtree.schedules``) are executed on a
   is exact), :mod:`.fast` the α-β model as one longest-path problem in numpy;
 - :mod:`.symbolic` runs a schedule generator on a symbolic rank to get one shared
   template Program for every rank, :mod:`.symmetry` proves when the run is symmetric
-  under a shift of ranks, and :mod:`.fold` chooses what to simulate; :mod:`.wave` runs a
+  under shifts of ranks or XOR of aligned blocks of ranks (links shared between blocks
+  simulated through their orbits' representatives), and :mod:`.fold` chooses what to
+  simulate; :mod:`.wave` runs a
   template for all simulated ranks at once (numpy), falling back to the event engine
   when it cannot keep the engine's order.
 
 Schedules without a template (trees, direct, recursive doubling: their generators
-branch on the rank) run every rank's own Program on the event engine. What keeps that
+branch on the rank) run every rank's own Program on the event engine, folded when
+:func:`.symmetry.find` proves it (butterflies fold under XOR onto one node: with the
+fat-tree's destination-mod-k routes, :mod:`.routing`, XOR of node ids maps routes onto
+routes). What keeps that
 O(ranks × channels) rather than O(ranks²) or O(ranks × channels × steps) of memory:
 Programs are generated when read (:class:`.fold.Lazy`) and dropped once compiled; a
 channel that moves no data is left out of the compiled run (:func:`.compile.moving`,

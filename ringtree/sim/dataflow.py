@@ -234,20 +234,25 @@ class _Network:
             parts.append(got)
         self.sizes = sizes = np.concatenate(parts) if parts else np.zeros(0)
         for links in by_stage:
-            idxs, sers, lats, segs = [], [], [], []
-            for j, (li, cs) in enumerate(links):
+            idxs, sers, lens = [], [], []
+            for li, cs in links:
                 ln = per[cs]
                 idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
                 idxs.append(idx)
                 sers.append(sizes[idx] / eng.rate[li])
-                lats.append(np.full(idx.size, eng.llat[li]))
-                segs.append(np.full(idx.size, j, np.int64))
-            seg = np.concatenate(segs)
-            heads = np.ones(seg.size, bool)
-            heads[1:] = seg[1:] != seg[:-1]
-            cut = np.flatnonzero(heads).tolist() + [seg.size]
-            self.stages.append((np.concatenate(idxs), np.concatenate(sers),
-                                np.concatenate(lats), seg, heads, list(zip(cut, cut[1:]))))
+                lens.append(idx.size)
+            cut = np.concatenate(([0], np.cumsum(lens)))
+            bounds = [(a, b, eng.llat[li]) for (li, _), a, b in
+                      zip(links, cut[:-1].tolist(), cut[1:].tolist())]
+            many = int(cut[-1]) >= SORT_PER_LINK      # served link by link
+            seg = lat = heads = None
+            if not many:
+                seg = np.repeat(np.arange(len(lens)), lens)
+                lat = np.repeat([eng.llat[li] for li, _ in links], lens)
+                heads = np.zeros(seg.size, bool)
+                heads[cut[:-1]] = True
+            self.stages.append((np.concatenate(idxs), np.concatenate(sers), lat, seg,
+                                heads, bounds))
         self.conn_of = np.repeat(np.arange(nconn), per)
 
     def carry(self, inject: np.ndarray, integer: bool) -> np.ndarray | None:
@@ -257,11 +262,15 @@ class _Network:
         t = inject.copy()
         for idx, ser, lat, seg, heads, links in self.stages:
             x = t[idx]
-            # per link by time; ties keep (message, slice): one sort of every link for
-            # a few chunks, a sort per link for many (and so are they served)
-            o = np.lexsort((x, seg)) if x.size < SORT_PER_LINK else np.concatenate(
-                [np.argsort(x[a:b], kind="stable") + a for a, b in links])
-            t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
+            # per link by time; ties keep (message, slice): one sort and one service of
+            # every link for a few chunks, link by link for many
+            if seg is not None:
+                o = np.lexsort((x, seg))
+                t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
+                continue
+            for a, b, lt in links:
+                o = np.argsort(x[a:b], kind="stable") + a
+                t[idx[o]] = feedforward.serve(x[o], ser[o], lt, integer)[0]
         back = (t[1:] < t[:-1]) & (self.conn_of[1:] == self.conn_of[:-1])
         return None if back.any() else t
 

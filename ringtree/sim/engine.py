@@ -58,7 +58,7 @@ class _Network:
     """Links and connections: injection, the per-hop FIFO links, delivery."""
 
     def __init__(self, cp: Compiled, topo: Topology, devices: list[int],
-                 model: Unaware | Aware, trace: bool) -> None:
+                 model: Unaware | Aware, trace: bool, fresh: bool = True) -> None:
         self.aware = aware = isinstance(model, Aware)
         self.integer = model.integer_ns
         self.over = topo.overhead_ns
@@ -70,7 +70,8 @@ class _Network:
         self.rate = [topo.bytes_per_ns(i) for i in range(len(topo.links))]
         self.llat = [lk.latency for lk in topo.links]
         self.cp, self.trace = cp, trace
-        self.fresh_network()
+        if fresh:
+            self.fresh_network()
 
     def fresh_network(self) -> None:
         """Idle links and connections, nothing sent (what a run starts from)."""
@@ -115,8 +116,10 @@ class _Engine(_Network):
     """The dataflow over (step, slice) times, driving :class:`_Network`."""
 
     def __init__(self, cp: Compiled, topo: Topology, devices: list[int],
-                 model: Unaware | Aware, trace: bool) -> None:
-        super().__init__(cp, topo, devices, model, trace)
+                 model: Unaware | Aware, trace: bool, fresh: bool = True) -> None:
+        """``fresh``: also set up the state of a run (else call :meth:`fresh_network` and
+        :meth:`fresh_steps` before running; :mod:`.dataflow` needs neither)."""
+        super().__init__(cp, topo, devices, model, trace, fresh)
         ns = cp.nsteps
         got = cp.memo.get("steps")                 # kept for a sweep's sizes
         if got is None:
@@ -134,7 +137,8 @@ class _Engine(_Network):
                 k, [compute_ns(b, ops[s], k[2]) for b in sl[s]])
         self.arrays: dict[int, np.ndarray] = {}     # id of a step's slices: their bytes
         self.pend0 = self.pend
-        self.fresh_steps()
+        if fresh:
+            self.fresh_steps()
 
     def fresh_steps(self) -> None:
         """No step issued yet."""
@@ -421,7 +425,7 @@ def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware
     ``progress(events)`` is called every 65,536 heap events. Runs compiled from one
     :class:`.structure.Structure` (a sweep's sizes) go to the heap at once after the
     rounds failed on one of them: the same answer, without carrying it twice."""
-    eng = _Engine(cp, topo, devices, model, trace)
+    eng = _Engine(cp, topo, devices, model, trace, fresh=False)
     many = cp.nmsgs >= ROUNDS_MSGS_PER_RANK * max(1, cp.nranks)
     failed = ("rounds failed", id(topo), eng.integer)    # for the other sizes of a sweep
     unsettled = ("no fixed point", id(topo), eng.integer)
@@ -431,8 +435,8 @@ def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware
         if got is not None:
             return got
         cp.memo[unsettled] = True
-        eng.fresh_network()
-        eng.fresh_steps()
+    eng.fresh_network()
+    eng.fresh_steps()
     if batch and many and eng.aware and not trace and failed not in cp.memo and \
             eng.rounds(progress) is False:
         cp.memo[failed] = True

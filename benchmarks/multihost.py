@@ -282,8 +282,13 @@ def table(entry: dict, gloo: dict) -> str:
     return "\n".join(rows)
 
 
-def plot(entries: list[dict], glos: dict, path: str) -> None:
-    import matplotlib
+def plot(entries: list[dict], glos: dict, path: str) -> bool:
+    """Times against size per part, with gloo and the link bound; False without
+    matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -313,6 +318,7 @@ def plot(entries: list[dict], glos: dict, path: str) -> None:
         ax.legend(fontsize=6, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main() -> int:
@@ -400,8 +406,8 @@ def report(entries: list[dict], glos: dict, plot_path: str) -> None:
         print(f"\n### {e['coll']}, {e['layout']} at {e['rate']}\n")
         print(table(e, glos.get(e["key"], {})))
     print("\n" + score(entries, glos))
-    plot(entries, glos, plot_path)
-    print(f"plot: {plot_path}")
+    print(f"plot: {plot_path}" if plot(entries, glos, plot_path)
+          else "plot: skipped (matplotlib is not installed)")
 
 
 def score(entries: list[dict], glos: dict) -> str:

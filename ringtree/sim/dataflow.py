@@ -300,10 +300,7 @@ def _stages(routes: list[list[int]], nlinks: int) -> list[int] | None:
     order = feedforward.link_order(routes, nlinks)
     if order is None:
         return None
-    succ: list[set[int]] = [set() for _ in range(nlinks)]
-    for rt in routes:
-        for a, b in zip(rt, rt[1:]):
-            succ[a].add(b)
+    succ = feedforward.successors(routes, nlinks)
     stage = [0] * nlinks
     for li in order:
         for b in succ[li]:

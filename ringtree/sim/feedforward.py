@@ -30,16 +30,22 @@ import numpy as np
 
 from ringtree.sim.compile import Compiled
 
-__all__ = ["serve", "link_order", "Rounds", "slices_at_once", "inject_all"]
+__all__ = ["serve", "successors", "link_order", "Rounds", "slices_at_once", "inject_all"]
+
+
+def successors(routes: list[list[int]], nlinks: int) -> list[set[int]]:
+    """For every link, the links that follow it directly on some route."""
+    succ: list[set[int]] = [set() for _ in range(nlinks)]
+    for rt in routes:
+        for a, b in zip(rt, rt[1:]):
+            succ[a].add(b)
+    return succ
 
 
 def link_order(routes: list[list[int]], nlinks: int) -> list[int] | None:
     """The links in an order where each comes after every link before it on a route
     (Kahn), or None when the routes make a cycle."""
-    succ: list[set[int]] = [set() for _ in range(nlinks)]
-    for rt in routes:
-        for a, b in zip(rt, rt[1:]):
-            succ[a].add(b)
+    succ = successors(routes, nlinks)
     indeg = [0] * nlinks
     for s in succ:
         for b in s:

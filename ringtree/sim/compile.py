@@ -81,7 +81,6 @@ class _Builder:
         self.n, self.xor = cp.world, cp.xor
         self.sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-        self.route_pair: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.names: dict[tuple, str] = {}
         self.slice_cache: dict[tuple, tuple[int, ...]] = {}
         self.send_ids: list[list[int]] = []      # message ids per step, filled by pair()
@@ -133,8 +132,8 @@ class _Builder:
 
     def pair(self) -> None:
         """Pair the i-th send with the i-th receive of every connection."""
-        pair(self.cp, self.sends, self.recvs, self.route_pair, self.send_ids,
-             self.recv_ids, self.cp.step_slices)
+        pair(self.cp, self.sends, self.recvs, self.send_ids, self.recv_ids,
+             self.cp.step_slices)
 
 
 def image(r: int, b: int, g: int, n: int, xor: bool) -> int:
@@ -153,8 +152,8 @@ def folded_sender(q: int, r: int, g: int, n: int, xor: bool) -> tuple[int, int]:
     return q % g, image(r, b if xor else -b % (n // g), g, n, xor)
 
 
-def pair(cp: Compiled, sends: dict, recvs: dict, route_pair: dict, send_ids: list,
-         recv_ids: list, sizes: list | None) -> None:
+def pair(cp: Compiled, sends: dict, recvs: dict, send_ids: list, recv_ids: list,
+         sizes: list | None) -> None:
     """Number the messages of ``cp``: the i-th send of every connection (``sends``, its
     (step, position) in program order) with its i-th receive; ``sizes``: check that both
     ends cut the message into the same slices."""
@@ -165,7 +164,7 @@ def pair(cp: Compiled, sends: dict, recvs: dict, route_pair: dict, send_ids: lis
                              f"{len(ss)} sends but {len(rr)} receives")
         cid = len(cp.conns)
         cp.conns.append(conn)
-        cp.conn_ranks.append(route_pair.get(conn, (conn[0], conn[1])))
+        cp.conn_ranks.append((conn[0], conn[1]))
         for i, ((a, pa), (b, pb)) in enumerate(zip(ss, rr)):
             if sizes is not None and sizes[a] != sizes[b]:
                 raise ValueError(f"connection {conn}: message {i} sizes differ "

@@ -203,7 +203,6 @@ class Structure:
         fold = self.fold
         sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-        route_pair: dict[tuple[int, int, int], tuple[int, int]] = {}
         send_ids: list[list[int]] = [[] for _ in lay.step_rank]
         recv_ids: list[list[int]] = [[] for _ in lay.step_rank]
         for gid in np.flatnonzero(mask).tolist():
@@ -222,7 +221,7 @@ class Structure:
                       step_name=lay.step_name, fold=fold, world=self.n,
                       declared=self.declared, xor=self.xor)
         try:
-            pair(cp, sends, recvs, route_pair, send_ids, recv_ids, None)
+            pair(cp, sends, recvs, send_ids, recv_ids, None)
         except ValueError:
             return None
         return _Pairing(cp, np.asarray(cp.msg_sstep, np.intp),

@@ -15,9 +15,9 @@ The same Programs the executor runs (``ringtree.schedules``) are executed on a
   is exact), :mod:`.fast` the α-β model as one longest-path problem in numpy;
 - :mod:`.symbolic` runs a schedule generator on a symbolic rank to get one shared
   template Program for every rank, :mod:`.symmetry` proves when the run is symmetric
-  under shifts of ranks or XOR of aligned blocks of ranks (links shared between blocks
-  simulated through their orbits' representatives), and :mod:`.fold` chooses what to
-  simulate; :mod:`.wave` runs a
+  under shifts of ranks or XOR of aligned blocks of ranks, :mod:`.orbits` that the
+  routes are kept (links shared between blocks simulated through their orbits'
+  representatives), and :mod:`.fold` chooses what to simulate; :mod:`.wave` runs a
   template for all simulated ranks at once (numpy), falling back to the event engine
   when it cannot keep the engine's order.
 

@@ -1,23 +1,23 @@
 """Exact symmetry folding: simulate one representative per class of equivalent ranks.
 
-If shifting every rank by g maps the run onto itself — every Program is the one g ranks
-earlier with peers shifted and chunks renamed by a size-preserving bijection, every
-connection's route is the same as the one g ranks earlier, devices compute at the same
-speed — then rank r + g does at the same times what rank r does, and simulating ranks
-0..g−1 (``compile_programs(fold=g)``) gives the exact answer. Every condition is checked;
-when one fails the run is simulated whole.
+If a group of rank permutations — shifts by multiples of g ranks, or XOR of aligned
+blocks of g ranks — maps the run onto itself (every Program is its parent's with peers
+moved and chunks renamed by a size-preserving bijection, positionally or by a XOR mask
+per buffer; the network's routes are kept, :mod:`.orbits`; devices compute at the same
+speed), then every rank does at the same times what its representative r mod g does,
+and simulating ranks 0..g−1 (``compile_programs(fold=g)``) gives the exact answer. Every
+condition is checked; when one fails the run is simulated whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from ringtree.core.ir import Buf, Program
 from ringtree.core.plan import chunk_regions
 from ringtree.sim import symbolic
 from ringtree.sim.compile import image
-from ringtree.sim.model import channel_shares, path
+from ringtree.sim.orbits import Fold, Routes
 from ringtree.sim.topology import Topology
 
 
@@ -148,143 +148,6 @@ def node_period(topo: Topology) -> int:
     return g0
 
 
-def _link_users_closed(paths: dict, g: int) -> bool:
-    """Congestion-aware folding: no link carries connections of two blocks of g ranks, and
-    a link shared inside a block is shared the same way in every block (checked by
-    :func:`_isomorphic`)."""
-    used: dict[int, int] = {}
-    for (r, _, _), pth in paths.items():
-        for li in pth.links:
-            if used.setdefault(li, r // g) != r // g:
-                return False
-    return True
-
-
-def _isomorphic(paths: dict, topo: Topology, g: int, n: int, xor: bool) -> bool:
-    """Every block's routes are block 0's under one link bijection keeping every link's
-    bandwidth and latency (so the FIFO links see the same contention)."""
-    links = topo.links
-    for b in range(1, n // g):
-        fwd: dict[int, int] = {}
-        bwd: dict[int, int] = {}
-        for (r, q, c), pth in paths.items():
-            if r >= g:
-                continue
-            img = paths.get((image(r, b, g, n, xor), image(q, b, g, n, xor), c))
-            if img is None or len(img.links) != len(pth.links):
-                return False
-            for a, x in zip(pth.links, img.links):
-                if fwd.setdefault(a, x) != x or bwd.setdefault(x, a) != a:
-                    return False
-                if (links[a].bandwidth, links[a].latency) != (links[x].bandwidth,
-                                                              links[x].latency):
-                    return False
-    return True
-
-
-def generators(g: int, n: int, xor: bool) -> list[int]:
-    """Block elements generating the group of a fold: the shift by one block, or the XOR
-    of each bit of the block index."""
-    if not xor:
-        return [1]
-    return [1 << k for k in range((n // g).bit_length() - 1)]
-
-
-def _orbits(paths: dict, topo: Topology, g: int, n: int, xor: bool) -> dict[int, int] | None:
-    """The quotient of the links by the fold's group, or None if there is none.
-
-    Each generator h must map every connection's route onto the route of the connection's
-    image, link by link, through one bijection π_h of the links used that keeps bandwidth
-    and latency; then the π's are the group acting on the links (π_h∘π_h' of a route is
-    the route of the image under h·h', so π respects the group's relations on every link
-    used) and the whole run is invariant. If moreover the group acts freely (every
-    link's orbit has |G| = n/g links), the FIFO of a link carries, at the same times, the
-    images of exactly the block-0 messages that cross any link of its orbit, one element
-    per such link: simulating block 0 with every link replaced by its orbit's
-    representative (the smallest id) is exact. Returns link → representative."""
-    links = topo.links
-    perms: list[dict[int, int]] = []
-    for h in generators(g, n, xor):
-        fwd: dict[int, int] = {}
-        bwd: dict[int, int] = {}
-        for (r, q, c), pth in paths.items():
-            img = paths.get((image(r, h, g, n, xor), image(q, h, g, n, xor), c))
-            if img is None or len(img.links) != len(pth.links):
-                return None
-            for a, x in zip(pth.links, img.links):
-                if fwd.setdefault(a, x) != x or bwd.setdefault(x, a) != a:
-                    return None
-        if any((links[a].bandwidth, links[a].latency) != (links[x].bandwidth,
-                                                          links[x].latency)
-               for a, x in fwd.items()):
-            return None
-        perms.append(fwd)
-    size = n // g
-    rep: dict[int, int] = {}
-    for li in perms[0] if perms else ():
-        if li in rep:
-            continue
-        orbit, todo = {li}, [li]
-        while todo:
-            x = todo.pop()
-            for pm in perms:
-                y = pm[x]
-                if y not in orbit:
-                    orbit.add(y)
-                    todo.append(y)
-        if len(orbit) != size:
-            return None                       # not free: a link is its own image
-        m = min(orbit)
-        for x in orbit:
-            rep[x] = m
-    return rep
-
-
-class _Routes:
-    """Routes of every connection of a run, computed once for all candidate folds."""
-
-    def __init__(self, conns, topo: Topology, devices: list[int], aware: bool) -> None:
-        self.topo, self.aware = topo, aware
-        raw = {k: topo.route(devices[k[0]], devices[k[1]], k[2]) for k in conns}
-        if aware:
-            self.paths = {k: path(topo, v) for k, v in raw.items()}
-        else:
-            share = channel_shares((k[0], v) for k, v in raw.items())
-            self.summary = {k: (p.latency, p.bottleneck, p.first) for k, p in
-                            ((k, path(topo, v, share)) for k, v in raw.items())}
-
-    def fold(self, g: int, n: int, xor: bool = False) -> Fold | None:
-        """The fold of g ranks (shifts or XOR) the network keeps, or None. Aware: no link
-        carries two blocks' connections and the blocks' routes are isomorphic (links as
-        they are), else the links' quotient (:func:`_orbits`)."""
-        if self.aware:
-            if _link_users_closed(self.paths, g) and _isomorphic(self.paths, self.topo,
-                                                                  g, n, xor):
-                return Fold(g, xor)
-            rep = _orbits(self.paths, self.topo, g, n, xor)
-            return None if rep is None else Fold(g, xor, rep)
-        summary = self.summary
-        for h in generators(g, n, xor):
-            if not all(summary.get((image(r, h, g, n, xor), image(q, h, g, n, xor), c)) == v
-                       for (r, q, c), v in summary.items()):
-                return None
-        return Fold(g, xor)
-
-    def periodic(self, g: int, n: int) -> bool:
-        return self.fold(g, n) is not None
-
-
-@dataclass(frozen=True)
-class Fold:
-    """What :func:`find` proved: simulate ranks 0..g−1 of a run symmetric under shifts of
-    g ranks or (``xor``) XOR of aligned blocks of g ranks; ``links``: each used link's
-    orbit representative, when blocks share links (None: the links as they are)."""
-
-    g: int
-    xor: bool = False
-    links: dict[int, int] | None = field(default=None, compare=False)
-
-
 def candidates(topo: Topology, devices: list[int]) -> list[int]:
     """Shifts g worth trying: multiples of the ranks per node that divide the ranks, under
     which every rank's device reduces at the same speed as the one g earlier."""
@@ -317,7 +180,7 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
          aware: bool, in_place: bool = False, key: tuple | None = None) -> Fold | None:
     """The fold of fewest ranks (g a multiple of the ranks per node, shifts tried before
     XOR) under which the run is exactly symmetric, or None: every Program is its parent's
-    (:func:`_parent`) moved by a generator, and the routes are as :meth:`_Routes.fold`
+    (:func:`_parent`) moved by a generator, and the routes are as :meth:`Routes.fold`
     says. ``key`` names what generated ``programs``: what does not depend on the count
     (the routes' folds, the peers and XOR masks of every rank) is then kept for the next
     call (a sweep over sizes)."""
@@ -339,7 +202,7 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
                 conns = sorted({(r, q, c) for r, p in enumerate(programs)
                                 for c, ch in enumerate(p.channels) for s in ch
                                 for q in s.send_to})
-                routes = _Routes(conns, topo, devices, aware)
+                routes = Routes(conns, topo, devices, aware)
             kept[(g, x)] = routes.fold(g, n, x)
         f = kept[(g, x)]
         if f is not None and _all_ranks(programs, g, x, n, regs, in_place, topo, key):
@@ -488,7 +351,7 @@ def template_period(t: Program, topo: Topology, devices: list[int], count: int,
             _ROUTES.clear()
         conns = [(r, (r + a) % n, c) for r in range(n) for c, os in enumerate(offs)
                  for a in os]
-        got = _ROUTES[key] = (topo, _Routes(conns, topo, devices, aware), {})
+        got = _ROUTES[key] = (topo, Routes(conns, topo, devices, aware), {})
     routes, seen = got[1], got[2]
     for g in gs:
         if g not in seen:
@@ -501,4 +364,4 @@ def template_period(t: Program, topo: Topology, devices: list[int], count: int,
 
 # the routes of the last few templates' connections, and which shifts they keep (a sweep
 # over sizes asks the same question at every size)
-_ROUTES: dict[tuple, tuple[Topology, _Routes, dict[int, bool]]] = {}
+_ROUTES: dict[tuple, tuple[Topology, Routes, dict[int, bool]]] = {}

@@ -31,26 +31,35 @@ def links_closed(paths: dict, g: int) -> bool:
     return True
 
 
+def link_map(paths: dict, topo: Topology, b: int, g: int, n: int, xor: bool,
+             block0: bool = False) -> dict[int, int] | None:
+    """The link bijection that block element ``b`` induces on the routes of ``paths``
+    (only block 0's connections if ``block0``): each route mapped link by link onto the
+    route of the connection's image, one link to one link, keeping bandwidth and latency;
+    None where there is no such bijection."""
+    links = topo.links
+    fwd: dict[int, int] = {}
+    bwd: dict[int, int] = {}
+    for (r, q, c), pth in paths.items():
+        if block0 and r >= g:
+            continue
+        img = paths.get((image(r, b, g, n, xor), image(q, b, g, n, xor), c))
+        if img is None or len(img.links) != len(pth.links):
+            return None
+        for a, x in zip(pth.links, img.links):
+            if fwd.setdefault(a, x) != x or bwd.setdefault(x, a) != a:
+                return None
+    if any((links[a].bandwidth, links[a].latency) != (links[x].bandwidth, links[x].latency)
+           for a, x in fwd.items()):
+        return None
+    return fwd
+
+
 def isomorphic(paths: dict, topo: Topology, g: int, n: int, xor: bool) -> bool:
     """Every block's routes are block 0's under one link bijection keeping every link's
     bandwidth and latency (so the FIFO links see the same contention)."""
-    links = topo.links
-    for b in range(1, n // g):
-        fwd: dict[int, int] = {}
-        bwd: dict[int, int] = {}
-        for (r, q, c), pth in paths.items():
-            if r >= g:
-                continue
-            img = paths.get((image(r, b, g, n, xor), image(q, b, g, n, xor), c))
-            if img is None or len(img.links) != len(pth.links):
-                return False
-            for a, x in zip(pth.links, img.links):
-                if fwd.setdefault(a, x) != x or bwd.setdefault(x, a) != a:
-                    return False
-                if (links[a].bandwidth, links[a].latency) != (links[x].bandwidth,
-                                                              links[x].latency):
-                    return False
-    return True
+    return all(link_map(paths, topo, b, g, n, xor, block0=True) is not None
+               for b in range(1, n // g))
 
 
 def generators(g: int, n: int, xor: bool) -> list[int]:
@@ -73,21 +82,10 @@ def orbits(paths: dict, topo: Topology, g: int, n: int, xor: bool) -> dict[int, 
     images of exactly the block-0 messages that cross any link of its orbit, one element
     per such link: simulating block 0 with every link replaced by its orbit's
     representative (the smallest id) is exact. Returns link → representative."""
-    links = topo.links
     perms: list[dict[int, int]] = []
     for h in generators(g, n, xor):
-        fwd: dict[int, int] = {}
-        bwd: dict[int, int] = {}
-        for (r, q, c), pth in paths.items():
-            img = paths.get((image(r, h, g, n, xor), image(q, h, g, n, xor), c))
-            if img is None or len(img.links) != len(pth.links):
-                return None
-            for a, x in zip(pth.links, img.links):
-                if fwd.setdefault(a, x) != x or bwd.setdefault(x, a) != a:
-                    return None
-        if any((links[a].bandwidth, links[a].latency) != (links[x].bandwidth,
-                                                          links[x].latency)
-               for a, x in fwd.items()):
+        fwd = link_map(paths, topo, h, g, n, xor)
+        if fwd is None:
             return None
         perms.append(fwd)
     size = n // g

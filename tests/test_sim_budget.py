@@ -14,8 +14,8 @@ PRESETS = [("dgx_h100", 4), ("dgx_a100_sharp", 2), ("fat_tree2", 16), ("torus", 
 
 
 @pytest.mark.parametrize("name,nodes", PRESETS)
-def test_cannot_fold_only_when_period_finds_nothing(name, nodes):
-    """Where :func:`symmetry.cannot_fold` says no fold exists, the full proof agrees."""
+def test_no_fold_bound_only_when_period_finds_nothing(name, nodes):
+    """Where :func:`symmetry.fold_bound` says no fold exists, the full proof agrees."""
     topo = presets.get(name, nodes)
     opts = fold.options(topo)
     said = folded = 0
@@ -30,7 +30,7 @@ def test_cannot_fold_only_when_period_finds_nothing(name, nodes):
                 count = count_for(coll, nbytes, topo.nranks)
                 for aware in (True, False):
                     g = symmetry.period(progs, topo, devices, count, aware)
-                    no = symmetry.cannot_fold(progs, topo, devices, count, aware)
+                    no = not symmetry.fold_bound(progs, topo, devices, count, aware)
                     assert not (no and g), (coll, algo, nbytes, aware, g)
                     said += no
                     folded += g > 0

@@ -139,9 +139,6 @@ class Routes:
                 return None
         return Fold(g, xor)
 
-    def periodic(self, g: int, n: int) -> bool:
-        return self.fold(g, n) is not None
-
 
 @dataclass(frozen=True)
 class Fold:

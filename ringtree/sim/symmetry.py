@@ -305,12 +305,6 @@ def fold_bound(programs: Sequence[Program], topo: Topology, devices: list[int],
     return 0
 
 
-def cannot_fold(programs: Sequence[Program], topo: Topology, devices: list[int],
-                count: int, aware: bool, in_place: bool = False) -> bool:
-    """True only when :func:`find` is sure to find nothing (:func:`fold_bound`)."""
-    return not fold_bound(programs, topo, devices, count, aware, in_place)
-
-
 def regions(p: Program, count: int) -> dict:
     """Element length of every chunk of every buffer of ``p``'s collective."""
     ib, ob = p.collective.blocks(p.nranks)

@@ -81,3 +81,18 @@ def test_a_token_bucket_overlaps_the_link_with_the_rest_of_the_path():
     # cover
     assert overlap_burst(1.5e-3, 10e-3, 1e-3) == pytest.approx(10.5e-3)
     assert overlap_burst(0.5e-3, 10e-3, 1e-3) == pytest.approx(10e-3)
+
+
+@pytest.mark.parametrize("coll,wire", [(C.ALL_REDUCE, 2 * 3 / 4), (C.ALL_GATHER, 3 / 4),
+                                       (C.REDUCE_SCATTER, 3 / 4), (C.ALL_TO_ALL, 3 / 4)])
+def test_the_bandwidth_term_charges_the_bytes_a_rank_sends(coll, wire):
+    """A call's size is the planner's (an all-gather's gathered output, a reduce-scatter's
+    input) and the schedule counts volumes in blocks: the ring sends 2(n-1)/n of an
+    all-reduce's S and (n-1)/n of the others' (Thakur, Rabenseifner & Gropp 2005), not n
+    times that."""
+    from ringtree.core.tuner import LinkModel
+
+    algo = "ring" if coll is not C.ALL_TO_ALL else "pairwise"
+    beta_only = LinkModel(alpha=0.0, overhead=0.0, beta=1e-9, gamma=0.0)
+    s = 1 << 20
+    assert estimate(coll, algo, s, 4, beta_only) == pytest.approx(1e-9 * wire * s)

@@ -118,9 +118,12 @@ def host_model(topo, intra: LinkModel) -> HostModel:
 def estimate(coll: Collective, algo: str, nbytes: int, n: int,
              model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None
              ) -> float:
-    """Predicted seconds for ``algo`` on ``nbytes`` per block: α·depth + o·messages +
-    β·sent + γ·reduced, with depth, messages and volumes read off the schedule itself
-    (:mod:`ringtree.schedules.stats`). Infinite for what the executor cannot run.
+    """Predicted seconds for ``algo`` on a call of ``nbytes`` (the planner's and
+    nccl-tests' size: the larger of the input and output buffers, so an all-gather's
+    gathered output and a reduce-scatter's input): α·depth + o·messages + β·sent +
+    γ·reduced, with depth, messages and volumes read off the schedule itself
+    (:mod:`ringtree.schedules.stats`), which counts volumes in blocks of ``count``
+    elements (:func:`block_bytes`). Infinite for what the executor cannot run.
 
     With a :class:`HostModel` and ranks on several hosts, each link class is charged for
     its own traffic: α_i·depth + (α_e − α_i)·(host crossings on the critical path) +
@@ -137,6 +140,7 @@ def estimate(coll: Collective, algo: str, nbytes: int, n: int,
     σ/ρ (:func:`overlap_burst`)."""
     if n == 1:
         return 0.0
+    nbytes = block_bytes(coll, nbytes, n)
     if isinstance(model, HostModel):
         if opts is not None and opts.nodes is not None and len(set(opts.nodes)) > 1:
             return _estimate_hosts(coll, algo, nbytes, n, model, opts)
@@ -148,6 +152,15 @@ def estimate(coll: Collective, algo: str, nbytes: int, n: int,
     m = model
     return (m.alpha * st.depth + m.overhead * st.messages + m.beta * st.send * nbytes
             + m.gamma * st.reduce * nbytes)
+
+
+def block_bytes(coll: Collective, nbytes: int, n: int) -> float:
+    """Bytes of one ``count``-element block of a call of ``nbytes``: the call's size over
+    its largest buffer's blocks (``Collective.blocks``), as the planner sizes a call. A
+    volume the schedule statistics give in blocks times this is bytes: an 8 KiB
+    reduce-scatter on 4 ranks has 2 KiB blocks, and halving-doubling's 4 blocks per host
+    link are 8 KiB, not 32."""
+    return nbytes / max(1, *coll.blocks(n))
 
 
 HOST_TIE = 0.02  # across hosts, estimates this close to the best tie with the default

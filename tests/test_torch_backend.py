@@ -744,7 +744,9 @@ def test_example_runs_under_launchers(launcher):
     else:
         cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", "2", "--timeout", "120",
                sys.executable, *script]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
+    # PYTHONFAULTHANDLER: should a rank abort at exit, every thread's Python stack is in
+    # the assertion message below
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root, PYTHONFAULTHANDLER="1")
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(k, None)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=root)

@@ -6,7 +6,10 @@ stands the next time it takes the GIL; if that is inside native C++ code (a torc
 on the reduction path, a torch future's completion), the forced unwind meets a
 ``noexcept`` frame and the whole process aborts with "terminate called without an
 active exception" (SIGABRT) after the program has finished. So at exit each registered
-owner is asked to let its thread go, and the threads are given a moment to return.
+owner is asked to let its thread go, and the threads are given a moment to return: a
+thread idle in a wait returns at once, so the allowance only matters for one still inside
+a native call (a store poll through torch's TCPStore, say), which on a machine running
+more ranks than it has cores can take seconds to come back.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Protocol
 
 __all__ = ["register"]
 
-JOIN_S = 2.0   # how long exit waits, in all, for the threads to return
+JOIN_S = 10.0  # how long exit waits, in all, for the threads to return
 
 
 class ThreadOwner(Protocol):

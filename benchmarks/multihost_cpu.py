@@ -4,7 +4,8 @@ the links carried, on the namespace testbed.
 For one layout (H hosts × P ranks), link rate, collective and size it runs each listed
 algorithm (``default`` = ringtree's choice) ``--iters`` times after one untimed call,
 and prints the median time (the slowest rank's), the CPU seconds of all ranks together
-per call (``getrusage``: user + system, every thread), the machine's user / system /
+per call (``getrusage``: user + system, every thread) and their context switches
+(voluntary: a rank waiting; involuntary: preempted by another), the machine's user / system /
 softirq / idle seconds over the run (``/proc/stat``; on a shared machine the other
 processes are in there too) and, per host, the bytes and packets its ``tc tbf`` sent,
 its drops and its TCP retransmissions. A rank that uses far less CPU than the call takes
@@ -12,6 +13,11 @@ is waiting on the network or on another rank, not computing.
 
     python benchmarks/multihost_cpu.py --layout 2x4 --rate 1gbit --coll all_reduce \\
         --size 16M --algos default,hierarchical,tree
+
+With ``--loop`` the calls run back to back (one barrier, then ``--iters`` calls, the time
+per call the slowest rank's), as ``benchmarks/multihost.py`` times them; ``--rounds R``
+alternates the algorithms R times, so small calls tens of microseconds apart are compared
+in one machine state.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import time
 import numpy as np
 
 
-def _job(comm, coll: str, count: int, algo, iters: int):
+def _job(comm, coll: str, count: int, algo, iters: int, loop: bool = False):
     x = np.zeros(count, np.float32)
     out = np.zeros(count // comm.size, np.float32) if coll == "reduce_scatter" else \
         np.zeros((comm.size, count), np.float32) if coll == "all_gather" else None
@@ -43,6 +49,14 @@ def _job(comm, coll: str, count: int, algo, iters: int):
     f()
     comm.barrier()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
+    if loop:  # back to back, as benchmarks/multihost.py times a repetition
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            f()
+        t = (time.perf_counter() - t0) / iters
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        return [t] * iters, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), \
+            r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw
     times = []
     for _ in range(iters):
         comm.barrier()
@@ -50,7 +64,8 @@ def _job(comm, coll: str, count: int, algo, iters: int):
         f()
         times.append(time.perf_counter() - t0)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
-    return times, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return times, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), \
+        r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw
 
 
 def _stat() -> list[int]:
@@ -92,18 +107,20 @@ def run(args) -> int:
         env = {"RINGTREE_TOKEN": secrets.token_hex(8),
                **dict(kv.split("=", 1) for kv in args.env)}
         with HostPool(tb, ppn, env=env, timeout=1800) as pool:
-            for name in args.algos.split(","):
+            for name in args.algos.split(",") * args.rounds:
                 algo = None if name == "default" else name
                 s0, w0 = _stat(), time.monotonic()
-                res = pool.run_ok(_job, args.coll, count, algo, args.iters)
+                res = pool.run_ok(_job, args.coll, count, algo, args.iters, args.loop)
                 s1, wall = _stat(), time.monotonic() - w0
                 d = [(b - a) / hz for a, b in zip(s0, s1)]
                 per = [max(r[0][i] for r in res) for i in range(args.iters)]
                 cpu = sum(r[1] for r in res) / args.iters
                 med = statistics.median(per)
+                vol, invol = (sum(r[k] for r in res) / args.iters for k in (2, 3))
                 print(f"{args.layout}@{args.rate} {args.coll} {args.size} {name}: median "
-                      f"{med * 1e3:.1f} ms; ranks' CPU {cpu * 1e3:.1f} ms per call "
-                      f"({cpu / med / (os.cpu_count() or 1):.0%} of the machine's cores); "
+                      f"{med * 1e3:.3f} ms; ranks' CPU {cpu * 1e3:.3f} ms per call "
+                      f"({cpu / med / (os.cpu_count() or 1):.0%} of the machine's cores), "
+                      f"context switches {vol:.1f} waiting + {invol:.1f} preempted; "
                       f"machine over {wall:.2f} s: user {d[0]:.2f} system {d[2]:.2f} "
                       f"softirq {d[6]:.2f} idle {d[3]:.2f}", flush=True)
         for h in tb.hosts:
@@ -126,5 +143,9 @@ if __name__ == "__main__":
     ap.add_argument("--size", default="16M")
     ap.add_argument("--algos", default="default")
     ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--loop", action="store_true",
+                    help="time the --iters calls back to back (no barrier between them)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the --algos list this many times, alternating")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     sys.exit(run(ap.parse_args()))

@@ -16,9 +16,13 @@ how fast the path between hosts is.
 - A shaped link (a token bucket: Linux ``tc tbf``, a cloud provider's policer) carries at
   most σ + ρ·t bytes in any t (the (σ, ρ) arrival curve of Cruz, "A calculus for network
   delay", IEEE Trans. Inf. Theory 37(1), 1991). The messages after the first find the
-  bucket empty and give the sustained rate ρ = bytes / (time − round trip); the first,
-  sent with a full bucket, is faster by σ/ρ, which gives the burst σ (0 on a link that
-  simply serialises at its rate, and from ``RINGTREE_TOPO_FILE``).
+  bucket empty and give the sustained rate ρ = bytes / (time − round trip). The burst σ
+  comes from single messages of 4 KiB to 256 KiB, each after an idle spell that fills the
+  bucket: one of m ≤ σ bytes passes at once, a larger one waits (m − σ)/ρ
+  (:func:`burst_of`). A bulk transfer cannot show it: TCP paces it at its bandwidth
+  estimate, and on the testbed the first 1 MiB after idle was only 0–14 KiB' worth faster
+  where the tbf bucket holds 32 KiB (200 Mbit/s) or 122 KiB (1 Gbit/s). σ is 0 on a link
+  that simply serialises at its rate, and from ``RINGTREE_TOPO_FILE``.
 
 The tuner then charges each algorithm for what it moves over each link class
 (:func:`ringtree.schedules.stats.host_stats`, :func:`ringtree.core.tuner.estimate`):
@@ -38,6 +42,7 @@ PROBE_BYTES = 1 << 20
 PROBE_REPS = 4  # the first with a full token bucket, then the best of the rest
 PINGS = 20  # round trips, best of: a busy CPU only ever makes one look slower
 IDLE = 0.01  # s of idle link before the first transfer, so a token bucket fills up
+BURST_SIZES = tuple(4096 << i for i in range(7))  # 4-256 KiB, each alone after idle
 _JOB: Topology | None = None  # measured by this process's first multi-host communicator
 
 
@@ -141,6 +146,14 @@ def measure(comm, overhead: float) -> tuple[float, float, float, float]:
                 comm.recv(small, peer)
                 times.append(time.perf_counter() - t0)
             bw, burst = rate_and_burst(big.nbytes, rtt, times)
+            small_times = []
+            for m in BURST_SIZES:
+                time.sleep(max(IDLE, 2 * m / bw))  # the bucket fills up again
+                t0 = time.perf_counter()
+                comm.send(big[:m], peer)
+                comm.recv(small, peer)
+                small_times.append(time.perf_counter() - t0)
+            burst = max(burst, burst_of(BURST_SIZES, small_times, rtt, bw))
             alphas.append(max(5e-6, rtt / 2 - overhead))
             bws.append(bw)
             bursts.append(burst)
@@ -151,6 +164,9 @@ def measure(comm, overhead: float) -> tuple[float, float, float, float]:
             comm.send(small, 0)
         for _ in range(PROBE_REPS):
             comm.recv(big, 0)
+            comm.send(small, 0)
+        for m in BURST_SIZES:
+            comm.recv(big[:m], 0)
             comm.send(small, 0)
     comm.broadcast(res, root=0, algo="ring")
     return float(res[0]), float(res[1]), float(res[2]), float(res[3])
@@ -167,6 +183,19 @@ def rate_and_burst(nbytes: int, rtt: float, times: list[float]) -> tuple[float, 
     drained = min(times[1:])
     rho = nbytes / max(drained - rtt, 1e-6)
     return rho, min(nbytes / 2, max(0.0, rho * (drained - times[0])))
+
+
+def burst_of(sizes: tuple[int, ...], times: list[float], rtt: float, rho: float) -> float:
+    """σ of a (σ, ρ) token bucket from single messages sent after idle spells: a message
+    of m ≤ σ bytes passes at once (rtt and little more), a larger one takes
+    rtt + (m − σ)/ρ, so each gives σ ≥ m − ρ·(time − rtt), and the largest such bound is
+    kept (a busy CPU, or TCP pacing a message of several segments, only make a message
+    slower and the bound lower). Messages far smaller than a bulk transfer show the bucket
+    that a bulk transfer does not: TCP paces a bulk transfer at its bandwidth estimate
+    (BBR), while a small message leaves in one burst, as a small collective's do."""
+    if len(sizes) != len(times):
+        raise ValueError(f"burst_of: {len(sizes)} sizes but {len(times)} times")
+    return max([0.0] + [min(m, m - rho * (t - rtt)) for m, t in zip(sizes, times)])
 
 
 def machines(host_ids: list[str]) -> tuple[int, ...]:

@@ -49,6 +49,14 @@ def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:
 # us a round trip; 50 us had put it at 0.60 ms, below the hierarchical one's 0.67-0.85.
 CROWDED_TCP_OVERHEAD = 60e-6
 CROWDED_CPU = 75e-6
+# ... and the CPU seconds per call of each rank that talks across hosts at all. On 2x2 at
+# 1 Gbit/s (benchmarks/multihost_cpu.py --loop, 4 rounds of 200 calls) recursive doubling
+# and hierarchical both send 8 messages, 4 of them over TCP, but in recursive doubling
+# all 4 ranks cross hosts and in hierarchical only the 2 leaders: the ranks' CPU per call
+# was 1.01-1.09 against 0.83-0.95 ms at 256 B (all-reduce) and 0.99-1.12 against
+# 0.89-1.10 ms at 8 KiB (all-gather), the calls CPU-bound (86-98% of the two cores), so
+# 50-75 us per rank.
+CROWDED_REMOTE_RANK = 60e-6
 
 
 @dataclass(frozen=True)
@@ -87,12 +95,16 @@ class HostModel:
 
     ``burst``: seconds of the link a token-bucket shaper lets through at once after an
     idle spell (σ/ρ of :class:`~ringtree.core.topology.Topology`'s burst σ and rate ρ);
-    0 for a link that serialises at its rate."""
+    0 for a link that serialises at its rate.
+
+    ``cpu_remote``: like ``cpu``, for each rank that sends or receives across hosts in a
+    call (``CROWDED_REMOTE_RANK``)."""
 
     intra: LinkModel
     inter: LinkModel
     cpu: float = 0.0
     burst: float = 0.0
+    cpu_remote: float = 0.0
 
 
 def host_model(topo, intra: LinkModel) -> HostModel:
@@ -107,12 +119,13 @@ def host_model(topo, intra: LinkModel) -> HostModel:
         o = CROWDED_TCP_OVERHEAD
         alpha = max(5e-6, topo.alpha + tcp.overhead - o)
         where = topo.machines or topo.nodes
-        cpu = CROWDED_CPU * crowd / len(where)
+        share = crowd / len(where)  # wall seconds per CPU second of one rank's work
     else:
-        o, alpha, cpu = tcp.overhead, topo.alpha, 0.0
+        o, alpha, share = tcp.overhead, topo.alpha, 0.0
     return HostModel(intra, LinkModel(alpha=alpha, overhead=o, beta=1 / topo.bandwidth,
-                                      gamma=tcp.gamma), cpu,
-                     getattr(topo, "burst", 0.0) / topo.bandwidth)
+                                      gamma=tcp.gamma), CROWDED_CPU * share,
+                     getattr(topo, "burst", 0.0) / topo.bandwidth,
+                     CROWDED_REMOTE_RANK * share)
 
 
 def estimate(coll: Collective, algo: str, nbytes: int, n: int,
@@ -132,9 +145,11 @@ def estimate(coll: Collective, algo: str, nbytes: int, n: int,
     over its link; f the most remote ranks sending into one host at once — on the testbed,
     direct reduce-scatter's three concurrent flows into each 1 Gbit/s link ran 2.6× slower
     than the ring's one with the same bytes) + γ·reduced. On a crowded machine the result
-    is at least the CPU its cores need for every rank's messages,
-    ``HostModel.cpu``·(messages of all ranks): the ranks take turns on the cores, so the
-    algorithm with fewer messages in all wins small sizes even with a longer path.
+    is at least the CPU its cores need for every rank's messages and every rank that
+    crosses hosts, ``HostModel.cpu``·(messages of all ranks) + ``HostModel.cpu_remote``
+    ·(ranks with remote peers): the ranks take turns on the cores, so the algorithm with
+    fewer messages in all, and fewer ranks on the network, wins small sizes even with a
+    longer path.
 
     On a token-bucket link (σ, ρ) the link term and the rest of the path overlap by up to
     σ/ρ (:func:`overlap_burst`)."""
@@ -175,14 +190,27 @@ def _estimate_hosts(coll: Collective, algo: str, nbytes: int, n: int, hm: HostMo
         return math.inf
     i, e = hm.intra, hm.inter
     local = (i.beta * st.send_intra + i.gamma * st.reduce) * nbytes
-    link = e.beta * (1 + INCAST * (st.fan_in - 1)) * max(st.host_out, st.host_in) * nbytes
+    link = incast(e.beta * max(st.host_out, st.host_in) * nbytes, st.fan_in, hm.burst)
     fill = _fill(coll, algo, n, opts)
     hops = (i.alpha * st.depth + max(0.0, e.alpha - i.alpha) * st.inter_depth
             + i.overhead * st.msgs_intra + e.overhead * st.msgs_inter)
     # what of the path leaves the link idle: the hops and the intra-host phases (all of
     # them, or, pipelined in pieces, the part that does not overlap the link)
     idle = hops + (local if fill >= 1 else fill * min(local, link) + max(0.0, local - link))
-    return max(overlap_burst(idle, link, hm.burst), hm.cpu * st.msgs_total)
+    cpu = hm.cpu * st.msgs_total + hm.cpu_remote * st.remote_ranks
+    return max(overlap_burst(idle, link, hm.burst), cpu)
+
+
+def incast(link: float, flows: int, burst: float) -> float:
+    """Seconds of a host's link for ``link`` s of bytes arriving in ``flows`` concurrent
+    flows: ``INCAST`` more per extra flow for the part beyond ``burst``. Flows into one
+    link share the shaper's queue and lose packets to each other once it overflows
+    (direct reduce-scatter's three flows into each 1 Gbit/s testbed link ran 2.6× slower
+    than the ring's one with the same bytes); what the token bucket passes at once never
+    queues. On the testbed at 200 Mbit/s an 8 KiB halving-doubling reduce-scatter on
+    2×2, two flows of 4 KiB into each host, took 0.353 ms, its 8 KiB at the link's rate
+    alone (0.33 ms)."""
+    return link + INCAST * (flows - 1) * max(0.0, link - burst)
 
 
 def overlap_burst(idle: float, link: float, burst: float) -> float:

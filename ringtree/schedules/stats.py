@@ -85,7 +85,9 @@ class HostStats:
     - ``fan_in``: the most remote ranks sending into one host in the same step (incast:
       concurrent TCP flows into one link share its queue and lose packets to each other);
     - ``msgs_total``: the messages all ranks send together (what the cores of a machine
-      that runs more ranks than it has cores must work through one after another).
+      that runs more ranks than it has cores must work through one after another);
+    - ``remote_ranks``: the ranks that send or receive across hosts (each drives its
+      sockets through the call, which costs CPU of its own).
     """
 
     depth: int
@@ -98,6 +100,7 @@ class HostStats:
     reduce: float
     fan_in: int = 1
     msgs_total: int = 0
+    remote_ranks: int = 0
 
 
 @lru_cache(maxsize=1024)
@@ -121,6 +124,7 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
     h_in = [0.0] * (hosts + len(virtual))
     worst = [0, 0]
     flows: dict[tuple[int, int], set[int]] = {}  # (host, step time) -> remote senders
+    remote: set[int] = set()  # ranks with a message across hosts
 
     def run(r: int, c: int, i: int, s, arrivals: list) -> tuple[int, int]:
         before = [finish[r][d] for d in deps[r][(c, i)]]
@@ -140,6 +144,7 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
                 h_out[node[r]] += size
                 h_in[node[q]] += size
                 m_out[r] += 1
+                remote.update((r, q))
                 flows.setdefault((node[q], t), set()).add(r)
         return t, e
 
@@ -148,4 +153,4 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
     fan_in = max((len(f) for (h, _), f in flows.items() if h < hosts), default=1)
     return HostStats(worst[0], worst[1], max(m_in[:n]), max(m_out[:n]), max(intra[:n]),
                      max(h_out[:hosts]), max(h_in[:hosts]), max(reduced[:n]), fan_in,
-                     sum(m_in[:n]) + sum(m_out[:n]))
+                     sum(m_in[:n]) + sum(m_out[:n]), sum(1 for r in remote if r < n))

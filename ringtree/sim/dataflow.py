@@ -108,25 +108,51 @@ def _ok(cp: Compiled) -> bool:
     return True
 
 
-class _Size:
-    """What one size adds to the levels: slices, their compute times, and per level the
-    gathers from the chunks' arrival times and into their injection times."""
+class _Shape:
+    """What of a size's arrays depends only on how many slices every step has: where
+    every message's chunks are, which chunks every level receives and sends, and the
+    chunks of every link stage. The sizes of a sweep that slice alike (``direct2`` from
+    4 KiB to 512 MiB: one slice per message) share it (``Compiled.memo`` keeps the
+    latest); a size adds only bytes and times (:class:`_Size`)."""
 
-    def __init__(self, eng, lv: Levels) -> None:
+    def __init__(self, eng, lv: Levels, nsl: np.ndarray) -> None:
         cp = eng.cp
-        sl = cp.step_slices
-        nsl = np.fromiter(map(len, sl), np.int64, cp.nsteps)
-        self.nsl = nsl
-        per = nsl[np.asarray(cp.msg_sstep, np.int64)]
+        self.nsl, self.routes = nsl, eng.conn_links
+        self.msg_step = np.asarray(cp.msg_sstep, np.int64)
+        per = nsl[self.msg_step]
         self.first = np.concatenate(([0], np.cumsum(per, dtype=np.int64)))
         self.nchunks = int(self.first[-1])
         self.conn = np.asarray(cp.msg_conn, np.int64)
-        self.cfirst = np.asarray(eng.conn_first, np.float64)
         self.levels = []
-        arrays: dict[int, np.ndarray] = {}      # slices are tuples shared by many steps
-        for S, slots0, (srow, sm), crow in zip(lv.steps, lv.recv, lv.send, lv.comp):
+        for S, slots0, (srow, sm) in zip(lv.steps, lv.recv, lv.send):
             w = int(nsl[S].max()) if S.size else 0
             slots = [(rows, self.first[ms]) for rows, ms in slots0]
+            sends = None
+            if sm.size:
+                k = nsl[S[srow]]
+                row = np.repeat(srow, k)
+                off = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+                sends = (row, off, np.repeat(self.first[sm], k) + off,
+                         np.repeat(self.conn[sm], k))
+            self.levels.append((w, slots, sends))
+        self.stages = _link_stages(eng, self)
+
+    def fits(self, eng, nsl: np.ndarray) -> bool:
+        return self.routes is eng.conn_links and np.array_equal(self.nsl, nsl)
+
+
+class _Size:
+    """What one size adds to its shape: the bytes of every chunk, the steps' compute
+    times, the time every chunk takes to leave its sender."""
+
+    def __init__(self, eng, lv: Levels, shape: _Shape) -> None:
+        cp = eng.cp
+        self.shape, self.nsl, self.nchunks = shape, shape.nsl, shape.nchunks
+        self.conn, self.first = shape.conn, shape.first
+        self.sizes = _chunk_bytes(cp.step_slices, shape)
+        cfirst = np.asarray(eng.conn_first, np.float64)
+        self.levels = []
+        for S, crow, (w, slots, sends) in zip(lv.steps, lv.comp, shape.levels):
             comp = None
             if crow.size and w:
                 comp = np.zeros((S.size, w))
@@ -136,23 +162,33 @@ class _Size:
                 else:
                     for r, x in zip(crow.tolist(), cs):
                         comp[r, :len(x)] = x
-            sends = None
-            if sm.size:
-                k = nsl[S[srow]]
-                row = np.repeat(srow, k)
-                off = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-                g = np.repeat(self.first[sm], k) + off
-                c = np.repeat(self.conn[sm], k)
-                parts = []
-                for st in S[srow].tolist():
-                    x = sl[st]
-                    got = arrays.get(id(x))
-                    if got is None:
-                        got = arrays[id(x)] = np.asarray(x, np.float64)
-                    parts.append(got)
-                b = np.concatenate(parts)
-                sends = (row, off, g, c, b / self.cfirst[c])
+            if sends is not None:
+                row, off, g, c = sends
+                sends = (row, off, g, c, self.sizes[g] / cfirst[c])
             self.levels.append((w, slots, comp, sends))
+
+
+def _chunk_bytes(step_slices: list[tuple[int, ...]], shape: _Shape) -> np.ndarray:
+    """Bytes of every chunk in (message, slice) order: the slices of its sending step
+    (steps share a few slice tuples, :meth:`.structure.Structure.compile`: one
+    broadcast per tuple)."""
+    ids: dict[int, int] = {}
+    kinds: list[tuple[int, ...]] = []
+    which = []
+    for s in shape.msg_step.tolist():
+        x = step_slices[s]
+        u = ids.get(id(x))
+        if u is None:
+            u = ids[id(x)] = len(kinds)
+            kinds.append(x)
+        which.append(u)
+    kind = np.asarray(which, np.int64)
+    out = np.empty(shape.nchunks)
+    for u, x in enumerate(kinds):
+        if x:
+            at = shape.first[np.flatnonzero(kind == u)][:, None] + np.arange(len(x))
+            out[at] = np.asarray(x, np.float64)
+    return out
 
 
 def _steps(lv: Levels, sz: _Size, arrive: np.ndarray, ns: int
@@ -199,6 +235,42 @@ def _steps(lv: Levels, sz: _Size, arrive: np.ndarray, ns: int
     return start, done, inject
 
 
+def _link_stages(eng, shape: _Shape) -> tuple | None:
+    """The chunks of every link stage (:class:`_Network`) as indices into the run's
+    chunks, link after link, with the links' bounds, latencies and heads; every
+    connection's chunks; the heap events. None when the routes cycle."""
+    cp = eng.cp
+    routes = eng.conn_links
+    key = ("link stages", id(routes), id(eng.shared))
+    got = cp.memo.get(key)
+    if got is None:
+        got = cp.memo[key] = _users(routes, eng.shared, len(eng.rate))
+    if got is None:
+        return None
+    by_stage, nshared = got
+    nconn = len(routes)
+    per = np.bincount(shape.conn, weights=np.diff(shape.first), minlength=nconn)
+    per = per.astype(np.int64)
+    lo = np.concatenate(([0], np.cumsum(per)))      # chunks of connection c
+    stages = []
+    for links in by_stage:
+        cs = np.concatenate([c for _, c in links])
+        ln = per[cs]
+        idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
+        lens = np.add.reduceat(ln, np.cumsum([0] + [c.size for _, c in links[:-1]]))
+        cut = np.concatenate(([0], np.cumsum(lens)))
+        bounds = [(a, b, eng.llat[li], eng.rate[li]) for (li, _), a, b in
+                  zip(links, cut[:-1].tolist(), cut[1:].tolist())]
+        seg = lat = heads = None
+        if int(cut[-1]) < SORT_PER_LINK:            # else served link by link
+            seg = np.repeat(np.arange(lens.size), lens)
+            lat = np.repeat([eng.llat[li] for li, _ in links], lens)
+            heads = np.zeros(seg.size, bool)
+            heads[cut[:-1]] = True
+        stages.append((idx, lat, seg, heads, bounds))
+    return stages, int(np.dot(per, nshared)), np.repeat(np.arange(nconn), per)
+
+
 class _Network:
     """The chunks of a whole run on their links, by *stage*: a link's stage is one more
     than that of any link before it on a route, so the links of one stage feed none of
@@ -206,54 +278,19 @@ class _Network:
     (message, slice) order on ties) and served by :func:`serve_links`."""
 
     def __init__(self, eng, sz: _Size) -> None:
-        cp = eng.cp
-        routes = eng.conn_links
-        key = ("link stages", id(routes), id(eng.shared))
-        got = cp.memo.get(key)
-        if got is None:
-            got = cp.memo[key] = _users(routes, eng.shared, len(eng.rate))
+        got = sz.shape.stages
         self.ok = got is not None
         self.events = 0
         self.stages: list[tuple] = []
-        self.sizes = np.zeros(0)
+        self.sizes = sz.sizes
         if got is None:
             return
-        by_stage, nshared = got
-        nconn = len(routes)
-        per = np.bincount(sz.conn, weights=np.diff(sz.first), minlength=nconn)
-        per = per.astype(np.int64)
-        lo = np.concatenate(([0], np.cumsum(per)))      # chunks of connection c
-        self.events = int(np.dot(per, nshared))
-        arrays: dict[int, np.ndarray] = {}
-        parts = []
-        for st in cp.msg_sstep:
-            x = cp.step_slices[st]
-            got = arrays.get(id(x))
-            if got is None:
-                got = arrays[id(x)] = np.asarray(x, np.float64)
-            parts.append(got)
-        self.sizes = sizes = np.concatenate(parts) if parts else np.zeros(0)
-        for links in by_stage:
-            idxs, sers, lens = [], [], []
-            for li, cs in links:
-                ln = per[cs]
-                idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
-                idxs.append(idx)
-                sers.append(sizes[idx] / eng.rate[li])
-                lens.append(idx.size)
-            cut = np.concatenate(([0], np.cumsum(lens)))
-            bounds = [(a, b, eng.llat[li]) for (li, _), a, b in
-                      zip(links, cut[:-1].tolist(), cut[1:].tolist())]
-            many = int(cut[-1]) >= SORT_PER_LINK      # served link by link
-            seg = lat = heads = None
-            if not many:
-                seg = np.repeat(np.arange(len(lens)), lens)
-                lat = np.repeat([eng.llat[li] for li, _ in links], lens)
-                heads = np.zeros(seg.size, bool)
-                heads[cut[:-1]] = True
-            self.stages.append((np.concatenate(idxs), np.concatenate(sers), lat, seg,
-                                heads, bounds))
-        self.conn_of = np.repeat(np.arange(nconn), per)
+        stages, self.events, self.conn_of = got
+        for idx, lat, seg, heads, bounds in stages:
+            ser = self.sizes[idx]
+            for a, b, _, rate in bounds:
+                ser[a:b] /= rate
+            self.stages.append((idx, ser, lat, seg, heads, bounds))
 
     def carry(self, inject: np.ndarray, integer: bool) -> np.ndarray | None:
         """Arrival of every chunk injected (reaching its first link) at ``inject``, or
@@ -268,7 +305,7 @@ class _Network:
                 o = np.lexsort((x, seg))
                 t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
                 continue
-            for a, b, lt in links:
+            for a, b, lt, _ in links:
                 o = np.argsort(x[a:b], kind="stable") + a
                 t[idx[o]] = feedforward.serve(x[o], ser[o], lt, integer)[0]
         back = (t[1:] < t[:-1]) & (self.conn_of[1:] == self.conn_of[:-1])
@@ -365,7 +402,12 @@ def run(eng, progress=None):
     if got is False:
         return None
     lv = got
-    sz = _Size(eng, lv)
+    nsl = np.fromiter(map(len, cp.step_slices), np.int64, cp.nsteps)
+    shape = cp.memo.get("shape")
+    if shape is None or not shape.fits(eng, nsl):
+        cp.memo.pop("shape", None)               # one shape kept: the latest
+        shape = cp.memo["shape"] = _Shape(eng, lv, nsl)
+    sz = _Size(eng, lv, shape)
     net = _Network(eng, sz)
     if not net.ok:
         return None

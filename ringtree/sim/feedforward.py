@@ -97,30 +97,58 @@ def _out(free: np.ndarray, lat: float, integer: bool) -> tuple[np.ndarray, float
     return (np.floor(out) if integer else out), float(free[-1])
 
 
+# a busy period's first chunks are summed across all periods at once, this many steps
+PERIOD_HEAD = 4
+# periods longer than that, up to this many, are summed one by one (else as rows)
+PERIOD_ROWS = 64
+
+
 def _periods(arrive: np.ndarray, ser: np.ndarray, starts: np.ndarray,
              free0: float) -> np.ndarray:
     """``free`` when busy periods begin exactly at ``starts``: per period the sum
-    start + s_k + s_k+1 + … left to right, periods of similar length side by side as
+    start + s_k + s_k+1 + … left to right. The first :data:`PERIOD_HEAD` sums of every
+    period are one vector step each (most periods of a lightly loaded link end there);
+    what is left of the longer periods goes on from its last sum, each period one
+    cumulative sum when there are few, else periods of similar length side by side as
     rows of one cumulative sum."""
     n = arrive.size
     first = np.flatnonzero(starts)
     length = np.diff(np.append(first, n))
-    seg = np.cumsum(starts) - 1
-    pos = np.arange(n) - first[seg]
     free = np.empty(n)
-    width = np.maximum(1, 1 << np.ceil(np.log2(np.maximum(length, 1))).astype(np.int64))
-    begin = arrive[first]
-    begin[0] = max(begin[0], free0)
+    cur = arrive[first]
+    cur[0] = max(cur[0], free0)
+    for j in range(PERIOD_HEAD):
+        at = first + j
+        cur = cur + ser[at]
+        free[at] = cur
+        more = length > j + 1
+        if not more.all():
+            first, length, cur = first[more], length[more], cur[more]
+            if not first.size:
+                return free
+    # row r: the period's last sum so far, then the chunks still to add
+    first = first + PERIOD_HEAD - 1
+    length = length - PERIOD_HEAD + 1
+    if first.size <= PERIOD_ROWS:
+        for f, ln, c in zip(first.tolist(), length.tolist(), cur.tolist()):
+            acc = ser[f:f + ln].copy()
+            acc[0] = c
+            np.cumsum(acc, out=acc)
+            free[f:f + ln] = acc
+        return free
+    width = 1 << np.ceil(np.log2(length)).astype(np.int64)
     for w in np.unique(width).tolist():
-        segs = np.flatnonzero(width == w)
-        row = np.full(first.size, -1, np.int64)
-        row[segs] = np.arange(segs.size)
-        acc = np.zeros((segs.size, w + 1))
-        acc[:, 0] = begin[segs]
-        mine = np.flatnonzero(row[seg] >= 0)
-        acc[row[seg[mine]], pos[mine] + 1] = ser[mine]
+        sel = width == w
+        f, ln = first[sel], length[sel]
+        k = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)   # place in row
+        at = np.repeat(f, ln) + k
+        flat = np.repeat(np.arange(f.size) * w, ln) + k
+        acc = np.zeros((f.size, w))
+        row = acc.reshape(-1)
+        row[flat] = ser[at]
+        acc[:, 0] = cur[sel]
         np.cumsum(acc, axis=1, out=acc)
-        free[mine] = acc[row[seg[mine]], pos[mine] + 1]
+        free[at] = row[flat]
     return free
 
 

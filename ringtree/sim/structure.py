@@ -60,6 +60,8 @@ class _Layout:
     step_name: list[str] = field(default_factory=list)
     send_to: list[tuple[int, ...]] = field(default_factory=list)
     recv_from: list[tuple[int, ...]] = field(default_factory=list)
+    step_own: list[str] = field(default_factory=list)    # the step's own name
+    step_kind: list[tuple] = field(default_factory=list)  # what its name stands for
     lo: list[int] = field(default_factory=list)     # prefix-sum index of the first chunk
     hi: list[int] = field(default_factory=list)     # ... and of the one after the last
     pairings: dict[bytes, _Pairing] = field(default_factory=dict)
@@ -94,6 +96,7 @@ class Structure:
                          for c, ch in enumerate(p.channels) for s in ch for q in s.send_to
                          } if shares else set()
         self.layouts: dict[tuple, _Layout] = {}
+        self.paths: dict = {}
         self.slice_tables: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
         keys: list[tuple] = []
         for p in self.programs:
@@ -114,7 +117,15 @@ class Structure:
         key = tuple(drops)
         lay = self.layouts.get(key)
         if lay is None:
-            lay = self.layouts[key] = self._layout(progs, base, count, itemsize, slice_bytes)
+            full = ((),) * len(drops)
+            if key != full:               # the channels kept, read off every channel's
+                if full not in self.layouts:
+                    self.layouts[full] = self._layout(self.programs, base, count,
+                                                      itemsize, slice_bytes)
+                lay = restrict(self.layouts[full], drops)
+            if lay is None:
+                lay = self._layout(progs, base, count, itemsize, slice_bytes)
+            self.layouts[key] = lay
         assert lay.arrays is not None
         ln = pre[lay.arrays[1]] - pre[lay.arrays[0]]
         mask = ln > 0
@@ -163,6 +174,7 @@ class Structure:
         lay = _Layout()
         n = self.n
         names: dict[tuple, str] = {}
+        kinds: dict[tuple, tuple] = {}
         for rank, p in enumerate(progs):
             ib, ob = p.collective.blocks(n)
             try:
@@ -184,7 +196,10 @@ class Structure:
                     lay.step_ops.append(passes(cs))
                     nk = (s.src is not None, s.dst is not None, bool(s.recv_from),
                           bool(s.send_to), s.reduce)
+                    nk = kinds.get(nk) or kinds.setdefault(nk, nk)
                     lay.step_name.append(names.get(nk) or names.setdefault(nk, s.name))
+                    lay.step_own.append(s.name)
+                    lay.step_kind.append(nk)
                     lay.send_to.append(s.send_to)
                     lay.recv_from.append(s.recv_from)
                     ref = s.dst if s.dst is not None else s.src
@@ -220,6 +235,7 @@ class Structure:
                       step_deps=lay.step_deps, step_ops=lay.step_ops,
                       step_name=lay.step_name, fold=fold, world=self.n,
                       declared=self.declared, xor=self.xor)
+        cp.memo["paths"] = self.paths           # routes by their ends, for every pairing
         try:
             pair(cp, sends, recvs, send_ids, recv_ids, None)
         except ValueError:
@@ -227,6 +243,42 @@ class Structure:
         return _Pairing(cp, np.asarray(cp.msg_sstep, np.intp),
                         np.asarray(cp.msg_rstep, np.intp))
 
+
+
+def restrict(full: _Layout, drops: Sequence[tuple[int, ...]]) -> _Layout | None:
+    """The layout of the Programs with channels ``drops[rank]`` emptied, read off the
+    layout of all their channels: the steps kept, renumbered in order, with their names
+    chosen again in the new order. Memory dependencies are per storage slot
+    (:meth:`ringtree.core.ir.Program.memory_deps`): when no step kept depends on a step
+    dropped, no dropped step touched a slot before a kept step touched it again, so the
+    kept steps' histories, hence dependencies, are those of the emptied Programs. Else
+    None (compile the emptied Programs)."""
+    rank = np.asarray(full.step_rank, np.int64)
+    chan = np.asarray(full.step_chan, np.int64)
+    width = int(chan.max()) + 1 if chan.size else 1
+    gone = np.zeros((len(drops), width), bool)
+    for r, d in enumerate(drops):
+        gone[r, list(d)] = True
+    keep = ~gone[rank, chan]
+    new = np.cumsum(keep) - 1
+    kept = np.flatnonzero(keep).tolist()
+    deps = full.step_deps
+    if any(not keep[d] for s in kept for d in deps[s]):
+        return None
+    renum = new.tolist()
+    lay = _Layout()
+    lay.step_rank = [full.step_rank[s] for s in kept]
+    lay.step_chan = [full.step_chan[s] for s in kept]
+    lay.step_prev = [renum[p] if p >= 0 else -1 for p in (full.step_prev[s] for s in kept)]
+    lay.step_deps = [tuple(renum[d] for d in deps[s]) if deps[s] else () for s in kept]
+    for name in ("step_ops", "send_to", "recv_from", "step_own", "step_kind", "lo", "hi"):
+        src = getattr(full, name)
+        setattr(lay, name, [src[s] for s in kept])
+    names: dict[tuple, str] = {}
+    lay.step_name = [names.get(k) or names.setdefault(k, own)
+                     for k, own in zip(lay.step_kind, lay.step_own)]
+    lay.arrays = (np.asarray(lay.lo, np.intp), np.asarray(lay.hi, np.intp))
+    return lay
 
 
 class Sweep:

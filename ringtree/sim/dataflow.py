@@ -151,46 +151,58 @@ class _Size:
         cp = eng.cp
         self.shape, self.nsl, self.nchunks = shape, shape.nsl, shape.nchunks
         self.conn, self.first = shape.conn, shape.first
-        self.sizes = _chunk_bytes(cp.step_slices, shape)
+        tuples = _tuples(cp.step_slices)
+        self.sizes = _chunk_bytes(tuples, shape)
         cfirst = np.asarray(eng.conn_first, np.float64)
+        # γ = passes · bytes / reduction rate (:func:`.model.compute_ns`), 0 without one
+        ops = np.asarray(cp.step_ops, np.float64)
+        red = np.asarray(eng.red, np.float64)[np.asarray(cp.step_rank, np.int64)]
+        kind, table = tuples
         self.levels = []
         for S, crow, (w, slots, sends) in zip(lv.steps, lv.comp, shape.levels):
             comp = None
             if crow.size and w:
                 comp = np.zeros((S.size, w))
-                cs = [eng.comp[s] for s in S[crow].tolist()]
-                if all(len(x) == w for x in cs):
-                    comp[crow] = cs
-                else:
-                    for r, x in zip(crow.tolist(), cs):
-                        comp[r, :len(x)] = x
+                c = S[crow]
+                ok = red[c] > 0
+                comp[crow] = np.where(ok[:, None], ops[c][:, None] * table[kind[c], :w], 0.0)
+                comp[crow[ok]] /= red[c[ok]][:, None]
             if sends is not None:
                 row, off, g, c = sends
                 sends = (row, off, g, c, self.sizes[g] / cfirst[c])
             self.levels.append((w, slots, comp, sends))
 
 
-def _chunk_bytes(step_slices: list[tuple[int, ...]], shape: _Shape) -> np.ndarray:
-    """Bytes of every chunk in (message, slice) order: the slices of its sending step
-    (steps share a few slice tuples, :meth:`.structure.Structure.compile`: one
-    broadcast per tuple)."""
-    ids: dict[int, int] = {}
-    kinds: list[tuple[int, ...]] = []
-    which = []
-    for s in shape.msg_step.tolist():
-        x = step_slices[s]
-        u = ids.get(id(x))
-        if u is None:
-            u = ids[id(x)] = len(kinds)
-            kinds.append(x)
-        which.append(u)
-    kind = np.asarray(which, np.int64)
+def _tuples(step_slices: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Which of a few slice tuples every step has (:meth:`.structure.Structure.compile`
+    shares one per length), and those tuples as rows of bytes (padded with 0)."""
+    ids = np.fromiter(map(id, step_slices), np.int64, len(step_slices))
+    u, first, kind = np.unique(ids, return_index=True, return_inverse=True)
+    rows = [step_slices[i] for i in first.tolist()]
+    table = np.zeros((len(rows), max(map(len, rows), default=0)))
+    for r, x in enumerate(rows):
+        table[r, :len(x)] = x
+    return kind.reshape(-1), table
+
+
+def _chunk_bytes(tuples: tuple[np.ndarray, np.ndarray], shape: _Shape) -> np.ndarray:
+    """Bytes of every chunk in (message, slice) order: the slices of its sending step,
+    a block per run of messages sent by steps of one tuple."""
+    step_kind, table = tuples
+    kind = step_kind[shape.msg_step]
     out = np.empty(shape.nchunks)
-    for u, x in enumerate(kinds):
-        if x:
-            at = shape.first[np.flatnonzero(kind == u)][:, None] + np.arange(len(x))
-            out[at] = np.asarray(x, np.float64)
-    return out
+    if not kind.size:
+        return out
+    first = shape.first
+    cut = np.flatnonzero(kind[1:] != kind[:-1]) + 1
+    if cut.size < 64:
+        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), kind.size]):
+            n = int(shape.nsl[shape.msg_step[a]])
+            if n:
+                out[first[a]:first[b]].reshape(b - a, n)[:] = table[kind[a], :n]
+        return out
+    n = shape.nsl[shape.msg_step]
+    return table[np.repeat(kind, n), np.arange(shape.nchunks) - np.repeat(first[:-1], n)]
 
 
 def _steps(lv: Levels, sz: _Size, arrive: np.ndarray, ns: int
@@ -211,16 +223,7 @@ def _steps(lv: Levels, sz: _Size, arrive: np.ndarray, ns: int
             np.maximum.at(st, drow, done[dstep])
         start[S] = st
         n = nsl[S]
-        t = st.copy()
-        ready = np.empty((S.size, w))
-        for j in range(w):
-            for rows, f in slots:
-                live = n[rows] > j
-                r, g = rows[live], f[live] + j
-                t[r] = np.maximum(t[r], arrive[g])
-            if comp is not None:
-                t = t + comp[:, j]
-            ready[:, j] = t
+        ready = _ready(st, n, w, slots, comp, arrive)
         d = np.where(n > 0, ready[np.arange(S.size), np.maximum(n - 1, 0)], st) if w else \
             st.copy()
         if sends is not None:
@@ -271,6 +274,28 @@ def _link_stages(eng, shape: _Shape) -> tuple | None:
             heads[cut[:-1]] = True
         stages.append((idx, lat, seg, heads, bounds))
     return stages, int(np.dot(per, nshared)), np.repeat(np.arange(nconn), per)
+
+
+def _ready(st: np.ndarray, n: np.ndarray, w: int, slots: list, comp: np.ndarray | None,
+           arrive: np.ndarray) -> np.ndarray:
+    """When every slice of a level's steps is processed (rows: steps, columns: slices):
+    ready_j = max(ready_j−1, the slice's arrivals) + γ_j from ready_−1 = start, column
+    by column (a receive whose steps all have every slice reads its column whole)."""
+    t = st.copy()
+    ready = np.empty((st.size, w))
+    whole = [bool((n[rows] >= w).all()) for rows, _ in slots]
+    for j in range(w):
+        for (rows, f), every in zip(slots, whole):
+            if every:
+                t[rows] = np.maximum(t[rows], arrive[f + j])
+                continue
+            live = n[rows] > j
+            r, g = rows[live], f[live] + j
+            t[r] = np.maximum(t[r], arrive[g])
+        if comp is not None:
+            t = t + comp[:, j]
+        ready[:, j] = t
+    return ready
 
 
 class _Network:

@@ -27,6 +27,7 @@ import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -120,25 +121,30 @@ class _Engine(_Network):
         """``fresh``: also set up the state of a run (else call :meth:`fresh_network` and
         :meth:`fresh_steps` before running; :mod:`.dataflow` needs neither)."""
         super().__init__(cp, topo, devices, model, trace, fresh)
-        ns = cp.nsteps
         got = cp.memo.get("steps")                 # kept for a sweep's sizes
         if got is None:
             got = cp.memo["steps"] = _dependents(cp)
         self.nxt_in_chan, self.dependents, self.pend = got
-        red = [topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9
-               for r in range(len(devices))]
-        ops, sl, rk = cp.step_ops, cp.step_slices, cp.step_rank
-        memo: dict[tuple[int, int, float], list[float]] = {}   # slices are shared tuples
-        self.comp: list[list[float] | None] = [None] * ns
-        for s in (s for s in range(ns) if ops[s]):
-            k = (id(sl[s]), ops[s], red[rk[s]])
-            got = memo.get(k)
-            self.comp[s] = got if got is not None else memo.setdefault(
-                k, [compute_ns(b, ops[s], k[2]) for b in sl[s]])
+        self.red = [topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9
+                    for r in range(len(devices))]
         self.arrays: dict[int, np.ndarray] = {}     # id of a step's slices: their bytes
         self.pend0 = self.pend
         if fresh:
             self.fresh_steps()
+
+    @cached_property
+    def comp(self) -> list[list[float] | None]:
+        """γ of every slice of every step that computes (None: it does not)."""
+        cp = self.cp
+        ops, sl, rk, red = cp.step_ops, cp.step_slices, cp.step_rank, self.red
+        memo: dict[tuple[int, int, float], list[float]] = {}   # slices are shared tuples
+        comp: list[list[float] | None] = [None] * cp.nsteps
+        for s in (s for s in range(cp.nsteps) if ops[s]):
+            k = (id(sl[s]), ops[s], red[rk[s]])
+            got = memo.get(k)
+            comp[s] = got if got is not None else memo.setdefault(
+                k, [compute_ns(b, ops[s], k[2]) for b in sl[s]])
+        return comp
 
     def fresh_steps(self) -> None:
         """No step issued yet."""

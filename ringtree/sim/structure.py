@@ -159,15 +159,16 @@ class Structure:
         """Bytes of every slice of every step (``compile_program``'s ``_split``)."""
         table = self.slice_tables.setdefault((itemsize, slice_bytes), {})
         se = max(1, slice_bytes // max(1, itemsize))
-        out = []
-        for x in ln.tolist():
+        lengths, which = np.unique(ln, return_inverse=True)
+        rows = []
+        for x in lengths.tolist():
             sl = table.get(x)
             if sl is None:
                 parts = -(-x // se)
                 sl = table[x] = tuple(split_even(x, parts, k)[1] * itemsize
                                       for k in range(parts))
-            out.append(sl)
-        return out
+            rows.append(sl)
+        return [rows[k] for k in which.reshape(-1).tolist()]
 
     def _layout(self, progs: list[Program], base: dict, count: int, itemsize: int,
                 slice_bytes: int) -> _Layout:

@@ -37,6 +37,7 @@ __all__ = ["Levels", "run", "MAX_ITERATIONS"]
 
 MAX_ITERATIONS = 12
 GUESSED_ITERATIONS = 4    # carries from an extrapolated start before the plain start
+CHUNK_RUNS = 64           # runs of messages alike below which chunk bytes go by blocks
 SORT_PER_LINK = 1 << 17   # chunks of a link stage from which its links go one by one
 
 
@@ -195,7 +196,7 @@ def _chunk_bytes(tuples: tuple[np.ndarray, np.ndarray], shape: _Shape) -> np.nda
         return out
     first = shape.first
     cut = np.flatnonzero(kind[1:] != kind[:-1]) + 1
-    if cut.size < 64:
+    if cut.size < CHUNK_RUNS:
         for a, b in zip([0, *cut.tolist()], [*cut.tolist(), kind.size]):
             n = int(shape.nsl[shape.msg_step[a]])
             if n:

@@ -1,0 +1,147 @@
+"""The shortcuts that make an 8-node sweep fast give the full path's answer bit for bit:
+busy periods summed head-first (:func:`ringtree.sim.feedforward._periods`), layouts
+with channels emptied read off the full layout (:func:`ringtree.sim.structure.restrict`,
+and where it must refuse), the fixed point's shape kept across sizes and its start
+extrapolated from the sizes before (:mod:`ringtree.sim.dataflow`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ringtree.sim as sim
+from ringtree.core import ir
+from ringtree.core.ir import Collective, Program, copy, inp, out, scr
+from ringtree.sim import Aware, Sweep, count_for, dataflow, engine, feedforward, place, presets
+from ringtree.sim.compile import Lengths, compile_programs, moving
+from ringtree.sim.structure import Structure, restrict
+
+
+def _periods_by_hand(arrive, ser, starts, free0):
+    free, prev = np.empty(arrive.size), free0
+    for k in range(arrive.size):
+        t = max(arrive[k], prev) if k == 0 else (arrive[k] if starts[k] else prev)
+        prev = free[k] = t + ser[k]
+    return free
+
+
+@pytest.mark.parametrize("rows", [0, 64])
+def test_busy_periods_are_the_left_to_right_sums(rows, monkeypatch):
+    """Every path (the heads across periods, few long periods one by one, many as rows)
+    adds a period's services left to right from its start, as the engine does."""
+    monkeypatch.setattr(feedforward, "PERIOD_ROWS", rows)
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 400))
+        arrive = np.sort(rng.random(n) * n * rng.choice([0.1, 1.0, 10.0]))
+        ser = rng.random(n) * rng.choice([1e-3, 1.0, 1e3])
+        starts = rng.random(n) < rng.choice([0.005, 0.1, 0.5, 1.0])
+        starts[0] = True
+        free0 = float(rng.choice([0.0, arrive[0] + 3.0]))
+        got = feedforward._periods(arrive, ser, starts, free0)
+        assert np.array_equal(got, _periods_by_hand(arrive, ser, starts, free0))
+
+
+def _fields(lay):
+    return (lay.step_rank, lay.step_chan, lay.step_prev, lay.step_deps, lay.step_ops,
+            lay.step_name, lay.send_to, lay.recv_from, lay.lo, lay.hi)
+
+
+@pytest.mark.parametrize("algo,nbytes", [("direct2", 8), ("direct2", 256), ("direct", 16),
+                                         ("ring", 8), ("tree", 24)])
+def test_emptied_layouts_are_read_off_the_full_one(algo, nbytes):
+    topo = presets.get("dgx_h100", 2)
+    progs = sim.programs_for("all_reduce", algo, topo)
+    st = Structure(progs)
+    count = count_for(Collective.ALL_REDUCE, nbytes, topo.nranks)
+    lengths = Lengths(st.n, count)
+    _, base = st._prefix(lengths)
+    pruned = [moving(p, lengths.of(p), False) for p in progs]
+    drops = [tuple(d) for _, d in pruned]
+    assert any(drops), "the case must empty some channel"
+    want = st._layout([q for q, _ in pruned], base, count, 4, 1 << 20)
+    full = st._layout(progs, base, count, 4, 1 << 20)
+    got = restrict(full, drops)
+    assert got is not None
+    assert _fields(got) == _fields(want)
+
+
+def test_restrict_refuses_a_kept_step_that_waits_on_a_dropped_one():
+    """Channel 1 reads what channel 0 wrote: emptying channel 0 would change channel
+    1's dependencies, so the layout is not read off the full one."""
+    chans = ((copy(inp(0), scr(0)),), (copy(scr(0), out(0)), ir.send(1, out(0))))
+    progs = [Program(Collective.ALL_REDUCE, "hand", 2, r, 1, chans if r == 0 else
+                     ((), (ir.recv(0, out(0)),)), scratch=1) for r in range(2)]
+    st = Structure(progs)
+    lengths = Lengths(2, 4)
+    _, base = st._prefix(lengths)
+    full = st._layout(progs, base, 4, 4, 1 << 20)
+    assert full.step_deps[1] == (0,)
+    assert restrict(full, [(0,), ()]) is None
+    assert restrict(full, [(), ()]) is not None
+
+
+def _key(r):
+    return (r.time_ns, r.rank_done, r.step_start, r.step_done, r.events, r.messages,
+            r.bytes)
+
+
+def test_a_sweep_of_one_shape_settles_from_its_extrapolated_start(monkeypatch):
+    """Sizes that slice alike share a shape; from the third on the fixed point starts
+    from the last two sizes' arrivals: the heap's answer, bit for bit, whether that
+    start settles, fails or is replaced by noise (any start settles on the one point)."""
+    topo = presets.get("dgx_h100", 2)
+    progs = sim.programs_for("all_reduce", "direct2", topo)
+    devices = place(progs, topo)
+    sizes = [4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10]
+    plain = dataflow._settle
+    guessed = []
+
+    def spy(eng, lv, sz, net, arrive, tries, progress):
+        got = plain(eng, lv, sz, net, arrive, tries, progress)
+        if tries == dataflow.GUESSED_ITERATIONS:
+            guessed.append(got is not None)
+        return got
+
+    monkeypatch.setattr(dataflow, "_settle", spy)
+    for guess in (4, 0):                         # a start that settles; one that fails
+        monkeypatch.setattr(dataflow, "GUESSED_ITERATIONS", guess)
+        sweep, shapes = Sweep(), set()
+        for nbytes in sizes:
+            r = sim.simulate("all_reduce", "direct2", topo, nbytes, sweep=sweep)
+            cp = compile_programs(progs, count_for(Collective.ALL_REDUCE, nbytes,
+                                                   topo.nranks), 4)
+            want = engine.run(cp, topo, devices, Aware(), batch=False)
+            assert _key(r.result) == _key(want), (guess, nbytes)
+            shapes |= {id(s.memo.get("shape")) for s in _pairings(sweep)}
+        assert len(shapes) == 1
+    assert guessed[:3] == [True] * 3 and guessed[3:] == [False] * 3
+    # a start of noise
+    cp = compile_programs(progs, count_for(Collective.ALL_REDUCE, 3 << 20, topo.nranks), 4)
+    want = engine.run(cp, topo, devices, Aware(), batch=False)
+    eng = engine._Engine(cp, topo, devices, Aware(), False, fresh=False)
+    lv = dataflow.Levels(cp)
+    nsl = np.fromiter(map(len, cp.step_slices), np.int64, cp.nsteps)
+    sz = dataflow._Size(eng, lv, dataflow._Shape(eng, lv, nsl))
+    noise = np.random.default_rng(3).random(sz.nchunks) * want.time_ns
+    got = plain(eng, lv, sz, dataflow._Network(eng, sz), noise, 30, None)
+    assert got is not None and _key(got[0]) == _key(want)
+
+
+def _pairings(sweep):
+    return [pr.cp for st in sweep.structures.values() for lay in st.layouts.values()
+            for pr in lay.pairings.values()]
+
+
+def test_chunk_bytes_by_blocks_and_one_by_one(monkeypatch):
+    topo = presets.get("fat_tree2", 4)
+    progs = sim.programs_for("all_reduce", "direct2", topo)
+    cp = compile_programs(progs, 1001, 4, 512)
+    eng = engine._Engine(cp, topo, place(progs, topo), Aware(), False, fresh=False)
+    lv = dataflow.Levels(cp)
+    shape = dataflow._Shape(eng, lv, np.fromiter(map(len, cp.step_slices), np.int64))
+    want = np.asarray([b for s in cp.msg_sstep for b in cp.step_slices[s]], np.float64)
+    tuples = dataflow._tuples(cp.step_slices)
+    assert np.array_equal(dataflow._chunk_bytes(tuples, shape), want)
+    monkeypatch.setattr(dataflow, "CHUNK_RUNS", 0)
+    assert np.array_equal(dataflow._chunk_bytes(tuples, shape), want)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from ringtree.core.ir import Collective
+from ringtree.core.plan import compile_program
 from ringtree.schedules import algorithms
-from ringtree.sim import budget, count_for, fold, place, presets, simulate, symmetry
+from ringtree.sim import budget, count_for, fold, place, presets, programs_for, simulate, symmetry
 from ringtree.sim.cli import main as sim_main
+from ringtree.sim.compile import Lengths, moving
 
 PRESETS = [("dgx_h100", 4), ("dgx_a100_sharp", 2), ("fat_tree2", 16), ("torus", 16),
            ("switch", 6), ("fat_tree3", 64)]
@@ -53,3 +55,22 @@ def test_cli_says_an_algorithm_is_too_large(capsys):
     out = capsys.readouterr().out
     assert "# direct: skipped (about" in out and "--max-work" in out
     assert "# algo: ring" in out
+
+
+def test_work_counts_what_the_compiler_makes():
+    """Rank 0's steps plus slices sent, counted from chunk lengths, are those of the
+    compiled Program, channels that move no data left out, at every size."""
+    topo = presets.get("dgx_h100_sharp", 2)
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        for algo in algorithms(coll):
+            p = programs_for(coll, algo, topo)[0]
+            ib, ob = p.collective.blocks(p.nranks)
+            for nbytes in (8, 100, 4096, 3 << 20, 1 << 30):
+                count = count_for(p.collective, nbytes, topo.nranks)
+                for in_place in (False, True):
+                    pruned, _ = moving(p, Lengths(p.nranks, count).of(p), in_place)
+                    steps = compile_program(pruned, [count] * ib, [count] * ob, count, 4,
+                                            1 << 20, in_place)
+                    want = sum(1 + len(cs.slices) * len(cs.step.send_to)
+                               for ch in steps for cs in ch)
+                    assert budget.work(p, count, 4, 1 << 20, in_place) == want, (algo, nbytes)

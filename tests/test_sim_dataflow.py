@@ -8,7 +8,7 @@ import pytest
 
 import ringtree.sim as sim
 from ringtree.schedules import algorithms
-from ringtree.sim import Aware, count_for, dataflow, engine, feedforward, place, presets
+from ringtree.sim import Aware, count_for, dataflow, engine, feedforward, place, presets, stages
 from ringtree.sim.compile import compile_programs
 
 CASES = [("dgx_h100", 2), ("dgx_a100_sharp", 2), ("fat_tree2", 6), ("torus", 6),
@@ -36,7 +36,7 @@ def test_fixed_point_is_the_event_engine(topo_name, nodes, monkeypatch):
                 continue
             for nbytes in (8, 5000, 3 << 20):
                 # links sorted all at once, and one by one
-                monkeypatch.setattr(dataflow, "SORT_PER_LINK", 0 if nbytes == 5000 else 1 << 17)
+                monkeypatch.setattr(stages, "SORT_PER_LINK", 0 if nbytes == 5000 else 1 << 17)
                 cp = compile_programs(progs, count_for(progs[0].collective, nbytes,
                                                        topo.nranks), 4, 256 << 10)
                 for model in (Aware(), Aware(integer_ns=True)):
@@ -106,7 +106,7 @@ def test_links_served_together_are_each_link_served_alone():
         for integer in (False, True):
             want = np.concatenate([feedforward.serve(a, s, lt, integer)[0]
                                    for a, s, lt in parts])
-            got = dataflow.serve_links(arrive, ser, lat, np.array(heads), integer)
+            got = stages.serve_links(arrive, ser, lat, np.array(heads), integer)
             assert np.array_equal(got, want), trial
-            alone = dataflow._one_by_one(arrive, ser, lat, np.array(heads), integer)
+            alone = stages._one_by_one(arrive, ser, lat, np.array(heads), integer)
             assert np.array_equal(alone, want), trial

@@ -12,7 +12,17 @@ import pytest
 import ringtree.sim as sim
 from ringtree.core import ir
 from ringtree.core.ir import Collective, Program, copy, inp, out, scr
-from ringtree.sim import Aware, Sweep, count_for, dataflow, engine, feedforward, place, presets
+from ringtree.sim import (
+    Aware,
+    Sweep,
+    count_for,
+    dataflow,
+    engine,
+    feedforward,
+    place,
+    presets,
+    stages,
+)
 from ringtree.sim.compile import Lengths, compile_programs, moving
 from ringtree.sim.structure import Structure, restrict
 
@@ -124,7 +134,7 @@ def test_a_sweep_of_one_shape_settles_from_its_extrapolated_start(monkeypatch):
     nsl = np.fromiter(map(len, cp.step_slices), np.int64, cp.nsteps)
     sz = dataflow._Size(eng, lv, dataflow._Shape(eng, lv, nsl))
     noise = np.random.default_rng(3).random(sz.nchunks) * want.time_ns
-    got = plain(eng, lv, sz, dataflow._Network(eng, sz), noise, 30, None)
+    got = plain(eng, lv, sz, stages.Network(sz.shape.stages, sz.sizes), noise, 30, None)
     assert got is not None and _key(got[0]) == _key(want)
 
 
@@ -145,3 +155,37 @@ def test_chunk_bytes_by_blocks_and_one_by_one(monkeypatch):
     assert np.array_equal(dataflow._chunk_bytes(tuples, shape), want)
     monkeypatch.setattr(dataflow, "CHUNK_RUNS", 0)
     assert np.array_equal(dataflow._chunk_bytes(tuples, shape), want)
+
+
+@pytest.mark.parametrize("algo", ["direct", "direct2", "ring", "tree", "rabenseifner"])
+def test_the_channels_emptied_are_those_moving_empties(algo):
+    topo = presets.get("dgx_h100", 2)
+    progs = sim.programs_for("all_reduce", algo, topo)
+    st = Structure(progs)
+    for nbytes in (8, 24, 256, 1000, 4096):
+        count = count_for(Collective.ALL_REDUCE, nbytes, topo.nranks)
+        lengths = Lengths(st.n, count)
+        pre, base = st._prefix(lengths)
+        full = st._layout(progs, base, count, 4, 1 << 20)
+        want = [tuple(moving(p, lengths.of(p), False)[1]) for p in progs]
+        assert st._drops(full, pre) == want, (algo, nbytes)
+
+
+def test_a_channel_naming_a_kept_empty_chunk_is_kept():
+    """Channel 1 moves no data but names the empty chunk channel 0 names too: neither
+    :func:`moving` nor the sweep empties it."""
+    chans = ((copy(inp(0), out(0)), copy(inp(1), scr(1))), (copy(inp(1), out(1)),))
+    progs = [Program(Collective.ALL_REDUCE, "hand", 2, r, 2, chans, scratch=2)
+             for r in range(2)]
+    st = Structure(progs)
+    lengths = Lengths(2, 1)                     # chunk 0: one element, chunk 1: none
+    pre, base = st._prefix(lengths)
+    full = st._layout(progs, base, 1, 4, 1 << 20)
+    assert [moving(p, lengths.of(p), False)[1] for p in progs] == [[], []]
+    assert st._drops(full, pre) == [(), ()]
+    alone = [Program(Collective.ALL_REDUCE, "hand", 2, r, 2, (chans[0][:1], chans[1]),
+                     scratch=2) for r in range(2)]
+    st = Structure(alone)
+    full = st._layout(alone, base, 1, 4, 1 << 20)
+    assert st._drops(full, pre) == [(1,), (1,)] == \
+        [tuple(moving(p, lengths.of(p), False)[1]) for p in alone]

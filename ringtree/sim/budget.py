@@ -14,7 +14,6 @@ and how to allow it. The estimate is rank 0's, so for schedules whose ranks diff
 from __future__ import annotations
 
 from ringtree.core.ir import Program
-from ringtree.core.plan import compile_program
 from ringtree.sim.compile import Lengths, moving
 
 __all__ = ["MAX_WORK", "TooLarge", "work", "check"]
@@ -28,12 +27,25 @@ class TooLarge(ValueError):
 
 
 def work(p: Program, count: int, itemsize: int, slice_bytes: int, in_place: bool) -> int:
-    """Steps plus slices sent of one Program at ``count`` elements per block."""
-    pruned, _ = moving(p, Lengths(p.nranks, count).of(p), in_place)
-    ib, ob = p.collective.blocks(p.nranks)
-    steps = compile_program(pruned, [count] * ib, [count] * ob, count, itemsize,
-                            slice_bytes, in_place)
-    return sum(1 + len(cs.slices) * len(cs.step.send_to) for ch in steps for cs in ch)
+    """Steps plus slices sent of one Program at ``count`` elements per block: what
+    :func:`ringtree.core.plan.compile_program` would make of it, counted without
+    building it (a step's length is the prefix-sum difference over the chunks it names,
+    its slices ``ceil(length / slice elements)``)."""
+    pre = Lengths(p.nranks, count).of(p)
+    pruned, _ = moving(p, pre, in_place)
+    se = max(1, slice_bytes // max(1, itemsize))
+    total = 0
+    for ch in pruned.channels:
+        for s in ch:
+            length = 0
+            for ref in (s.src, s.dst):          # the compiler's length: dst's, else src's
+                if ref is not None:
+                    a = pre[ref.buf]
+                    if ref.index + ref.count >= len(a):
+                        raise ValueError(f"{p.algo}: {ref} outside the buffer")
+                    length = a[ref.index + ref.count] - a[ref.index]
+            total += 1 + -(-length // se) * len(s.send_to)
+    return total
 
 
 def check(p: Program, ranks: int, count: int, itemsize: int, slice_bytes: int,

@@ -62,6 +62,8 @@ class _Layout:
     recv_from: list[tuple[int, ...]] = field(default_factory=list)
     step_own: list[str] = field(default_factory=list)    # the step's own name
     step_kind: list[tuple] = field(default_factory=list)  # what its name stands for
+    refs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (step, lo, hi) of
+    # every src and dst reference: what :meth:`Structure._drops` reads
     lo: list[int] = field(default_factory=list)     # prefix-sum index of the first chunk
     hi: list[int] = field(default_factory=list)     # ... and of the one after the last
     pairings: dict[bytes, _Pairing] = field(default_factory=dict)
@@ -109,21 +111,28 @@ class Structure:
         """``compile_programs(programs, count, itemsize, slice_bytes, ...)``."""
         lengths = Lengths(self.n, count)
         pre, base = self._prefix(lengths)
-        progs, drops = [], []
-        for p in self.programs:
-            q, drop = moving(p, lengths.of(p), self.in_place) if self.prune else (p, [])
-            progs.append(q)
-            drops.append(tuple(drop))
+        full = ((),) * len(self.programs)
+        if self.prune and full not in self.layouts and not self.in_place:
+            self.layouts[full] = self._layout(self.programs, base, count, itemsize,
+                                              slice_bytes)
+        if not self.prune:
+            drops = list(full)
+        elif full in self.layouts and not self.in_place:
+            drops = self._drops(self.layouts[full], pre)
+        else:
+            drops = [tuple(moving(p, lengths.of(p), self.in_place)[1])
+                     for p in self.programs]
         key = tuple(drops)
         lay = self.layouts.get(key)
         if lay is None:
-            full = ((),) * len(drops)
             if key != full:               # the channels kept, read off every channel's
                 if full not in self.layouts:
                     self.layouts[full] = self._layout(self.programs, base, count,
                                                       itemsize, slice_bytes)
                 lay = restrict(self.layouts[full], drops)
             if lay is None:
+                progs = [moving(p, lengths.of(p), self.in_place)[0] if d else p
+                         for p, d in zip(self.programs, drops)]
                 lay = self._layout(progs, base, count, itemsize, slice_bytes)
             self.layouts[key] = lay
         assert lay.arrays is not None
@@ -155,6 +164,49 @@ class Structure:
                 at += len(a)
         return np.concatenate(parts), base
 
+    def _drops(self, full: _Layout, pre: np.ndarray) -> list[tuple[int, ...]]:
+        """The channels :func:`.compile.moving` empties in every Program (not in place:
+        a storage slot is its chunk), from the full layout's references at once: a
+        channel moves data when one of its references names a chunk with data; the
+        channels that do not are emptied unless every channel is, or the channels kept
+        name a chunk of no data that they name too."""
+        assert full.refs is not None
+        step, lo, hi = full.refs
+        rank = np.asarray(full.step_rank, np.int64)[step]
+        width = max(len(p.channels) for p in self.programs)
+        group = rank * width + np.asarray(full.step_chan, np.int64)[step]
+        moves = np.zeros(len(self.programs) * width, bool)
+        moves[group[pre[hi] != pre[lo]]] = True
+        moves = moves.reshape(len(self.programs), width)
+        out: list[tuple[int, ...]] = []
+        need = []
+        for r, p in enumerate(self.programs):
+            keep = moves[r, :len(p.channels)]
+            if keep.all() or not keep.any():
+                out.append(())
+                continue
+            out.append(tuple(np.flatnonzero(~keep).tolist()))
+            need.append(r)
+        if not need:
+            return out
+        # per rank that would empty some: the chunks its kept / emptied channels name
+        row = np.full(len(self.programs), -1, np.int64)
+        row[need] = np.arange(len(need))
+        mine = row[rank] >= 0
+        r_, lo_, hi_, g_ = row[rank[mine]], lo[mine], hi[mine], group[mine]
+        kept = moves.reshape(-1)[g_]
+        zero = np.append(pre[1:] == pre[:-1], False)
+        named = []
+        for sel in (kept, ~kept):
+            d = np.zeros((len(need), pre.size + 1), np.int64)
+            np.add.at(d, (r_[sel], lo_[sel]), 1)
+            np.add.at(d, (r_[sel], hi_[sel]), -1)
+            named.append(np.cumsum(d[:, :-1], axis=1) > 0)
+        clash = (named[0] & named[1] & zero).any(axis=1)
+        for k in np.flatnonzero(clash).tolist():
+            out[need[k]] = ()
+        return out
+
     def _slices(self, ln: np.ndarray, itemsize: int, slice_bytes: int) -> list:
         """Bytes of every slice of every step (``compile_program``'s ``_split``)."""
         table = self.slice_tables.setdefault((itemsize, slice_bytes), {})
@@ -176,6 +228,7 @@ class Structure:
         n = self.n
         names: dict[tuple, str] = {}
         kinds: dict[tuple, tuple] = {}
+        refs: list[tuple[int, int, int]] = []
         for rank, p in enumerate(progs):
             ib, ob = p.collective.blocks(n)
             try:
@@ -203,6 +256,10 @@ class Structure:
                     lay.step_kind.append(nk)
                     lay.send_to.append(s.send_to)
                     lay.recv_from.append(s.recv_from)
+                    for x in (s.src, s.dst):
+                        if x is not None:
+                            at = base[(*lk, x.buf)] + x.index
+                            refs.append((gid, at, at + x.count))
                     ref = s.dst if s.dst is not None else s.src
                     if ref is None:
                         lay.lo.append(0)
@@ -213,6 +270,8 @@ class Structure:
                         lay.hi.append(at + ref.count)
                     prev = gid
         lay.arrays = (np.asarray(lay.lo, np.intp), np.asarray(lay.hi, np.intp))
+        lay.refs = tuple(np.asarray(x, np.intp) for x in zip(*refs)) if refs else \
+            (np.zeros(0, np.intp),) * 3
         return lay
 
     def _pairing(self, lay: _Layout, mask: np.ndarray) -> _Pairing | None:

@@ -1,0 +1,176 @@
+"""The congestion-aware network of a whole run carried at once, link *stage* by link
+stage, for :mod:`.dataflow`'s fixed point.
+
+A link's stage is one more than that of any link before it on a route, so the links of
+one stage feed none of each other: their chunks are sorted by arrival, link by link (in
+(message, slice) order on ties: the heap's order), and served together — each link a
+FIFO with the engine's own sums (:func:`.feedforward.serve`), several idle links as one
+array (:func:`serve_links`) when a stage has few chunks, link by link when it has many.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ringtree.sim import feedforward
+
+__all__ = ["Network", "link_stages", "serve_links", "SORT_PER_LINK"]
+
+SORT_PER_LINK = 1 << 17   # chunks of a link stage from which its links go one by one
+
+
+def link_stages(eng, conn: np.ndarray, first: np.ndarray) -> tuple | None:
+    """The chunks of every link stage (:class:`Network`) as indices into the run's
+    chunks (``conn``: every message's connection, ``first``: where its chunks start),
+    link after link, with the links' bounds, latencies and heads; every connection's
+    chunks; the heap events. None when the routes cycle."""
+    cp = eng.cp
+    routes = eng.conn_links
+    key = ("link stages", id(routes), id(eng.shared))
+    got = cp.memo.get(key)
+    if got is None:
+        got = cp.memo[key] = users(routes, eng.shared, len(eng.rate))
+    if got is None:
+        return None
+    by_stage, nshared = got
+    nconn = len(routes)
+    per = np.bincount(conn, weights=np.diff(first), minlength=nconn)
+    per = per.astype(np.int64)
+    lo = np.concatenate(([0], np.cumsum(per)))      # chunks of connection c
+    stages = []
+    for links in by_stage:
+        cs = np.concatenate([c for _, c in links])
+        ln = per[cs]
+        idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
+        lens = np.add.reduceat(ln, np.cumsum([0] + [c.size for _, c in links[:-1]]))
+        cut = np.concatenate(([0], np.cumsum(lens)))
+        bounds = [(a, b, eng.llat[li], eng.rate[li]) for (li, _), a, b in
+                  zip(links, cut[:-1].tolist(), cut[1:].tolist())]
+        seg = lat = heads = None
+        if int(cut[-1]) < SORT_PER_LINK:            # else served link by link
+            seg = np.repeat(np.arange(lens.size), lens)
+            lat = np.repeat([eng.llat[li] for li, _ in links], lens)
+            heads = np.zeros(seg.size, bool)
+            heads[cut[:-1]] = True
+        stages.append((idx, lat, seg, heads, bounds))
+    return stages, int(np.dot(per, nshared)), np.repeat(np.arange(nconn), per)
+
+
+class Network:
+    """The chunks of a whole run on their links, by *stage*: a link's stage is one more
+    than that of any link before it on a route, so the links of one stage feed none of
+    each other and are carried together — every link's chunks sorted by arrival (in
+    (message, slice) order on ties) and served by :func:`serve_links`."""
+
+    def __init__(self, got: tuple | None, sizes: np.ndarray) -> None:
+        """``got``: :func:`link_stages` of the run, ``sizes``: every chunk's bytes."""
+        self.ok = got is not None
+        self.events = 0
+        self.stages: list[tuple] = []
+        self.sizes = sizes
+        if got is None:
+            return
+        stages, self.events, self.conn_of = got
+        for idx, lat, seg, heads, bounds in stages:
+            ser = self.sizes[idx]
+            for a, b, _, rate in bounds:
+                ser[a:b] /= rate
+            self.stages.append((idx, ser, lat, seg, heads, bounds))
+
+    def carry(self, inject: np.ndarray, integer: bool) -> np.ndarray | None:
+        """Arrival of every chunk injected (reaching its first link) at ``inject``, or
+        None when a connection would deliver out of order (its chunks keep their order
+        on every FIFO link, so this is a check)."""
+        t = inject.copy()
+        for idx, ser, lat, seg, heads, links in self.stages:
+            x = t[idx]
+            # per link by time; ties keep (message, slice): one sort and one service of
+            # every link for a few chunks, link by link for many
+            if seg is not None:
+                o = np.lexsort((x, seg))
+                t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
+                continue
+            for a, b, lt, _ in links:
+                o = np.argsort(x[a:b], kind="stable") + a
+                t[idx[o]] = feedforward.serve(x[o], ser[o], lt, integer)[0]
+        back = (t[1:] < t[:-1]) & (self.conn_of[1:] == self.conn_of[:-1])
+        return None if back.any() else t
+
+
+def users(routes: list[list[int]], shared: list[bool], nlinks: int
+           ) -> tuple[list[list[tuple[int, np.ndarray]]], np.ndarray] | None:
+    """The links of every stage with the connections crossing each, and every
+    connection's shared links (its chunks' heap events); None when the routes cycle."""
+    stage = link_stage(routes, nlinks)
+    if stage is None:
+        return None
+    users: dict[int, list[int]] = {}
+    for c, rt in enumerate(routes):
+        for li in rt:
+            users.setdefault(li, []).append(c)
+    by: dict[int, list[int]] = {}
+    for li in sorted(users):
+        by.setdefault(stage[li], []).append(li)
+    nshared = np.asarray([sum(shared[li] for li in rt) for rt in routes], np.int64)
+    return ([[(li, np.asarray(users[li], np.int64)) for li in by[k]] for k in sorted(by)],
+            nshared)
+
+
+def link_stage(routes: list[list[int]], nlinks: int) -> list[int] | None:
+    """Every link's stage (0 for a route's first link, one more than any link before it
+    on a route), or None when the routes make a cycle."""
+    order = feedforward.link_order(routes, nlinks)
+    if order is None:
+        return None
+    succ = feedforward.successors(routes, nlinks)
+    stage = [0] * nlinks
+    for li in order:
+        for b in succ[li]:
+            if stage[b] <= stage[li]:
+                stage[b] = stage[li] + 1
+    return stage
+
+
+def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.ndarray,
+                integer: bool) -> np.ndarray:
+    """:func:`.feedforward.serve` of several idle links at once: the chunks of each link
+    in its order, one link after another, each link's first chunk marked in ``heads``
+    (every link starts a busy period there), ``lat`` each chunk's link latency."""
+    n = arrive.size
+    if not n:
+        return np.empty(0)
+    if n >= SORT_PER_LINK:                       # many chunks: link by link
+        return _one_by_one(arrive, ser, lat, heads, integer)
+    # the guess of :func:`.feedforward.serve`, link by link: prefix sums restarted at
+    # every link, each link's leads lifted above the last one's (a guess, checked below)
+    pre = np.cumsum(ser)
+    seg = np.cumsum(heads) - 1
+    base = (pre - ser)[heads]
+    lead = arrive - (pre - ser - base[seg])
+    lift = 4.0 * (float(np.abs(lead).max()) + 1.0)
+    lead += seg * lift
+    starts = np.empty(n, bool)
+    starts[0] = True
+    starts[1:] = lead[1:] > np.maximum.accumulate(lead)[:-1]
+    starts |= heads
+    inner = ~heads[1:]
+    for _ in range(4):
+        free = feedforward._periods(arrive, ser, starts, 0.0)
+        late = arrive[1:] > free[:-1]            # chunk k finds the link idle
+        wrong = ((starts[1:] & (arrive[1:] < free[:-1])) | (~starts[1:] & late)) & inner
+        if not wrong.any():
+            out = free + lat
+            return np.floor(out) if integer else out
+        starts[1:] = late | heads[1:]
+    return _one_by_one(arrive, ser, lat, heads, integer)
+
+
+def _one_by_one(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.ndarray,
+                integer: bool) -> np.ndarray:
+    """:func:`serve_links` link by link."""
+    n = arrive.size
+    out = np.empty(n)
+    cut = np.flatnonzero(heads).tolist() + [n]
+    for a, b in zip(cut, cut[1:]):
+        out[a:b] = feedforward.serve(arrive[a:b], ser[a:b], float(lat[a]), integer)[0]
+    return out

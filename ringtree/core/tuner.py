@@ -53,9 +53,9 @@ CROWDED_CPU = 75e-6
 # 1 Gbit/s (benchmarks/multihost_cpu.py --loop, 4 rounds of 200 calls) recursive doubling
 # and hierarchical both send 8 messages, 4 of them over TCP, but in recursive doubling
 # all 4 ranks cross hosts and in hierarchical only the 2 leaders: the ranks' CPU per call
-# was 1.01-1.09 against 0.83-0.95 ms at 256 B (all-reduce) and 0.99-1.12 against
-# 0.89-1.10 ms at 8 KiB (all-gather), the calls CPU-bound (86-98% of the two cores), so
-# 50-75 us per rank.
+# was 1.02 against 0.88 ms at 256 B (all-reduce) and 1.07 against 0.94 ms at 8 KiB
+# (all-gather; medians of 4 rounds), the calls CPU-bound (86-98% of the two cores), so
+# 62-70 us per rank that crosses.
 CROWDED_REMOTE_RANK = 60e-6
 
 

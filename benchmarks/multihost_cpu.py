@@ -8,7 +8,8 @@ per call (``getrusage``: user + system, every thread) and their context switches
 (voluntary: a rank waiting; involuntary: preempted by another), the machine's user / system /
 softirq / idle seconds over the run (``/proc/stat``; on a shared machine the other
 processes are in there too) and, per host, the bytes and packets its ``tc tbf`` sent,
-its drops and its TCP retransmissions. A rank that uses far less CPU than the call takes
+its drops, the bytes and drops of the bridge port's tbf towards it, and its TCP
+retransmissions. A rank that uses far less CPU than the call takes
 is waiting on the network or on another rank, not computing.
 
     python benchmarks/multihost_cpu.py --layout 2x4 --rate 1gbit --coll all_reduce \\
@@ -27,6 +28,7 @@ import os
 import resource
 import secrets
 import statistics
+import subprocess
 import sys
 import time
 
@@ -73,16 +75,28 @@ def _stat() -> list[int]:
         return [int(v) for v in fh.readline().split()[1:]]
 
 
-def _host_counters(host) -> str:
-    q = host.run(["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True,
-                 text=True).stdout.split()
+def _tbf(q: list[str]) -> tuple[str, str, str]:
+    """(bytes, packets, drops) of ``tc -s qdisc show`` output, split in words."""
     sent = q[q.index("Sent") + 1] if "Sent" in q else "?"
     pkts = q[q.index("Sent") + 3] if "Sent" in q else "?"
     drop = q[q.index("(dropped") + 1].rstrip(",") if "(dropped" in q else "?"
+    return sent, pkts, drop
+
+
+def _host_counters(host, tb) -> str:
+    q = host.run(["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True,
+                 text=True).stdout.split()
+    sent, pkts, drop = _tbf(q)
+    # the other direction: the bridge's port towards the host, shaped the same way
+    into = subprocess.run(["nsenter", "-t", str(tb._bridge.pid), "-n", "--", "tc", "-s",
+                           "qdisc", "show", "dev", host.port], capture_output=True,
+                          text=True).stdout.split()
+    in_sent, _, in_drop = _tbf(into)
     snmp = host.run(["cat", "/proc/net/snmp"], capture_output=True, text=True).stdout
     tcp = [ln.split()[1:] for ln in snmp.splitlines() if ln.startswith("Tcp:")]
     kv = dict(zip(tcp[0], tcp[1])) if len(tcp) == 2 else {}
-    return (f"tbf sent {sent} B in {pkts} packets, dropped {drop}; "
+    return (f"tbf sent {sent} B in {pkts} packets, dropped {drop}; into it {in_sent} B, "
+            f"dropped {in_drop}; "
             f"TCP retransmitted {kv.get('RetransSegs', '?')} of {kv.get('OutSegs', '?')}")
 
 
@@ -124,7 +138,7 @@ def run(args) -> int:
                       f"machine over {wall:.2f} s: user {d[0]:.2f} system {d[2]:.2f} "
                       f"softirq {d[6]:.2f} idle {d[3]:.2f}", flush=True)
         for h in tb.hosts:
-            print(f"  host {h.index}: {_host_counters(h)}")
+            print(f"  host {h.index}: {_host_counters(h, tb)}")
     return 0
 
 

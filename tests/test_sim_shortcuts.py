@@ -131,8 +131,8 @@ def test_a_sweep_of_one_shape_settles_from_its_extrapolated_start(monkeypatch):
     want = engine.run(cp, topo, devices, Aware(), batch=False)
     eng = engine._Engine(cp, topo, devices, Aware(), False, fresh=False)
     lv = dataflow.Levels(cp)
-    nsl = np.fromiter(map(len, cp.step_slices), np.int64, cp.nsteps)
-    sz = dataflow._Size(eng, lv, dataflow._Shape(eng, lv, nsl))
+    tuples = dataflow._tuples(cp.step_slices)
+    sz = dataflow._Size(eng, lv, dataflow._Shape(eng, lv, tuples[2][tuples[0]]), tuples)
     noise = np.random.default_rng(3).random(sz.nchunks) * want.time_ns
     got = plain(eng, lv, sz, stages.Network(sz.shape.stages, sz.sizes), noise, 30, None)
     assert got is not None and _key(got[0]) == _key(want)

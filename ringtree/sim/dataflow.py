@@ -78,6 +78,8 @@ class Levels:
         self.recv: list[list[tuple[np.ndarray, np.ndarray]]] = []
         self.send: list[tuple[np.ndarray, np.ndarray]] = []
         self.comp: list[np.ndarray] = []
+        self.rank = np.asarray(cp.step_rank, np.int64)
+        self.ops = np.asarray(cp.step_ops, np.float64)
         for S in self.steps:
             rv = [cp.step_recv[s] for s in S.tolist()]
             slots = []
@@ -147,17 +149,16 @@ class _Size:
     """What one size adds to its shape: the bytes of every chunk, the steps' compute
     times, the time every chunk takes to leave its sender."""
 
-    def __init__(self, eng, lv: Levels, shape: _Shape) -> None:
-        cp = eng.cp
+    def __init__(self, eng, lv: Levels, shape: _Shape,
+                 tuples: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         self.shape, self.nsl, self.nchunks = shape, shape.nsl, shape.nchunks
         self.conn, self.first = shape.conn, shape.first
-        tuples = _tuples(cp.step_slices)
         self.sizes = _chunk_bytes(tuples, shape)
         cfirst = np.asarray(eng.conn_first, np.float64)
         # γ = passes · bytes / reduction rate (:func:`.model.compute_ns`), 0 without one
-        ops = np.asarray(cp.step_ops, np.float64)
-        red = np.asarray(eng.red, np.float64)[np.asarray(cp.step_rank, np.int64)]
-        kind, table = tuples
+        ops = lv.ops
+        red = np.asarray(eng.red, np.float64)[lv.rank]
+        kind, table, _ = tuples
         self.levels = []
         for S, crow, (w, slots, sends) in zip(lv.steps, lv.comp, shape.levels):
             comp = None
@@ -173,22 +174,25 @@ class _Size:
             self.levels.append((w, slots, comp, sends))
 
 
-def _tuples(step_slices: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+def _tuples(step_slices: list[tuple[int, ...]]
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Which of a few slice tuples every step has (:meth:`.structure.Structure.compile`
-    shares one per length), and those tuples as rows of bytes (padded with 0)."""
+    shares one per length), those tuples as rows of bytes (padded with 0), and their
+    lengths."""
     ids = np.fromiter(map(id, step_slices), np.int64, len(step_slices))
     u, first, kind = np.unique(ids, return_index=True, return_inverse=True)
     rows = [step_slices[i] for i in first.tolist()]
     table = np.zeros((len(rows), max(map(len, rows), default=0)))
     for r, x in enumerate(rows):
         table[r, :len(x)] = x
-    return kind.reshape(-1), table
+    return kind.reshape(-1), table, np.asarray([len(x) for x in rows], np.int64)
 
 
-def _chunk_bytes(tuples: tuple[np.ndarray, np.ndarray], shape: _Shape) -> np.ndarray:
+def _chunk_bytes(tuples: tuple[np.ndarray, np.ndarray, np.ndarray], shape: _Shape
+                 ) -> np.ndarray:
     """Bytes of every chunk in (message, slice) order: the slices of its sending step,
     a block per run of messages sent by steps of one tuple."""
-    step_kind, table = tuples
+    step_kind, table, _ = tuples
     kind = step_kind[shape.msg_step]
     out = np.empty(shape.nchunks)
     if not kind.size:
@@ -273,12 +277,13 @@ def run(eng, progress=None):
     if got is False:
         return None
     lv = got
-    nsl = np.fromiter(map(len, cp.step_slices), np.int64, cp.nsteps)
+    tuples = _tuples(cp.step_slices)
+    nsl = tuples[2][tuples[0]]
     shape = cp.memo.get("shape")
     if shape is None or not shape.fits(eng, nsl):
         cp.memo.pop("shape", None)               # one shape kept: the latest
         shape = cp.memo["shape"] = _Shape(eng, lv, nsl)
-    sz = _Size(eng, lv, shape)
+    sz = _Size(eng, lv, shape, tuples)
     net = stages.Network(shape.stages, sz.sizes)
     if not net.ok:
         return None
@@ -314,17 +319,17 @@ def _settle(eng, lv: Levels, sz: _Size, net: stages.Network, arrive: np.ndarray,
             seen = sz.shape.settled
             seen.append((float(sz.sizes.sum()), arrive))
             del seen[:-2]
-            return (_result(eng, start, done, net),)
+            return (_result(eng, lv, start, done, net),)
         inject = again
     return None
 
 
-def _result(eng, start: np.ndarray, done: np.ndarray, net: stages.Network):
+def _result(eng, lv: Levels, start: np.ndarray, done: np.ndarray, net: stages.Network):
     """The engine's :meth:`~.engine._Engine.result` of these step times."""
     from ringtree.sim.engine import Result
 
     cp = eng.cp
-    rank = np.asarray(cp.step_rank, np.int64)
+    rank = lv.rank
     real = rank < cp.nranks
     rank_done = np.zeros(cp.nranks)
     np.maximum.at(rank_done, rank[real], done[real])

@@ -136,6 +136,9 @@ declare("RINGTREE_NSOCKS_PERTHREAD", integer, 1,
 declare("RINGTREE_SOCKET_BUFFER", integer, None,
         "bytes of TCP socket buffer to ask for where the kernel allows it (4 MiB; 0: "
         "autotuning only)")
+declare("RINGTREE_SOCKET_CC", text, "cubic",
+        "TCP congestion control of ringtree's sockets where the kernel offers it "
+        "(`kernel`: the kernel's default)")
 declare("RINGTREE_BUFFSIZE", integer, 4 << 20,
         "pipeline buffer in bytes; slices are a quarter of it (at least 4 KiB)")
 declare("RINGTREE_NCHANNELS", integer, 1, "parallel channels per collective")

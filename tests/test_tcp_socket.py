@@ -50,3 +50,39 @@ def test_a_tuned_socket_holds_what_was_asked_for(monkeypatch):
             assert s.getsockopt(socket.SOL_SOCKET, opt) >= size  # Linux doubles it
     finally:
         s.close()
+
+
+def _offered() -> list[str]:
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def _cc_of(monkeypatch, value: str | None) -> bytes:
+    monkeypatch.setattr(tcp_socket, "_CC", [])
+    if value is None:
+        monkeypatch.delenv("RINGTREE_SOCKET_CC", raising=False)
+    else:
+        monkeypatch.setenv("RINGTREE_SOCKET_CC", value)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        kernel = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+        tcp_socket.tune(s)
+        got = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+        return got.rstrip(b"\0"), kernel.rstrip(b"\0")
+    finally:
+        s.close()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION") or "cubic" not in _offered()
+                    or "reno" not in _offered(), reason="needs Linux with cubic and reno")
+def test_sockets_take_the_congestion_control_asked_for_or_keep_the_kernels(monkeypatch):
+    assert _cc_of(monkeypatch, None)[0] == b"cubic"          # the default
+    assert _cc_of(monkeypatch, "reno")[0] == b"reno"
+    got, kernel = _cc_of(monkeypatch, "kernel")               # the kernel's choice
+    assert got == kernel
+    got, kernel = _cc_of(monkeypatch, "no-such-algorithm")    # not offered: the kernel's
+    assert got == kernel
+    assert tcp_socket.congestion_control() is None

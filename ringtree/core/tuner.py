@@ -55,7 +55,10 @@ CROWDED_CPU = 75e-6
 # all 4 ranks cross hosts and in hierarchical only the 2 leaders: the ranks' CPU per call
 # was 1.02 against 0.88 ms at 256 B (all-reduce) and 1.07 against 0.94 ms at 8 KiB
 # (all-gather; medians of 4 rounds), the calls CPU-bound (86-98% of the two cores), so
-# 62-70 us per rank that crosses.
+# 62-70 us per rank that crosses. Measured with the kernel's BBR; with ringtree's sockets
+# on CUBIC the back-to-back gap persists (0.76-0.93 against 0.63-0.81 ms), but calls
+# timed one at a time favour the flat exchange on 2x2 (docs/multihost.md), so this term
+# wants refitting with the crowded CPU floor it also raises (4x1 at 8 KiB relies on it).
 CROWDED_REMOTE_RANK = 60e-6
 
 

@@ -62,8 +62,8 @@ class _Layout:
     recv_from: list[tuple[int, ...]] = field(default_factory=list)
     step_own: list[str] = field(default_factory=list)    # the step's own name
     step_kind: list[tuple] = field(default_factory=list)  # what its name stands for
-    refs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (step, lo, hi) of
-    # every src and dst reference: what :meth:`Structure._drops` reads
+    # (step, lo, hi) of every src and dst reference: what :meth:`Structure._drops` reads
+    refs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     lo: list[int] = field(default_factory=list)     # prefix-sum index of the first chunk
     hi: list[int] = field(default_factory=list)     # ... and of the one after the last
     pairings: dict[bytes, _Pairing] = field(default_factory=dict)

@@ -104,9 +104,36 @@ def test_links_served_together_are_each_link_served_alone():
         ser = np.concatenate([p[1] for p in parts])
         lat = np.concatenate([np.full(p[0].size, p[2]) for p in parts])
         for integer in (False, True):
-            want = np.concatenate([feedforward.serve(a, s, lt, integer)[0]
-                                   for a, s, lt in parts])
+            each = [feedforward.serve(a, s, lt, integer) for a, s, lt in parts]
+            want = np.concatenate([out for out, _ in each])
             got = stages.serve_links(arrive, ser, lat, np.array(heads), integer)
             assert np.array_equal(got, want), trial
             alone = stages._one_by_one(arrive, ser, lat, np.array(heads), integer)
             assert np.array_equal(alone, want), trial
+            for way in (stages.serve_links, stages._one_by_one):    # and when free again
+                out, free = way(arrive, ser, lat, np.array(heads), integer, last=True)
+                assert np.array_equal(out, want), trial
+                assert free.tolist() == [f for _, f in each], trial
+
+
+def test_a_busy_link_serves_as_one_whose_first_chunk_waits():
+    """Rounds continue a link busy until free0 by lifting its first arrival to free0
+    (:meth:`.feedforward.Rounds.carry`): the same times as serving from free0."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(5)
+    for trial in range(300):
+        n = rng.choice([1, 2, 6, 80])
+        a = np.cumsum([rng.choice([0.0, 0.1, 3.0, 90.0]) for _ in range(n)]) + \
+            rng.choice([0.0, 2.5, 1e3])
+        ser = np.array([rng.choice([1 / 3, 0.1, 2.0, 40.0]) for _ in range(n)])
+        free0 = rng.choice([0.0, float(a[0]), float(a[0]) + 7.25, float(a[-1]) + 1.0])
+        for integer in (False, True):
+            out, free = feedforward.serve(a, ser, 0.7, integer, free0)
+            lifted = a.copy()
+            lifted[0] = max(lifted[0], free0)
+            got, end = stages.serve_links(lifted, ser, np.full(n, 0.7),
+                                          np.eye(1, n, dtype=bool)[0], integer, last=True)
+            assert np.array_equal(got, out) and end.tolist() == [free], trial

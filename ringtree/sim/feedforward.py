@@ -1,13 +1,15 @@
-"""The congestion-aware network carried in rounds, link by link, instead of chunk by chunk.
+"""The congestion-aware network carried in rounds, link stage by link stage, instead of chunk by
+chunk.
 
 The event engine (:mod:`.engine`) serves every link's chunks in its heap's order,
 (arrival, message, slice): pushes never go back in time, so each link, shared or not,
 sees its chunks sorted by that key. So when the chunks still to move are known, a link's
 service is a pure function of their arrival times, and a link's arrivals are all known
 once the links before it on every route are served. A *round* is what the engine can
-inject before anything more arrives: hold those injections, visit the links in a
-topological order of the routes (every route's links in route order), serve each link
-with the engine's own sums (:func:`serve`),
+inject before anything more arrives: hold those injections, visit the links stage by
+stage (a link's stage is one more than that of any link before it on a route, so the
+links of one stage feed none of each other and are sorted and served together,
+:func:`.stages.serve_links`), serve each link with the engine's own sums (:func:`serve`),
 
     start_k = max(arrival_k, free_{k−1}),  free_k = start_k + bytes_k / rate,
     out_k = free_k + latency            (floored for the integer model)
@@ -28,6 +30,7 @@ from itertools import chain
 
 import numpy as np
 
+from ringtree.sim import stages
 from ringtree.sim.compile import Compiled
 
 __all__ = ["serve", "successors", "link_order", "Rounds", "slices_at_once", "inject_all"]
@@ -176,7 +179,9 @@ def _windows(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool,
 
 class Rounds:
     """The network of one run, carried a round at a time: the chunks injected since the
-    last round, link by link, each link continuing from where the last round left it.
+    last round, link *stage* by link stage (:func:`.stages.link_stage`: the links of one
+    stage feed none of each other, so they are sorted and served together by
+    :func:`.stages.serve_links`), each link continuing from where the last round left it.
 
     A round is exact only if every link serves its chunks after the ones of earlier
     rounds in the heap's order; :meth:`carry` checks that on every link (the first
@@ -184,18 +189,15 @@ class Rounds:
 
     def __init__(self, cp: Compiled, routes: list[list[int]], shared: list[bool],
                  rate: list[float], llat: list[float], integer: bool) -> None:
-        self.cp, self.routes, self.rate, self.llat = cp, routes, rate, llat
+        self.cp, self.routes = cp, routes
         self.integer = integer
-        key = ("link order", id(routes), id(shared))    # kept for a sweep's sizes
+        key = ("round links", id(routes), id(shared))    # kept for a sweep's sizes
         got = cp.memo.get(key)
         if got is None:
-            order = link_order(routes, len(rate))
-            rank = [0] * len(rate)               # position in the link order
-            for k, li in enumerate(order or ()):
-                rank[li] = k
-            got = cp.memo[key] = (order, rank, [sum(shared[li] for li in rt)
-                                                for rt in routes], routes, shared)
-        self.order, self.rank, self.nshared = got[:3]
+            got = cp.memo[key] = _round_links(routes, shared, len(rate)) + (routes, shared)
+        self.order, self.stage, self.nshared, self.rl, self.rp, self.rlen = got[:6]
+        self.rate = np.asarray(rate, np.float64)
+        self.llat = np.asarray(llat, np.float64)
         per = [cp.step_slices[s] for s in cp.msg_sstep]      # slice bytes per message
         self.first = np.cumsum([0] + [len(x) for x in per])
         self.sizes = np.fromiter(chain.from_iterable(per), np.float64, int(self.first[-1]))
@@ -203,8 +205,11 @@ class Rounds:
         # messages numbered connection by connection (:func:`.compile.pair`): sorting on
         # (connection, message, slice) is sorting on the chunk's (message, slice)
         self.by_conn = bool(np.all(self.msg_conn[1:] >= self.msg_conn[:-1]))
-        self.free = [0.0] * len(rate)
-        self.last: list[tuple[float, int, int]] = [(-np.inf, -1, -1)] * len(rate)
+        nl = len(rate)
+        self.free = np.zeros(nl)
+        # the last chunk each link served, (arrival, message, slice)
+        self.last_t, self.last_m = np.full(nl, -np.inf), np.full(nl, -1, np.int64)
+        self.last_i = np.full(nl, -1, np.int64)
         self.conn_arr = np.zeros(len(routes))
 
     def carry(self, cm: list[int], ci: list[int], ct: list[float]
@@ -225,32 +230,77 @@ class Rounds:
         bounds = np.searchsorted(conn, np.arange(len(self.routes) + 1))
         count = np.diff(bounds)
         events = int(np.dot(count, self.nshared))
-        busy = np.flatnonzero(count).tolist()
-        users: dict[int, list[int]] = {}          # the links this round uses, and by whom
-        for c in busy:
-            for li in self.routes[c]:
-                users.setdefault(li, []).append(c)
-        for li in sorted(users, key=self.rank.__getitem__):
-            cs = np.asarray(users[li])
-            lo, ln = bounds[cs], count[cs]            # every chunk of those connections
-            idx = np.repeat(lo - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
-            # in (message, slice) order already when messages are numbered by connection:
-            # a stable sort on the time alone is the sort on (time, message, slice)
-            idx = idx[np.argsort(t[idx], kind="stable")] if self.by_conn else \
-                idx[np.lexsort((i[idx], m[idx], t[idx]))]
-            head = (float(t[idx[0]]), int(m[idx[0]]), int(i[idx[0]]))
-            if head <= self.last[li]:
+        busy = np.flatnonzero(count)
+        # every (link, connection) of the round by (stage, link, connection), then every
+        # chunk crossing each: a link's chunks in (connection, message, slice) order
+        ln = self.rlen[busy]
+        pc = np.repeat(busy, ln)
+        pl = self.rl[_ranges(self.rp[busy], ln)]
+        o = np.lexsort((pc, pl, self.stage[pl]))
+        pl, pc = pl[o], pc[o]
+        cnt = count[pc]
+        idx = _ranges(bounds[pc], cnt)
+        lk = np.repeat(pl, cnt)
+        st = self.stage[lk]
+        cut = np.flatnonzero(st[1:] != st[:-1]) + 1
+        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), idx.size]):
+            if a < b and not self._stage(idx[a:b], lk[a:b], t, m, i, sizes):
                 return None
-            k = idx[-1]
-            self.last[li] = (float(t[k]), int(m[k]), int(i[k]))
-            t[idx], self.free[li] = serve(t[idx], sizes[idx] / self.rate[li], self.llat[li],
-                                          self.integer, self.free[li])
-        for c in busy:                            # a connection delivers in order
+        fa = bounds[busy]                         # a connection delivers in order
+        t[fa] = np.maximum(t[fa], self.conn_arr[busy])
+        back = np.flatnonzero((t[1:] < t[:-1]) & (conn[1:] == conn[:-1]))
+        for c in np.unique(conn[back]).tolist():
             a, b = bounds[c], bounds[c + 1]
-            t[a] = max(t[a], self.conn_arr[c])
             np.maximum.accumulate(t[a:b], out=t[a:b])
-            self.conn_arr[c] = t[b - 1]
+        self.conn_arr[busy] = t[bounds[busy + 1] - 1]
         return m, t, events
+
+    def _stage(self, idx: np.ndarray, lk: np.ndarray, t: np.ndarray, m: np.ndarray,
+               i: np.ndarray, sizes: np.ndarray) -> bool:
+        """Serve the chunks ``idx`` on their links ``lk`` (one stage, grouped by link):
+        each link's in the heap's order (arrival, message, slice), from where the link's
+        last round left it; False if a link's first chunk is not after its last one."""
+        x = t[idx]
+        o = np.lexsort((x, lk)) if self.by_conn else np.lexsort((i[idx], m[idx], x, lk))
+        idx, lk, x = idx[o], lk[o], x[o]
+        heads = np.empty(idx.size, bool)
+        heads[0] = True
+        heads[1:] = lk[1:] != lk[:-1]
+        h = np.flatnonzero(heads)
+        tails = np.append(h[1:] - 1, idx.size - 1)
+        li = lk[h]
+        hm, hi = m[idx[h]], i[idx[h]]
+        lt, lm, lx = self.last_t[li], self.last_m[li], self.last_i[li]
+        ht = x[h]
+        if ((ht < lt) | ((ht == lt) & ((hm < lm) | ((hm == lm) & (hi <= lx))))).any():
+            return False
+        tk = idx[tails]
+        self.last_t[li], self.last_m[li], self.last_i[li] = x[tails], m[tk], i[tk]
+        # a link busy until free0 serves its first chunk from max(arrival, free0) on
+        x[h] = np.maximum(x[h], self.free[li])
+        out, free = stages.serve_links(x, sizes[idx] / self.rate[lk], self.llat[lk], heads,
+                                       self.integer, last=True)
+        self.free[li] = free
+        t[idx] = out
+        return True
+
+
+def _ranges(lo: np.ndarray, ln: np.ndarray) -> np.ndarray:
+    """lo[0], lo[0]+1, …, lo[0]+ln[0]−1, lo[1], …: the ranges one after another."""
+    return np.repeat(lo - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
+
+
+def _round_links(routes: list[list[int]], shared: list[bool], nlinks: int) -> tuple:
+    """What a run's rounds read of its routes: the link order (None when the routes
+    cycle), every link's stage, every connection's shared links, and the routes as one
+    array with each connection's start and length."""
+    order = link_order(routes, nlinks)
+    stage = np.asarray(stages.link_stage(routes, nlinks) or [0] * nlinks, np.int64)
+    nshared = np.asarray([sum(shared[li] for li in rt) for rt in routes], np.int64)
+    rlen = np.asarray([len(rt) for rt in routes], np.int64)
+    rp = np.concatenate(([0], np.cumsum(rlen)[:-1])).astype(np.int64)
+    rl = np.fromiter(chain.from_iterable(routes), np.int64, int(rlen.sum()))
+    return order, stage, nshared, rl, rp, rlen
 
 
 # -- the engine's side of a round: a step's slices sent at once ----------------------

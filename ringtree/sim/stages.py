@@ -132,15 +132,16 @@ def link_stage(routes: list[list[int]], nlinks: int) -> list[int] | None:
 
 
 def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.ndarray,
-                integer: bool) -> np.ndarray:
+                integer: bool, last: bool = False):
     """:func:`.feedforward.serve` of several idle links at once: the chunks of each link
     in its order, one link after another, each link's first chunk marked in ``heads``
-    (every link starts a busy period there), ``lat`` each chunk's link latency."""
+    (every link starts a busy period there), ``lat`` each chunk's link latency. With
+    ``last``: also when each link is free again (after its last chunk)."""
     n = arrive.size
     if not n:
-        return np.empty(0)
+        return (np.empty(0), np.empty(0)) if last else np.empty(0)
     if n >= SORT_PER_LINK:                       # many chunks: link by link
-        return _one_by_one(arrive, ser, lat, heads, integer)
+        return _one_by_one(arrive, ser, lat, heads, integer, last)
     # the guess of :func:`.feedforward.serve`, link by link: prefix sums restarted at
     # every link, each link's leads lifted above the last one's (a guess, checked below)
     pre = np.cumsum(ser)
@@ -160,17 +161,22 @@ def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.
         wrong = ((starts[1:] & (arrive[1:] < free[:-1])) | (~starts[1:] & late)) & inner
         if not wrong.any():
             out = free + lat
-            return np.floor(out) if integer else out
+            out = np.floor(out) if integer else out
+            if last:
+                return out, free[np.append(np.flatnonzero(heads[1:]), n - 1)]
+            return out
         starts[1:] = late | heads[1:]
-    return _one_by_one(arrive, ser, lat, heads, integer)
+    return _one_by_one(arrive, ser, lat, heads, integer, last)
 
 
 def _one_by_one(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.ndarray,
-                integer: bool) -> np.ndarray:
+                integer: bool, last: bool = False):
     """:func:`serve_links` link by link."""
     n = arrive.size
     out = np.empty(n)
+    ends = []
     cut = np.flatnonzero(heads).tolist() + [n]
     for a, b in zip(cut, cut[1:]):
-        out[a:b] = feedforward.serve(arrive[a:b], ser[a:b], float(lat[a]), integer)[0]
-    return out
+        out[a:b], f = feedforward.serve(arrive[a:b], ser[a:b], float(lat[a]), integer)
+        ends.append(f)
+    return (out, np.asarray(ends)) if last else out

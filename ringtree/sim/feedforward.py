@@ -1,5 +1,4 @@
-"""The congestion-aware network carried in rounds, link stage by link stage, instead of chunk by
-chunk.
+"""The congestion-aware network carried in rounds, a link stage at a time, not chunk by chunk.
 
 The event engine (:mod:`.engine`) serves every link's chunks in its heap's order,
 (arrival, message, slice): pushes never go back in time, so each link, shared or not,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ringtree.core.ir import Buf, Program
 from ringtree.core.plan import chunk_regions
-from ringtree.sim import symbolic
+from ringtree.sim import renaming, symbolic
 from ringtree.sim.compile import image
 from ringtree.sim.orbits import Fold, Routes
 from ringtree.sim.topology import Topology
@@ -63,14 +63,18 @@ def same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, in_place: bo
     The renaming is either a XOR of the chunk index by one mask per buffer mapping each
     reference onto its counterpart as a set (out of place; a butterfly's halves swap
     places) or positional (the j-th chunk of a reference is the j-th of its counterpart,
-    one bijection for the whole Program): the memory dependencies (from which storage
-    two steps share), the element lengths and the slices are then the same."""
+    one bijection for the whole Program), or (out of place) any length-keeping bijection
+    of the slots that maps each reference onto its counterpart as a set
+    (:func:`.renaming.by_sets`): the memory dependencies (from which storage two steps
+    share), the element lengths and the slices are then the same."""
     if not _peers_ok(p, q, dr, n, xor_g):
         return False
     masks = None if in_place else _xor_masks(p, q)
     if masks is not None and all(_xor_keeps_lengths(regs[b], m) for b, m in masks if m):
         return True
-    return _positional(p, q, regs, in_place)
+    if _positional(p, q, regs, in_place):
+        return True
+    return not in_place and renaming.by_sets(p, q, regs)
 
 
 def _peers_ok(p: Program, q: Program, dr: int, n: int, xor_g: int) -> bool:

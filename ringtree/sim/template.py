@@ -40,23 +40,32 @@ class Template:
         self.ops: list[int] = []
         self.nsl: list[np.ndarray] = []
         self.sl: list[np.ndarray] = []          # (g, K) slice bytes, 0-padded
+        cut: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}    # per lengths: slices
         for gid, (_, j, s) in enumerate(self.steps):
             self.prev.append(gid - 1 if j else -1)
             self.deps.append(deps[gid])
             self.ops.append(ops[gid])
             length = _length(s.dst if s.dst is not None else s.src, regs, ranks)
-            nsl = -(-length // elems)
-            k = int(nsl.max()) if nsl.size else 0
-            base, extra = np.divmod(length, np.maximum(nsl, 1))
-            idx = np.arange(k)
-            sl = (base[:, None] + (idx[None, :] < extra[:, None])) * (idx[None, :] < nsl[:, None])
-            self.nsl.append(self._intern(nsl))
-            self.sl.append(self._intern((sl * itemsize).astype(np.float64)))
+            got = cut.get(length.tobytes())
+            if got is None:
+                got = cut[length.tobytes()] = self._slices(length, elems, itemsize)
+            self.nsl.append(got[0])
+            self.sl.append(got[1])
         self._pair(t)
         self.order: list[list[int]] = []
         # the (channel, offset) connections every rank declares: the unaware model's
         # link shares (set to the unpruned template's when channels were emptied)
         self.share_offs = declared_offsets(t)
+
+    def _slices(self, length: np.ndarray, elems: int, itemsize: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Slices per rank of a step of these lengths, and their bytes (0-padded)."""
+        nsl = -(-length // elems)
+        k = int(nsl.max()) if nsl.size else 0
+        base, extra = np.divmod(length, np.maximum(nsl, 1))
+        idx = np.arange(k)
+        sl = (base[:, None] + (idx[None, :] < extra[:, None])) * (idx[None, :] < nsl[:, None])
+        return self._intern(nsl), self._intern((sl * itemsize).astype(np.float64))
 
     def _intern(self, a: np.ndarray) -> np.ndarray:
         """One array for every step with the same contents (a ring's steps all share)."""
@@ -75,15 +84,20 @@ class Template:
                 recvs.setdefault((c, -offset_of(q, n) % n), []).append((gid, pos))
         self.recv_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rstep,pos)->(sstep,c,a)
         self.send_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (sstep,pos)->(rstep,rpos,a)
+        alike: dict[tuple[int, int, int, int, int], bool] = {}  # interned arrays, offset
         for key in set(sends) | set(recvs):
             ss, rr = sends.get(key, []), recvs.get(key, [])
             if len(ss) != len(rr):
                 raise Unordered(f"channel {key[0]}: {len(ss)} sends but {len(rr)} receives")
             c, a = key
+            src_cls = (np.arange(self.g) - a) % n % self.g
             for (s1, p1), (s2, p2) in zip(ss, rr):
-                src_cls = (np.arange(self.g) - a) % n % self.g
-                if not np.array_equal(self.nsl[s1][src_cls], self.nsl[s2]) or not \
-                        np.array_equal(self.sl[s1][src_cls], self.sl[s2]):
+                k = (id(self.nsl[s1]), id(self.nsl[s2]), id(self.sl[s1]), id(self.sl[s2]), a)
+                ok = alike.get(k)
+                if ok is None:
+                    ok = alike[k] = np.array_equal(self.nsl[s1][src_cls], self.nsl[s2]) \
+                        and np.array_equal(self.sl[s1][src_cls], self.sl[s2])
+                if not ok:
                     raise Unordered("message sizes differ between sender and receiver")
                 self.recv_of[(s2, p2)] = (s1, c, a)
                 self.send_of[(s1, p1)] = (s2, p2, a)

@@ -169,6 +169,7 @@ def test_incast_charges_only_what_the_bucket_does_not_pass_at_once():
 def test_uncrowded_hosts_keep_the_per_rank_model():
     hm, opts, n = _testbed(2, 4, 1e9, cpus=64)
     assert hm.cpu == 0 and hm.inter.overhead == MODELS["tcp"].overhead
+    assert hm.call == hm.wake == hm.cpu_remote == 0
     assert hm.inter.alpha == 90e-6
 
 
@@ -297,23 +298,76 @@ def test_a_host_link_is_charged_the_bytes_it_carries():
 
 
 @pytest.mark.parametrize("rate", [1e9, 200e6])
-@pytest.mark.parametrize("alpha,sizes", [(56e-6, (256, 8 << 10)), (90e-6, (256,))])
-def test_small_calls_on_two_hosts_of_two_cross_hosts_from_the_leaders_only(rate, alpha,
-                                                                           sizes):
-    """2x2, 256 B to 8 KiB: recursive doubling (halving for reduce-scatter) and
-    hierarchical send the same 8 messages, but in the first all 4 ranks cross hosts and
-    the machine's cores pay for each (benchmarks/multihost_cpu.py --loop: 1.01-1.09 ms
-    of the ranks' CPU per 256 B all-reduce against 0.83-0.95; 0.53-0.61 ms against
-    0.43-0.55). Measured with 31 repetitions, hierarchical was 12-18% faster. Its path
-    crosses hosts twice, so at 1 Gbit/s the model gives 8 KiB back to recursive doubling
-    from an α of about 70 µs on, and 256 B from about 100 µs (rank 0 measured 56-133 µs
-    on the testbed)."""
+@pytest.mark.parametrize("alpha", [55e-6, 90e-6, 125e-6])
+def test_small_calls_on_two_hosts_of_two_take_the_flat_exchange(rate, alpha):
+    """2x2, 8 B to 8 KiB: recursive doubling (halving for reduce-scatter) and hierarchical
+    send the same 8 messages. Hierarchical has only its 2 leaders on the network, so the
+    machine's cores spend less on it (benchmarks/multihost_cpu.py --loop on CUBIC sockets:
+    0.63-0.81 ms of the ranks' CPU per 256 B all-reduce against 0.76-0.93), but its path is
+    longer: three hops in a row (into the leader, across, out of it) against two, the last
+    into a rank that slept through the crossing. With ringtree's sockets on CUBIC the flat
+    exchange was ahead at 16 of 18 of these points with 31 repetitions (by 10-39%), and at
+    7 of 9 at 1 Gbit/s in another run. The flat exchange is CPU-bound, hierarchical
+    path-bound; rank 0 measured α of 53-123 µs on the testbed."""
+    from ringtree.core.tuner import CROWDED_CALL, CROWDED_WAKE
+
     hm, opts, n = _testbed(2, 2, rate, alpha=alpha)
+    # at 200 Mbit/s an 8 KiB call's bytes take longer than its path: what the link's
+    # token bucket passes at once decides (the probe read 0-15 KiB of the testbed's 32)
+    bucket, _, _ = _testbed(2, 2, rate, alpha=alpha, burst=16 << 10)
+    assert (hm.call, hm.wake) == (CROWDED_CALL, CROWDED_WAKE)
     for coll, flat in ((Collective.ALL_REDUCE, "recursive_doubling"),
                        (Collective.ALL_GATHER, "recursive_doubling"),
                        (Collective.REDUCE_SCATTER, "halving")):
         a, b = (host_stats(coll, x, n, opts) for x in (flat, "hierarchical"))
         assert a.msgs_total == b.msgs_total == 8 and (a.remote_ranks, b.remote_ranks) == (4, 2)
+        assert (a.wakes, b.wakes) == (0, 1), coll
+        floor = {x: hm.cpu * st.msgs_total + hm.cpu_remote * st.remote_ranks
+                 for x, st in ((flat, a), ("hierarchical", b))}
+        assert floor["hierarchical"] < floor[flat]  # fewer ranks on the network
         cands = {x for x in algorithms(coll) if not x.startswith("collnet")}
-        for nbytes in sizes:
-            assert choose(coll, nbytes, n, cands, hm, opts) == "hierarchical", (coll, nbytes)
+        for nbytes in (8, 256):
+            assert choose(coll, nbytes, n, cands, hm, opts) == flat, (coll, nbytes)
+            # the flat exchange at (or within 10% of) its CPU floor, hierarchical well above
+            assert estimate(coll, flat, nbytes, n, hm, opts) < 1.1 * floor[flat]
+            assert estimate(coll, "hierarchical", nbytes, n, hm, opts) \
+                > 1.2 * floor["hierarchical"]
+        if rate >= 1e9:
+            assert choose(coll, 8 << 10, n, cands, hm, opts) == flat, coll
+        elif coll is not Collective.ALL_REDUCE:
+            # recursive doubling's all-reduce puts 16 KiB through each link, a near tie
+            # (0.690 ms measured, hierarchical 0.603); the others 8 KiB (0.374 / 0.455 ms
+            # against 0.520 / 0.571)
+            assert choose(coll, 8 << 10, n, cands, bucket, opts) == flat, coll
+
+
+@pytest.mark.parametrize("layout,coll,algo,wakes", [
+    ((2, 2), Collective.ALL_REDUCE, "hierarchical", 1),
+    ((2, 2), Collective.ALL_GATHER, "hierarchical", 1),
+    ((2, 2), Collective.REDUCE_SCATTER, "hierarchical", 1),
+    # the flat exchanges meet their partner on every hop: recursive doubling crosses
+    # hosts last, halving crosses first and then exchanges with a rank that crossed too
+    ((2, 2), Collective.ALL_REDUCE, "recursive_doubling", 0),
+    ((2, 2), Collective.REDUCE_SCATTER, "halving", 0),
+    ((2, 4), Collective.ALL_REDUCE, "recursive_doubling", 0),
+    # no shared memory at all
+    ((4, 1), Collective.ALL_REDUCE, "hierarchical", 0),
+    ((4, 1), Collective.ALL_REDUCE, "rabenseifner", 0)])
+def test_a_hop_into_a_rank_that_slept_through_a_crossing_is_a_wake_up(layout, coll, algo,
+                                                                      wakes):
+    """HostStats.wakes: the shared-memory hops on a dependency path whose receiver waited
+    through a host crossing it took no part in. benchmarks/multihost_hops.py timed such a
+    hop (a leader's 8 B to its host's other rank after the leaders' TCP round trip) at
+    154-196 µs against 107-159 µs after the leaders spun as long instead."""
+    opts = Options(nodes=tuple(h for h in range(layout[0]) for _ in range(layout[1])))
+    assert host_stats(coll, algo, len(opts.nodes), opts).wakes == wakes
+
+
+def test_the_wake_up_and_the_call_are_on_the_path():
+    """With every other coefficient 0, a crowded host model's estimate is the call's own
+    software plus a wake-up per hop that needs one."""
+    free = LinkModel(alpha=0.0, overhead=0.0, beta=0.0, gamma=0.0)
+    hm = HostModel(free, free, call=140e-6, wake=50e-6)
+    ar = Collective.ALL_REDUCE
+    assert estimate(ar, "hierarchical", 8, 4, hm, TWO_BY_TWO) == pytest.approx(190e-6)
+    assert estimate(ar, "recursive_doubling", 8, 4, hm, TWO_BY_TWO) == pytest.approx(140e-6)

@@ -54,12 +54,24 @@ CROWDED_CPU = 75e-6
 # and hierarchical both send 8 messages, 4 of them over TCP, but in recursive doubling
 # all 4 ranks cross hosts and in hierarchical only the 2 leaders: the ranks' CPU per call
 # was 1.02 against 0.88 ms at 256 B (all-reduce) and 1.07 against 0.94 ms at 8 KiB
-# (all-gather; medians of 4 rounds), the calls CPU-bound (86-98% of the two cores), so
-# 62-70 us per rank that crosses. Measured with the kernel's BBR; with ringtree's sockets
-# on CUBIC the back-to-back gap persists (0.76-0.93 against 0.63-0.81 ms), but calls
-# timed one at a time favour the flat exchange on 2x2 (docs/multihost.md), so this term
-# wants refitting with the crowded CPU floor it also raises (4x1 at 8 KiB relies on it).
+# (all-gather; medians of 4 rounds) under the kernel's BBR, 0.76-0.93 against 0.63-0.81 ms
+# with ringtree's sockets on CUBIC: 60-70 us per rank that crosses, either way.
 CROWDED_REMOTE_RANK = 60e-6
+# What a call costs on a crowded machine outside its steps (entering and leaving the API,
+# planning, submitting and completing it), on its path once per call: one-message calls
+# back to back on the 2x2 testbed (benchmarks/multihost_hops.py, 5 rounds of 300 at
+# 1 Gbit/s) took 258-317 us over shared memory and 287-326 us over TCP, 103-197 us (median
+# 143) beyond the path the model gives their one step. Without it the path of a small
+# call was below the CPU floor for every algorithm, so the floor alone chose.
+CROWDED_CALL = 140e-6
+# ... and a shared-memory hop whose receiver waited through a host crossing it took no part
+# in (HostStats.wakes): the receiver has left its spin and sleeps on its doorbell while
+# the machine's cores idle, and must be woken. Timed directly (multihost_hops.py, 2x2 at
+# 1 Gbit/s, medians of 300 hops per round): a leader's 8 B to its host's other rank after
+# the leaders' TCP round trip took 154-196 us, after the leaders spun 200 us instead
+# (the receiver asleep as long, the cores busy) 107-159 us: 49 us between the medians of
+# 5 rounds (41-58 in two more runs of 3).
+CROWDED_WAKE = 50e-6
 
 
 @dataclass(frozen=True)
@@ -101,13 +113,20 @@ class HostModel:
     0 for a link that serialises at its rate.
 
     ``cpu_remote``: like ``cpu``, for each rank that sends or receives across hosts in a
-    call (``CROWDED_REMOTE_RANK``)."""
+    call (``CROWDED_REMOTE_RANK``).
+
+    ``call``: seconds of a call's own software on its path (``CROWDED_CALL``), and
+    ``wake``: seconds of each shared-memory hop that must wake a receiver which slept
+    through a host crossing (``CROWDED_WAKE``); both 0 on machines with a core per rank,
+    where they were not measured."""
 
     intra: LinkModel
     inter: LinkModel
     cpu: float = 0.0
     burst: float = 0.0
     cpu_remote: float = 0.0
+    call: float = 0.0
+    wake: float = 0.0
 
 
 def host_model(topo, intra: LinkModel) -> HostModel:
@@ -123,12 +142,13 @@ def host_model(topo, intra: LinkModel) -> HostModel:
         alpha = max(5e-6, topo.alpha + tcp.overhead - o)
         where = topo.machines or topo.nodes
         share = crowd / len(where)  # wall seconds per CPU second of one rank's work
+        call, wake = CROWDED_CALL, CROWDED_WAKE
     else:
-        o, alpha, share = tcp.overhead, topo.alpha, 0.0
+        o, alpha, share, call, wake = tcp.overhead, topo.alpha, 0.0, 0.0, 0.0
     return HostModel(intra, LinkModel(alpha=alpha, overhead=o, beta=1 / topo.bandwidth,
                                       gamma=tcp.gamma), CROWDED_CPU * share,
                      getattr(topo, "burst", 0.0) / topo.bandwidth,
-                     CROWDED_REMOTE_RANK * share)
+                     CROWDED_REMOTE_RANK * share, call, wake)
 
 
 def estimate(coll: Collective, algo: str, nbytes: int, n: int,
@@ -195,8 +215,8 @@ def _estimate_hosts(coll: Collective, algo: str, nbytes: int, n: int, hm: HostMo
     local = (i.beta * st.send_intra + i.gamma * st.reduce) * nbytes
     link = incast(e.beta * max(st.host_out, st.host_in) * nbytes, st.fan_in, hm.burst)
     fill = _fill(coll, algo, n, opts)
-    hops = (i.alpha * st.depth + max(0.0, e.alpha - i.alpha) * st.inter_depth
-            + i.overhead * st.msgs_intra + e.overhead * st.msgs_inter)
+    hops = (hm.call + i.alpha * st.depth + max(0.0, e.alpha - i.alpha) * st.inter_depth
+            + i.overhead * st.msgs_intra + e.overhead * st.msgs_inter + hm.wake * st.wakes)
     # what of the path leaves the link idle: the hops and the intra-host phases (all of
     # them, or, pipelined in pieces, the part that does not overlap the link)
     idle = hops + (local if fill >= 1 else fill * min(local, link) + max(0.0, local - link))

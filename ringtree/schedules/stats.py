@@ -87,7 +87,12 @@ class HostStats:
     - ``msgs_total``: the messages all ranks send together (what the cores of a machine
       that runs more ranks than it has cores must work through one after another);
     - ``remote_ranks``: the ranks that send or receive across hosts (each drives its
-      sockets through the call, which costs CPU of its own).
+      sockets through the call, which costs CPU of its own);
+    - ``wakes``: the most shared-memory hops on any dependency path whose receiver waited
+      through a host crossing it took no part in (the message's path crossed more hosts
+      than the receiver's own steps so far): hierarchical's hop out of the leader after
+      the leaders' exchange, where the receiver has long left its spin and sleeps. A flat
+      exchange's ranks meet each other on every hop and have none.
     """
 
     depth: int
@@ -101,6 +106,7 @@ class HostStats:
     fan_in: int = 1
     msgs_total: int = 0
     remote_ranks: int = 0
+    wakes: int = 0
 
 
 @lru_cache(maxsize=1024)
@@ -114,7 +120,8 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
     programs = programs + virtual
     node += [hosts + i for i in range(len(virtual))]
     deps = [_deps_by_position(p) for p in programs]
-    finish: list[dict[tuple[int, int], tuple[int, int]]] = [{} for _ in programs]
+    # per step: (time, host crossings, wake-ups) of its latest dependency path
+    finish: list[dict[tuple[int, int], tuple[int, int, int]]] = [{} for _ in programs]
     total = len(programs)
     intra = [0.0] * total
     reduced = [0.0] * total
@@ -122,17 +129,24 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
     m_out = [0] * total
     h_out = [0.0] * (hosts + len(virtual))
     h_in = [0.0] * (hosts + len(virtual))
-    worst = [0, 0]
+    worst = [0, 0, 0]
     flows: dict[tuple[int, int], set[int]] = {}  # (host, step time) -> remote senders
     remote: set[int] = set()  # ranks with a message across hosts
+    seen = [0] * total  # the most crossings of any step a rank has run so far
 
-    def run(r: int, c: int, i: int, s, arrivals: list) -> tuple[int, int]:
-        before = [finish[r][d] for d in deps[r][(c, i)]]
-        before += [(t, e + (node[q] != node[r])) for q, (t, e) in zip(s.recv_from, arrivals)]
+    def run(r: int, c: int, i: int, s, arrivals: list) -> tuple[int, int, int]:
+        own = [finish[r][d] for d in deps[r][(c, i)]]
+        # the crossings this rank's own steps so far have been part of
+        mine = max([b[1] for b in own] + [seen[r]])
+        before = own + [(t, e + (node[q] != node[r]),
+                         w + (node[q] == node[r] and e > mine))
+                        for q, (t, e, w) in zip(s.recv_from, arrivals)]
         t = max((b[0] for b in before), default=0) + 1
         e = max((b[1] for b in before), default=0)
-        finish[r][(c, i)] = (t, e)
-        worst[0], worst[1] = max(worst[0], t), max(worst[1], e)
+        w = max((b[2] for b in before), default=0)
+        finish[r][(c, i)] = (t, e, w)
+        seen[r] = max(seen[r], e)
+        worst[0], worst[1], worst[2] = max(worst[0], t), max(worst[1], e), max(worst[2], w)
         size = s.ref.count / programs[r].chunks
         if s.reduce:
             reduced[r] += size * max(1, len(s.recv_from))
@@ -146,11 +160,12 @@ def host_stats(collective: Collective, algo: str, nranks: int, opts: Options) ->
                 m_out[r] += 1
                 remote.update((r, q))
                 flows.setdefault((node[q], t), set()).add(r)
-        return t, e
+        return t, e, w
 
     walk(programs, run)
     n = nranks
     fan_in = max((len(f) for (h, _), f in flows.items() if h < hosts), default=1)
     return HostStats(worst[0], worst[1], max(m_in[:n]), max(m_out[:n]), max(intra[:n]),
                      max(h_out[:hosts]), max(h_in[:hosts]), max(reduced[:n]), fan_in,
-                     sum(m_in[:n]) + sum(m_out[:n]), sum(1 for r in remote if r < n))
+                     sum(m_in[:n]) + sum(m_out[:n]), sum(1 for r in remote if r < n),
+                     worst[2])

@@ -8,29 +8,28 @@ tuner's model gives its schedule (α·depth + o·messages of the transport) is w
 costs outside its steps: entering and leaving the API, planning and submitting it,
 completing it (``tuner.CROWDED_CALL``).
 
-Hops (``--modes``):
-
-A hierarchical collective's non-leader ranks wait while their leader crosses hosts; by
-the time the leader's shared-memory message comes, they have left their spin phase and
-sleep on their doorbell (:mod:`ringtree.transports.shm`), so that hop pays a wake-up:
-the sender's doorbell write, the scheduler putting the sleeper back on a core, and the
-sleeper's way out of ``poll(2)``. A flat exchange's shared-memory hop finds its receiver
-still spinning. This times that hop directly on 2 testbed hosts of 2 ranks (host-major:
-ranks 0, 1 on host 0; 2, 3 on host 1), mirrored on both hosts as a hierarchical
-collective runs it:
+Hops (``--modes``): a hierarchical collective's non-leader ranks wait while their leader
+crosses hosts; by the time the leader's shared-memory message comes they have left their
+spin phase and sleep on their doorbell (:mod:`ringtree.transports.shm`), so that hop
+must wake them. A flat exchange's ranks meet their partner on every hop. This times the
+hop directly on 2 testbed hosts of 2 ranks (host-major: ranks 0, 1 on host 0; 2, 3 on
+host 1), mirrored on both hosts as a hierarchical collective runs it:
 
 - ``tcp``: the leaders (ranks 0 and 2) ping-pong 8 bytes over TCP, then each sends
   8 bytes over shared memory to its host's other rank, which has waited since the round
-  began; that rank answers at once, and its answer finds the leader waiting a few
-  microseconds (an awake receiver).
+  began; that rank answers at once.
 - ``delay:D``: the same with the leaders spinning D µs instead of crossing hosts (the
-  machine's cores busy meanwhile); ``sleep:D``: with the leaders asleep D µs (the cores
-  idle, as while every rank waits on the network).
+  receivers asleep as long from D ≈ 50 µs on, the machine's cores busy meanwhile);
+  ``sleep:D``: with the leaders asleep D µs (the cores idle).
 
 Each hop's latency is the receiver's ``perf_counter`` after its ``recv`` returned less
-the sender's before its ``send`` (the ranks share the machine's ``CLOCK_MONOTONIC``).
-Printed per mode: the median of the *waited* hop (leader → rank that waited) and of the
-*answer* hop (back to the leader), and their difference, the wake-up.
+the sender's before its ``send`` (the ranks share the machine's ``CLOCK_MONOTONIC``), so
+it includes both ends' call overhead. Printed per mode and round: the median *waited*
+hop (leader → the rank that waited) and *answer* hop (back to the leader, which posts
+its receive only after its send returned, so the answer mostly waits for that), and
+their difference. What a hop after a crossing costs beyond one whose receiver slept as
+long while the cores were busy is the ``tcp`` waited hop less the ``delay:200`` one
+(``tuner.CROWDED_WAKE``).
 
     python benchmarks/multihost_hops.py --rate 1gbit --iters 300 --rounds 3 \\
         --modes calls,tcp,delay:20,delay:200,sleep:200

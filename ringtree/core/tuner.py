@@ -61,8 +61,10 @@ CROWDED_REMOTE_RANK = 60e-6
 # planning, submitting and completing it), on its path once per call: one-message calls
 # back to back on the 2x2 testbed (benchmarks/multihost_hops.py, 5 rounds of 300 at
 # 1 Gbit/s) took 258-317 us over shared memory and 287-326 us over TCP, 103-197 us (median
-# 143) beyond the path the model gives their one step. Without it the path of a small
-# call was below the CPU floor for every algorithm, so the floor alone chose.
+# 143) beyond the path the model gives their one step; 51-108 us in a run where the
+# machine was a third faster throughout (the CPU terms above were fitted in the slower
+# state). Without it the path of a small call was below the CPU floor for every
+# algorithm, so the floor alone chose.
 CROWDED_CALL = 140e-6
 # ... and a shared-memory hop whose receiver waited through a host crossing it took no part
 # in (HostStats.wakes): the receiver has left its spin and sleeps on its doorbell while
@@ -70,7 +72,8 @@ CROWDED_CALL = 140e-6
 # 1 Gbit/s, medians of 300 hops per round): a leader's 8 B to its host's other rank after
 # the leaders' TCP round trip took 154-196 us, after the leaders spun 200 us instead
 # (the receiver asleep as long, the cores busy) 107-159 us: 49 us between the medians of
-# 5 rounds (41-58 in two more runs of 3).
+# the 5 rounds; 56 and 61 us in two runs of 3 (the second in the faster state), 39 us
+# against leaders that spun 300 us in another (single rounds ranged over 4-84 us).
 CROWDED_WAKE = 50e-6
 
 

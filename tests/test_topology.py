@@ -306,9 +306,10 @@ def test_small_calls_on_two_hosts_of_two_take_the_flat_exchange(rate, alpha):
     0.63-0.81 ms of the ranks' CPU per 256 B all-reduce against 0.76-0.93), but its path is
     longer: three hops in a row (into the leader, across, out of it) against two, the last
     into a rank that slept through the crossing. With ringtree's sockets on CUBIC the flat
-    exchange was ahead at 16 of 18 of these points with 31 repetitions (by 10-39%), and at
-    7 of 9 at 1 Gbit/s in another run. The flat exchange is CPU-bound, hierarchical
-    path-bound; rank 0 measured α of 53-123 µs on the testbed."""
+    exchange run forced was within 10% of the best at 41 of 51 of these points over five
+    runs, hierarchical at 20 (docs/multihost.md; all_gather swaps with the machine's
+    state). The flat exchange is CPU-bound, hierarchical path-bound; rank 0 measured α of
+    53-123 µs on the testbed."""
     from ringtree.core.tuner import CROWDED_CALL, CROWDED_WAKE
 
     hm, opts, n = _testbed(2, 2, rate, alpha=alpha)

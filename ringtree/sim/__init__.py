@@ -35,10 +35,12 @@ exact); the generator options hash once, not once per rank. A tree all-reduce of
 
 The congestion-aware event engine carries its network in *rounds* when ranks send many
 messages at once (at least 64 per rank, :data:`.engine.ROUNDS_MSGS_PER_RANK`; a
-tree's rounds are too small to pay) (:mod:`.feedforward`): what can be injected before anything more arrives is held, carried
-link by link with array arithmetic (each link a FIFO in the heap's order, the engine's
-own sums), delivered, and the receivers run until the next round — checked on every link
-to be the heap's order, else the run goes to the heap. A one-shot ``direct`` all-reduce
+tree's rounds are too small to pay) (:mod:`.feedforward`): what can be injected before
+anything more arrives is held, carried a link stage at a time with array arithmetic
+(links that feed none of each other sorted and served together, each a FIFO in the
+heap's order with the engine's own sums), delivered, and the receivers run until the
+next round — checked on every link to be the heap's order, else the run goes to the
+heap. A one-shot ``direct`` all-reduce
 is one round: 1 GiB on 64 ranks (23 M chunk-hops) takes about 3.5 s instead of 80; a
 step that sends many slices injects them as arrays. A sweep's sizes after one whose
 rounds left the heap's order go to the heap at once (``direct2`` at 256 KiB and up).

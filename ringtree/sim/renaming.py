@@ -21,6 +21,7 @@ signature is the coarsest one every reference is a union of).
 from __future__ import annotations
 
 from collections import Counter
+from itertools import accumulate
 
 from ringtree.core.ir import Program
 
@@ -28,6 +29,17 @@ from ringtree.core.ir import Program
 def atoms(p: Program, regs: dict) -> Counter:
     """(signature, element length) of every slot p names (out of place: a slot is a
     buffer's chunk), counted."""
+    return Counter((sig, regs[b][j]) for sig, b, j in _signatures(p))
+
+
+def _signatures(p: Program) -> list[tuple[tuple[int, ...], object, int]]:
+    """(signature, buffer, chunk) of every slot p names: the numbers of the references
+    (channel by channel, step by step, source then destination) that contain it. The
+    same at every count, so kept for the last few Programs (a sweep asks at every
+    chunk-length pattern)."""
+    got = _SIGS.get(id(p))
+    if got is not None and got[0] is p:
+        return got[1]
     sig: dict[tuple, list[int]] = {}
     k = 0
     for ch in p.channels:
@@ -39,7 +51,16 @@ def atoms(p: Program, regs: dict) -> Counter:
                 b = x.buf
                 for j in x.chunks():
                     sig.setdefault((b, j), []).append(k)
-    return Counter((tuple(v), regs[b][j]) for (b, j), v in sig.items())
+    out = [(tuple(v), b, j) for (b, j), v in sig.items()]
+    if len(_SIGS) >= KEEP:
+        _SIGS.clear()
+    _SIGS[id(p)] = (p, out)
+    return out
+
+
+# the signatures of the last Programs read, each held so that its id stays its own
+KEEP = 512
+_SIGS: dict[int, tuple[Program, list]] = {}
 
 
 def by_sets(p: Program, q: Program, regs: dict) -> bool:
@@ -48,11 +69,29 @@ def by_sets(p: Program, q: Program, regs: dict) -> bool:
     channels, reductions) are checked elsewhere (:func:`.symmetry.same_shape`); here
     every pair of references must name one buffer and as many chunks, and the atoms
     must agree."""
+    pre = {b: _prefix(rg) for b, rg in regs.items()}
     for cp_, cq in zip(p.channels, q.channels):
         for s, t in zip(cp_, cq):
             for x, y in ((s.src, t.src), (s.dst, t.dst)):
                 if (x is None) != (y is None):
                     return False
-                if x is not None and (x.buf != y.buf or x.count != y.count):
+                if x is None:
+                    continue
+                if x.buf != y.buf or x.count != y.count:
+                    return False
+                ps = pre[x.buf]                  # as many elements (cheap, and necessary)
+                if ps[x.index + x.count] - ps[x.index] != ps[y.index + y.count] - ps[y.index]:
                     return False
     return atoms(p, regs) == atoms(q, regs)
+
+
+def _prefix(rg: list[int]) -> list[int]:
+    got = _PREFIX.get(id(rg))
+    if got is None or got[0] is not rg:
+        if len(_PREFIX) > 64:
+            _PREFIX.clear()
+        got = _PREFIX[id(rg)] = (rg, list(accumulate(rg, initial=0)))
+    return got[1]
+
+
+_PREFIX: dict[int, tuple[list[int], list[int]]] = {}

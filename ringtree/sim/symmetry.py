@@ -2,8 +2,8 @@
 
 If a group of rank permutations — shifts by multiples of g ranks, or XOR of aligned
 blocks of g ranks — maps the run onto itself (every Program is its parent's with peers
-moved and chunks renamed by a size-preserving bijection, positionally or by a XOR mask
-per buffer; the network's routes are kept, :mod:`.orbits`; devices compute at the same
+moved and chunks renamed by a size-preserving bijection, positionally, by a XOR mask
+per buffer or by sets, :mod:`.renaming`; the network's routes are kept, :mod:`.orbits`; devices compute at the same
 speed), then every rank does at the same times what its representative r mod g does,
 and simulating ranks 0..g−1 (``compile_programs(fold=g)``) gives the exact answer. Every
 condition is checked; when one fails the run is simulated whole.

@@ -38,8 +38,27 @@ def test_pieces_pass_the_checker(nodes, pieces, inter):
     (Collective.REDUCE_SCATTER, ["ring", "halving", "direct"])])
 def test_block_by_block_gather_and_scatter_pass_the_checker(nodes, coll, inters):
     for inter in inters:
-        opts = Options(nodes=nodes, params=(("inter", inter), ("pieces", 2)))
-        assert check(coll, "hierarchical", len(nodes), opts)
+        for pieces in (2, 3, 4) if coll is Collective.REDUCE_SCATTER else (2,):
+            opts = Options(nodes=nodes, params=(("inter", inter), ("pieces", pieces)))
+            assert check(coll, "hierarchical", len(nodes), opts)
+
+
+def test_a_pieced_reduce_scatter_cuts_each_block_into_pieces_in_link_order():
+    """2x4 in 2 pieces: each block is two chunks; leader 0 chain-reduces first the other
+    node's superblock (the one its link sends first), chunk by chunk, and sends each
+    rank's result a chunk at a time, which that rank receives a chunk at a time."""
+    opts = Options(nodes=(0,) * 4 + (1,) * 4, params=(("pieces", 2),))
+    lead = generate(Collective.REDUCE_SCATTER, "hierarchical", 8, 0, opts)
+    assert lead.chunks == 2
+    names = [str(s) for s in lead.channels[0]]
+    assert names[:2] == ["recvReduceCopy from 1 src=i[8] dst=s[8]",
+                         "recvReduceCopy from 1 src=i[9] dst=s[9]"]
+    assert names[8] == "recvReduceCopy from 1 src=i[0] dst=s[0]"
+    assert names[-6:] == [f"send to {q} src=s[{16 + 2 * q + j}]" for q in (1, 2, 3)
+                          for j in (0, 1)]
+    last = [str(s) for s in generate(Collective.REDUCE_SCATTER, "hierarchical", 8, 3,
+                                     opts).channels[0]]
+    assert last[-2:] == ["recv from 0 dst=o[0]", "recv from 0 dst=o[1]"]
 
 
 def test_chain_feeds_pieces_in_the_order_the_link_needs_them():
@@ -121,15 +140,21 @@ def _pieced_gather_and_scatter(comm, count: int):
     comm.reduce_scatter(big, out=part, algo="hierarchical")
     want = (np.arange(count * n, dtype=np.float32) % 253)[r * count:(r + 1) * count] \
         * sum(range(1, n + 1))
-    return steps, ag_ok, bool(np.array_equal(part, want))
+    rs = p.program(Collective.REDUCE_SCATTER, "hierarchical", 0, count * n * 4)
+    pieces = dict(p._options(Collective.REDUCE_SCATTER, count * n * 4).params)["pieces"]
+    return steps, ag_ok, bool(np.array_equal(part, want)), (rs.chunks, pieces)
 
 
-def test_block_by_block_gather_and_scatter_are_exact_for_real():
-    count = (2 << 20) // 4 + 3                              # 8 MiB over 4 ranks: pieced
+@pytest.mark.parametrize("count", [(2 << 20) // 4 + 3, (4 << 20) // 4 + 7],
+                         ids=["2pieces", "4pieces"])
+def test_block_by_block_gather_and_scatter_are_exact_for_real(count):
+    """8 and 16 MiB over 4 ranks: the reduce-scatter in 2 and 4 pieces per block, counts
+    that the pieces do not divide evenly."""
     with RankPool(4) as pool:
         res = pool.run_ok(_pieced_gather_and_scatter, count)
     flat = Options(nodes=(0, 0, 1, 1))
-    for r, (steps, ag_ok, rs_ok) in enumerate(res):
+    for r, (steps, ag_ok, rs_ok, (chunks, pieces)) in enumerate(res):
+        assert chunks == pieces > 1, (r, chunks, pieces)
         for c, k in steps.items():
             assert k > len(generate(c, "hierarchical", 4, r, flat).channels[0]), (r, c)
         assert ag_ok, f"rank {r}: all_gather"

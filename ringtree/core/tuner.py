@@ -255,13 +255,26 @@ def overlap_burst(idle: float, link: float, burst: float) -> float:
 
 def _fill(coll: Collective, algo: str, n: int, opts: Options) -> float:
     """The part of the smaller of the intra-host and link times that does not overlap the
-    larger: 1 (phases one after the other) unless the schedule is pipelined in pieces
-    (a hierarchical all-reduce of P pieces over L hosts: the link waits for the first
-    1/(P·L) of the chain reduce and the last broadcast follows the link by as much)."""
+    larger: 1 (phases one after the other) unless the schedule is pipelined in pieces.
+    A hierarchical all-reduce of P pieces over L hosts: the link waits for the first
+    1/(P·L) of the chain reduce and the last broadcast follows the link by as much. A
+    hierarchical reduce-scatter of P pieces per block, block by block over L hosts of M
+    ranks (``hierarchical_blocks``): the link waits for the first 1/(L·M·P) of the chain
+    reduce and the last piece's result follows it by 1/(L·M·P) of the input."""
     p = int(opts.param("pieces", 1))
-    if algo != "hierarchical" or coll is not Collective.ALL_REDUCE or p <= 1:
+    if algo != "hierarchical" or p <= 1:
         return 1.0
-    return 1.0 / (p * len(set(opts.nodes or (0,))))
+    hosts = len(set(opts.nodes or (0,)))
+    if coll is Collective.ALL_REDUCE:
+        return 1.0 / (p * hosts)
+    if coll is Collective.REDUCE_SCATTER:
+        from ringtree.schedules.hierarchical import _Layout
+        from ringtree.schedules.hierarchical_blocks import per_block
+
+        lay = _Layout(n, 0, opts)
+        if lay.M > 1 and per_block(lay, n, coll):
+            return 1.0 / (hosts * lay.M * p)
+    return 1.0
 
 
 def ranking(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,

@@ -16,7 +16,8 @@ pipelined chains (reduce, broadcast) or direct sends to the leader (gather, scat
 - reduce-scatter: chain-reduce the whole input to the leader (in superblock order),
   inter-node reduce-scatter of superblocks, scatter to the node's ranks.
 Nodes need not be contiguous or equal: superblocks live in scratch and are padded to M;
-when nodes are contiguous and equal the all-gather runs in the output directly. With
+when nodes are contiguous and equal the all-gather runs in the output directly, and with
+``params["pieces"]`` both go block by block (:mod:`ringtree.schedules.hierarchical_blocks`). With
 ``nodes=None`` (one node) only the intra-node phases remain; with one rank per node this
 is exactly the flat ``inter`` algorithm.
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 
 from ringtree.core import ir
 from ringtree.core.ir import Buf, Collective, Program, Ref, Step, copy, inp, out, scr
-from ringtree.schedules.registry import Options, generate, generate_all, register
+from ringtree.schedules.registry import Options, generate, register
 from ringtree.schedules.tree_wiring import node_groups
 
 
@@ -284,9 +285,10 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
         chans = _embed(sub, lay.leaders, {b: _Place(b) for b in Buf})
         return _program(Collective.ALL_GATHER, n, r, 1, chans, lay, scratch=sub.scratch)
     sub = _one_chunk_sub(lay, Collective.ALL_GATHER)
+    from ringtree.schedules.hierarchical_blocks import per_block, pieced_all_gather
     if int(opts.param("pieces", 1)) > 1 and sub.in_place_ok \
-            and _per_block(lay, n, Collective.ALL_GATHER):
-        return _pieced_all_gather(n, r, lay, sub)
+            and per_block(lay, n, Collective.ALL_GATHER):
+        return pieced_all_gather(n, r, lay, sub)
     M, L, leader = lay.M, lay.L, lay.pos == 0
     steps: list[Step] = []
     scratch = 0
@@ -338,8 +340,10 @@ def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     if lay.M == 1:
         chans = _embed(sub, lay.leaders, {b: _Place(b) for b in Buf})
         return _program(Collective.REDUCE_SCATTER, n, r, 1, chans, lay, scratch=sub.scratch)
-    if int(opts.param("pieces", 1)) > 1 and _per_block(lay, n, Collective.REDUCE_SCATTER):
-        return _pieced_reduce_scatter(n, r, lay, sub)
+    from ringtree.schedules.hierarchical_blocks import per_block, pieced_reduce_scatter
+    pieces = int(opts.param("pieces", 1))
+    if pieces > 1 and per_block(lay, n, Collective.REDUCE_SCATTER):
+        return pieced_reduce_scatter(n, r, lay, sub, pieces)
     M, L, leader = lay.M, lay.L, lay.pos == 0
     res = L * M                                    # scratch: [0, LM) superblocks, then result
     scratch = res + M + sub.scratch * M
@@ -370,68 +374,3 @@ def reduce_scatter(n: int, r: int, opts: Options) -> Program:
         steps.append(ir.recv(lay.chain[0], out(0)))
     return _program(Collective.REDUCE_SCATTER, n, r, 1, [steps], lay,
                     scratch=scratch if leader else 0)
-
-
-def _per_block(lay: _Layout, n: int, coll: Collective) -> bool:
-    """The inter-node program can run block by block: contiguous equal nodes, and every
-    leader's program touches single chunks (the same answer on every rank)."""
-    if not lay.identity(n):
-        return False
-    o = Options(channels=1, nodes=tuple(range(lay.L)), params=lay.sub_params)
-    return all(x is None or x.count == 1
-               for p in generate_all(coll, lay.inter, lay.L, o) for ch in p.channels
-               for s in ch for x in (s.src, s.dst))
-
-
-def _copies(sub: Program, lay: _Layout, places) -> list[Step]:
-    """M copies of the inter-node program, copy j on block j of every superblock
-    (``places(j)``), interleaved step-major: the link carries block 0 of a superblock,
-    then block 1, ..., and each block's intra-host work waits for that block only."""
-    return _interleave([_embed(sub, lay.leaders, places(j))[0] for j in range(lay.M)])
-
-
-def _pieced_reduce_scatter(n: int, r: int, lay: _Layout, sub: Program) -> Program:
-    """Reduce-scatter with ``pieces``: the chain reduces block by block in link order,
-    the leaders' reduce-scatter runs per block (:func:`_copies`) and each rank's result
-    leaves the leader once its block is final (contiguous equal nodes only)."""
-    M, L, leader = lay.M, lay.L, lay.pos == 0
-    res = L * M
-    order = _first_use(sub.channels[0], Buf.INPUT)
-    steps = [lay.chain_up(inp(b * M + j), scr(b * M + j))
-             for b in order + [b for b in range(L) if b not in order] for j in range(M)]
-    chain = [s for s in steps if s is not None]
-    if not leader:
-        return _program(Collective.REDUCE_SCATTER, n, r, 1,
-                        [chain + [ir.recv(lay.chain[0], out(0))]], lay)
-    chain += _copies(sub, lay, lambda j: {
-        Buf.INPUT: _Place(Buf.SCRATCH, j, stride=M),
-        Buf.OUTPUT: _Place(Buf.SCRATCH, res + j, stride=1),
-        Buf.SCRATCH: _Place(Buf.SCRATCH, res + M + j * sub.scratch, stride=1)})
-    chain.append(copy(scr(res), out(0)))
-    chain += [ir.send(q, scr(res + i)) for i, q in enumerate(lay.chain) if i]
-    return _program(Collective.REDUCE_SCATTER, n, r, 1, [chain], lay,
-                    scratch=res + M + sub.scratch * M)
-
-
-def _pieced_all_gather(n: int, r: int, lay: _Layout, sub: Program) -> Program:
-    """All-gather with ``pieces``: the leaders' all-gather runs per block
-    (:func:`_copies`) in the output, each block leaves the leader as soon as it has
-    arrived, and the chains broadcast block by block, the node's own first (contiguous
-    equal nodes only)."""
-    M, leader, stage = lay.M, lay.pos == 0, lay.node * lay.M
-    steps: list[Step] = []
-    if not leader:
-        steps.append(ir.send(lay.chain[0], inp(0)))
-    else:
-        steps.append(copy(inp(0), out(stage)))
-        steps += [ir.recv(q, out(stage + i)) for i, q in enumerate(lay.chain) if i]
-        steps += _copies(sub, lay, lambda j: {
-            Buf.INPUT: _Place(Buf.OUTPUT, stage + j, stride=1),
-            Buf.OUTPUT: _Place(Buf.OUTPUT, j, stride=M),
-            Buf.SCRATCH: _Place(Buf.SCRATCH, j * sub.scratch, stride=1)})
-    order = [lay.node] + [b for b in _first_use(sub.channels[0], Buf.OUTPUT, last=True)
-                          if b != lay.node]
-    downs = [lay.chain_down(out(b * M + j)) for b in order for j in range(M)]
-    steps += [d for d in downs if d is not None]
-    return _program(Collective.ALL_GATHER, n, r, 1, [steps], lay,
-                    scratch=M * sub.scratch if leader else 0)

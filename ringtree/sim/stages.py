@@ -22,8 +22,9 @@ SORT_PER_LINK = 1 << 17   # chunks of a link stage from which its links go one b
 def link_stages(eng, conn: np.ndarray, first: np.ndarray) -> tuple | None:
     """The chunks of every link stage (:class:`Network`) as indices into the run's
     chunks (``conn``: every message's connection, ``first``: where its chunks start),
-    link after link, with the links' bounds, latencies and heads; every connection's
-    chunks; the heap events. None when the routes cycle."""
+    link after link, with their rate (one, or every chunk's), the links' bounds,
+    latencies and heads; every connection's chunks; the heap events. None when the
+    routes cycle."""
     cp = eng.cp
     routes = eng.conn_links
     key = ("link stages", id(routes), id(eng.shared))
@@ -41,18 +42,23 @@ def link_stages(eng, conn: np.ndarray, first: np.ndarray) -> tuple | None:
     for links in by_stage:
         cs = np.concatenate([c for _, c in links])
         ln = per[cs]
-        idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
+        idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln)
+        idx += np.arange(idx.size)
         lens = np.add.reduceat(ln, np.cumsum([0] + [c.size for _, c in links[:-1]]))
         cut = np.concatenate(([0], np.cumsum(lens)))
         bounds = [(a, b, eng.llat[li], eng.rate[li]) for (li, _), a, b in
                   zip(links, cut[:-1].tolist(), cut[1:].tolist())]
+        # the links' rate, one for the stage when they share it, else every chunk's
+        rates = np.asarray([eng.rate[li] for li, _ in links], np.float64)
+        rate = float(rates[0]) if bool((rates == rates[0]).all()) else \
+            np.repeat(rates, lens)
         seg = lat = heads = None
         if int(cut[-1]) < SORT_PER_LINK:            # else served link by link
             seg = np.repeat(np.arange(lens.size), lens)
             lat = np.repeat([eng.llat[li] for li, _ in links], lens)
             heads = np.zeros(seg.size, bool)
             heads[cut[:-1]] = True
-        stages.append((idx, lat, seg, heads, bounds))
+        stages.append((idx, rate, lat, seg, heads, bounds))
     return stages, int(np.dot(per, nshared)), np.repeat(np.arange(nconn), per)
 
 
@@ -71,10 +77,9 @@ class Network:
         if got is None:
             return
         stages, self.events, self.conn_of = got
-        for idx, lat, seg, heads, bounds in stages:
+        for idx, rate, lat, seg, heads, bounds in stages:
             ser = self.sizes[idx]
-            for a, b, _, rate in bounds:
-                ser[a:b] /= rate
+            np.divide(ser, rate, out=ser)
             self.stages.append((idx, ser, lat, seg, heads, bounds))
 
     def carry(self, inject: np.ndarray, integer: bool) -> np.ndarray | None:
@@ -91,7 +96,11 @@ class Network:
                 t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
                 continue
             for a, b, lt, _ in links:
-                o = np.argsort(x[a:b], kind="stable") + a
+                xs = x[a:b]
+                if bool((xs[1:] >= xs[:-1]).all()):    # in order already (a first link)
+                    t[idx[a:b]] = feedforward.serve(xs, ser[a:b], lt, integer)[0]
+                    continue
+                o = np.argsort(xs, kind="stable") + a
                 t[idx[o]] = feedforward.serve(x[o], ser[o], lt, integer)[0]
         back = (t[1:] < t[:-1]) & (self.conn_of[1:] == self.conn_of[:-1])
         return None if back.any() else t

@@ -78,12 +78,14 @@ def serve(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool,
     n = arrive.size
     if not n:
         return np.empty(0), free0
-    pre = np.cumsum(ser)
-    lead = arrive.copy()
-    lead[1:] -= pre[:-1]
-    starts = np.empty(n, bool)
+    pre = np.cumsum(ser[:-1])
+    lead = np.empty(n)
+    lead[0] = arrive[0]
+    np.subtract(arrive[1:], pre, out=lead[1:])
+    starts = np.zeros(n, bool)
     starts[0] = True
-    starts[1:] = lead[1:] > np.maximum.accumulate(lead)[:-1]
+    if n > 1 and float(lead[1:].max()) > lead[0]:   # else the guess is one period
+        np.greater(lead[1:], np.maximum.accumulate(lead[:-1]), out=starts[1:])
     for _ in range(4):
         free = _periods(arrive, ser, starts, free0)
         late = arrive[1:] > free[:-1]            # chunk k finds the link idle
@@ -133,10 +135,10 @@ def _periods(arrive: np.ndarray, ser: np.ndarray, starts: np.ndarray,
     length = length - PERIOD_HEAD + 1
     if first.size <= PERIOD_ROWS:
         for f, ln, c in zip(first.tolist(), length.tolist(), cur.tolist()):
-            acc = ser[f:f + ln].copy()
+            acc = free[f:f + ln]
+            acc[1:] = ser[f + 1:f + ln]
             acc[0] = c
             np.cumsum(acc, out=acc)
-            free[f:f + ln] = acc
         return free
     width = 1 << np.ceil(np.log2(length)).astype(np.int64)
     for w in np.unique(width).tolist():

@@ -250,20 +250,27 @@ def _ready(st: np.ndarray, n: np.ndarray, w: int, slots: list, comp: np.ndarray 
     ready_j = max(ready_j−1, the slice's arrivals) + γ_j from ready_−1 = start, column
     by column (a receive whose steps all have every slice reads its column whole)."""
     t = st.copy()
-    ready = np.empty((st.size, w))
-    whole = [bool((n[rows] >= w).all()) for rows, _ in slots]
+    ready = np.empty((w, st.size))               # by column: returned transposed
+    # a receive whose steps all have every slice: its arrivals as one gather, a row
+    # per slice, and when it is every step's in order, no gather of ``t`` either
+    whole = [(arrive[np.arange(w)[:, None] + f], rows.size == st.size and
+              bool((rows == np.arange(rows.size)).all()))
+             if bool((n[rows] >= w).all()) else None for rows, f in slots]
     for j in range(w):
         for (rows, f), every in zip(slots, whole):
-            if every:
-                t[rows] = np.maximum(t[rows], arrive[f + j])
+            if every is not None:
+                if every[1]:
+                    np.maximum(t, every[0][j], out=t)
+                else:
+                    t[rows] = np.maximum(t[rows], every[0][j])
                 continue
             live = n[rows] > j
             r, g = rows[live], f[live] + j
             t[r] = np.maximum(t[r], arrive[g])
         if comp is not None:
-            t = t + comp[:, j]
-        ready[:, j] = t
-    return ready
+            t += comp[:, j]
+        ready[j] = t
+    return ready.T
 
 
 def run(eng, progress=None):

@@ -236,11 +236,11 @@ class Rounds:
         # chunk crossing each: a link's chunks in (connection, message, slice) order
         ln = self.rlen[busy]
         pc = np.repeat(busy, ln)
-        pl = self.rl[_ranges(self.rp[busy], ln)]
+        pl = self.rl[stages.ranges(self.rp[busy], ln)]
         o = np.lexsort((pc, pl, self.stage[pl]))
         pl, pc = pl[o], pc[o]
         cnt = count[pc]
-        idx = _ranges(bounds[pc], cnt)
+        idx = stages.ranges(bounds[pc], cnt)
         lk = np.repeat(pl, cnt)
         st = self.stage[lk]
         cut = np.flatnonzero(st[1:] != st[:-1]) + 1
@@ -284,11 +284,6 @@ class Rounds:
         self.free[li] = free
         t[idx] = out
         return True
-
-
-def _ranges(lo: np.ndarray, ln: np.ndarray) -> np.ndarray:
-    """lo[0], lo[0]+1, …, lo[0]+ln[0]−1, lo[1], …: the ranges one after another."""
-    return np.repeat(lo - np.cumsum(ln) + ln, ln) + np.arange(int(ln.sum()))
 
 
 def _round_links(routes: list[list[int]], shared: list[bool], nlinks: int) -> tuple:

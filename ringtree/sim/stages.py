@@ -14,7 +14,7 @@ import numpy as np
 
 from ringtree.sim import feedforward
 
-__all__ = ["Network", "link_stages", "serve_links", "SORT_PER_LINK"]
+__all__ = ["Network", "link_stages", "serve_links", "ranges", "SORT_PER_LINK"]
 
 SORT_PER_LINK = 1 << 17   # chunks of a link stage from which its links go one by one
 
@@ -42,8 +42,7 @@ def link_stages(eng, conn: np.ndarray, first: np.ndarray) -> tuple | None:
     for links in by_stage:
         cs = np.concatenate([c for _, c in links])
         ln = per[cs]
-        idx = np.repeat(lo[cs] - np.cumsum(ln) + ln, ln)
-        idx += np.arange(idx.size)
+        idx = ranges(lo[cs], ln)
         lens = np.add.reduceat(ln, np.cumsum([0] + [c.size for _, c in links[:-1]]))
         cut = np.concatenate(([0], np.cumsum(lens)))
         bounds = [(a, b, eng.llat[li], eng.rate[li]) for (li, _), a, b in
@@ -123,6 +122,13 @@ def users(routes: list[list[int]], shared: list[bool], nlinks: int
     nshared = np.asarray([sum(shared[li] for li in rt) for rt in routes], np.int64)
     return ([[(li, np.asarray(users[li], np.int64)) for li in by[k]] for k in sorted(by)],
             nshared)
+
+
+def ranges(lo: np.ndarray, ln: np.ndarray) -> np.ndarray:
+    """lo[0], lo[0]+1, …, lo[0]+ln[0]−1, lo[1], …: the ranges one after another."""
+    idx = np.repeat(lo - np.cumsum(ln) + ln, ln)
+    idx += np.arange(idx.size)
+    return idx
 
 
 def link_stage(routes: list[list[int]], nlinks: int) -> list[int] | None:

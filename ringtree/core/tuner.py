@@ -268,12 +268,11 @@ def _fill(coll: Collective, algo: str, n: int, opts: Options) -> float:
     if coll is Collective.ALL_REDUCE:
         return 1.0 / (p * hosts)
     if coll is Collective.REDUCE_SCATTER:
-        from ringtree.schedules.hierarchical import _Layout
-        from ringtree.schedules.hierarchical_blocks import per_block
+        from ringtree.schedules.hierarchical_blocks import reduce_scatter_pieces
 
-        lay = _Layout(n, 0, opts)
-        if lay.M > 1 and per_block(lay, n, coll):
-            return 1.0 / (hosts * lay.M * p)
+        k = reduce_scatter_pieces(n, opts)
+        if k:
+            return 1.0 / (hosts * k)
     return 1.0
 
 

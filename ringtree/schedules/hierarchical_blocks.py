@@ -39,6 +39,16 @@ def per_block(lay: _Layout, n: int, coll: Collective) -> bool:
                for s in ch for x in (s.src, s.dst))
 
 
+def reduce_scatter_pieces(n: int, opts: Options) -> int:
+    """The pieces a hierarchical reduce-scatter over n ranks cuts each superblock into
+    (M ranks per node times P = ``pieces``) when it runs block by block, else 0."""
+    pieces = int(opts.param("pieces", 1))
+    if pieces <= 1:
+        return 0
+    lay = _Layout(n, 0, opts)
+    return lay.M * pieces if lay.M > 1 and per_block(lay, n, Collective.REDUCE_SCATTER) else 0
+
+
 def _copies(sub: Program, lay: _Layout, k: int,
             places: Callable[[int], dict[Buf, _Place]]) -> list[Step]:
     """k copies of the inter-node program, copy c on piece c of every superblock

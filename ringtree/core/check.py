@@ -139,9 +139,10 @@ def _check_ranks(programs: list[Program], n: int) -> None:
 class _Symbolic:
     """Every rank's memory of symbolic values, and the step :func:`walk` runs on it."""
 
-    def __init__(self, programs: list[Program], n: int, in_place: bool):
+    def __init__(self, programs: list[Program], n: int, in_place: bool,
+                 vals: _Values | None = None):
         self.programs, self.algo = programs, programs[0].algo
-        self.vals = _Values()
+        self.vals = _Values() if vals is None else vals  # shared: compare two schedules
         self.barrier = programs[0].collective is Collective.BARRIER
         self.keys = [p.storage_map(in_place) for p in programs]
         self.mem: list[dict[tuple[Buf, int], int | None]] = []

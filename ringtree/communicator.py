@@ -14,6 +14,7 @@ rank) is :mod:`ringtree.failure`.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 
@@ -127,6 +128,10 @@ class Communicator:
             self.topology = self.planner.topology = learn(self, MODELS["tcp"].overhead)
             if self.debug in ("INFO", "TRACE") and rank == 0:
                 print(f"ringtree: topology: {self.topology.describe()}", flush=True)
+            if s.tune == "online":  # the same on every rank: one environment per job
+                from ringtree.core.autotune import OnlineChoice
+
+                self.planner.online = OnlineChoice(self)
 
     def _idle(self) -> None:
         """The executor waits: has another rank aborted, or does one run another call?"""
@@ -230,12 +235,19 @@ class Communicator:
         """Plan ``spec`` and run it now, hand it to the worker, or add it to the group."""
         self._check_usable()
         timeout = self._precheck(timeout)  # before the call takes a sequence number
+        t = self.timeout if timeout is None else timeout
+        online = self.planner.online
+        if online is not None:  # measuring a choice (in plan) spends the call's deadline
+            start = time.monotonic()
+            online.deadline = start + t
+        plan = self.planner.plan(spec)  # may run tuning calls: before this call's number
+        if online is not None:
+            t = max(t - (time.monotonic() - start), 1e-3)
         if spec.coll is None:  # send/recv: numbered per (peer, tag, direction)
             key = (spec.root, spec.tag, spec.algo)
             seq = self._p2p_seq[key] = self._p2p_seq.get(key, 0) + 1
         else:
             seq = self.seq = self.seq + 1
-        plan = self.planner.plan(spec)
         if plan.ll_op is not None and self._group is None:
             if spec.coll is Collective.ALL_REDUCE and type(spec.result) is np.ndarray and \
                     spec.in_place and spec.dtype is not DType.BFLOAT16 and \
@@ -255,7 +267,6 @@ class Communicator:
             work = Work(call.desc.name)
             self._group.append((call, work, result))
             return work if async_op else result
-        t = self.timeout if timeout is None else timeout
         if async_op:
             work = Work(call.desc.name)
             batch = self._submit([call], [work], [result], t)

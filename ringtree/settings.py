@@ -144,6 +144,10 @@ declare("RINGTREE_BUFFSIZE", integer, 4 << 20,
 declare("RINGTREE_NCHANNELS", integer, 1, "parallel channels per collective")
 declare("RINGTREE_ALGO", text, "",
         "algorithms to use: NCCL_ALGO syntax, e.g. `ring;allreduce:^tree`")
+declare("RINGTREE_TUNE", choice("online", "model"), "online",
+        "`online`: across hosts, time the cost model's close candidates on the "
+        "communicator once per (collective, size) and keep the fastest; `model`: the "
+        "model alone")
 declare("RINGTREE_DEBUG", upper, "", "`INFO` prints each rank's first collectives and algorithms")
 declare("RINGTREE_SHM_SLOTS", whole, 4, "shared-memory slots per ring")
 declare("RINGTREE_SHM_YIELD_US", number, 0.0,

@@ -151,7 +151,8 @@ class Planner:
         self.collnet: Any = None   # ringtree.switch.collnet.CollNet, set by the communicator
         self.topology: Any = None  # ringtree.core.topology.Topology when ranks span hosts
         self._plans: dict[tuple, Plan] = {}
-        self._choices: dict[tuple[Collective, int], str] = {}
+        self._choices: dict[tuple[Collective, int], tuple[str, str]] = {}  # (model, used)
+        self.online: Any = None    # ringtree.core.autotune.OnlineChoice, or None
         self._last: Plan | None = None
         self.ll = None                      # the communicator's LLRunner, if any
         self.proto_enabled: dict = {}       # RINGTREE_PROTO per collective
@@ -178,8 +179,15 @@ class Planner:
         self._last = plan
         return plan
 
-    def choose(self, coll: Collective, nbytes: int, algo: str | None = None) -> str:
-        """The algorithm for a call of ``nbytes`` (the caller's ``algo`` if given)."""
+    def choose(self, coll: Collective, nbytes: int, algo: str | None = None,
+               spec: CallSpec | None = None) -> str:
+        """The algorithm for a call of ``nbytes`` (the caller's ``algo`` if given).
+
+        The model's choice, or where the model cannot tell its best candidates apart and
+        ``online`` is set (:mod:`ringtree.core.autotune`), the one measured fastest on the
+        communicator at the first such call (``spec``: the call, whose shape the
+        measurement copies). A reduction of another shape uses the measured winner only
+        where it gives the model's choice's bits for that shape too."""
         if algo is not None:
             return algo.lower()
         key = (coll, nbytes)
@@ -191,20 +199,36 @@ class Planner:
             if self.collnet is None:  # CollNet only where a switch was set up, as NCCL
                 enabled = {a for a in (enabled or algorithms(coll))
                            if not a.startswith("collnet")}
-            cached = choose(coll, nbytes, self.size, enabled, model, opts)
-            if self.collnet is not None and cached.startswith("collnet"):
-                cached = self.collnet.prefer(coll, nbytes, self.size, enabled, model, opts)
+            first = choose(coll, nbytes, self.size, enabled, model, opts)
+            if self.collnet is not None and first.startswith("collnet"):
+                first = self.collnet.prefer(coll, nbytes, self.size, enabled, model, opts)
+            ranked = None
             if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._choices) < 64:
                 from ringtree.core.tuner import ranking
 
-                rank_text = ", ".join(f"{a} {t * 1e6:,.0f}" for a, t in ranking(
-                    coll, nbytes, self.size, self.algo_enabled.get(coll), model, opts)[:4])
-                print(f"ringtree: {coll.value} {nbytes} B: chose {cached}; predicted us: "
+                ranked = ranking(coll, nbytes, self.size, enabled, model, opts)
+                rank_text = ", ".join(f"{a} {t * 1e6:,.0f}" for a, t in ranked[:4])
+                print(f"ringtree: {coll.value} {nbytes} B: chose {first}; predicted us: "
                       f"{rank_text}", flush=True)
+            chosen = first
+            if self.online is not None and spec is None:
+                return first  # nothing to measure with: ask again at the call itself
+            if self.online is not None and spec is not None:
+                if ranked is None:
+                    from ringtree.core.tuner import ranking
+
+                    ranked = ranking(coll, nbytes, self.size, enabled, model, opts)
+                chosen = self.online.decide(spec, nbytes, first, ranked,
+                                            self._options(coll, nbytes, spec.root))
             if len(self._choices) > 4096:
                 self._choices.clear()
-            self._choices[key] = cached
-        return cached
+            cached = self._choices[key] = (first, chosen)
+        first, chosen = cached
+        if chosen != first and spec is not None and self.online is not None and \
+                not self.online.same_bits(spec, first, chosen,
+                                          self._options(coll, nbytes, spec.root)):
+            return first
+        return chosen
 
     def model(self):
         """The tuner's cost model: per link class when ranks span hosts."""
@@ -286,7 +310,7 @@ class Planner:
             nin, nout = coll.blocks(self.size)
             in_blocks, out_blocks = (count,) * nin, (count,) * nout
         nbytes = count * itemsize * max(len(in_blocks), len(out_blocks), 1)
-        algo = self.choose(coll, nbytes, spec.algo)
+        algo = self.choose(coll, nbytes, spec.algo, spec)
         if algo.startswith("collnet"):
             algo = self._collnet_algo(spec, algo, nbytes)
         protocol = self._protocol(spec, nbytes)

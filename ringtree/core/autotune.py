@@ -1,0 +1,216 @@
+"""The online choice: when the cost model cannot tell its best algorithms apart, time them
+on the communicator itself, agree on the numbers, and keep the winner.
+
+Across hosts the model's small-message terms (per-message software cost, wake-ups, the
+host-crossing latency) are the machine's state more than its constants: on the 2×2
+testbed at 8 B–8 KiB recursive doubling and the hierarchical all-gather swapped places by
+up to ±25% within minutes (``docs/multihost.md``), so no fixed constant keeps the model's
+choice within 10% of the best. NCCL answers the same problem with a static model plus
+``NCCL_ALGO``; MPI libraries such as Open MPI's ``coll/tuned`` with measured decision
+tables made offline. This module measures online, once per (collective, bytes), the way
+FFTW's planner measures its candidate plans (Frigo & Johnson, "The design and
+implementation of FFTW3", Proc. IEEE 93(2), 2005), on the communicator that will run them.
+
+The rule, for a call whose algorithm the caller did not name:
+
+1. *Whether to measure* comes from the model alone (:func:`candidates`): the algorithms
+   predicted within :data:`MARGIN` of the best (at most :data:`MAX_CANDIDATES`, the
+   model's own choice always among them), if there are two or more and the best is
+   predicted under :data:`MAX_PREDICTED`. The model is a pure function of the topology,
+   which rank 0 measured and broadcast, and of ``RINGTREE_ALGO``, so every rank makes the
+   same decision at the same call and no message is needed to agree on it.
+2. *Bits*: a reduction's candidates are only those that reduce every element by the same
+   expression tree as the model's choice (:func:`ringtree.core.same_bits.same_bits`), so a
+   result never depends on which one the timing picked; data movement always qualifies.
+3. *Timing*: on scratch buffers of the call's dtype and shape (never the caller's), one
+   untimed call of each candidate, then :data:`ROUNDS` rounds that run each candidate
+   ``iters`` times back to back in a rotated order (``iters`` from the model's estimate,
+   about :data:`SAMPLE_SECONDS` per sample), so machine noise hits all alike.
+4. *Agreement*: each rank's per-candidate medians are all-reduced with MAX (ring
+   all-reduce of float64, exact under any order), so every rank holds the same numbers;
+   the winner is the least time, ties broken by name.
+5. The decision is cached with the model's choices per (collective, bytes): later calls
+   cost one dictionary look-up. A reduction of another shape (dtype, root, blocks) with
+   the same bytes uses the measured winner only where it is proven bit-identical for that
+   shape too, else the model's choice.
+
+The tuning calls run on the caller's thread inside the call that needed them, under the
+call's deadline (``timeout=`` / ``RINGTREE_TIMEOUT``): a dead peer raises the same
+error a normal call would. ``RINGTREE_TUNE=model`` turns this off; ``RINGTREE_DEBUG=INFO``
+prints each measurement (rank 0).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ringtree.core.ir import Collective
+from ringtree.ops import ReduceOp, resolve
+
+MARGIN = 0.30         # measured swings between the two best reached 1.31x at one point
+MAX_CANDIDATES = 3
+MAX_PREDICTED = 0.02  # s: the model's best estimate above which it is trusted as is
+ROUNDS = 7
+SAMPLE_SECONDS = 0.004
+MAX_ITERS = 16
+AGREE_ALGO = "ring"   # the fixed all-reduce the medians are agreed with
+TUNED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
+         Collective.BROADCAST, Collective.REDUCE)
+REDUCTIONS = (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.REDUCE)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One online choice: the model's, the candidates measured with their agreed medians
+    (seconds per call, slowest rank), the winner and what the measuring cost this rank."""
+
+    coll: Collective
+    nbytes: int
+    model: str
+    candidates: tuple[str, ...]
+    times: tuple[float, ...]
+    choice: str
+    seconds: float
+    excluded: tuple[str, ...] = ()  # within the margin but not the model's bits
+
+
+def candidates(ranked: list[tuple[str, float]], model_choice: str,
+               margin: float = MARGIN) -> list[tuple[str, float]]:
+    """The algorithms worth measuring, best estimate first (the model's choice always
+    kept): those predicted within ``margin`` of the best, at most
+    :data:`MAX_CANDIDATES`; fewer than two, or a best above :data:`MAX_PREDICTED`, means
+    none (the model decides)."""
+    if not ranked or ranked[0][1] > MAX_PREDICTED:
+        return []
+    bound = ranked[0][1] * (1 + margin)
+    near = [(a, t) for a, t in ranked if t <= bound]
+    keep = [x for x in near if x[0] == model_choice]
+    keep += [x for x in near if x[0] != model_choice][:MAX_CANDIDATES - len(keep)]
+    keep.sort(key=lambda x: (x[1], x[0]))
+    return keep if len(keep) > 1 else []
+
+
+def _blocks(coll: Collective, spec, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if spec.blocks is not None:
+        return tuple(spec.blocks[0]), tuple(spec.blocks[1])
+    nin, nout = coll.blocks(n)
+    return (spec.count,) * nin, (spec.count,) * nout
+
+
+class OnlineChoice:
+    """The online choice of one communicator (set as ``planner.online``)."""
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.decisions: dict[tuple[Collective, int], Decision] = {}
+        self.deadline = 0.0  # monotonic; the issuing call sets it before it plans
+
+    # ---- what the planner asks -------------------------------------------------------
+
+    def same_bits(self, spec, first: str, second: str, opts) -> bool:
+        """May ``second`` replace ``first`` for the call ``spec`` without changing a bit?"""
+        coll = spec.coll
+        if coll not in REDUCTIONS or first == second:
+            return True
+        from ringtree.core.same_bits import same_bits
+
+        _, out_blocks = _blocks(coll, spec, self.comm.size)
+        in_place = bool(spec.in_place) and spec.op is not ReduceOp.PREMUL_SUM  # else a copy
+        return same_bits(coll, first, second, self.comm.size, opts, out_blocks, in_place)
+
+    def decide(self, spec, nbytes: int, model_choice: str, ranked: list[tuple[str, float]],
+               opts) -> str:
+        """The algorithm for (``spec.coll``, ``nbytes``): the model's choice, or the fastest
+        of its close candidates as measured now on every rank."""
+        coll = spec.coll
+        if coll not in TUNED or model_choice.startswith("collnet"):
+            return model_choice
+        near = [(a, t) for a, t in candidates(ranked, model_choice)
+                if not a.startswith("collnet")]
+        cands = [(a, t) for a, t in near if self.same_bits(spec, model_choice, a, opts)]
+        kept = {a for a, _ in cands}
+        excluded = tuple(a for a, _ in near if a not in kept)
+        if len(cands) < 2:
+            if excluded and self._verbose():
+                print(f"ringtree: {coll.value} {nbytes} B: online choice skipped: "
+                      f"{', '.join(excluded)} reduce in another order than {model_choice} "
+                      "(different bits); keeping the model's choice", flush=True)
+            return model_choice
+        t0 = time.perf_counter()
+        times = self._measure(spec, cands)
+        choice = min(zip(times, (a for a, _ in cands)))[1]
+        d = Decision(coll, nbytes, model_choice, tuple(a for a, _ in cands), tuple(times),
+                     choice, time.perf_counter() - t0, excluded)
+        self.decisions[(coll, nbytes)] = d
+        if self._verbose():
+            got = ", ".join(f"{a} {t * 1e6:,.0f}" for a, t in zip(d.candidates, d.times))
+            note = f"; not measured (other bits): {', '.join(excluded)}" if excluded else ""
+            print(f"ringtree: {coll.value} {nbytes} B: measured us (slowest rank, median "
+                  f"of {ROUNDS}): {got}; chose {choice} (model: {model_choice}); tuning "
+                  f"took {d.seconds * 1e3:,.1f} ms{note}", flush=True)
+        return choice
+
+    def _verbose(self) -> bool:
+        c = self.comm
+        return c.debug in ("INFO", "TRACE") and c.rank == 0
+
+    # ---- measuring ------------------------------------------------------------------
+
+    def _scratch(self, spec, algo: str):
+        """A call like ``spec`` but on fresh zero buffers, with ``algo`` named."""
+        from ringtree.core.planner import CallSpec
+
+        coll, dt, n = spec.coll, spec.dtype, self.comm.size
+        in_blocks, out_blocks = _blocks(coll, spec, n)
+        out = np.zeros(sum(out_blocks), dt.storage)
+        red = None
+        if coll in REDUCTIONS:
+            red = spec.reducer
+            if red is None or red.user is not None:  # time a user's op as SUM
+                red = resolve(ReduceOp.SUM, dt)
+        if coll is Collective.BROADCAST:
+            inp, in_place = out, True
+        else:
+            inp, in_place = np.zeros(sum(in_blocks), dt.storage), False
+        return CallSpec(coll, spec.count, dt, red.op if red is not None else None,
+                        spec.root, in_place, algo, spec.blocks, 0, inp, out, red, None, None)
+
+    def _runner(self, spec):
+        """``run(iters)``: ``iters`` calls of ``spec`` back to back, each awaited."""
+        comm = self.comm
+        plan = comm.planner.plan(spec)
+
+        def run(iters: int) -> None:
+            for _ in range(iters):
+                comm.seq += 1
+                call = plan.bind(spec, comm.seq, comm.size)
+                if comm.flight is not None:
+                    comm.flight.scheduled(call)
+                left = max(self.deadline - time.monotonic(), 1e-3)
+                comm.progress.wait(comm._submit([call], [None], [None], left))
+
+        return run
+
+    def _measure(self, spec, cands: list[tuple[str, float]]) -> list[float]:
+        """Every candidate's median seconds per call, the slowest rank's (same on all)."""
+        runs = [self._runner(self._scratch(spec, a)) for a, _ in cands]
+        iters = [max(1, min(MAX_ITERS, int(SAMPLE_SECONDS / max(t, 1e-7)))) for _, t in cands]
+        for run in runs:
+            run(1)  # the plan's first touches, connections, staging
+        samples: list[list[float]] = [[] for _ in cands]
+        k = len(cands)
+        for rnd in range(ROUNDS):
+            for i in [(rnd + j) % k for j in range(k)]:
+                t0 = time.perf_counter()
+                runs[i](iters[i])
+                samples[i].append((time.perf_counter() - t0) / iters[i])
+        meds = np.array([statistics.median(s) for s in samples], np.float64)
+        from ringtree import api
+
+        agree = api.for_all_reduce(self.comm, meds, "max", None, AGREE_ALGO)
+        self._runner(agree)(1)
+        return [float(v) for v in meds]

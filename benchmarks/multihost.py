@@ -11,6 +11,13 @@ the median time, the default's bus bandwidth and its fraction of the link bound,
 default ÷ best-ringtree ratio and gloo ÷ default, and writes the raw numbers (``--json``)
 and a plot (``--plot``).
 
+The default is what a caller gets: the cost model's choice, or where the model's close
+candidates were measured on the communicator (``ringtree.core.autotune``,
+``RINGTREE_TUNE=online``) the measured winner. That measuring happens once per
+(collective, size), in the default's untimed first call, so the default's times exclude
+it; its cost (the slowest rank's) and what it measured are printed and saved under
+``tuning``. ``--env RINGTREE_TUNE=model`` gives the model alone.
+
 Method: float32 zeros; one untimed call per candidate and size first (gloo likewise
 drops its first repetition); each repetition is ``barrier; t0; iters × op; t1`` on every rank,
 and its time is the slowest rank's (t1−t0)/iters; ``iters`` makes a repetition last about
@@ -142,12 +149,21 @@ def rt_time(comm, coll: str, count: int, algo) -> float:
     return _slowest(comm, (time.perf_counter() - t0) / iters)
 
 
-def rt_choice(comm, coll: str, count: int) -> str:
+def rt_choice(comm, coll: str, count: int) -> tuple[str, dict | None]:
+    """The default's algorithm at this size (the planner's size: an all-gather's is the
+    gathered output) and, when the online choice measured it, what it measured."""
     from ringtree.core.ir import parse_collective
 
     c = parse_collective(coll)
-    nbytes = count * 4
-    return comm.planner.choose(c, nbytes)
+    nbytes = count * 4 * (comm.size if coll == "all_gather" else 1)
+    choice = comm.planner.choose(c, nbytes)
+    online = comm.planner.online
+    d = None if online is None else online.decisions.get((c, nbytes))
+    if d is None:
+        return choice, None
+    return choice, {"model": d.model, "candidates": list(d.candidates),
+                    "times": list(d.times), "seconds": d.seconds,
+                    "excluded": list(d.excluded)}
 
 
 def rt_topology(comm):
@@ -250,7 +266,8 @@ def sweep(pool, hosts: int, coll: str, sizes: list[int], reps: int, n: int,
             k = rep % len(live)
             for a in live[k:] + live[:k]:
                 times[a].append(pool.run_ok(rt_time, coll, count, a)[0])
-        choice = pool.run_ok(rt_choice, coll, count)[0]
+        got = pool.run_ok(rt_choice, coll, count)
+        choice, tuned = got[0]
         med = {a: statistics.median(v) for a, v in times.items()}
         best = min(v for a, v in med.items() if a is not None)
         if nbytes >= PRUNE_FROM:
@@ -260,13 +277,20 @@ def sweep(pool, hosts: int, coll: str, sizes: list[int], reps: int, n: int,
             ((a, t) for a, t in med.items() if a is not None), key=lambda x: x[1]))
         print(f"    {coll} {show_size(nbytes):>4}: default ({choice}) {med[None] * 1e3:.3f} ms;"
               f" {others}", flush=True)
+        if tuned is not None:  # once, in the default's untimed first call
+            tuned["seconds"] = max(t["seconds"] for _, t in got)  # the slowest rank's
+            res[str(nbytes)]["tuning"] = tuned
+            meas = ", ".join(f"{a} {t * 1e3:.3f}" for a, t in zip(tuned["candidates"],
+                                                                tuned["times"]))
+            print(f"      online choice (model: {tuned['model']}): measured {meas} ms; "
+                  f"tuning took {tuned['seconds'] * 1e3:.0f} ms once", flush=True)
     return res
 
 
 def table(entry: dict, gloo: dict) -> str:
     coll, hosts, n, rate = entry["coll"], entry["hosts"], entry["n"], entry["rate_bps"]
     rows = ["| size | default (choice) | best ringtree | default/best | gloo | gloo/default "
-            "| busbw GB/s | link bound | of bound |", "|" + "---|" * 9]
+            "| busbw GB/s | link bound | of bound | tuning once |", "|" + "---|" * 10]
     for nbytes_s, r in entry["results"].items():
         nbytes = int(nbytes_s)
         med = {a: statistics.median(v) for a, v in r["times"].items()}
@@ -278,8 +302,15 @@ def table(entry: dict, gloo: dict) -> str:
         bound = link_bound(coll, nbytes, hosts, rate)
         rows.append(f"| {show_size(nbytes)} | {d * 1e3:,.3f} ms ({r['choice']}) | "
                     f"{bt * 1e3:,.3f} ms ({ba}) | {d / bt:.2f} | {gm * 1e3:,.3f} ms | "
-                    f"{gm / d:.2f} | {bus:.3f} | {bound * 1e3:,.3f} ms | {bound / d:.0%} |")
+                    f"{gm / d:.2f} | {bus:.3f} | {bound * 1e3:,.3f} ms | {bound / d:.0%} | "
+                    f"{_tuning(r)} |")
     return "\n".join(rows)
+
+
+def _tuning(r: dict) -> str:
+    """What the online choice spent at this size, once (``-``: the model decided)."""
+    t = r.get("tuning")
+    return "-" if t is None else f"{t['seconds'] * 1e3:,.0f} ms ({len(t['candidates'])})"
 
 
 def plot(entries: list[dict], glos: dict, path: str) -> bool:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ringtree.sim import dataflow, feedforward
 from ringtree.sim.compile import DEFAULT_SLICE_BYTES, Compiled, compile_programs, connection_routes
+from ringtree.sim.heap import loop as fused_loop
 from ringtree.sim.model import Aware, Unaware, compute_ns
 from ringtree.sim.topology import Topology
 
@@ -422,6 +423,8 @@ ROUNDS_MSGS_PER_RANK = 64
 # and the heap take what does not settle
 FIXED_POINT = True
 AT_ONCE = 8        # in rounds, a step sending this many slices more injects them as arrays
+# the aware heap runs as one loop over local names (:mod:`.heap`; the same operations)
+FUSED = True
 
 
 def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware,
@@ -448,5 +451,8 @@ def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware
         cp.memo[failed] = True
         eng.fresh_network()                      # start again on the heap
         eng.fresh_steps()
-    eng.loop(progress)
+    if FUSED and eng.aware and not trace:
+        fused_loop(eng, progress)
+    else:
+        eng.loop(progress)
     return eng.result()

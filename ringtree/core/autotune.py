@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ringtree.core.ir import Collective
+from ringtree.dtypes import as_flat
 from ringtree.ops import ReduceOp, resolve
 
 MARGIN = 0.30         # measured swings between the two best reached 1.31x at one point
@@ -101,6 +102,20 @@ def _blocks(coll: Collective, spec, n: int) -> tuple[tuple[int, ...], tuple[int,
     return (spec.count,) * nin, (spec.count,) * nout
 
 
+def _timing_op(spec) -> ReduceOp | None:
+    """The operator the scratch calls reduce with (a user's operator, or a scaled sum, is
+    timed as a sum); None when the scratch buffers' dtype cannot take it."""
+    op = spec.op if isinstance(spec.op, ReduceOp) and spec.op is not ReduceOp.PREMUL_SUM \
+        else ReduceOp.SUM
+    if spec.coll not in REDUCTIONS:
+        return op
+    try:
+        resolve(op, as_flat(np.zeros(1, spec.dtype.storage), "scratch")[1])
+    except (TypeError, ValueError):
+        return None
+    return op
+
+
 class OnlineChoice:
     """The online choice of one communicator (set as ``planner.online``)."""
 
@@ -127,7 +142,8 @@ class OnlineChoice:
         """The algorithm for (``spec.coll``, ``nbytes``): the model's choice, or the fastest
         of its close candidates as measured now on every rank."""
         coll = spec.coll
-        if coll not in TUNED or model_choice.startswith("collnet"):
+        if coll not in TUNED or model_choice.startswith("collnet") or \
+                spec.blocks is not None or _timing_op(spec) is None:
             return model_choice
         near = [(a, t) for a, t in candidates(ranked, model_choice)
                 if not a.startswith("collnet")]
@@ -141,7 +157,12 @@ class OnlineChoice:
                       "(different bits); keeping the model's choice", flush=True)
             return model_choice
         t0 = time.perf_counter()
-        times = self._measure(spec, cands)
+        comm = self.comm
+        group, comm._group = comm._group, None  # measured now, ahead of an open group
+        try:
+            times = self._measure(spec, cands)
+        finally:
+            comm._group = group
         choice = min(zip(times, (a for a, _ in cands)))[1]
         d = Decision(coll, nbytes, model_choice, tuple(a for a, _ in cands), tuple(times),
                      choice, time.perf_counter() - t0, excluded)
@@ -160,44 +181,50 @@ class OnlineChoice:
 
     # ---- measuring ------------------------------------------------------------------
 
-    def _scratch(self, spec, algo: str):
-        """A call like ``spec`` but on fresh zero buffers, with ``algo`` named."""
-        from ringtree.core.planner import CallSpec
+    def _runner(self, spec, algo: str):
+        """``run(iters)``: ``iters`` calls like ``spec`` with ``algo`` named, back to back,
+        each awaited, on zero scratch buffers of its dtype and shape. They go through the
+        public methods, so they pay what a caller's call pays (argument checks, planning,
+        issuing): on a machine with more ranks than cores that CPU is part of the race."""
+        comm, coll = self.comm, spec.coll
+        dt, n, count = spec.dtype, self.comm.size, spec.count
+        op = _timing_op(spec)
+        zeros = np.zeros
+        if coll is Collective.ALL_REDUCE:
+            x, out = zeros(count, dt.storage), zeros(count, dt.storage)
 
-        coll, dt, n = spec.coll, spec.dtype, self.comm.size
-        in_blocks, out_blocks = _blocks(coll, spec, n)
-        out = np.zeros(sum(out_blocks), dt.storage)
-        red = None
-        if coll in REDUCTIONS:
-            red = spec.reducer
-            if red is None or red.user is not None:  # time a user's op as SUM
-                red = resolve(ReduceOp.SUM, dt)
-        if coll is Collective.BROADCAST:
-            inp, in_place = out, True
+            def one(left: float) -> None:
+                comm.all_reduce(x, op, out=out, algo=algo, timeout=left)
+        elif coll is Collective.ALL_GATHER:
+            x, out = zeros(count, dt.storage), zeros(count * n, dt.storage)
+
+            def one(left: float) -> None:
+                comm.all_gather(x, out=out, algo=algo, timeout=left)
+        elif coll is Collective.REDUCE_SCATTER:
+            x, out = zeros(count * n, dt.storage), zeros(count, dt.storage)
+
+            def one(left: float) -> None:
+                comm.reduce_scatter(x, op, out=out, algo=algo, timeout=left)
+        elif coll is Collective.BROADCAST:
+            x = zeros(count, dt.storage)
+
+            def one(left: float) -> None:
+                comm.broadcast(x, spec.root, algo=algo, timeout=left)
         else:
-            inp, in_place = np.zeros(sum(in_blocks), dt.storage), False
-        return CallSpec(coll, spec.count, dt, red.op if red is not None else None,
-                        spec.root, in_place, algo, spec.blocks, 0, inp, out, red, None, None)
+            x, out = zeros(count, dt.storage), zeros(count, dt.storage)
 
-    def _runner(self, spec):
-        """``run(iters)``: ``iters`` calls of ``spec`` back to back, each awaited."""
-        comm = self.comm
-        plan = comm.planner.plan(spec)
+            def one(left: float) -> None:
+                comm.reduce(x, spec.root, op, out=out, algo=algo, timeout=left)
 
         def run(iters: int) -> None:
             for _ in range(iters):
-                comm.seq += 1
-                call = plan.bind(spec, comm.seq, comm.size)
-                if comm.flight is not None:
-                    comm.flight.scheduled(call)
-                left = max(self.deadline - time.monotonic(), 1e-3)
-                comm.progress.wait(comm._submit([call], [None], [None], left))
+                one(max(self.deadline - time.monotonic(), 1e-3))
 
         return run
 
     def _measure(self, spec, cands: list[tuple[str, float]]) -> list[float]:
         """Every candidate's median seconds per call, the slowest rank's (same on all)."""
-        runs = [self._runner(self._scratch(spec, a)) for a, _ in cands]
+        runs = [self._runner(spec, a) for a, _ in cands]
         iters = [max(1, min(MAX_ITERS, int(SAMPLE_SECONDS / max(t, 1e-7)))) for _, t in cands]
         for run in runs:
             run(1)  # the plan's first touches, connections, staging
@@ -209,8 +236,6 @@ class OnlineChoice:
                 runs[i](iters[i])
                 samples[i].append((time.perf_counter() - t0) / iters[i])
         meds = np.array([statistics.median(s) for s in samples], np.float64)
-        from ringtree import api
-
-        agree = api.for_all_reduce(self.comm, meds, "max", None, AGREE_ALGO)
-        self._runner(agree)(1)
+        self.comm.all_reduce(meds, ReduceOp.MAX, algo=AGREE_ALGO,
+                             timeout=max(self.deadline - time.monotonic(), 1e-3))
         return [float(v) for v in meds]

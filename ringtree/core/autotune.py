@@ -187,25 +187,29 @@ class OnlineChoice:
 
     def _runner(self, spec, algo: str):
         """``run(iters)``: ``iters`` calls like ``spec`` with ``algo`` named, back to back,
-        each awaited, on zero scratch buffers of its dtype and shape. They go through the
+        each awaited, on zero scratch buffers of its dtype and shape, in place when it is. They go through the
         public methods, so they pay what a caller's call pays (argument checks, planning,
         issuing): on a machine with more ranks than cores that CPU is part of the race."""
         comm, coll = self.comm, spec.coll
         dt, n, count = spec.dtype, self.comm.size, spec.count
         op = _timing_op(spec)
-        zeros = np.zeros
+        zeros, r = np.zeros, comm.rank
+        inplace = bool(spec.in_place)  # in place or not as the call: schedules differ
         if coll is Collective.ALL_REDUCE:
-            x, out = zeros(count, dt.storage), zeros(count, dt.storage)
+            x = zeros(count, dt.storage)
+            out = x if inplace else zeros(count, dt.storage)
 
             def one(left: float) -> None:
                 comm.all_reduce(x, op, out=out, algo=algo, timeout=left)
         elif coll is Collective.ALL_GATHER:
-            x, out = zeros(count, dt.storage), zeros(count * n, dt.storage)
+            out = zeros(count * n, dt.storage)
+            x = out[r * count:(r + 1) * count] if inplace else zeros(count, dt.storage)
 
             def one(left: float) -> None:
                 comm.all_gather(x, out=out, algo=algo, timeout=left)
         elif coll is Collective.REDUCE_SCATTER:
-            x, out = zeros(count * n, dt.storage), zeros(count, dt.storage)
+            x = zeros(count * n, dt.storage)
+            out = x[r * count:(r + 1) * count] if inplace else zeros(count, dt.storage)
 
             def one(left: float) -> None:
                 comm.reduce_scatter(x, op, out=out, algo=algo, timeout=left)
@@ -215,7 +219,8 @@ class OnlineChoice:
             def one(left: float) -> None:
                 comm.broadcast(x, spec.root, algo=algo, timeout=left)
         else:
-            x, out = zeros(count, dt.storage), zeros(count, dt.storage)
+            x = zeros(count, dt.storage)
+            out = x if inplace else zeros(count, dt.storage)
 
             def one(left: float) -> None:
                 comm.reduce(x, spec.root, op, out=out, algo=algo, timeout=left)

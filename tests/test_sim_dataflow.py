@@ -19,6 +19,23 @@ def _key(r):
     return r.time_ns, r.rank_done, r.step_start, r.step_done, r.events, r.messages, r.bytes
 
 
+def every_schedule(topo, sizes=(8, 5000, 3 << 20)):
+    """Every collective and algorithm that runs on ``topo``, compiled at each of
+    ``sizes`` (4 slots, 256 KiB slices): (collective, algorithm, bytes, Compiled,
+    devices)."""
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        for algo in algorithms(coll):
+            try:
+                progs = sim.programs_for(coll, algo, topo)
+                devices = place(progs, topo)
+            except ValueError:                  # CollNet without a reduction switch
+                continue
+            for nbytes in sizes:
+                cp = compile_programs(progs, count_for(progs[0].collective, nbytes,
+                                                       topo.nranks), 4, 256 << 10)
+                yield coll, algo, nbytes, cp, devices
+
+
 def _settled(cp, topo, devices, model):
     return dataflow.run(engine._Engine(cp, topo, devices, model, False))
 
@@ -27,25 +44,16 @@ def _settled(cp, topo, devices, model):
 def test_fixed_point_is_the_event_engine(topo_name, nodes, monkeypatch):
     topo = presets.get(topo_name, nodes)
     settled = 0
-    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
-        for algo in algorithms(coll):
-            try:
-                progs = sim.programs_for(coll, algo, topo)
-                devices = place(progs, topo)
-            except ValueError:                  # CollNet without a reduction switch
+    for coll, algo, nbytes, cp, devices in every_schedule(topo):
+        # links sorted all at once, and one by one
+        monkeypatch.setattr(stages, "SORT_PER_LINK", 0 if nbytes == 5000 else 1 << 17)
+        for model in (Aware(), Aware(integer_ns=True)):
+            got = _settled(cp, topo, devices, model)
+            if got is None:
                 continue
-            for nbytes in (8, 5000, 3 << 20):
-                # links sorted all at once, and one by one
-                monkeypatch.setattr(stages, "SORT_PER_LINK", 0 if nbytes == 5000 else 1 << 17)
-                cp = compile_programs(progs, count_for(progs[0].collective, nbytes,
-                                                       topo.nranks), 4, 256 << 10)
-                for model in (Aware(), Aware(integer_ns=True)):
-                    got = _settled(cp, topo, devices, model)
-                    if got is None:
-                        continue
-                    settled += 1
-                    want = engine.run(cp, topo, devices, model, batch=False)
-                    assert _key(got) == _key(want), (coll, algo, nbytes, model)
+            settled += 1
+            want = engine.run(cp, topo, devices, model, batch=False)
+            assert _key(got) == _key(want), (coll, algo, nbytes, model)
     assert settled
 
 

@@ -7,19 +7,15 @@ engine's loop."""
 from __future__ import annotations
 
 import pytest
+from test_sim_dataflow import _key, every_schedule
 
 import ringtree.sim as sim
-from ringtree.schedules import algorithms
 from ringtree.sim import Aware, Unaware, count_for, engine, place, presets
 from ringtree.sim.compile import compile_programs
 
 CASES = [("dgx_h100_sharp", 2), ("dgx_a100", 2), ("fat_tree2", 6), ("fat_tree3", 8),
          ("torus", 6), ("switch_sharp", 5), ("nvswitch", 8), ("ring", 5), ("local", 4)]
 MODELS = (Aware(), Aware(integer_ns=True))
-
-
-def _key(r):
-    return r.time_ns, r.rank_done, r.step_start, r.step_done, r.events, r.messages, r.bytes
 
 
 def _both(cp, topo, devices, model, monkeypatch, **kw):
@@ -35,21 +31,12 @@ def _both(cp, topo, devices, model, monkeypatch, **kw):
 def test_fused_heap_is_the_engine(topo_name, nodes, monkeypatch):
     topo = presets.get(topo_name, nodes)
     ran = set()
-    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
-        for algo in algorithms(coll):
-            try:
-                progs = sim.programs_for(coll, algo, topo)
-                devices = place(progs, topo)
-            except ValueError:                  # CollNet without a reduction switch
-                continue
-            for nbytes in (8, 5000, 3 << 20):
-                cp = compile_programs(progs, count_for(progs[0].collective, nbytes,
-                                                       topo.nranks), 4, 256 << 10)
-                for model in MODELS:
-                    # batch=False: the heap from the start, whatever the run
-                    got, want = _both(cp, topo, devices, model, monkeypatch, batch=False)
-                    assert _key(got) == _key(want), (coll, algo, nbytes, model)
-                    ran.add(algo)
+    for coll, algo, nbytes, cp, devices in every_schedule(topo):
+        for model in MODELS:
+            # batch=False: the heap from the start, whatever the run
+            got, want = _both(cp, topo, devices, model, monkeypatch, batch=False)
+            assert _key(got) == _key(want), (coll, algo, nbytes, model)
+            ran.add(algo)
     assert {"tree", "ring"} <= ran
     if topo.name.endswith("sharp"):
         assert {"collnet_direct", "collnet_chain", "tree_updown"} <= ran

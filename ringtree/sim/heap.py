@@ -203,6 +203,9 @@ def loop(eng, progress: Callable[[int], None] | None = None) -> None:
             if h < n:                            # waits at its next shared link
                 t, m, i, h = heappushpop(heap, (t, m, i, h))
                 continue
+            # the delivery at the end of ``carry``, written out again: one shared closure
+            # called here cost 3-10 % of the loop (tree all-reduce on dgx_h100_sharp x64,
+            # 64 MiB: 0.334-0.344 s of loop inline, 0.347-0.377 s through the call)
             c = msg_conn[m]
             if t < conn_arr[c]:
                 t = conn_arr[c]

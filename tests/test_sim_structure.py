@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 from ringtree.schedules import algorithms
-from ringtree.sim import Sweep, count_for, place, presets, programs_for, simulate
-from ringtree.sim.compile import Compiled, compile_programs
+from ringtree.sim import Sweep, count_for, pairing, place, presets, programs_for, simulate
+from ringtree.sim.compile import Compiled, compile_programs, folded_sender, pair
 from ringtree.sim.structure import Structure
 
 SIZES = [8, 24, 96, 1000, 4 << 10, 3 << 20, 40 << 20]
@@ -107,3 +108,70 @@ def test_the_cli_table_is_the_one_compiled_per_size(argv, capsys, monkeypatch):
     monkeypatch.setattr(cli, "Sweep", lambda: Sweep(max_steps=0))
     assert cli.main(argv) == 0
     assert capsys.readouterr().out == swept
+
+
+def _paired_by_dicts(st: Structure, lay, mask):
+    """The messages as the compiler pairs them (:func:`ringtree.sim.compile.pair`, one
+    dict of lists per connection), or None where it refuses."""
+    sends, recvs = {}, {}
+    send_ids = [[] for _ in lay.step_rank]
+    recv_ids = [[] for _ in lay.step_rank]
+    for gid in np.flatnonzero(mask).tolist():
+        rank, c = lay.step_rank[gid], lay.step_chan[gid]
+        for pos, q in enumerate(lay.send_to[gid]):
+            sends.setdefault((rank, q, c), []).append((gid, pos))
+        for pos, q in enumerate(lay.recv_from[gid]):
+            a, b = folded_sender(q, rank, st.fold, st.n, st.xor) if st.fold else (q, rank)
+            recvs.setdefault((a, b, c), []).append((gid, pos))
+        send_ids[gid] = [0] * len(lay.send_to[gid])
+        recv_ids[gid] = [0] * len(lay.recv_from[gid])
+    cp = Compiled(st.n)
+    try:
+        pair(cp, sends, recvs, send_ids, recv_ids, None)
+    except ValueError:
+        return None
+    return cp
+
+
+MSG_FIELDS = ["conns", "conn_ranks", "msg_src", "msg_dst", "msg_chan", "msg_conn",
+              "msg_sstep", "msg_rstep", "step_send", "step_recv"]
+
+
+@pytest.mark.parametrize("topo_name,nodes,algo,fold,xor", [
+    ("dgx_h100", 2, "direct2", 0, False), ("dgx_h100", 1, "tree", 0, False),
+    ("fat_tree2", 6, "hierarchical", 0, False), ("torus", 8, "hierarchical", 4, False),
+    ("dgx_a100", 4, "rabenseifner", 16, True), ("torus", 8, "recursive_doubling", 4, True)])
+def test_messages_paired_as_arrays_are_the_compilers(topo_name, nodes, algo, fold, xor):
+    """:func:`ringtree.sim.pairing.pair` against the compiler's pairing, field by field,
+    on every step, on the steps of each channel (what a small size keeps), on random
+    subsets (most of which leave a connection with more sends than receives: both
+    refuse), and on none."""
+    topo = presets.get(topo_name, nodes)
+    progs = programs_for("all_reduce", algo, topo)
+    if fold:
+        progs = progs[:fold]
+    st = Structure(progs, fold=fold, xor=xor)
+    st.compile(count_for(progs[0].collective, 1 << 20, topo.nranks), 4, 1 << 18)
+    lay = next(iter(st.layouts.values()))
+    n = len(lay.step_rank)
+    chan = np.asarray(lay.step_chan)
+    rng = np.random.default_rng(7)
+    masks = [np.ones(n, bool), np.zeros(n, bool)]
+    masks += [chan == c for c in range(int(chan.max()) + 1)]
+    masks += [rng.random(n) < p for p in (0.02, 0.5, 0.98)]
+    refused = paired = 0
+    for mask in masks:
+        want = _paired_by_dicts(st, lay, mask)
+        got = Compiled(st.n)
+        ends = pairing.Ends(lay.step_rank, lay.step_chan, lay.send_to, lay.recv_from,
+                            fold, st.n, xor)
+        ok = pairing.pair(got, ends, mask)
+        assert ok == (want is not None)
+        if want is None:
+            assert got.conns == [] and got.msg_src == []       # untouched
+            refused += 1
+            continue
+        paired += 1
+        for name in MSG_FIELDS:
+            assert getattr(got, name) == getattr(want, name), name
+    assert paired >= 3 and refused >= 1

@@ -31,13 +31,12 @@ import numpy as np
 
 from ringtree.core.ir import Program, split_even
 from ringtree.core.plan import compile_program
+from ringtree.sim import pairing
 from ringtree.sim.compile import (
     Compiled,
     Lengths,
     compile_programs,
-    folded_sender,
     moving,
-    pair,
     passes,
 )
 
@@ -68,6 +67,7 @@ class _Layout:
     hi: list[int] = field(default_factory=list)     # ... and of the one after the last
     pairings: dict[bytes, _Pairing] = field(default_factory=dict)
     arrays: tuple[np.ndarray, np.ndarray] | None = None
+    ends: pairing.Ends | None = None    # every send and receive end (:mod:`.pairing`)
 
 
 @dataclass
@@ -276,29 +276,16 @@ class Structure:
 
     def _pairing(self, lay: _Layout, mask: np.ndarray) -> _Pairing | None:
         fold = self.fold
-        sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-        recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-        send_ids: list[list[int]] = [[] for _ in lay.step_rank]
-        recv_ids: list[list[int]] = [[] for _ in lay.step_rank]
-        for gid in np.flatnonzero(mask).tolist():
-            rank, c = lay.step_rank[gid], lay.step_chan[gid]
-            st, rf = lay.send_to[gid], lay.recv_from[gid]
-            for pos, q in enumerate(st):
-                sends.setdefault((rank, q, c), []).append((gid, pos))
-            for pos, q in enumerate(rf):
-                a, b = folded_sender(q, rank, fold, self.n, self.xor) if fold else (q, rank)
-                recvs.setdefault((a, b, c), []).append((gid, pos))
-            send_ids[gid] = [0] * len(st)
-            recv_ids[gid] = [0] * len(rf)
+        if lay.ends is None:
+            lay.ends = pairing.Ends(lay.step_rank, lay.step_chan, lay.send_to,
+                                    lay.recv_from, fold, self.n, self.xor)
         cp = Compiled(len(self.programs) if fold else self.n, step_rank=lay.step_rank,
                       step_chan=lay.step_chan, step_prev=lay.step_prev,
                       step_deps=lay.step_deps, step_ops=lay.step_ops,
                       step_name=lay.step_name, fold=fold, world=self.n,
                       declared=self.declared, xor=self.xor)
         cp.memo["paths"] = self.paths           # routes by their ends, for every pairing
-        try:
-            pair(cp, sends, recvs, send_ids, recv_ids, None)
-        except ValueError:
+        if not pairing.pair(cp, lay.ends, mask):
             return None
         return _Pairing(cp, np.asarray(cp.msg_sstep, np.intp),
                         np.asarray(cp.msg_rstep, np.intp))

@@ -4,6 +4,7 @@ times and events, bit for bit, and the heap's answer when it does not settle."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import ringtree.sim as sim
@@ -145,3 +146,29 @@ def test_a_busy_link_serves_as_one_whose_first_chunk_waits():
             got, end = stages.serve_links(lifted, ser, np.full(n, 0.7),
                                           np.eye(1, n, dtype=bool)[0], integer, last=True)
             assert np.array_equal(got, out) and end.tolist() == [free], trial
+
+
+def test_links_sorted_as_rows_is_the_lexsort():
+    """:func:`ringtree.sim.stages.by_link` with every link as many chunks (a matrix
+    sorted row by row) is ``np.lexsort((x, seg))``: the same permutation, ties (many,
+    here) in place; with unequal links it is the lexsort itself; and a stage of equal
+    links is marked for it while one of unequal links keeps its link of every chunk."""
+    rng = np.random.default_rng(3)
+    for links, per in ((64, 896), (1, 5), (7, 1), (3, 1000)):
+        seg = np.repeat(np.arange(links), per)
+        for x in (rng.integers(0, 20, seg.size).astype(np.float64),     # many ties
+                  rng.random(seg.size), np.zeros(seg.size),
+                  np.arange(seg.size, 0, -1, dtype=np.float64)):
+            assert np.array_equal(stages.by_link(x, per), np.lexsort((x, seg)))
+    seg = np.repeat(np.arange(3), [4, 1, 6])
+    x = rng.integers(0, 3, seg.size).astype(np.float64)
+    assert np.array_equal(stages.by_link(x, seg), np.lexsort((x, seg)))
+    # direct2 on one DGX node: every NVLink link carries as many chunks
+    topo = presets.get("dgx_h100", 1)
+    progs = sim.programs_for("all_reduce", "direct2", topo)
+    cp = compile_programs(progs, count_for(progs[0].collective, 1 << 16, topo.nranks), 4)
+    eng = engine._Engine(cp, topo, place(progs, topo), Aware(), False)
+    conn = np.asarray(cp.msg_conn, np.int64)
+    first = np.concatenate(([0], np.cumsum([len(cp.step_slices[s]) for s in cp.msg_sstep])))
+    marks = [st[3] for st in stages.link_stages(eng, conn, first)[0]]
+    assert marks and all(isinstance(m, int) for m in marks)

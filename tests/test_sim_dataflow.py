@@ -172,3 +172,29 @@ def test_links_sorted_as_rows_is_the_lexsort():
     first = np.concatenate(([0], np.cumsum([len(cp.step_slices[s]) for s in cp.msg_sstep])))
     marks = [st[3] for st in stages.link_stages(eng, conn, first)[0]]
     assert marks and all(isinstance(m, int) for m in marks)
+
+
+def test_chunks_of_one_size_serve_in_the_times_gathered():
+    """A network whose chunks all have one size writes every stage's service time out
+    once (:class:`ringtree.sim.stages.Network`): the times the gather and division
+    give, bit for bit; chunks of two sizes, and a rate per chunk, keep the gather."""
+    topo = presets.get("dgx_h100", 2)
+    progs = sim.programs_for("all_reduce", "direct", topo)
+    cp = compile_programs(progs, count_for(progs[0].collective, 3 << 20, topo.nranks), 4)
+    eng = engine._Engine(cp, topo, place(progs, topo), Aware(), False)
+    conn = np.asarray(cp.msg_conn, np.int64)
+    first = np.concatenate(([0], np.cumsum([len(cp.step_slices[s]) for s in cp.msg_sstep])))
+    got = stages.link_stages(eng, conn, first)
+    n = int(first[-1])
+    rates = [st[1] for st in got[0]]
+    for sizes in (np.full(n, 3.0 * (1 << 18)), np.full(n, 1e-3 / 7),
+                  np.where(np.arange(n) % 3, 5.0, 7.0)):
+        net = stages.Network(got, sizes.copy())
+        for (idx, rate, *_), (_, ser, *_) in zip(got[0], net.stages):
+            assert np.array_equal(ser, sizes[idx] / rate)
+    # a stage of links of different rates: a rate per chunk, gathered
+    first_stage = list(got[0][0])
+    first_stage[1] = np.linspace(1.0, 3.0, first_stage[0].size)
+    net = stages.Network(([tuple(first_stage)], got[1], got[2]), np.full(n, 11.0))
+    assert np.array_equal(net.stages[0][1], 11.0 / first_stage[1])
+    assert all(isinstance(r, float) for r in rates)

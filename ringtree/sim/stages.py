@@ -78,9 +78,15 @@ class Network:
         if got is None:
             return
         stages, self.events, self.conn_of = got
+        # chunks of one size (``direct`` from 16 MiB on: 4 M chunks of 1 MiB) on links of
+        # one rate serve in one time: that one division, written out, not gathered
+        one = bool(sizes.size) and float(sizes.min()) == float(sizes.max())
         for idx, rate, lat, seg, heads, bounds in stages:
-            ser = self.sizes[idx]
-            np.divide(ser, rate, out=ser)
+            if one and not isinstance(rate, np.ndarray):
+                ser = np.full(idx.size, np.divide(sizes[:1], rate)[0])
+            else:
+                ser = self.sizes[idx]
+                np.divide(ser, rate, out=ser)
             self.stages.append((idx, ser, lat, seg, heads, bounds))
 
     def carry(self, inject: np.ndarray, integer: bool) -> np.ndarray | None:

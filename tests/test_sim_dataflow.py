@@ -151,8 +151,8 @@ def test_a_busy_link_serves_as_one_whose_first_chunk_waits():
 def test_links_sorted_as_rows_is_the_lexsort():
     """:func:`ringtree.sim.stages.by_link` with every link as many chunks (a matrix
     sorted row by row) is ``np.lexsort((x, seg))``: the same permutation, ties (many,
-    here) in place; with unequal links it is the lexsort itself; and a stage of equal
-    links is marked for it while one of unequal links keeps its link of every chunk."""
+    here) in place; with unequal links it is the lexsort itself; and the stages of
+    ``direct2`` on a DGX node, whose links carry as many chunks, are marked for it."""
     rng = np.random.default_rng(3)
     for links, per in ((64, 896), (1, 5), (7, 1), (3, 1000)):
         seg = np.repeat(np.arange(links), per)
@@ -164,28 +164,27 @@ def test_links_sorted_as_rows_is_the_lexsort():
     x = rng.integers(0, 3, seg.size).astype(np.float64)
     assert np.array_equal(stages.by_link(x, seg), np.lexsort((x, seg)))
     # direct2 on one DGX node: every NVLink link carries as many chunks
-    topo = presets.get("dgx_h100", 1)
-    progs = sim.programs_for("all_reduce", "direct2", topo)
-    cp = compile_programs(progs, count_for(progs[0].collective, 1 << 16, topo.nranks), 4)
+    marks = [st[3] for st in _link_stages("direct2", 1, 1 << 16)[0][0]]
+    assert marks and all(isinstance(m, int) for m in marks)
+
+
+def _link_stages(algo: str, nodes: int, nbytes: int):
+    """The link stages of an all-reduce on dgx_h100 (:func:`stages.link_stages`) and
+    its number of chunks."""
+    topo = presets.get("dgx_h100", nodes)
+    progs = sim.programs_for("all_reduce", algo, topo)
+    cp = compile_programs(progs, count_for(progs[0].collective, nbytes, topo.nranks), 4)
     eng = engine._Engine(cp, topo, place(progs, topo), Aware(), False)
     conn = np.asarray(cp.msg_conn, np.int64)
     first = np.concatenate(([0], np.cumsum([len(cp.step_slices[s]) for s in cp.msg_sstep])))
-    marks = [st[3] for st in stages.link_stages(eng, conn, first)[0]]
-    assert marks and all(isinstance(m, int) for m in marks)
+    return stages.link_stages(eng, conn, first), int(first[-1])
 
 
 def test_chunks_of_one_size_serve_in_the_times_gathered():
     """A network whose chunks all have one size writes every stage's service time out
     once (:class:`ringtree.sim.stages.Network`): the times the gather and division
     give, bit for bit; chunks of two sizes, and a rate per chunk, keep the gather."""
-    topo = presets.get("dgx_h100", 2)
-    progs = sim.programs_for("all_reduce", "direct", topo)
-    cp = compile_programs(progs, count_for(progs[0].collective, 3 << 20, topo.nranks), 4)
-    eng = engine._Engine(cp, topo, place(progs, topo), Aware(), False)
-    conn = np.asarray(cp.msg_conn, np.int64)
-    first = np.concatenate(([0], np.cumsum([len(cp.step_slices[s]) for s in cp.msg_sstep])))
-    got = stages.link_stages(eng, conn, first)
-    n = int(first[-1])
+    got, n = _link_stages("direct", 2, 3 << 20)
     rates = [st[1] for st in got[0]]
     for sizes in (np.full(n, 3.0 * (1 << 18)), np.full(n, 1e-3 / 7),
                   np.where(np.arange(n) % 3, 5.0, 7.0)):

@@ -276,6 +276,51 @@ def test_async_group_and_sub_communicators_agree(pool):
     assert any(k.startswith("all_gather/") for k in res[0]["decisions"]), res[0]
 
 
+def tune_one_octave(comm, per_rank: tuple[int, ...]):
+    """All-gathers of ``per_rank`` floats per rank, in order: per call the calls it took,
+    its decision (candidates, choice, bytes measured at, seconds) and the model's
+    candidates for its size."""
+    from ringtree.core.autotune import candidates
+    from ringtree.core.tuner import ranking
+
+    p, c, rows = comm.planner, Collective.ALL_GATHER, []
+    enabled = {a for a in p.algo_enabled[c] if not a.startswith("collnet")}
+    for elems in per_rank:
+        x = np.arange(elems, dtype=np.float32) + 1000 * comm.rank
+        seq = comm.seq
+        got = comm.all_gather(x)
+        calls = comm.seq - seq
+        nb = x.nbytes * comm.size
+        first, _ = p._choices[(c, nb)]
+        near = [a for a, _ in candidates(ranking(c, nb, comm.size, enabled, p.model(),
+                                                 p._options(c, nb)), first)]
+        d = p.online.decisions.get((c, nb))
+        want = np.concatenate([np.arange(elems, dtype=np.float32) + 1000 * r
+                               for r in range(comm.size)])
+        rows.append((nb, calls, near, None if d is None else
+                     (d.candidates, d.choice, d.measured_at, d.seconds > 0),
+                     bool(np.array_equal(got.reshape(-1), want))))
+    return rows
+
+
+@needs_testbed
+def test_a_size_in_a_measured_octave_takes_its_winner(pool):
+    """40 KiB measured, then 48 KiB (the same octave) takes its winner without a call
+    more, while 64 KiB (the next octave) is measured again; every rank agrees. (Sizes no
+    other test of this pool's communicators calls.)"""
+    res = _ok(pool.run(tune_one_octave, (2560, 3072, 4096)))
+    assert all(r == res[0] for r in res), res
+    (nb0, calls0, near0, d0, ok0), (nb1, calls1, near1, d1, ok1), \
+        (nb2, calls2, near2, d2, ok2) = res[0]
+    assert (nb0, nb1, nb2) == (40960, 49152, 65536) and ok0 and ok1 and ok2
+    assert len(near0) >= 2 and d0 is not None and d0[2] == nb0 and d0[3], res[0]
+    assert calls0 > 1, res[0]                     # measured
+    assert d0[1] in near1, f"the test needs 40 KiB's winner among 48 KiB's candidates: {res[0]}"
+    assert calls1 == 1 and d1 is not None and d1[1] == d0[1] and d1[2] == nb0 and not d1[3]
+    if len(near2) >= 2:                           # another octave: measured afresh
+        assert calls2 > 1 and d2 is not None and d2[2] == nb2 and d2[3], res[0]
+
+
 def model_only(comm, sizes):
     from ringtree.core.ir import Collective
     from ringtree.core.tuner import choose

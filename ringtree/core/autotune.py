@@ -33,7 +33,12 @@ The rule, for a call whose algorithm the caller did not name:
    all-reduce of float64, exact under any order), so every rank holds the same numbers;
    the winner is the least time, ties broken by name.
 5. The decision is cached with the model's choices per (collective, bytes): later calls
-   cost one dictionary look-up. A reduction of another shape (dtype, root, blocks) with
+   cost one dictionary look-up. A size first seen within the same power-of-two octave
+   as a measured one (``2^(k-1) <= bytes < 2^k``, :func:`octave`) takes that
+   measurement's winner without measuring again, when the winner is among its own
+   candidates: a job calling many nearby sizes pays the measuring once per octave, not
+   once per size. Every rank has issued the same calls, so every rank holds the same
+   winners. A reduction of another shape (dtype, root, blocks) with
    the same bytes uses the measured winner only where it is proven bit-identical for that
    shape too, else the model's choice.
 
@@ -81,6 +86,12 @@ class Decision:
     choice: str
     seconds: float
     excluded: tuple[str, ...] = ()  # within the margin but not the model's bits
+    measured_at: int = 0            # the bytes measured: ``nbytes``, or an octave-mate's
+
+
+def octave(nbytes: int) -> int:
+    """The power-of-two octave of a size: k with ``2^(k-1) <= nbytes < 2^k`` (0 for 0)."""
+    return int(nbytes).bit_length()
 
 
 def candidates(ranked: list[tuple[str, float]], model_choice: str,
@@ -126,6 +137,7 @@ class OnlineChoice:
     def __init__(self, comm) -> None:
         self.comm = comm
         self.decisions: dict[tuple[Collective, int], Decision] = {}
+        self.winners: dict[tuple[Collective, int], Decision] = {}  # by (coll, octave)
         self.deadline = 0.0  # monotonic; the issuing call sets it before it plans
 
     # ---- what the planner asks -------------------------------------------------------
@@ -160,6 +172,15 @@ class OnlineChoice:
                       f"{', '.join(excluded)} reduce in another order than {model_choice} "
                       "(different bits); keeping the model's choice", flush=True)
             return model_choice
+        prior = self.winners.get((coll, octave(nbytes)))
+        if prior is not None and prior.choice in kept:
+            d = Decision(coll, nbytes, model_choice, prior.candidates, prior.times,
+                         prior.choice, 0.0, excluded, prior.measured_at)
+            self.decisions[(coll, nbytes)] = d
+            if self._verbose():
+                print(f"ringtree: {coll.value} {nbytes} B: chose {d.choice} as measured at "
+                      f"{d.measured_at} B (same octave; model: {model_choice})", flush=True)
+            return d.choice
         t0 = time.perf_counter()
         comm = self.comm
         group, comm._group = comm._group, None  # measured now, ahead of an open group
@@ -169,8 +190,8 @@ class OnlineChoice:
             comm._group = group
         choice = min(zip(times, (a for a, _ in cands)))[1]
         d = Decision(coll, nbytes, model_choice, tuple(a for a, _ in cands), tuple(times),
-                     choice, time.perf_counter() - t0, excluded)
-        self.decisions[(coll, nbytes)] = d
+                     choice, time.perf_counter() - t0, excluded, nbytes)
+        self.decisions[(coll, nbytes)] = self.winners[(coll, octave(nbytes))] = d
         if self._verbose():
             got = ", ".join(f"{a} {t * 1e6:,.0f}" for a, t in zip(d.candidates, d.times))
             note = f"; not measured (other bits): {', '.join(excluded)}" if excluded else ""

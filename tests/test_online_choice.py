@@ -321,6 +321,48 @@ def test_a_size_in_a_measured_octave_takes_its_winner(pool):
         assert calls2 > 1 and d2 is not None and d2[2] == nb2 and d2[3], res[0]
 
 
+def tune_integer_reduce_scatter(comm, elems: int):
+    """A reduce-scatter of ``elems`` int32 (wrapping sums) and then of as many float32, at
+    sizes no other test calls: per call the calls it took, its decision and whether its
+    bits equal forced calls of every candidate measured (and, for the integers, the
+    exact sums)."""
+    p, c, n, r, rows = comm.planner, Collective.REDUCE_SCATTER, comm.size, comm.rank, []
+    rng = np.random.default_rng(7 + r)
+    for dt, x in ((np.int32, rng.integers(-2**31, 2**31 - 1, elems, dtype=np.int32)),
+                  (np.float32, rng.standard_normal(elems + 4 * n).astype(np.float32))):
+        seq = comm.seq
+        got = comm.reduce_scatter(x)
+        calls = comm.seq - seq
+        d = p.online.decisions.get((c, x.nbytes))
+        forced = [comm.reduce_scatter(x, algo=a).tobytes() == got.tobytes()
+                  for a in (d.candidates if d is not None else ())]
+        exact = None
+        if dt is np.int32:
+            xs = [np.random.default_rng(7 + q).integers(-2**31, 2**31 - 1, elems,
+                                                         dtype=np.int32) for q in range(n)]
+            with np.errstate(over="ignore"):
+                total = np.sum(xs, axis=0, dtype=np.int32)  # wraps, as every schedule
+            exact = bool(np.array_equal(got, total.reshape(n, -1)[r]))
+        rows.append((np.dtype(dt).name, calls, None if d is None else
+                     (d.candidates, d.choice, d.excluded), forced, exact))
+    return rows
+
+
+@needs_testbed
+def test_integer_reductions_are_measured_among_every_close_candidate(pool):
+    """Halving and hierarchical reduce-scatters associate differently, so a float one is
+    never measured; an integer sum is exact in any order, so it is, and every candidate
+    gives the exact wrapped sums, the same bits on every rank."""
+    res = _ok(pool.run(tune_integer_reduce_scatter, 512))
+    for r, rows in enumerate(res):
+        (name_i, calls_i, d_i, forced_i, exact_i), (name_f, calls_f, d_f, _, _) = rows
+        assert name_i == "int32" and name_f == "float32"
+        assert d_i is not None and len(d_i[0]) >= 2 and not d_i[2], f"rank {r}: {rows}"
+        assert calls_i > 1 and all(forced_i) and exact_i, f"rank {r}: {rows}"
+        assert d_f is None and calls_f == 1, f"rank {r}: {rows}"
+        assert (d_i[0], d_i[1]) == (res[0][0][2][0], res[0][0][2][1]), f"rank {r} decided otherwise"
+
+
 def model_only(comm, sizes):
     from ringtree.core.ir import Collective
     from ringtree.core.tuner import choose

@@ -21,7 +21,9 @@ The rule, for a call whose algorithm the caller did not name:
    same decision at the same call and no message is needed to agree on it.
 2. *Bits*: a reduction's candidates are only those that reduce every element by the same
    expression tree as the model's choice (:func:`ringtree.core.same_bits.same_bits`), so a
-   result never depends on which one the timing picked; data movement always qualifies.
+   result never depends on which one the timing picked; data movement always qualifies,
+   and so do integer sums, products, minima, maxima and bitwise operators, exact in any
+   order (:func:`exact_in_any_order`).
 3. *Timing*: on scratch buffers of the call's dtype and shape (never the caller's),
    through the public methods (so each call pays what a caller's pays), one untimed
    call of each candidate, then :data:`ROUNDS` rounds that run each candidate ``iters``
@@ -131,6 +133,22 @@ def _timing_op(spec) -> ReduceOp | None:
     return op
 
 
+# Integer reductions whose result is one value whatever the association: two's-complement
+# addition and multiplication wrap (a commutative ring modulo 2^w), min and max on a
+# total order, and the bitwise operators are associative and commutative, so every
+# checked schedule (each output element reduced over every rank's input exactly once)
+# gives the same bits. Not floats: besides rounding, min/max of -0.0 and +0.0, or of two
+# NaNs, returns whichever operand came first. Not AVG (a division) or user operators.
+EXACT_INT_OPS = (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND,
+                 ReduceOp.BOR, ReduceOp.BXOR)
+
+
+def exact_in_any_order(spec) -> bool:
+    """Does every schedule of the reduction ``spec`` give the same bits, without a proof:
+    an integer dtype and one of :data:`EXACT_INT_OPS`?"""
+    return not spec.dtype.is_float and spec.op in EXACT_INT_OPS
+
+
 class OnlineChoice:
     """The online choice of one communicator (set as ``planner.online``)."""
 
@@ -145,7 +163,7 @@ class OnlineChoice:
     def same_bits(self, spec, first: str, second: str, opts) -> bool:
         """May ``second`` replace ``first`` for the call ``spec`` without changing a bit?"""
         coll = spec.coll
-        if coll not in REDUCTIONS or first == second:
+        if coll not in REDUCTIONS or first == second or exact_in_any_order(spec):
             return True
         from ringtree.core.same_bits import same_bits
 

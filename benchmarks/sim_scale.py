@@ -53,23 +53,25 @@ def _sizes(lo: int, hi: int) -> list[int]:
     return out
 
 
-def _one(topo_name: str, nodes: int, algo: str, sizes: list[int]) -> tuple[int, int, str]:
-    from ringtree.sim import Sweep, presets, simulate
+def _one(topo, algo: str, sizes: list[int]) -> tuple[int, int, str]:
+    """One algorithm's sweep as ``ringtree sim`` runs it: the structure compiled once
+    (:class:`~ringtree.sim.Sweep`), the sizes through :func:`~ringtree.sim.simulate_sizes`."""
+    from ringtree.sim import Sweep, simulate_sizes
 
-    topo = presets.get(topo_name, nodes)
-    sweep = Sweep()         # as `ringtree sim` does: the structure compiled once per sweep
-    events, runs, note = 0, 0, ""
+    if isinstance(topo, str):
+        from ringtree.sim import presets
+
+        name, nodes = topo.split(":")
+        topo = presets.get(name, int(nodes))
     c0 = time.process_time()
-    for s in sizes:
-        try:
-            r = simulate("all_reduce", algo, topo, s, sweep=sweep)
-        except (ValueError, RuntimeError) as e:      # e.g. CollNet without SHArP
-            return events, runs, f"skipped: {str(e)[:60]}"
-        events += r.events
-        runs += 1
-        note = (f"{r.time_ns / 1e3:.1f} us, busbw {r.busbw:.1f} GB/s "
-                f"({time.process_time() - c0:.2f} s CPU)")
-    return events, runs, note
+    try:
+        runs = simulate_sizes("all_reduce", algo, topo, sizes, sweep=Sweep())
+    except (ValueError, RuntimeError) as e:      # e.g. CollNet without SHArP
+        return 0, 0, f"skipped: {str(e)[:60]}"
+    r = runs[-1]
+    note = (f"{r.time_ns / 1e3:.1f} us, busbw {r.busbw:.1f} GB/s "
+            f"({time.process_time() - c0:.2f} s CPU)")
+    return sum(x.events for x in runs), len(runs), note
 
 
 def run_case(name: str, only: list[str] | None = None) -> dict:
@@ -80,24 +82,25 @@ def run_case(name: str, only: list[str] | None = None) -> dict:
     detail: list[str] = []
     events = 0
     if name == "ring_1GiB_1024":
-        events, _, note = _one("dgx_h100", 128, "ring", [GiB])
+        events, _, note = _one("dgx_h100:128", "ring", [GiB])
         detail.append(note)
     elif name == "ring_1GiB_16384":
-        events, _, note = _one("dgx_h100", 2048, "ring", [GiB])
+        events, _, note = _one("dgx_h100:2048", "ring", [GiB])
         detail.append(note)
     elif name == "tree_8B_131072":
-        events, _, note = _one("dgx_h100", 16384, "tree", [8])
+        events, _, note = _one("dgx_h100:16384", "tree", [8])
         detail.append(note)
     elif name.startswith("grow:"):                  # --largest: grow:ALGO:BYTES:NODES
         _, algo, size, nodes = name.split(":")
-        events, _, note = _one("dgx_h100", int(nodes), algo, [int(size)])
+        events, _, note = _one(f"dgx_h100:{nodes}", algo, [int(size)])
         detail.append(note)
     elif name in ("sweep_8_nodes", "readme_sharp_128"):
         pairs = [(p, 8) for p in only or presets.PRESETS] if name == "sweep_8_nodes" else \
             [("dgx_h100_sharp", 128)]
         for topo_name, nodes in pairs:
+            topo = presets.get(topo_name, nodes)    # one per preset, as ``--algo all``
             for algo in algorithms("all_reduce"):
-                e, k, note = _one(topo_name, nodes, algo, _sizes(8, GiB))
+                e, k, note = _one(topo, algo, _sizes(8, GiB))
                 events += e
                 detail.append(f"{topo_name} {algo}: {k} sizes, {note}")
                 print(f"    {detail[-1]}", flush=True)     # read back if the case times out

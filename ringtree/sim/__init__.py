@@ -68,18 +68,18 @@ switches.
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ringtree.core.ir import Collective, Program, parse_collective
-from ringtree.sim import budget, engine, fast, fold, wave
+from ringtree.sim import budget, engine, fast, fold, template, wave
 from ringtree.sim.model import Aware, Unaware, parse_model
 from ringtree.sim.structure import Sweep
 from ringtree.sim.topology import Topology
 
-__all__ = ["SimRun", "simulate", "Sweep", "programs_for", "place", "count_for", "busbw_factor",
+__all__ = ["SimRun", "simulate", "simulate_sizes", "Sweep", "programs_for", "place", "count_for", "busbw_factor",
            "Aware", "Unaware", "Topology"]
 
 
@@ -206,13 +206,27 @@ def _no_gc():
 
 def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_bytes,
               in_place, trace, params, symmetry, programs, sweep, max_work) -> SimRun:
-    count = count_for(coll, nbytes, topo.nranks, itemsize)
     m = Unaware() if model == "fast" else parse_model(model)
     opts = fold.options(topo, root, channels, params)
-    plan = fold.prepare(coll, algo.lower(), topo, count, itemsize, slice_bytes,
-                        aware=isinstance(m, Aware), in_place=in_place,
-                        symmetry_=symmetry and not trace, opts=opts, programs=programs,
-                        place=place, prune=not trace, sweep=sweep, max_work=max_work)
+    plan = _plan(coll, algo, topo, nbytes, m, itemsize, opts, slice_bytes, in_place,
+                 symmetry and not trace, programs, not trace, sweep, max_work)
+    return _finish(plan, coll, algo, topo, nbytes, model, m, itemsize, opts, slice_bytes,
+                   in_place, trace)
+
+
+def _plan(coll, algo, topo, nbytes, m, itemsize, opts, slice_bytes, in_place, symmetry,
+          programs, prune, sweep, max_work) -> fold.Plan:
+    count = count_for(coll, nbytes, topo.nranks, itemsize)
+    return fold.prepare(coll, algo.lower(), topo, count, itemsize, slice_bytes,
+                        aware=isinstance(m, Aware), in_place=in_place, symmetry_=symmetry,
+                        opts=opts, programs=programs, place=place, prune=prune,
+                        sweep=sweep, max_work=max_work)
+
+
+def _finish(plan, coll, algo, topo, nbytes, model, m, itemsize, opts, slice_bytes, in_place,
+            trace) -> SimRun:
+    """Run a plan: the batched engine for a template (the event engine when it cannot
+    keep the order), else the event engine or the α-β model."""
     if plan.batch is not None:
         try:
             t, events = wave.run(plan.batch, plan.template, topo, plan.devices, m,
@@ -220,8 +234,8 @@ def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_b
             return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None, events,
                           plan.rank_fold or topo.nranks)
         except wave.Unordered:
-            plan = fold.compile_plan(plan, coll, algo.lower(), topo, opts, count, itemsize,
-                                     slice_bytes, in_place)
+            plan = _compiled(plan, coll, algo, topo, nbytes, itemsize, opts, slice_bytes,
+                             in_place)
     cp, devices = plan.compiled, plan.devices
     assert cp is not None
     simulated = plan.rank_fold or cp.nranks
@@ -235,3 +249,86 @@ def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_b
     if trace:
         res.compiled, res.devices = cp, devices
     return SimRun(coll, algo, topo.nranks, nbytes, res.time_ns, res, res.events, simulated)
+
+
+def _compiled(plan, coll, algo, topo, nbytes, itemsize, opts, slice_bytes, in_place):
+    count = count_for(coll, nbytes, topo.nranks, itemsize)
+    return fold.compile_plan(plan, coll, algo.lower(), topo, opts, count, itemsize,
+                             slice_bytes, in_place)
+
+
+# a sweep's sizes stacked into one batched run (:func:`simulate_sizes`): at most this
+# many, and at most this many chunks in one level of the stacked run (ranks × channels ×
+# slices per step, summed over the copies: what one level's arrays hold)
+STACK_SIZES = 32
+STACK_CHUNKS = 1 << 21
+
+
+def simulate_sizes(coll: Collective | str, algo: str, topo: Topology, sizes: Sequence[int],
+                   *, model: str | Aware | Unaware = "aware", itemsize: int = 4,
+                   root: int = 0, channels: int | None = None,
+                   slice_bytes: int = engine.DEFAULT_SLICE_BYTES, in_place: bool = False,
+                   params: tuple = (), symmetry: bool = True, sweep: Sweep | None = None,
+                   max_work: int = budget.MAX_WORK,
+                   each: Callable[[int, SimRun], None] | None = None) -> list[SimRun]:
+    """:func:`simulate` of every size of a sweep, in order: the same answers, bit for bit.
+
+    Consecutive sizes whose runs read one shared template of one structure (a ring's
+    sizes, once every rank's chunks are in every step) go through :mod:`.wave` *stacked*
+    (:func:`.template.stacked`): one run of disjoint copies, one per size, so a level's
+    Python is paid once for all of them instead of once per size. A copy that breaks the
+    batch's order is taken out and simulated alone (the event engine), and the others
+    stacked again. ``each(i, run)`` is called as the run of ``sizes[i]`` is known (the
+    stacked ones when their batch ends)."""
+    coll = parse_collective(coll)
+    m = Unaware() if model == "fast" else parse_model(model)
+    opts = fold.options(topo, root, channels, params)
+    runs: list[SimRun | None] = [None] * len(sizes)
+
+    def finish(i: int, plan: fold.Plan) -> None:
+        runs[i] = _finish(plan, coll, algo, topo, sizes[i], model, m, itemsize, opts,
+                          slice_bytes, in_place, False)
+        if each is not None:
+            each(i, runs[i])
+
+    def flush(group: list[tuple[int, fold.Plan]]) -> None:
+        while len(group) > 1:
+            tp = template.stacked([p.batch for _, p in group])
+            lead = group[0][1]
+            try:
+                times, events = wave.run_copies(tp, lead.template, topo, lead.devices, m,
+                                                progress=_progress.get())
+            except wave.Unordered as e:
+                if e.copy is None:
+                    break                    # the structure itself: every size alone
+                finish(*group.pop(e.copy))
+                continue
+            for (i, plan), t, ev in zip(group, times, events):
+                runs[i] = SimRun(coll, algo, topo.nranks, sizes[i], t + topo.launch_ns,
+                                 None, ev, plan.rank_fold or topo.nranks)
+                if each is not None:
+                    each(i, runs[i])
+            return
+        for i, plan in group:
+            finish(i, plan)
+
+    group: list[tuple[int, fold.Plan]] = []
+    key: tuple | None = None
+    with _no_gc():
+        for i, nbytes in enumerate(sizes):
+            plan = _plan(coll, algo, topo, nbytes, m, itemsize, opts, slice_bytes, in_place,
+                         symmetry, None, True, sweep, max_work)
+            if plan.batch is None:
+                flush(group)
+                group, key = [], None
+                finish(i, plan)
+                continue
+            k = (id(plan.template), tuple(plan.devices), template.structure(plan.batch))
+            tp = plan.batch
+            cells = tp.g * tp.nchan * max((x.shape[1] for x in tp.sl), default=1)
+            if k != key or len(group) >= STACK_SIZES or (len(group) + 1) * cells > STACK_CHUNKS:
+                flush(group)
+                group, key = [], k
+            group.append((i, plan))
+        flush(group)
+    return runs  # type: ignore[return-value]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import algorithms
-from ringtree.sim import SimRun, Sweep, budget, count_for, presets, simulate
+from ringtree.sim import SimRun, Sweep, budget, count_for, presets, simulate, simulate_sizes
 from ringtree.sim.progress import Progress, peak_rss_mib
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -114,20 +114,26 @@ def main(argv: list[str] | None = None) -> int:
         for algo in algos:
             t0 = time.perf_counter()
             sweep = Sweep()                  # the Programs' structure, compiled once
+            order = todo[::-1]               # the largest first: refused at once
+            finished = [0]
+
+            def each(_: int, run: SimRun, finished: list[int] = finished) -> None:
+                finished[0] += 1
+                bar.done_one(run.events)
+
+            bar.label(algo)
             try:
-                results[algo] = {}
-                for s in reversed(todo):     # the largest first: refused at once
-                    bar.label(f"{algo} {s} B")
-                    results[algo][s] = simulate(
-                        coll, algo, topo, s, model=args.model, itemsize=itemsize,
-                        root=max(root, 0), channels=args.channels,
-                        slice_bytes=parse_size(args.slice), symmetry=not args.no_fold,
-                        sweep=None if args.no_fold else sweep, max_work=int(args.max_work))
-                    bar.done_one(results[algo][s].events)
+                runs = simulate_sizes(
+                    coll, algo, topo, order, model=args.model, itemsize=itemsize,
+                    root=max(root, 0), channels=args.channels,
+                    slice_bytes=parse_size(args.slice), symmetry=not args.no_fold,
+                    sweep=None if args.no_fold else sweep, max_work=int(args.max_work),
+                    each=each)
             except (ValueError, RuntimeError) as e:
-                bar.skip(len(todo) - len(results.pop(algo)))  # the sizes not run
+                bar.skip(len(todo) - finished[0])  # the sizes not run
                 print(f"# {algo}: skipped ({e})", flush=True)
                 continue
+            results[algo] = dict(zip(order, runs))
             walls[algo] = time.perf_counter() - t0
     best = {s: min((r[s].time_ns, a) for a, r in results.items())[1] for s in todo} \
         if results else {}

@@ -6,6 +6,8 @@ and the template's dependency levels."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ringtree.core.ir import Program
@@ -17,7 +19,12 @@ from ringtree.sim.symmetry import regions
 
 class Unordered(Exception):
     """A link would serve chunks out of arrival order, or the template's messages do not
-    pair up: use the event engine."""
+    pair up: use the event engine. ``copy``: which copy of a :func:`stacked` run broke
+    the order (None: all of them, the template's structure)."""
+
+    def __init__(self, why: str, copy: int | None = None) -> None:
+        super().__init__(why)
+        self.copy = copy
 
 
 class Template:
@@ -27,6 +34,7 @@ class Template:
                  slice_bytes: int, in_place: bool) -> None:
         self.n = t.nranks
         self.g = g
+        self.gc, self.copies = g, 1              # ranks per copy, copies (:func:`stacked`)
         self._keep = _fixed(t, p0, count, itemsize, slice_bytes, in_place)
         deps, ops = self._keep[3], self._keep[4]
         regs = {b: np.asarray(v, np.int64) for b, v in regions(t, count).items()}
@@ -143,6 +151,42 @@ class Template:
         if seen != ns:
             raise Unordered("a step waits on itself through another rank (pipelined chain)")
         return out
+
+
+def structure(tp: Template) -> tuple:
+    """What of a Template does not depend on its count: the steps (by identity), their
+    order, dependencies, reduction passes and message pairing. Two Templates with the
+    same structure differ only in their slices (:func:`stacked`)."""
+    return (tp.n, tp.g, tp.nchan, tuple(id(s) for _, _, s in tp.steps), tuple(tp.prev),
+            tuple(tp.deps), tuple(tp.ops), tuple(sorted(tp.send_of.items())),
+            tuple(map(tuple, tp.order)), tuple(tp.share_offs))
+
+
+def stacked(tps: list[Template]) -> Template:
+    """Several runs of one template structure (a sweep's sizes) as one Template of
+    disjoint *copies*: copy b's ranks are b·g … b·g + g − 1, its slices those of
+    ``tps[b]`` (padded with empty slices to the widest), and :mod:`.wave` gives each
+    copy its own network. No arithmetic mixes two copies, so each copy's times are those
+    of its own run, bit for bit; a level costs its Python once for all of them."""
+    first = tps[0]
+    key = structure(first)
+    if any(structure(tp) != key for tp in tps[1:]):
+        raise ValueError("stacked: the templates differ in structure")
+    out = copy.copy(first)
+    out.gc, out.copies, out.g = first.g, len(tps), first.g * len(tps)
+    out.__dict__.pop("_pool", None)
+    out.nsl, out.sl = [], []
+    done: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # steps interned alike share
+    for s in range(len(first.steps)):
+        k = tuple(id(tp.sl[s]) for tp in tps) + tuple(id(tp.nsl[s]) for tp in tps)
+        got = done.get(k)
+        if got is None:
+            w = max(tp.sl[s].shape[1] for tp in tps)
+            got = done[k] = (np.concatenate([tp.nsl[s] for tp in tps]), np.concatenate(
+                [np.pad(tp.sl[s], ((0, 0), (0, w - tp.sl[s].shape[1]))) for tp in tps]))
+        out.nsl.append(got[0])
+        out.sl.append(got[1])
+    return out
 
 
 # per (template, Program of rank 0, in place): what does not depend on the count — every

@@ -40,7 +40,7 @@ class _Links:
 
     def __init__(self, tp: Template, t: Program, topo: Topology, devices: list[int],
                  aware: bool) -> None:
-        n, g = tp.n, tp.g
+        n, g = tp.n, tp.gc                      # routes of one copy, then tiled
         offs = sorted({(c, peer_offset(q, n)) for c, _, s in tp.steps for q in s.send_to})
         self.conn = {k: i for i, k in enumerate(offs)}         # (c, a) -> column
         ranks = range(g)
@@ -72,9 +72,19 @@ class _Links:
             self.shared[li] = len(u) > 1
         self.rate = np.array([topo.bytes_per_ns(i) for i in range(nl)] or [1.0])
         self.llat = np.array([lk.latency for lk in topo.links] or [0.0])
-        self.free = np.zeros(max(1, nl))
-        self.last_t = np.full(max(1, nl), -np.inf)
-        self.last_k = np.zeros((max(1, nl), 5), np.int64)
+        self.nl = max(1, nl)
+        b = tp.copies
+        if b > 1:                                # copy k: its ranks' rows, its own links
+            self.lat, self.bott, self.first = (np.tile(x, (b, 1)) for x in
+                                               (self.lat, self.bott, self.first))
+            shift = (np.arange(b) * self.nl).repeat(g)[:, None, None]
+            rt = np.tile(self.route, (b, 1, 1))
+            self.route = np.where(rt >= 0, rt + shift, -1)
+            self.shared, self.rate, self.llat = (np.tile(x[:self.nl], b) for x in
+                                                 (self.shared, self.rate, self.llat))
+        self.free = np.zeros(b * self.nl)
+        self.last_t = np.full(b * self.nl, -np.inf)
+        self.last_k = np.zeros((b * self.nl, 5), np.int64)
 
 
 class _Run:
@@ -87,7 +97,8 @@ class _Run:
         self.integer = model.integer_ns
         self.links = _Links(tp, t, topo, devices, self.aware)
         g, ns = tp.g, len(tp.steps)
-        red = np.array([topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9 for r in range(g)])
+        red = np.array([topo.devices[devices[r % tp.gc]].reduce_gbps * topo.gb / 1e9
+                        for r in range(g)])
         self.comp = [(tp.ops[s] * tp.sl[s] / red[:, None]) if tp.ops[s] and red.all()
                      else None for s in range(ns)]
         if any(tp.ops) and not red.all():
@@ -100,9 +111,9 @@ class _Run:
         self.conn_inj = np.zeros((nconn, g))
         self.conn_arr = np.zeros((nconn, g))
         self.over = topo.overhead_ns
-        self.events = 0
+        self.events = np.zeros(tp.copies, np.int64)     # per copy
         self.chunks: list[tuple] = []
-        self.tmax = 0.0
+        self.tmax = np.zeros(tp.copies)
         self.needed = {d for ds in tp.deps for d in ds}
 
     def begin(self, s: int) -> np.ndarray:
@@ -147,7 +158,8 @@ class _Run:
             self.inject(steps, pos, rs, nsl, sl, sdone)
         done = np.maximum(np.where(nsl > 0, r, st), sdone)
         if done.size:
-            self.tmax = max(self.tmax, float(done.max()))
+            np.maximum(self.tmax, done.reshape(-1, tp.copies, tp.gc).max(axis=(0, 2)),
+                       out=self.tmax)
         for s, row in zip(steps, done):
             if s in self.needed:                 # kept only for steps that wait on it
                 self.done[s] = row
@@ -163,7 +175,8 @@ class _Run:
         meta = [tp.send_of[(s, pos)] for s in steps]            # (rstep, rpos, offset)
         cols = np.array([lk.conn[(tp.steps[s][0], m[2])] for s, m in zip(steps, meta)])
         offs = np.array([m[2] for m in meta])
-        recv = (np.arange(g)[None, :] + offs[:, None]) % tp.n % g
+        own = np.arange(g) % tp.gc                 # rank within its copy
+        recv = (own[None, :] + offs[:, None]) % tp.n % tp.gc + (np.arange(g) - own)[None, :]
         rows = np.arange(ns)[:, None]
         bott, first, lat = lk.bott[:, cols].T, lk.first[:, cols].T, lk.lat[:, cols].T
         got = np.zeros(sl.shape)
@@ -190,7 +203,7 @@ class _Run:
             arrive = np.maximum(t + d, self.conn_arr[cols])
             self.conn_arr[cols] = np.where(on, arrive, self.conn_arr[cols])
             got[rows, recv, i] = arrive
-            self.events += int(on.sum())
+            self.events += on.reshape(-1, tp.copies, tp.gc).sum(axis=(0, 2))
         if not self.aware:
             for m, row in zip(meta, got):
                 self.arr[(m[0], m[1])] = row
@@ -226,7 +239,7 @@ class _Run:
             if sh.size:
                 t[sh] = self._hop(link[sh], t[sh], b[sh], (src[sh], recv[sh], chan[sh],
                                                            jj[sh], sli[sh]))
-        self.events += int(src.size)
+        self.events += np.bincount(src // self.tp.gc, minlength=self.tp.copies)
         self._deliver(src, col, sli, t, recv)
 
     def _hop(self, link, t, b, keys) -> np.ndarray:
@@ -297,12 +310,16 @@ class _Run:
 
     def _check(self, link, t, ks) -> None:
         """The first chunk a link serves in this batch must come after its last one."""
-        lt = self.links.last_t[link]
-        if (t < lt).any():
-            raise Unordered("a later level overtakes an earlier one on a link")
+        lk = self.links
+        lt = lk.last_t[link]
+        late = np.nonzero(t < lt)[0]
+        if late.size:
+            raise Unordered("a later level overtakes an earlier one on a link",
+                            int(link[late[0]]) // lk.nl)
         for w in np.nonzero(t == lt)[0]:
-            if tuple(ks[w]) <= tuple(self.links.last_k[link[w]]):
-                raise Unordered("two chunks reach a link at once out of order")
+            if tuple(ks[w]) <= tuple(lk.last_k[link[w]]):
+                raise Unordered("two chunks reach a link at once out of order",
+                                int(link[w]) // lk.nl)
 
     def _deliver(self, src, col, sli, t, recv) -> None:
         g = self.tp.g
@@ -322,8 +339,6 @@ class _Run:
                     got = self.arr[(s2, p2)] = np.zeros((g, self.tp.sl[s2].shape[1]))
                 got[recv[seg][w], i[w]] = a[w]
 
-    def finish(self) -> float:
-        return self.tmax
 
 
 def _known(a: np.ndarray | None) -> np.ndarray:
@@ -337,9 +352,19 @@ def run(tp: Template, t: Program, topo: Topology, devices: list[int], model: Una
         progress: Callable[[int], None] | None = None) -> tuple[float, int]:
     """Completion time (ns) of the last rank and the chunks carried; raises
     :class:`Unordered` when the batched order cannot be the event engine's."""
+    times, events = run_copies(tp, t, topo, devices, model, progress)
+    return times[0], events[0]
+
+
+def run_copies(tp: Template, t: Program, topo: Topology, devices: list[int],
+               model: Unaware | Aware, progress: Callable[[int], None] | None = None
+               ) -> tuple[list[float], list[int]]:
+    """:func:`run` of every copy of a :func:`~.template.stacked` Template: each copy's
+    completion time and chunks carried. :class:`Unordered` names the copy that broke
+    the order (the others may still be run, stacked again without it)."""
     r = _Run(tp, t, topo, devices, model)
     for k, steps in enumerate(tp.order):
         r.level(steps)
         if progress is not None and not k & 63:
-            progress(r.events)
-    return r.finish(), r.events
+            progress(int(r.events.sum()))
+    return r.tmax.tolist(), r.events.tolist()

@@ -360,11 +360,8 @@ def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = Fals
                                 for s, d, c in declared_connections(cp))
     rep = cp.link_rep
     if shares is None and rep is None:
-        # a route and its sums depend on its ends only: the runs of one sweep share them
-        known = cp.memo.setdefault("paths", {}).get(id(topo))
-        if known is None or known[0] is not topo:
-            known = cp.memo["paths"][id(topo)] = (topo, {})
-        ends = known[1]
+        # a route and its sums depend on its ends only: every run on ``topo`` shares them
+        ends = topo.paths
         out = [ends.get(k) or ends.setdefault(k, path(topo, topo.route(*k))) for k in pairs]
     else:
         out = [path(topo, topo.route(a, b, c) if rep is None else

@@ -42,6 +42,8 @@ class Router:
         lv = [d.level for d in t.devices]
         self.ups = [[i for i in o if lv[t.links[i].dst] > lv[t.links[i].src]] for o in self.out]
         self.memo: dict[int, frozenset[int]] = {}
+        self.gpu_memo: dict[int, frozenset[int]] = {}
+        self.downs: dict[tuple[int, int, int], list[int]] = {}
         self.cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
         self.bfs: dict[int, list[int]] = {}
         if t.uplinks not in UPLINKS:
@@ -56,7 +58,7 @@ class Router:
             self.npus = math.prod(size for _, size, _, _ in t.dims)
 
     def reach(self, d: int) -> frozenset[int]:
-        got = self.memo.get(d)
+        got = self.memo.get(d) or self.gpu_memo.get(d)
         if got is None:
             acc: set[int] = set()
             for li in self.ups[d]:
@@ -66,6 +68,10 @@ class Router:
             got = frozenset(acc)
             if self.t.devices[d].kind != "gpu":
                 self.memo[d] = got
+            else:                                # GPUs: many, so only the recent ones
+                if len(self.gpu_memo) >= GPU_REACH_KEPT:
+                    self.gpu_memo.clear()
+                self.gpu_memo[d] = got
         return got
 
     def route(self, a: int, b: int, ch: int) -> tuple[int, ...]:
@@ -163,10 +169,24 @@ class Router:
             li = self._pick(d, good or ups, a, b, ch, key)
             up.append(li)
             d = links[li].dst
-        down = [self.link_of[(links[li].dst, links[li].src)]
-                for li in reversed(self._climb(b, d, a, b, ch, [self.port(b, ch)] if self.dmodk
-                                                else [0]))] if d != b else []
-        return tuple(up + down)
+        return tuple(up + self._down(a, b, d, ch)) if d != b else tuple(up)
+
+    def _down(self, a: int, b: int, top: int, ch: int) -> list[int]:
+        """Links down from ancestor ``top`` to ``b``: the reverse of the climb from
+        ``b``, which with destination-mod-k uplinks depends on (b, top, channel) alone
+        (the source enters only the ``hash`` choice), so is kept per those."""
+        key = (b, top, ch)
+        got = self.downs.get(key) if self.dmodk else None
+        if got is None:
+            links = self.t.links
+            got = [self.link_of[(links[li].dst, links[li].src)] for li in
+                   reversed(self._climb(b, top, a, b, ch,
+                                        [self.port(b, ch)] if self.dmodk else [0]))]
+            if self.dmodk:
+                if len(self.downs) >= GPU_REACH_KEPT:
+                    self.downs.clear()
+                self.downs[key] = got
+        return got
 
     def _switch_of(self, d: int) -> tuple[int, list[int]] | None:
         """(dimension, coordinates of its first member) of a ``dor`` switch device."""
@@ -250,6 +270,7 @@ class Router:
 
 
 UPLINKS = ("dmodk", "hash")
+GPU_REACH_KEPT = 1 << 16    # GPUs' ancestor sets and down paths kept (the recent ones)
 
 
 def coords(i: int, dims) -> list[int]:

@@ -98,7 +98,6 @@ class Structure:
                          for c, ch in enumerate(p.channels) for s in ch for q in s.send_to
                          } if shares else set()
         self.layouts: dict[tuple, _Layout] = {}
-        self.paths: dict = {}
         self.slice_tables: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
         keys: list[tuple] = []
         for p in self.programs:
@@ -284,7 +283,6 @@ class Structure:
                       step_deps=lay.step_deps, step_ops=lay.step_ops,
                       step_name=lay.step_name, fold=fold, world=self.n,
                       declared=self.declared, xor=self.xor)
-        cp.memo["paths"] = self.paths           # routes by their ends, for every pairing
         if not pairing.pair(cp, lay.ends, mask):
             return None
         return _Pairing(cp, np.asarray(cp.msg_sstep, np.intp),

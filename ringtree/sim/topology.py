@@ -100,6 +100,13 @@ class Topology:
     def _router(self) -> Router:
         return Router(self)
 
+    @cached_property
+    def paths(self) -> dict:
+        """Every run's :func:`~ringtree.sim.model.path` of a route by its ends
+        (source, destination, channel): a pure function of the topology, so kept with it
+        for every algorithm and size simulated on it."""
+        return {}
+
     def route(self, a: int, b: int, channel: int = 0) -> tuple[int, ...]:
         """Link ids of the fixed route from device ``a`` to device ``b``."""
         return self._router.route(a, b, channel)

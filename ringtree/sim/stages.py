@@ -82,33 +82,40 @@ class Network:
         # one rate serve in one time: that one division, written out, not gathered
         one = bool(sizes.size) and float(sizes.min()) == float(sizes.max())
         for idx, rate, lat, seg, heads, bounds in stages:
-            if one and not isinstance(rate, np.ndarray):
-                ser = np.full(idx.size, np.divide(sizes[:1], rate)[0])
+            const = one and not isinstance(rate, np.ndarray)
+            if const:
+                # every chunk's the same time: as long as the longest link (link by link)
+                # or the stage (sorted together), and read from the start, not gathered
+                n = idx.size if seg is not None else max((b - a for a, b, _, _ in bounds),
+                                                         default=0)
+                ser = np.full(n, np.divide(sizes[:1], rate)[0])
             else:
                 ser = self.sizes[idx]
                 np.divide(ser, rate, out=ser)
-            self.stages.append((idx, ser, lat, seg, heads, bounds))
+            self.stages.append((idx, ser, const, lat, seg, heads, bounds))
 
     def carry(self, inject: np.ndarray, integer: bool) -> np.ndarray | None:
         """Arrival of every chunk injected (reaching its first link) at ``inject``, or
         None when a connection would deliver out of order (its chunks keep their order
         on every FIFO link, so this is a check)."""
         t = inject.copy()
-        for idx, ser, lat, seg, heads, links in self.stages:
+        for idx, ser, const, lat, seg, heads, links in self.stages:
             x = t[idx]
             # per link by time; ties keep (message, slice): one sort and one service of
             # every link for a few chunks, link by link for many
             if seg is not None:
                 o = by_link(x, seg)
-                t[idx[o]] = serve_links(x[o], ser[o], lat, heads, integer)
+                t[idx[o]] = serve_links(x[o], ser if const else ser[o], lat, heads, integer)
                 continue
             for a, b, lt, _ in links:
                 xs = x[a:b]
                 if bool((xs[1:] >= xs[:-1]).all()):    # in order already (a first link)
-                    t[idx[a:b]] = feedforward.serve(xs, ser[a:b], lt, integer)[0]
+                    s = ser[:b - a] if const else ser[a:b]
+                    t[idx[a:b]] = feedforward.serve(xs, s, lt, integer)[0]
                     continue
                 o = np.argsort(xs, kind="stable") + a
-                t[idx[o]] = feedforward.serve(x[o], ser[o], lt, integer)[0]
+                s = ser[:b - a] if const else ser[o]
+                t[idx[o]] = feedforward.serve(x[o], s, lt, integer)[0]
         back = (t[1:] < t[:-1]) & (self.conn_of[1:] == self.conn_of[:-1])
         return None if back.any() else t
 

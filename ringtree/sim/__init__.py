@@ -79,8 +79,8 @@ from ringtree.sim.model import Aware, Unaware, parse_model
 from ringtree.sim.structure import Sweep
 from ringtree.sim.topology import Topology
 
-__all__ = ["SimRun", "simulate", "simulate_sizes", "Sweep", "programs_for", "place", "count_for", "busbw_factor",
-           "Aware", "Unaware", "Topology"]
+__all__ = ["SimRun", "simulate", "simulate_sizes", "Sweep", "programs_for", "place",
+           "count_for", "busbw_factor", "Aware", "Unaware", "Topology"]
 
 
 def count_for(coll: Collective, nbytes: int, nranks: int, itemsize: int = 4) -> int:

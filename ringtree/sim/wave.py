@@ -340,7 +340,6 @@ class _Run:
                 got[recv[seg][w], i[w]] = a[w]
 
 
-
 def _known(a: np.ndarray | None) -> np.ndarray:
     """A time already computed (the template's levels order every reader after it)."""
     if a is None:

@@ -273,10 +273,13 @@ def _ready(st: np.ndarray, n: np.ndarray, w: int, slots: list, comp: np.ndarray 
     return ready.T
 
 
-def run(eng, progress=None):
+def run(eng, progress=None, tries: int | None = None):
     """Settle ``eng``'s run (an :class:`.engine._Engine` fresh from its set-up) as a fixed
     point: its :class:`~.engine.Result`, or None when this does not apply or the run
-    does not settle (the engine then runs it itself)."""
+    does not settle in ``tries`` carries (default :data:`MAX_ITERATIONS`; the engine
+    then runs it itself)."""
+    if tries is None:
+        tries = MAX_ITERATIONS
     cp = eng.cp
     got = cp.memo.get("levels")
     if got is None:
@@ -301,10 +304,10 @@ def run(eng, progress=None):
         # bytes, are a start (any start settles on the same point; a near one sooner)
         (b1, a1), (b2, a2) = seen
         got = _settle(eng, lv, sz, net, a2 + (a2 - a1) * ((total - b2) / (b2 - b1)),
-                      GUESSED_ITERATIONS, progress)
+                      min(tries, GUESSED_ITERATIONS), progress)
         if got is not None:
             return got[0]
-    got = _settle(eng, lv, sz, net, np.zeros(sz.nchunks), MAX_ITERATIONS, progress)
+    got = _settle(eng, lv, sz, net, np.zeros(sz.nchunks), tries, progress)
     return None if got is None else got[0]
 
 

@@ -31,7 +31,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ringtree.sim import dataflow, feedforward
+from ringtree.sim import dataflow, feedforward, native
 from ringtree.sim.compile import DEFAULT_SLICE_BYTES, Compiled, compile_programs, connection_routes
 from ringtree.sim.heap import loop as fused_loop
 from ringtree.sim.model import Aware, Unaware, compute_ns
@@ -394,7 +394,14 @@ class _Engine(_Network):
             r = cp.step_rank[s]
             if r < cp.nranks and done[s] > rank_done[r]:
                 rank_done[r] = done[s]
-        nbytes = sum(sum(cp.step_slices[cp.msg_sstep[m]]) for m in range(cp.nmsgs))
+        sums: dict[int, int] = {}                # steps share their slices' tuples
+        nbytes = 0
+        for s in cp.msg_sstep:
+            sl = cp.step_slices[s]
+            b = sums.get(id(sl))
+            if b is None:
+                b = sums[id(sl)] = sum(sl)
+            nbytes += b
         return Result(max(rank_done, default=0.0), rank_done, cp.nmsgs, nbytes, self.events,
                       self.start, done, self.transfers)
 
@@ -423,8 +430,16 @@ ROUNDS_MSGS_PER_RANK = 64
 # and the heap take what does not settle
 FIXED_POINT = True
 AT_ONCE = 8        # in rounds, a step sending this many slices more injects them as arrays
-# the aware heap runs as one loop over local names (:mod:`.heap`; the same operations)
+# the aware heap runs as one loop over local names (:mod:`.heap`; the same operations),
+# compiled where the package was built with its extension (:mod:`.native`)
 FUSED = True
+NATIVE = True
+# with the compiled heap a carry of the fixed point costs a third to a tenth of the
+# heap's run (30-85 ns a chunk-hop against 260-700 ns a heap event: one-shot direct,
+# direct2 and collnet_direct at 128 nodes), so a run that has not settled in this many
+# carries goes to the heap (direct settles in one, direct2 in two to six; collnet_direct
+# at 1 GiB on 128 nodes took twelve, 4.4 s against about 1.2 s on the heap)
+NATIVE_ITERATIONS = 6
 
 
 def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware,
@@ -438,21 +453,26 @@ def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware
     many = cp.nmsgs >= ROUNDS_MSGS_PER_RANK * max(1, cp.nranks)
     failed = ("rounds failed", id(topo), eng.integer)    # for the other sizes of a sweep
     unsettled = ("no fixed point", id(topo), eng.integer)
+    compiled = NATIVE and native.enabled()
     if FIXED_POINT and batch and many and eng.aware and not trace and \
             unsettled not in cp.memo:
-        got = dataflow.run(eng, progress)
+        cap = dataflow.MAX_ITERATIONS
+        got = dataflow.run(eng, progress, min(cap, NATIVE_ITERATIONS) if compiled else cap)
         if got is not None:
             return got
         cp.memo[unsettled] = True
     eng.fresh_network()
     eng.fresh_steps()
-    if batch and many and eng.aware and not trace and failed not in cp.memo and \
+    # with the compiled heap, a structure the fixed point did not settle goes to the heap
+    # without rounds (collnet_direct at 1 GiB on 128 nodes: rounds 2.1 s, then failed)
+    rounds = failed not in cp.memo and not (compiled and unsettled in cp.memo)
+    if batch and many and eng.aware and not trace and rounds and \
             eng.rounds(progress) is False:
         cp.memo[failed] = True
         eng.fresh_network()                      # start again on the heap
         eng.fresh_steps()
     if FUSED and eng.aware and not trace:
-        fused_loop(eng, progress)
+        (native.loop if compiled else fused_loop)(eng, progress)
     else:
         eng.loop(progress)
     return eng.result()

@@ -1,0 +1,147 @@
+"""The event heap of :mod:`.heap`, compiled: the same loop on flat arrays.
+
+:func:`.heap.loop` is the reference. ``_heapc.c`` performs its operations in its order
+— every comparison, every sum with the same operands left to right, the same work stack,
+the same heap order (distinct keys pop in one order, whatever the heap's layout) — on
+the engine's state packed into NumPy arrays, so it reaches the same floats; only the
+Python per event is gone (tree all-reduce on dgx_h100_sharp ×128: about 0.35 M events
+per second in :mod:`.heap`, tens of millions here). :func:`loop` packs the state, runs
+it and writes it back into the engine's lists, so :meth:`~.engine._Engine.result` reads
+what the Python loop would have left (the arrivals themselves stay packed: nothing
+reads them once a run has ended).
+
+Per step: its slices and compute times (pooled: steps that share a tuple share its
+entries), its receives, sends and dependents as offset arrays; per message its connection,
+steps and where its arrivals go; per connection its links. The extension is built
+with the package when a C compiler is there (``pyproject.toml``, optional); without it,
+or with ``RINGTREE_SIM_NATIVE=0``, the engine runs :mod:`.heap`.
+``tests/test_sim_heap.py`` compares the three loops bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from itertools import chain
+
+import numpy as np
+
+try:
+    from ringtree.sim import _heapc
+except ImportError:                      # built without a C compiler
+    _heapc = None
+
+__all__ = ["available", "enabled", "loop"]
+
+_I, _F = np.int64, np.float64
+
+
+def available() -> bool:
+    """Whether the compiled heap was built with the package."""
+    return _heapc is not None
+
+
+def enabled() -> bool:
+    """Built and not switched off (``RINGTREE_SIM_NATIVE=0``)."""
+    return _heapc is not None and os.environ.get("RINGTREE_SIM_NATIVE", "1") != "0"
+
+
+def _pool(rows: Sequence, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(start of every row, the pool) with rows stored once per identity; None → -1."""
+    start = np.empty(len(rows), _I)
+    where: dict[int, int] = {}
+    parts: list = []
+    pos = 0
+    for s, row in enumerate(rows):
+        if row is None:
+            start[s] = -1
+            continue
+        got = where.get(id(row))
+        if got is None:
+            got = where[id(row)] = pos
+            parts.append(row)
+            pos += len(row)
+        start[s] = got
+    return start, np.fromiter(chain.from_iterable(parts), dtype, pos)
+
+
+def _csr(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets (len + 1) and the concatenated rows."""
+    lens = np.fromiter(map(len, rows), _I, len(rows))
+    off = np.zeros(len(rows) + 1, _I)
+    np.cumsum(lens, out=off[1:])
+    return off, np.fromiter(chain.from_iterable(rows), _I, int(off[-1]))
+
+
+def _structure(eng) -> tuple[np.ndarray, ...]:
+    """What of the packed run depends on its steps, messages and routes only: receives,
+    sends, the next step of each channel, dependents, messages' connections and steps,
+    connections' links, shared links. Kept in ``Compiled.memo`` for a sweep's sizes,
+    keyed by the lists it was read from (held there, so their identities stay theirs)."""
+    cp = eng.cp
+    src = (cp.step_recv, cp.step_send, eng.nxt_in_chan, eng.dependents, cp.msg_conn,
+           cp.msg_rstep, cp.msg_sstep, eng.conn_links, eng.shared)
+    key = ("native", *map(id, src))
+    got = cp.memo.get(key)
+    if got is None:
+        rv_off, rv = _csr(cp.step_recv)
+        sd_off, sd = _csr(cp.step_send)
+        dp_off, dp = _csr(eng.dependents)
+        cl_off, cl = _csr(eng.conn_links)
+        arrays = (rv_off, rv, sd_off, sd, np.asarray(eng.nxt_in_chan, _I), dp_off, dp,
+                  np.asarray(cp.msg_conn, _I), np.asarray(cp.msg_rstep, _I),
+                  np.asarray(cp.msg_sstep, _I), cl_off, cl, np.asarray(eng.shared, _I))
+        got = cp.memo[key] = (src, arrays)
+    return got[1]
+
+
+def loop(eng, progress: Callable[[int], None] | None = None) -> None:
+    """Run ``eng`` as :func:`.heap.loop` does (same preconditions), compiled."""
+    if _heapc is None:
+        raise RuntimeError("ringtree.sim._heapc was not built (no C compiler at install)")
+    cp = eng.cp
+    if not eng.aware or eng.transfers is not None or eng.cut is not None or eng.heap:
+        raise ValueError("the fused heap runs an aware engine without a trace, rounds "
+                         "held or chunks queued")
+    nm = cp.nmsgs
+    structure = _structure(eng)
+    sl_start, pool_b = _pool(cp.step_slices, _I)
+    sl_n = np.fromiter(map(len, cp.step_slices), _I, cp.nsteps)
+    comp_start, pool_c = _pool(eng.comp, _F)
+    msg_sstep = structure[9]
+    arr_off = np.zeros(nm + 1, _I)
+    np.cumsum(sl_n[msg_sstep], out=arr_off[1:])
+    # the state, possibly left by rounds that kept the heap's order
+    arr_t = np.zeros(int(arr_off[-1]), _F)
+    if any(eng.narr):
+        for m, a in enumerate(eng.arr):
+            if a:
+                arr_t[arr_off[m]:arr_off[m] + len(a)] = a
+    nwait = np.zeros(nm, _I)
+    wait_t = np.zeros(arr_t.size, _F)
+    for m, items in eng.waiting.items():
+        if [i for i, _ in items] != list(range(len(items))):
+            raise ValueError(f"message {m} waits with slices out of order")
+        nwait[m] = len(items)
+        wait_t[arr_off[m]:arr_off[m] + len(items)] = [t for _, t in items]
+    state_i = [np.asarray(x, _I) for x in (eng.pend, eng.nxt, eng.unsent, eng.narr,
+                                             eng.ninj)]
+    conn_cur = np.asarray(eng.conn_cur, _I)
+    state_f = [np.asarray(x, _F) for x in (eng.start, eng.done, eng.maxin, eng.last,
+                                             eng.sdone)]
+    net_f = [np.asarray(x, _F) for x in (eng.conn_inj, eng.conn_arr, eng.free)]
+    arrays = (sl_start, sl_n, pool_b, comp_start, *structure, arr_off,
+              pool_c, np.asarray(eng.conn_first, _F), np.asarray(eng.rate, _F),
+              np.asarray(eng.llat, _F),
+              *state_i, nwait, conn_cur, *state_f, arr_t, wait_t, *net_f)
+    eng.events = _heapc.run(arrays, float(eng.over), bool(eng.integer), int(eng.events),
+                            np.asarray(eng.work, _I), progress)
+    # back into the engine's lists: what the Python loop leaves
+    (eng.pend, eng.nxt, eng.unsent, eng.narr, eng.ninj) = (x.tolist() for x in state_i)
+    eng.conn_cur = conn_cur.tolist()
+    (eng.start, eng.done, eng.maxin, eng.last, eng.sdone) = (x.tolist() for x in state_f)
+    (eng.conn_inj, eng.conn_arr, eng.free) = (x.tolist() for x in net_f)
+    eng.waiting = {}
+    eng.work = []
+    # the arrivals stay packed: nothing reads them once a run has ended
+    eng.arr = None

@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import algorithms
 from ringtree.sim import SimRun, Sweep, budget, count_for, presets, simulate, simulate_sizes
-from ringtree.sim.progress import Progress, peak_rss_mib
+from ringtree.sim.jobs import default_jobs, run_all
+from ringtree.sim.progress import Progress, cpu_seconds, peak_rss_mib
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 DTYPES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "int32": 4,
@@ -68,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-work", type=float, default=budget.MAX_WORK,
                    help="skip an algorithm whose run would simulate more steps and slices "
                         f"than this once folded (default {budget.MAX_WORK:.3g}; 0: no limit)")
+    p.add_argument("-j", "--jobs", type=int, default=0,
+                   help="algorithms simulated at once, one process each (default: one per "
+                        "core, at most one per algorithm; 1: one after another)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print wall time, peak memory and events per second")
     return p
@@ -110,31 +115,41 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[int, SimRun]] = {}
     walls: dict[str, float] = {}
     t_all = time.perf_counter()
+    order = todo[::-1]                       # the largest first: refused at once
+
+    def one(algo: str, each: Callable[[int], None]) -> tuple:
+        """One algorithm's sweep: ("ok", runs, wall) or ("skipped", why, sizes run)."""
+        t0 = time.perf_counter()
+        finished = [0]
+
+        def done(_: int, run: SimRun) -> None:
+            finished[0] += 1
+            each(run.events)
+
+        try:
+            runs = simulate_sizes(
+                coll, algo, topo, order, model=args.model, itemsize=itemsize,
+                root=max(root, 0), channels=args.channels,
+                slice_bytes=parse_size(args.slice), symmetry=not args.no_fold,
+                sweep=None if args.no_fold else Sweep(), max_work=int(args.max_work),
+                each=done)
+        except (ValueError, RuntimeError) as e:
+            return ("skipped", str(e), finished[0])
+        return ("ok", runs, time.perf_counter() - t0)
+
     with Progress(len(algos) * len(todo)) as bar:
-        for algo in algos:
-            t0 = time.perf_counter()
-            sweep = Sweep()                  # the Programs' structure, compiled once
-            order = todo[::-1]               # the largest first: refused at once
-            finished = [0]
+        def done_one(algo: str, events: int) -> None:
+            bar.text = algo
+            bar.done_one(events)
 
-            def each(_: int, run: SimRun, finished: list[int] = finished) -> None:
-                finished[0] += 1
-                bar.done_one(run.events)
-
-            bar.label(algo)
-            try:
-                runs = simulate_sizes(
-                    coll, algo, topo, order, model=args.model, itemsize=itemsize,
-                    root=max(root, 0), channels=args.channels,
-                    slice_bytes=parse_size(args.slice), symmetry=not args.no_fold,
-                    sweep=None if args.no_fold else sweep, max_work=int(args.max_work),
-                    each=each)
-            except (ValueError, RuntimeError) as e:
-                bar.skip(len(todo) - finished[0])  # the sizes not run
-                print(f"# {algo}: skipped ({e})", flush=True)
+        jobs = args.jobs if args.jobs > 0 else default_jobs(len(algos))
+        for algo, outcome in run_all(algos, one, jobs, done_one).items():
+            if outcome[0] == "skipped":
+                bar.skip(len(todo) - outcome[2])   # the sizes not run
+                print(f"# {algo}: skipped ({outcome[1]})", flush=True)
                 continue
-            results[algo] = dict(zip(order, runs))
-            walls[algo] = time.perf_counter() - t0
+            results[algo] = dict(zip(order, outcome[1]))
+            walls[algo] = outcome[2]
     best = {s: min((r[s].time_ns, a) for a, r in results.items())[1] for s in todo} \
         if results else {}
     for algo, runs in results.items():
@@ -153,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                             for a in names)
             print(f"{s:12d}  {cells}")
     if args.verbose:
-        _report(results, walls, time.perf_counter() - t_all)
+        _report(results, walls, time.perf_counter() - t_all, jobs)
     if args.plot and results:
         _plot(args.plot, results, todo, coll, topo.name)
     if args.trace and results:
@@ -161,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _report(results: dict, walls: dict, total: float) -> None:
+def _report(results: dict, walls: dict, total: float, jobs: int) -> None:
     """``-v``: wall time, peak memory, events per second (on stderr, so tables compare)."""
     events = sum(r.events for runs in results.values() for r in runs.values())
     for algo, runs in results.items():
@@ -170,7 +185,8 @@ def _report(results: dict, walls: dict, total: float) -> None:
         print(f"# {algo}: {walls[algo]:.2f} s wall, {ev:,d} events "
               f"({ev / max(walls[algo], 1e-9):,.0f}/s), ranks simulated "
               f"{'/'.join(map(str, sims))}", file=sys.stderr)
-    print(f"# total {total:.2f} s wall, {events:,d} events "
+    print(f"# total {total:.2f} s wall, {cpu_seconds():.2f} s CPU over {jobs} "
+          f"process{'es' if jobs > 1 else ''}, {events:,d} events "
           f"({events / max(total, 1e-9):,.0f}/s), peak memory {peak_rss_mib():.0f} MiB",
           file=sys.stderr)
 

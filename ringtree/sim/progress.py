@@ -10,8 +10,16 @@ from ringtree import sim
 
 
 def peak_rss_mib() -> float:
-    """Peak resident memory of this process, MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident memory of this process or of the largest of its finished worker
+    processes, MiB (Linux reports KiB)."""
+    return max(resource.getrusage(who).ru_maxrss
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
+
+
+def cpu_seconds() -> float:
+    """User and system time of this process and its finished worker processes."""
+    return sum(u.ru_utime + u.ru_stime for u in
+               map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 class Progress:

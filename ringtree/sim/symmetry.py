@@ -228,31 +228,40 @@ def _kept(k: tuple, topo: Topology, key: tuple | None) -> dict:
 
 def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
                in_place: bool, topo: Topology, key: tuple | None) -> bool:
-    """Every rank outside block 0 is its parent moved (:func:`same_shape`); the peers
-    and the XOR masks of all ranks are kept under ``key``, so that another count needs
-    only the masks' lengths (or, when some rank has no XOR renaming, the full check)."""
+    """Every rank outside block 0 is its parent moved (:func:`same_shape`). What does not
+    depend on the count is kept under ``key``: that every rank's peers move (else False),
+    every rank's XOR masks (None where it has none, or in place) and their union, so that
+    another count needs only the masks' lengths, and the chunk renamings of the ranks whose
+    masks do not keep them (:func:`same_shape` on those ranks, less what is kept)."""
     kept = _kept(("ranks", key, in_place), topo, key)
     got = kept.get((g, x))
     if got is None:
-        masks: set | None = set()
+        per_rank: list[frozenset | None] = []
         for r in range(g, n):
             a, h = _parent(r, g, n, x)
             p, q = programs[r], programs[a]
             if not _peers_ok(p, q, h if x else g, n, g if x else 0):
                 got = False
                 break
-            m = None if in_place or masks is None else _xor_masks(p, q)
-            masks = None if m is None else masks | m
+            per_rank.append(None if in_place else _xor_masks(p, q))
         else:
-            got = "positional" if masks is None else frozenset(masks)
+            union = frozenset().union(*(m for m in per_rank if m is not None))
+            got = (per_rank, union, all(m is not None for m in per_rank))
         kept[(g, x)] = got
     if got is False:
         return False
-    if got != "positional" and all(_xor_keeps_lengths(regs[b], m) for b, m in got if m):
+    per_rank, union, every = got
+    if every and all(_xor_keeps_lengths(regs[b], m) for b, m in union if m):
         return True
-    return all(same_shape(programs[r], programs[a], h if x else g, n, regs, in_place,
-                          g if x else 0)
-               for r in range(g, n) for a, h in (_parent(r, g, n, x),))
+    for r, masks in zip(range(g, n), per_rank):
+        if masks is not None and all(_xor_keeps_lengths(regs[b], m) for b, m in masks if m):
+            continue
+        a, _ = _parent(r, g, n, x)
+        p, q = programs[r], programs[a]
+        if not (_positional(p, q, regs, in_place)
+                or (not in_place and renaming.by_sets(p, q, regs))):
+            return False
+    return True
 
 
 # what find() keeps for a sweep: the routes' folds and the ranks' peers and XOR masks

@@ -212,6 +212,9 @@ declare("RINGTREE_HOST_ID", text, None,
 declare("RINGTREE_SSH", text, None,
         "the command `ringtree run` starts remote ranks with (default `ssh -o BatchMode=yes`)",
         "tools")
+declare("RINGTREE_SIM_NATIVE", flag, True,
+        "`ringtree sim`: run the event heap compiled where the package built it (0 = the "
+        "same loop in Python)", "tools")
 declare("RINGTREE_PERF_CHILD", flag, False,
         "set by `ringtree perf --nranks` on the ranks it starts", "tools")
 declare("RINGTREE_TESTBED_HOST", integer, None,

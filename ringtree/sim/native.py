@@ -20,11 +20,12 @@ or with ``RINGTREE_SIM_NATIVE=0``, the engine runs :mod:`.heap`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from itertools import chain
 
 import numpy as np
+
+from ringtree import settings
 
 try:
     from ringtree.sim import _heapc
@@ -43,7 +44,7 @@ def available() -> bool:
 
 def enabled() -> bool:
     """Built and not switched off (``RINGTREE_SIM_NATIVE=0``)."""
-    return _heapc is not None and os.environ.get("RINGTREE_SIM_NATIVE", "1") != "0"
+    return _heapc is not None and bool(settings.current().sim_native)
 
 
 def _pool(rows: Sequence, dtype) -> tuple[np.ndarray, np.ndarray]:

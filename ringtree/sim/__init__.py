@@ -13,8 +13,9 @@ The same Programs the executor runs (``ringtree.schedules``) are executed on a
 - :mod:`.engine` is the event engine (its answer settled as a fixed point of arrays by
   :mod:`.dataflow` with its network carried whole by :mod:`.stages`, or in rounds by
   :mod:`.feedforward`, where that is exact; its aware heap run as one loop over local
-  names by :mod:`.heap`, the same operations in the same order), :mod:`.fast` the α-β
-  model as one longest-path problem in numpy;
+  names by :mod:`.heap`, the same operations in the same order, and that loop compiled by
+  :mod:`.native` where the package built its extension), :mod:`.fast` the α-β model as
+  one longest-path problem in numpy;
 - :mod:`.symbolic` runs a schedule generator on a symbolic rank to get one shared
   template Program for every rank, :mod:`.symmetry` proves when the run is symmetric
   under shifts of ranks or XOR of aligned blocks of ranks, :mod:`.orbits` that the

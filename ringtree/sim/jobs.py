@@ -35,6 +35,9 @@ def default_jobs(nalgos: int) -> int:
 def _worker(algo: str):
     assert _JOB is not None
     one, q = _JOB
+    from ringtree import sim
+
+    sim._progress.set(None)      # the bar is the parent's: a worker only reports sizes
     outcome = one(algo, lambda events: q.put((algo, events)))
     if outcome[0] == "ok":                      # the tables need times, not step lists
         outcome = ("ok", [replace(r, result=None) if getattr(r, "result", None) else r

@@ -49,21 +49,17 @@ def enabled() -> bool:
 
 def _pool(rows: Sequence, dtype) -> tuple[np.ndarray, np.ndarray]:
     """(start of every row, the pool) with rows stored once per identity; None → -1."""
-    start = np.empty(len(rows), _I)
-    where: dict[int, int] = {}
-    parts: list = []
-    pos = 0
-    for s, row in enumerate(rows):
-        if row is None:
-            start[s] = -1
-            continue
-        got = where.get(id(row))
-        if got is None:
-            got = where[id(row)] = pos
-            parts.append(row)
-            pos += len(row)
-        start[s] = got
-    return start, np.fromiter(chain.from_iterable(parts), dtype, pos)
+    ids = np.fromiter(map(id, rows), np.uint64, len(rows))
+    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    parts = [rows[i] for i in first.tolist()]
+    none = [k for k, row in enumerate(parts) if row is None]
+    lens = np.fromiter((0 if row is None else len(row) for row in parts), _I, len(parts))
+    offs = np.zeros(len(parts), _I)
+    np.cumsum(lens[:-1], out=offs[1:])
+    offs[none] = -1
+    pool = np.fromiter(chain.from_iterable(row for row in parts if row is not None), dtype,
+                       int(lens.sum()))
+    return offs[inverse.reshape(-1)], pool
 
 
 def _csr(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -135,14 +131,17 @@ def loop(eng, progress: Callable[[int], None] | None = None) -> None:
               pool_c, np.asarray(eng.conn_first, _F), np.asarray(eng.rate, _F),
               np.asarray(eng.llat, _F),
               *state_i, nwait, conn_cur, *state_f, arr_t, wait_t, *net_f)
+    work = np.asarray(eng.work, _I)
+    # the packed arrays are the state now: the lists go while the run needs the memory
+    eng.pend = eng.nxt = eng.unsent = eng.narr = eng.ninj = eng.conn_cur = None
+    eng.start = eng.done = eng.maxin = eng.last = eng.sdone = None
+    eng.conn_inj = eng.conn_arr = eng.free = eng.arr = eng.waiting = eng.work = None
     eng.events = _heapc.run(arrays, float(eng.over), bool(eng.integer), int(eng.events),
-                            np.asarray(eng.work, _I), progress)
+                            work, progress)
     # back into the engine's lists: what the Python loop leaves
     (eng.pend, eng.nxt, eng.unsent, eng.narr, eng.ninj) = (x.tolist() for x in state_i)
     eng.conn_cur = conn_cur.tolist()
     (eng.start, eng.done, eng.maxin, eng.last, eng.sdone) = (x.tolist() for x in state_f)
     (eng.conn_inj, eng.conn_arr, eng.free) = (x.tolist() for x in net_f)
-    eng.waiting = {}
-    eng.work = []
-    # the arrivals stay packed: nothing reads them once a run has ended
-    eng.arr = None
+    eng.waiting, eng.work = {}, []
+    # the arrivals stay packed (and are dropped here): nothing reads them once a run ends

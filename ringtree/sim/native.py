@@ -13,7 +13,7 @@ reads them once a run has ended).
 Per step: its slices and compute times (pooled: steps that share a tuple share its
 entries), its receives, sends and dependents as offset arrays; per message its connection,
 steps and where its arrivals go; per connection its links. The extension is built
-with the package when a C compiler is there (``pyproject.toml``, optional); without it,
+with the package when a C compiler is there (``setup.py``, optional); without it,
 or with ``RINGTREE_SIM_NATIVE=0``, the engine runs :mod:`.heap`.
 ``tests/test_sim_heap.py`` compares the three loops bit for bit.
 """

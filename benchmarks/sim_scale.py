@@ -91,6 +91,9 @@ def _readme() -> tuple[int, list[str]]:
 def run_case(name: str, only: list[str] | None = None) -> dict:
     from ringtree.schedules import algorithms
     from ringtree.sim import presets
+    from ringtree.sim.malloc import keep_arrays_in_heap
+
+    keep_arrays_in_heap()                           # as ``ringtree sim`` does
 
     t0, c0 = time.perf_counter(), time.process_time()
     detail: list[str] = []

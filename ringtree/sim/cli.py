@@ -21,6 +21,7 @@ from ringtree.core.ir import Collective, parse_collective
 from ringtree.schedules import algorithms
 from ringtree.sim import SimRun, Sweep, budget, count_for, presets, simulate, simulate_sizes
 from ringtree.sim.jobs import default_jobs, run_all
+from ringtree.sim.malloc import keep_arrays_in_heap
 from ringtree.sim.progress import Progress, cpu_seconds, peak_rss_mib
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return replay_workload(argv)
     args = _parser().parse_args(argv)
+    keep_arrays_in_heap()                    # the batched engines' arrays: no mmap per level
     try:
         coll = parse_collective(args.collective)
         topo = presets.get(args.topology, args.nodes)

@@ -321,6 +321,40 @@ def test_a_size_in_a_measured_octave_takes_its_winner(pool):
         assert calls2 > 1 and d2 is not None and d2[2] == nb2 and d2[3], res[0]
 
 
+def short_deadline_first(comm, sizes):
+    """All-reduces first called with a short ``timeout=``, then with the default one: per
+    size the close candidates, the calls each took (the second: one, nothing measured
+    later), whether a measurement was recorded, the choice, and the bits against a forced
+    call of the model's choice."""
+    c, rows = Collective.ALL_REDUCE, []
+    for nbytes in sizes:
+        x, _ = _args("all_reduce", nbytes, comm.size, comm.rank, 3)
+        seq = comm.seq
+        got = comm.all_reduce(x.copy(), timeout=0.3)
+        calls = comm.seq - seq
+        model, chosen, near, _ = _model_view(comm, c, x.nbytes, 0)
+        seq = comm.seq
+        again = comm.all_reduce(x.copy())
+        later = comm.seq - seq
+        forced = comm.all_reduce(x.copy(), algo=model)
+        rows.append((len(near), calls, later, (c, x.nbytes) in comm.planner.online.decisions,
+                     chosen == model, got.tobytes() == forced.tobytes() == again.tobytes()))
+    return rows
+
+
+@needs_testbed
+def test_a_short_deadline_keeps_the_models_choice(pool):
+    """A first call whose ``timeout=`` leaves less than the measuring needs does not
+    measure (it would fail as a timeout): the ranks agree on the least time left (one
+    all-reduce), keep the model's choice for that size, and later calls take it as it
+    is. (Sizes no other test of this pool's communicators calls.)"""
+    res = _ok(pool.run(short_deadline_first, (24 << 10, 96 << 10)))
+    assert all(r == res[0] for r in res), res
+    for near, calls, later, measured, model_kept, bits in res[0]:
+        assert near >= 2, f"the test needs a size the model hands over for measuring: {res[0]}"
+        assert calls == 2 and later == 1 and not measured and model_kept and bits, res[0]
+
+
 def tune_integer_reduce_scatter(comm, elems: int):
     """A reduce-scatter of ``elems`` int32 (wrapping sums) and then of as many float32, at
     sizes no other test calls: per call the calls it took, its decision and whether its

@@ -46,7 +46,11 @@ The rule, for a call whose algorithm the caller did not name:
 
 The tuning calls run on the caller's thread inside the call that needed them, under the
 call's deadline (``timeout=`` / ``RINGTREE_TIMEOUT``): a dead peer raises the same
-error a normal call would. ``RINGTREE_TUNE=model`` turns this off; ``RINGTREE_DEBUG=INFO``
+error a normal call would. The ranks first agree on the least time their calls have
+left (a MIN all-reduce); when that is less than the measuring needs
+(:data:`MEASURE_SAFETY` × its estimate, at least :data:`MEASURE_MIN_SECONDS`), the model's
+choice is kept for that (collective, size), so a short ``timeout=`` never fails because
+of the measuring. ``RINGTREE_TUNE=model`` turns this off; ``RINGTREE_DEBUG=INFO``
 prints each measurement (rank 0).
 """
 
@@ -70,6 +74,11 @@ SAMPLE_SECONDS = 0.02  # back-to-back calls per sample: a caller's loop, not one
 MAX_ITERS = 64
 SETTLE = 1            # untimed calls before a sample of several, after another algorithm's
 AGREE_ALGO = "ring"   # the fixed all-reduce the medians are agreed with
+# a call whose deadline leaves less than this (the measuring's estimate times the safety
+# factor, at least the minimum; measuring took 0.16-0.66 s on the 2x2 testbed) keeps the
+# model's choice for its (collective, size) instead of failing as a timeout
+MEASURE_SAFETY = 4.0
+MEASURE_MIN_SECONDS = 1.0
 TUNED = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
          Collective.BROADCAST, Collective.REDUCE)
 REDUCTIONS = (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.REDUCE)
@@ -203,6 +212,14 @@ class OnlineChoice:
         comm = self.comm
         group, comm._group = comm._group, None  # measured now, ahead of an open group
         try:
+            left = self._agreed_time_left()
+            if left < self._budget(cands):
+                if self._verbose():
+                    print(f"ringtree: {coll.value} {nbytes} B: online choice skipped: the "
+                          f"call's deadline leaves {left:.3f} s, measuring needs about "
+                          f"{self._budget(cands):.3f} s; keeping the model's choice "
+                          f"{model_choice}", flush=True)
+                return model_choice
             times = self._measure(spec, cands)
         finally:
             comm._group = group
@@ -270,10 +287,30 @@ class OnlineChoice:
 
         return run
 
+    @staticmethod
+    def _iters(cands: list[tuple[str, float]]) -> list[int]:
+        """Calls per sample of every candidate, from its predicted time."""
+        return [max(1, min(MAX_ITERS, int(SAMPLE_SECONDS / max(t, 1e-7)))) for _, t in cands]
+
+    def _budget(self, cands: list[tuple[str, float]]) -> float:
+        """Seconds the measuring may take, from the predicted times, with room to spare:
+        what a call's deadline must leave for it to measure."""
+        est = sum((1 + ROUNDS * (k + (SETTLE if k >= 4 else 0))) * t
+                  for (_, t), k in zip(cands, self._iters(cands)))
+        return max(MEASURE_MIN_SECONDS, MEASURE_SAFETY * est)
+
+    def _agreed_time_left(self) -> float:
+        """The least time any rank's call has left before its deadline (a MIN all-reduce,
+        so every rank makes the same decision from the same number)."""
+        left = np.array([self.deadline - time.monotonic()], np.float64)
+        self.comm.all_reduce(left, ReduceOp.MIN, algo=AGREE_ALGO,
+                             timeout=max(float(left[0]), 1e-3))
+        return float(left[0])
+
     def _measure(self, spec, cands: list[tuple[str, float]]) -> list[float]:
         """Every candidate's median seconds per call, the slowest rank's (same on all)."""
         runs = [self._runner(spec, a) for a, _ in cands]
-        iters = [max(1, min(MAX_ITERS, int(SAMPLE_SECONDS / max(t, 1e-7)))) for _, t in cands]
+        iters = self._iters(cands)
         for run in runs:
             run(1)  # the plan's first touches, connections, staging
         samples: list[list[float]] = [[] for _ in cands]

@@ -26,16 +26,22 @@ import heapq
 import math
 from collections.abc import Callable
 
-__all__ = ["loop"]
+__all__ = ["loop", "check"]
+
+
+def check(eng) -> None:
+    """What this loop (and :mod:`.native`'s, the same loop compiled) runs: an aware engine
+    with no trace, no rounds held and no chunk queued."""
+    if not eng.aware or eng.transfers is not None or eng.cut is not None or eng.heap:
+        raise ValueError("the fused heap runs an aware engine without a trace, rounds "
+                         "held or chunks queued")
 
 
 def loop(eng, progress: Callable[[int], None] | None = None) -> None:
     """Run ``eng`` (an aware :class:`.engine._Engine`, fresh or after rounds that kept
     the heap's order, no trace) to the end, as :meth:`~.engine._Engine.loop` does."""
+    check(eng)
     cp = eng.cp
-    if not eng.aware or eng.transfers is not None or eng.cut is not None or eng.heap:
-        raise ValueError("the fused heap runs an aware engine without a trace, rounds "
-                         "held or chunks queued")
     step_slices, step_recv, step_send = cp.step_slices, cp.step_recv, cp.step_send
     msg_conn, msg_rstep, nmsgs = cp.msg_conn, cp.msg_rstep, cp.nmsgs
     conn_links, conn_first, shared = eng.conn_links, eng.conn_first, eng.shared

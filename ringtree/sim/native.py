@@ -26,6 +26,7 @@ from itertools import chain
 import numpy as np
 
 from ringtree import settings
+from ringtree.sim import heap
 
 try:
     from ringtree.sim import _heapc
@@ -50,7 +51,7 @@ def enabled() -> bool:
 def _pool(rows: Sequence, dtype) -> tuple[np.ndarray, np.ndarray]:
     """(start of every row, the pool) with rows stored once per identity; None → -1."""
     ids = np.fromiter(map(id, rows), np.uint64, len(rows))
-    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
     parts = [rows[i] for i in first.tolist()]
     none = [k for k, row in enumerate(parts) if row is None]
     lens = np.fromiter((0 if row is None else len(row) for row in parts), _I, len(parts))
@@ -96,10 +97,8 @@ def loop(eng, progress: Callable[[int], None] | None = None) -> None:
     """Run ``eng`` as :func:`.heap.loop` does (same preconditions), compiled."""
     if _heapc is None:
         raise RuntimeError("ringtree.sim._heapc was not built (no C compiler at install)")
+    heap.check(eng)
     cp = eng.cp
-    if not eng.aware or eng.transfers is not None or eng.cut is not None or eng.heap:
-        raise ValueError("the fused heap runs an aware engine without a trace, rounds "
-                         "held or chunks queued")
     nm = cp.nmsgs
     structure = _structure(eng)
     sl_start, pool_b = _pool(cp.step_slices, _I)

@@ -69,7 +69,12 @@ def same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, in_place: bo
     share), the element lengths and the slices are then the same."""
     if not _peers_ok(p, q, dr, n, xor_g):
         return False
-    masks = None if in_place else _xor_masks(p, q)
+    return _renamed(p, q, regs, in_place, None if in_place else _xor_masks(p, q))
+
+
+def _renamed(p: Program, q: Program, regs: dict, in_place: bool,
+             masks: frozenset | None) -> bool:
+    """The chunk renaming part of :func:`same_shape`, given p's XOR masks against q."""
     if masks is not None and all(_xor_keeps_lengths(regs[b], m) for b, m in masks if m):
         return True
     if _positional(p, q, regs, in_place):
@@ -232,7 +237,7 @@ def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
     depend on the count is kept under ``key``: that every rank's peers move (else False),
     every rank's XOR masks (None where it has none, or in place) and their union, so that
     another count needs only the masks' lengths, and the chunk renamings of the ranks whose
-    masks do not keep them (:func:`same_shape` on those ranks, less what is kept)."""
+    masks do not keep them (:func:`_renamed`, the part of :func:`same_shape` not kept)."""
     kept = _kept(("ranks", key, in_place), topo, key)
     got = kept.get((g, x))
     if got is None:
@@ -253,15 +258,8 @@ def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
     per_rank, union, every = got
     if every and all(_xor_keeps_lengths(regs[b], m) for b, m in union if m):
         return True
-    for r, masks in zip(range(g, n), per_rank):
-        if masks is not None and all(_xor_keeps_lengths(regs[b], m) for b, m in masks if m):
-            continue
-        a, _ = _parent(r, g, n, x)
-        p, q = programs[r], programs[a]
-        if not (_positional(p, q, regs, in_place)
-                or (not in_place and renaming.by_sets(p, q, regs))):
-            return False
-    return True
+    return all(_renamed(programs[r], programs[_parent(r, g, n, x)[0]], regs, in_place, masks)
+               for r, masks in zip(range(g, n), per_rank))
 
 
 # what find() keeps for a sweep: the routes' folds and the ranks' peers and XOR masks

@@ -71,15 +71,21 @@ static void sift_down(Item *h, size_t n, size_t pos)
     h[pos] = x;
 }
 
+/* room for one more element in a growing array (doubled when full) */
+static int grow(void **buf, size_t *cap, size_t n, size_t size)
+{
+    if (n < *cap) return 0;
+    size_t want = *cap ? 2 * *cap : 1024;
+    void *p = realloc(*buf, want * size);
+    if (!p) { PyErr_NoMemory(); return -1; }
+    *buf = p;
+    *cap = want;
+    return 0;
+}
+
 static int heap_push(S *s, double t, int64_t m, int64_t i, int64_t hop)
 {
-    if (s->hn == s->hcap) {
-        size_t cap = s->hcap ? 2 * s->hcap : 1024;
-        Item *p = realloc(s->heap, cap * sizeof(Item));
-        if (!p) { PyErr_NoMemory(); return -1; }
-        s->heap = p;
-        s->hcap = cap;
-    }
+    if (grow((void **)&s->heap, &s->hcap, s->hn, sizeof(Item)) < 0) return -1;
     Item x = {t, m, i, hop};
     size_t pos = s->hn++;
     while (pos > 0) {
@@ -117,13 +123,7 @@ static Item heap_pushpop(S *s, Item x)
 
 static int work_push(S *s, int64_t st)
 {
-    if (s->wn == s->wcap) {
-        size_t cap = s->wcap ? 2 * s->wcap : 1024;
-        int64_t *p = realloc(s->work, cap * sizeof(int64_t));
-        if (!p) { PyErr_NoMemory(); return -1; }
-        s->work = p;
-        s->wcap = cap;
-    }
+    if (grow((void **)&s->work, &s->wcap, s->wn, sizeof(int64_t)) < 0) return -1;
     s->work[s->wn++] = st;
     return 0;
 }
@@ -131,6 +131,18 @@ static int work_push(S *s, int64_t st)
 static inline double slice_bytes(const S *s, int64_t m, int64_t i)
 {
     return (double)s->pool_b[s->sl_start[s->msg_sstep[m]] + i];
+}
+
+/* link li serves a chunk of b bytes arriving at t (a FIFO): when it leaves the link's
+ * far end; the engine's sums, in its order */
+static inline double serve(S *s, int64_t li, double t, double b)
+{
+    double st = s->free_[li];
+    if (t > st) st = t;
+    double ser = b / s->rate[li];
+    s->free_[li] = st + ser;
+    t = st + ser + s->llat[li];
+    return s->integer ? trunc(t) : t;
 }
 
 /* the delivery at the end of `carry` */
@@ -156,12 +168,7 @@ static int carry(S *s, int64_t m, int64_t i, double t, int64_t hop)
     for (int64_t h = hop; h < n; h++) {
         int64_t li = links[h];
         if (s->shared[li] && h != hop) return heap_push(s, t, m, i, h);
-        double st = s->free_[li];
-        if (t > st) st = t;
-        double ser = b / s->rate[li];
-        s->free_[li] = st + ser;
-        t = st + ser + s->llat[li];
-        if (s->integer) t = trunc(t);
+        t = serve(s, li, t, b);
     }
     return deliver(s, m, i, t);
 }
@@ -292,12 +299,7 @@ static int run_loop(S *s, int64_t *events, PyObject *progress)
             int64_t n = s->cl_off[c + 1] - s->cl_off[c];
             int64_t li = links[h];
             for (;;) {
-                double st = s->free_[li];
-                if (t > st) st = t;
-                double ser = b / s->rate[li];
-                s->free_[li] = st + ser;
-                t = st + ser + s->llat[li];
-                if (s->integer) t = trunc(t);
+                t = serve(s, li, t, b);
                 h += 1;
                 if (h == n) break;
                 li = links[h];

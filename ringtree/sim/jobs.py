@@ -14,7 +14,6 @@ import multiprocessing as mp
 import os
 import queue
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 __all__ = ["default_jobs", "run_all"]
@@ -38,11 +37,7 @@ def _worker(algo: str):
     from ringtree import sim
 
     sim._progress.set(None)      # the bar is the parent's: a worker only reports sizes
-    outcome = one(algo, lambda events: q.put((algo, events)))
-    if outcome[0] == "ok":                      # the tables need times, not step lists
-        outcome = ("ok", [replace(r, result=None) if getattr(r, "result", None) else r
-                          for r in outcome[1]], *outcome[2:])
-    return algo, outcome
+    return algo, one(algo, lambda events: q.put((algo, events)))
 
 
 def run_all(algos: Sequence[str], one: Callable, jobs: int,

@@ -212,13 +212,13 @@ class OnlineChoice:
         comm = self.comm
         group, comm._group = comm._group, None  # measured now, ahead of an open group
         try:
-            left = self._agreed_time_left()
-            if left < self._budget(cands):
+            left, need = self._agreed_time_left(), self._budget(cands)
+            if left < need:
                 if self._verbose():
                     print(f"ringtree: {coll.value} {nbytes} B: online choice skipped: the "
                           f"call's deadline leaves {left:.3f} s, measuring needs about "
-                          f"{self._budget(cands):.3f} s; keeping the model's choice "
-                          f"{model_choice}", flush=True)
+                          f"{need:.3f} s; keeping the model's choice {model_choice}",
+                          flush=True)
                 return model_choice
             times = self._measure(spec, cands)
         finally:

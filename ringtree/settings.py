@@ -132,7 +132,11 @@ declare("RINGTREE_TRANSPORT", choice("auto", "shm", "tcp"), "auto",
 declare("RINGTREE_SOCKET_IFNAME", text, None,
         "interfaces to listen on (`eth0`, `^docker,lo`, `=ib0`: NCCL_SOCKET_IFNAME syntax)")
 declare("RINGTREE_NSOCKS_PERTHREAD", integer, 1,
-        "TCP sockets per peer (NCCL_NSOCKS_PERTHREAD); messages from 256 KiB stripe")
+        "TCP sockets per peer and thread (NCCL_NSOCKS_PERTHREAD); messages from 256 KiB "
+        "stripe")
+declare("RINGTREE_SOCKET_NTHREADS", integer, 1,
+        "multiplies RINGTREE_NSOCKS_PERTHREAD into the sockets per peer, as "
+        "NCCL_SOCKET_NTHREADS does (1-16; the rank's one poll loop drives them all)")
 declare("RINGTREE_SOCKET_BUFFER", integer, None,
         "bytes of TCP socket buffer to ask for where the kernel allows it (4 MiB; 0: "
         "autotuning only)")

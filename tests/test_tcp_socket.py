@@ -86,3 +86,32 @@ def test_sockets_take_the_congestion_control_asked_for_or_keep_the_kernels(monke
     got, kernel = _cc_of(monkeypatch, "no-such-algorithm")    # not offered: the kernel's
     assert got == kernel
     assert tcp_socket.congestion_control() is None
+
+
+@pytest.mark.parametrize("per, threads, want", [
+    (None, None, 1),       # NCCL's defaults: one thread of one socket
+    ("4", None, 4),
+    ("2", "2", 4),         # NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD
+    ("4", "16", 64),       # NCCL's ceiling
+])
+def test_sockets_per_peer_is_threads_times_sockets_per_thread(monkeypatch, per, threads, want):
+    for name, value in (("RINGTREE_NSOCKS_PERTHREAD", per), ("RINGTREE_SOCKET_NTHREADS", threads)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert tcp_socket.sockets_per_peer() == want
+
+
+@pytest.mark.parametrize("per, threads, named", [
+    ("0", "1", "RINGTREE_NSOCKS_PERTHREAD=0"),
+    ("1", "0", "RINGTREE_SOCKET_NTHREADS=0"),
+    ("1", "17", "RINGTREE_SOCKET_NTHREADS=17"),
+    ("8", "16", "RINGTREE_NSOCKS_PERTHREAD=8 x RINGTREE_SOCKET_NTHREADS=16"),
+])
+def test_too_many_or_no_sockets_is_an_error_naming_the_settings(monkeypatch, per, threads,
+                                                                 named):
+    monkeypatch.setenv("RINGTREE_NSOCKS_PERTHREAD", per)
+    monkeypatch.setenv("RINGTREE_SOCKET_NTHREADS", threads)
+    with pytest.raises(ValueError, match=named):
+        tcp_socket.sockets_per_peer()

@@ -201,8 +201,10 @@ def striped(comm):
     return ok, sorted(stripes)
 
 
-def test_several_sockets_per_peer(testbed):
-    env = {"RINGTREE_NSOCKS_PERTHREAD": 4}
+@pytest.mark.parametrize("env", [{"RINGTREE_NSOCKS_PERTHREAD": 4},
+                                 {"RINGTREE_NSOCKS_PERTHREAD": 2, "RINGTREE_SOCKET_NTHREADS": 2}],
+                         ids=["4-sockets", "2-threads-x-2"])
+def test_several_sockets_per_peer(testbed, env):
     with HostPool(testbed, [2, 2], env=env, timeout=180) as p:
         for r, (ok, stripes) in enumerate(p.run_ok(striped)):
             assert all(ok), f"rank {r}: {ok}"

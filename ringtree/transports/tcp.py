@@ -1,7 +1,8 @@
 """TCP transport: sockets per (peer, channel), opened lazily, full duplex, zero-copy.
 
-- ``RINGTREE_NSOCKS_PERTHREAD`` sockets per (peer, channel) (NCCL's name; default 1):
-  messages of at least 256 KiB are cut into that many contiguous parts, one per socket,
+- ``RINGTREE_SOCKET_NTHREADS`` × ``RINGTREE_NSOCKS_PERTHREAD`` sockets per (peer,
+  channel) (NCCL's names; default 1 × 1, ``tcp_socket.sockets_per_peer``): messages of
+  at least 256 KiB are cut into that many contiguous parts, one per socket,
   so several TCP streams share a fat or lossy path.
   Socket buffers: ``RINGTREE_SOCKET_BUFFER`` (default 4 MiB) where the kernel allows it,
   so the kernel holds what a busy rank has queued (``tcp_socket``).

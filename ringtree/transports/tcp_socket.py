@@ -30,10 +30,14 @@ under BBR (medians 4.1 and 5.4 ms over two runs of 15 calls; the ring 3.6 ms) an
 reduce-scatter at 1 Gbit/s 89 / 93 against 91 / 89 ms (``benchmarks/multihost.py``,
 alternating the two).
 
-Sockets per peer: ``RINGTREE_NSOCKS_PERTHREAD`` (NCCL's ``NCCL_NSOCKS_PERTHREAD``). NCCL
-also has ``NCCL_SOCKET_NTHREADS``, helper threads that each drive that many sockets;
-ringtree has no such threads — the rank's one poll loop drives every socket — so it has no
-such variable.
+Sockets per peer: NCCL's socket transport opens ``NCCL_SOCKET_NTHREADS`` ×
+``NCCL_NSOCKS_PERTHREAD`` sockets per connection (at most 16 threads and 64 sockets;
+``net_socket.cc``, ``ncclSocketGetNsockNthread``) and splits a message over them, each
+helper thread driving its share. ringtree reads the same two numbers
+(``RINGTREE_SOCKET_NTHREADS``, ``RINGTREE_NSOCKS_PERTHREAD``) and opens as many sockets
+per (peer, channel), so settings carried over from an NCCL job open the same streams. It
+has no helper threads: the rank's one poll loop drives every socket, and a product past
+the limits is an error rather than NCCL's silent clamp.
 """
 
 from __future__ import annotations
@@ -124,10 +128,18 @@ def tune(sock: socket.socket) -> None:
             pass
 
 
+MAX_THREADS, MAX_SOCKETS = 16, 64  # NCCL's limits (net_socket.cc)
+
+
 def sockets_per_peer() -> int:
-    """``RINGTREE_NSOCKS_PERTHREAD`` (default 1): the sockets a (peer, channel) stripes
-    large messages over, all driven by the rank's one poll loop."""
-    n = current().nsocks_perthread
-    if not 1 <= n <= 64:
-        raise ValueError(f"RINGTREE_NSOCKS_PERTHREAD={n}: between 1 and 64 sockets per peer")
-    return n
+    """The sockets a (peer, channel) stripes large messages over:
+    ``RINGTREE_SOCKET_NTHREADS`` × ``RINGTREE_NSOCKS_PERTHREAD`` (both default 1), all
+    driven by the rank's one poll loop."""
+    s = current()
+    per, threads = s.nsocks_perthread, s.socket_nthreads
+    if not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"RINGTREE_SOCKET_NTHREADS={threads}: between 1 and {MAX_THREADS}")
+    if not 1 <= per or per * threads > MAX_SOCKETS:
+        raise ValueError(f"RINGTREE_NSOCKS_PERTHREAD={per} x RINGTREE_SOCKET_NTHREADS="
+                         f"{threads}: between 1 and {MAX_SOCKETS} sockets per peer")
+    return per * threads

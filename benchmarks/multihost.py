@@ -96,8 +96,11 @@ def busbw_factor(coll: str, n: int) -> float:
 
 
 def link_bound(coll: str, nbytes: int, hosts: int, rate_bps: float) -> float:
-    share = 2 * (hosts - 1) / hosts if coll == "all_reduce" else (hosts - 1) / hosts
-    return share * nbytes / (rate_bps / 8)
+    """Seconds the busiest host's link needs (``ringtree.perf.linkbound``), hosts of one
+    rank each: the bound does not depend on the ranks per host for these collectives."""
+    from ringtree.perf.linkbound import link_bound as bound
+
+    return bound(coll, nbytes, tuple(range(hosts)), rate_bps / 8)
 
 
 # ---- ringtree ranks (run inside the testbed hosts) ---------------------------------------

@@ -225,6 +225,42 @@ def test_debug_info_prints_the_learned_topology_and_choices(tmp_path):
     assert "all_reduce 4194304 B: chose" in out and "predicted us" in out, out
 
 
+@pytest.mark.skipif(not available()[0], reason=available()[1] or "no testbed")
+def test_perf_across_hosts_reports_the_fraction_of_the_link_bound(tmp_path):
+    """``ringtree perf`` on two testbed hosts: after the rows, the link and per size the
+    link bound with the fraction of it each half reached, in the JSON too."""
+    import json
+    import re
+
+    t = simtopo.fat_tree(2, gpus_per_node=1, nics_per_node=1, nic_gbps=0.025, name="tb")
+    path, out = tmp_path / "topo.json", tmp_path / "perf.json"
+    simtopo.save(t, path)
+    cmd = [sys.executable, "-m", "ringtree.cli", "testbed", "--hosts", "2", "--rate",
+           "200mbit", "--", "sh", "-c",
+           f"RINGTREE_TOPO_FILE={path} {sys.executable} -m ringtree.cli run -n 1 --nnodes 2 "
+           "--node-rank $RINGTREE_TESTBED_HOST --master $RINGTREE_TESTBED_MASTER:29500 "
+           f"{sys.executable} -m ringtree.cli perf all_reduce -b 256K -e 1M -f 4 -n 3 -w 1 "
+           f"-c 1 -J {out}"]
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    text = re.sub(r"^\[rt-h\d\] ", "", cp.stdout, flags=re.M)  # the testbed's prefix
+    assert re.search(r"# Link bound +: 2 hosts \(1, 1 ranks\), inter-host link 200 Mbit/s "
+                     r"each way \(RINGTREE_TOPO_FILE=", text), text
+    rows = {int(m[1]): (float(m[2]), float(m[3]), float(m[4])) for m in re.finditer(
+        r"^# +(\d+) +-1 +([\d.]+) +([\d.]+)% +([\d.]+)%$", text, re.M)}
+    assert sorted(rows) == [256 << 10, 1 << 20], text
+    for size, (bound_us, out_of_place, in_place) in rows.items():
+        # two hosts: each must send half of its vector and receive the other half twice
+        assert bound_us == pytest.approx(size / 25e6 * 1e6, abs=0.1)
+        # a shaped link cannot beat its own bound by more than the token bucket's burst
+        assert 0 < out_of_place <= 105 and 0 < in_place <= 105, text
+    doc = json.loads(out.read_text())
+    for row in doc["results"]:
+        shown = rows[int(row["size"])]
+        assert row["out_of_place"]["of_link_bound"] * 100 == pytest.approx(shown[1], abs=0.06)
+        assert row["in_place"]["of_link_bound"] * 100 == pytest.approx(shown[2], abs=0.06)
+
+
 @pytest.mark.parametrize("layout", [(2, 2), (2, 4)])
 @pytest.mark.parametrize("rate", [1e9, 200e6])
 def test_large_all_reduce_across_shared_hosts_takes_the_pieced_hierarchical(layout, rate):

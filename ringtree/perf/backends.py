@@ -94,6 +94,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+@dataclass(frozen=True)
+class Link:
+    """What the link-bound report needs: ``nodes[r]`` is rank r's host, ``bandwidth`` the
+    inter-host link's bytes/s each way, ``source`` where that number came from."""
+
+    nodes: tuple[int, ...]
+    bandwidth: float
+    source: str
+
+
 class Backend:
     """One rank of one library. Subclasses implement the ``_``-free methods below."""
 
@@ -114,6 +124,11 @@ class Backend:
 
     def hostname(self) -> str:
         return socket.gethostname().split(".")[0]
+
+    def link(self) -> Link | None:
+        """The hosts under the ranks and their link, when the ranks span hosts and the
+        library knows the link's bandwidth; None otherwise (no link-bound report)."""
+        return None
 
     # ---- capabilities ------------------------------------------------------------------
 
@@ -194,6 +209,12 @@ class RingtreeBackend(Backend):
         names = sorted({type(t).__name__.removesuffix("Transport").lower() for t in used})
         algo = f" algo={self.algo}" if self.algo else ""
         return f"ringtree {self.version} ({'+'.join(names) or self.transport}{algo}), {cpu_name()}"
+
+    def link(self) -> Link | None:
+        """From the topology the communicator learned across hosts
+        (:mod:`ringtree.core.topology`: measured by rank 0 or ``RINGTREE_TOPO_FILE``)."""
+        t = getattr(self.comm, "topology", None)
+        return None if t is None else Link(tuple(t.nodes), t.bandwidth, t.source)
 
     def check_config(self, coll: str) -> None:
         if self.algo is None or coll == "sendrecv":

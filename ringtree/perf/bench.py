@@ -35,6 +35,7 @@ from ringtree.perf.backends import Backend, Operands, version_code
 from ringtree.perf.bw import CollSpec, Counts, spec
 from ringtree.perf.console import Printer, Progress
 from ringtree.perf.flags import PROG, Options, UsageError, sizes, warmup_sizes
+from ringtree.perf.linkbound import link_bound
 
 CHUNK = 1 << 20  # elements generated/checked at a time (bounds temporaries)
 
@@ -91,6 +92,8 @@ class Harness:
         self.dog = Watchdog(o.timeout, be.hostname())
         self.max_bytes = o.max_bytes
         self.min_bytes = o.min_bytes
+        self.link = be.link()
+        self.link_rows: list[tuple[int, int, float, list[float]]] = []  # size, root, s, of
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -188,6 +191,8 @@ class Harness:
         avg = self.bw_sum / self.bw_count if self.bw_count else 0.0
         min_bw_env = environ.get("NCCL_TESTS_MIN_BW")
         min_bw = float(min_bw_env) if min_bw_env else None
+        if self.link is not None:
+            self.p.lines(fmt.link_block(self.link, self.link_rows))
         self.p.lines(fmt.footer(self.errors, avg, self.program, min_bw))
         doc = None
         if self.report is not None:
@@ -245,6 +250,11 @@ class Harness:
                 if self.report is not None:
                     self.report.begin_row(c.nbytes(dt.itemsize), c.param, dt.nccl_name,
                                           op_name, root)
+                if self.link is not None:
+                    nbytes = c.nbytes(dt.itemsize)
+                    self.link_rows.append((nbytes, root, link_bound(
+                        self.o.coll, nbytes, self.link.nodes, self.link.bandwidth,
+                        max(root, 0)), []))
                 self.bench_time(dt, op, root, in_place=False)
                 self.bench_time(dt, op, root, in_place=True)
                 if o.timestamps:
@@ -352,8 +362,13 @@ class Harness:
                 self.errors += 1
         t_us = (cpu_sec if o.cputime else sec) * 1e6
         self.p.write(fmt.row_body(t_us, algbw, busbw, wrong))
+        of_bound = None
+        if self.link is not None:  # the fraction of the link bound this half reached
+            bound, fractions = self.link_rows[-1][2], self.link_rows[-1][3]
+            of_bound = bound / sec if sec > 0 else float("inf")
+            fractions.append(of_bound)
         if self.report is not None:
-            self.report.body(in_place, t_us, algbw, busbw, wrong)
+            self.report.body(in_place, t_us, algbw, busbw, wrong, of_bound)
         self.bw_sum += busbw
         self.bw_count += 1
 

@@ -138,6 +138,26 @@ def footer(errors: int, avg_busbw: float, program: str, min_bw: float | None = N
     ]
 
 
+def link_block(link, rows: Sequence[tuple[int, int, float, Sequence[float]]]) -> list[str]:
+    """ringtree's addition after the rows, when the ranks span hosts
+    (:mod:`ringtree.perf.linkbound`): the hosts and their link, then per row the link
+    bound (the least time the busiest host's link allows) and the fraction of it each
+    half reached (bound ÷ time; TCP over Ethernet tops out near 95%)."""
+    per: dict[int, int] = {}
+    for h in link.nodes:
+        per[h] = per.get(h, 0) + 1
+    ranks = ", ".join(str(per[h]) for h in sorted(per))
+    out = ["#",
+           f"# {'Link bound':<20} : {len(per)} hosts ({ranks} ranks), inter-host link "
+           f"{link.bandwidth * 8 / 1e6:,.0f} Mbit/s each way ({link.source})",
+           "# %12s %6s %13s %13s %9s" % ("size", "root", "bound (us)", "out-of-place",
+                                         "in-place")]
+    for nbytes, root, bound, fractions in rows:
+        shown = [f"{f:.1%}" for f in fractions] + [""] * (2 - len(fractions))
+        out.append("# %12i %6i %13.1f %13s %9s" % (nbytes, root, bound * 1e6, *shown))
+    return out
+
+
 # ---------------------------------------------------------------------------- JSON
 
 
@@ -197,13 +217,17 @@ class JsonReport:
                      ("root", _json_str("%6i" % root))]
 
     def body(self, in_place: bool, time_us: float, algbw: float, busbw: float,
-             wrong: int | None) -> None:
+             wrong: int | None, of_link_bound: float | None = None) -> None:
+        """One half of a row; ``of_link_bound`` (ringtree's addition, only across hosts):
+        the link bound ÷ the time."""
         assert self._row is not None
         key = "cpu_time" if self.cfg.cputime else "time"
+        extra = [] if of_link_bound is None else [("of_link_bound",
+                                                   _json_double(of_link_bound))]
         self._row.append(("in_place" if in_place else "out_of_place", _obj([
             (key, _json_double(time_us)), ("alg_bw", _json_double(algbw)),
             ("bus_bw", _json_double(busbw)),
-            ("nwrong", "null" if wrong is None else _json_double(float(wrong)))])))
+            ("nwrong", "null" if wrong is None else _json_double(float(wrong))), *extra])))
 
     def end_row(self, iters: int, name: str = "") -> None:
         assert self._row is not None

@@ -18,6 +18,11 @@ candidates were measured on the communicator (``ringtree.core.autotune``,
 it; its cost (the slowest rank's) and what it measured are printed and saved under
 ``tuning``. ``--env RINGTREE_TUNE=model`` gives the model alone.
 
+Each testbed host owns its share of the machine's CPUs (``--cpus own``, the testbed's
+default: one CPU per host of 2×2 and 2×4 on two CPUs, one CPU per two hosts of 4×1), as a
+real host would; ``--cpus shared`` lets every host's ranks run on every CPU, as all runs
+before that default did.
+
 Method: float32 zeros; one untimed call per candidate and size first (gloo likewise
 drops its first repetition); each repetition is ``barrier; t0; iters × op; t1`` on every rank,
 and its time is the slowest rank's (t1−t0)/iters; ``iters`` makes a repetition last about
@@ -370,6 +375,9 @@ def main() -> int:
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="extra environment for the ringtree ranks, e.g. "
                     "RINGTREE_NSOCKS_PERTHREAD=2 (repeatable)")
+    ap.add_argument("--cpus", choices=("own", "shared"), default="own",
+                    help="the testbed hosts' CPUs: each its own share (default), or all "
+                    "hosts on every CPU")
     ap.add_argument("--json", default="multihost.json")
     ap.add_argument("--plot", default="multihost.png")
     ap.add_argument("--report", nargs="+", metavar="JSON",
@@ -409,7 +417,7 @@ def main() -> int:
             n = hosts * ppn
             key = f"{layout}@{rate}"
             print(f"== {key}", flush=True)
-            with Testbed(hosts, rate=rate) as tb:
+            with Testbed(hosts, rate=rate, cpus=args.cpus) as tb:
                 env = dict(kv.split("=", 1) for kv in args.env)
                 env["RINGTREE_TOKEN"] = secrets.token_hex(8)
                 with HostPool(tb, ppn, env=env, timeout=3600) as pool:
@@ -418,7 +426,7 @@ def main() -> int:
                     for coll in args.colls.split(","):
                         entries.append({"key": key, "layout": layout, "rate": rate,
                                         "rate_bps": parse_rate(rate), "hosts": hosts, "n": n,
-                                        "coll": coll, "topology": topo,
+                                        "coll": coll, "topology": topo, "cpus": args.cpus,
                                         "results": sweep(pool, hosts, coll, sizes, args.reps,
                                                          n, args.algos, args.small_reps)})
                         with open(args.json, "w") as fh:  # what is done so far

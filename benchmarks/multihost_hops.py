@@ -146,7 +146,7 @@ def run(args) -> int:
     got: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     per_call: list[tuple[float, float]] = []
     alpha = 0.0
-    with Testbed(2, rate=args.rate) as tb:
+    with Testbed(2, rate=args.rate, cpus=args.cpus) as tb:
         with HostPool(tb, 2, env={"RINGTREE_TOKEN": secrets.token_hex(8)},
                       timeout=1800) as pool:
             alpha = pool.run_ok(_topo_alpha)[0]
@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cpus", choices=("own", "shared"), default="own",
+                    help="the testbed hosts' CPUs (ringtree.testbed.Testbed)")
     ap.add_argument("--modes", default="calls,tcp,delay:20,delay:200,sleep:200")
     return run(ap.parse_args(argv))
 

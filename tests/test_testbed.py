@@ -230,3 +230,41 @@ def test_an_extra_unshaped_host_runs_a_non_rank_process():
                  f"        time.sleep(0.05)\nprint(s.recv(100).decode())\n")
         assert tb.hosts[0].run([sys.executable, "-c", probe]).stdout.strip() == "rt-switch"
         assert "tbf" not in extra.run(["tc", "qdisc", "show", "dev", "eth0"]).stdout
+
+
+def test_cpu_shares_are_disjoint_blocks_or_one_cpu_each_in_turn():
+    from ringtree.testbed.netns import cpu_shares
+
+    assert cpu_shares([0, 1], 2) == [{0}, {1}]
+    assert cpu_shares([0, 1, 2, 3, 4], 2) == [{0, 1, 2}, {3, 4}]
+    assert cpu_shares([4, 5, 6, 7], 4) == [{4}, {5}, {6}, {7}]
+    assert cpu_shares([0, 1], 3) == [{0}, {1}, {0}]     # fewer CPUs than hosts: in turn
+    with pytest.raises(ValueError, match="no CPUs"):
+        cpu_shares([], 2)
+
+
+def _my_cpus(comm) -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def test_each_hosts_processes_run_on_its_own_cpus(testbed):
+    """A command run in a host, and a job's ranks, are bound to the host's share."""
+    from ringtree.testbed.netns import cpu_shares
+
+    shares = cpu_shares(os.sched_getaffinity(0), 3)
+    probe = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    for h, share in zip(testbed.hosts, shares):
+        assert h.cpus == share
+        assert h.run(probe).stdout.strip() == str(sorted(share))
+    with HostPool(testbed, [2, 1, 1], timeout=120) as p:
+        got = p.run_ok(_my_cpus)
+    assert got == [sorted(shares[h]) for h in p.rank_hosts]
+
+
+def test_shared_cpus_leave_the_scheduler_free():
+    with _Testbed(2, rate=None, cpus="shared") as tb:
+        probe = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+        assert tb.hosts[0].cpus is None
+        assert tb.hosts[1].run(probe).stdout.strip() == str(sorted(os.sched_getaffinity(0)))
+    with pytest.raises(ValueError, match="'own' or 'shared'"):
+        _Testbed(1, cpus="all")

@@ -2,7 +2,8 @@
 
 ::
 
-    ringtree testbed [--hosts N] [--rate R] [--burst B] [--on I[,J...]] -- CMD ARGS...
+    ringtree testbed [--hosts N] [--rate R] [--burst B] [--cpus own|shared] [--on I[,J...]] \
+        -- CMD ARGS...
     ringtree testbed [--hosts N] [--rate R] --hold
 
 CMD runs on every host at once (or on those ``--on`` names), each line of its output
@@ -45,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", default="1gbit",
                    help="each link's rate each way, tc units (default 1gbit; 'none': unshaped)")
     p.add_argument("--burst", default=None, help="token bucket burst (bytes or tc units)")
+    p.add_argument("--cpus", choices=("own", "shared"), default="own",
+                   help="'own' (default): each host's processes are bound to its share of "
+                        "the CPUs; 'shared': every host on every CPU")
     p.add_argument("--on", default=None, help="run CMD only on these host indices (0,2)")
     p.add_argument("--hold", action="store_true", help="keep the hosts until Ctrl-C")
     p.add_argument("command", nargs=argparse.REMAINDER, help="command to run on each host")
@@ -60,8 +64,9 @@ def _pump(stream, tag: str, out) -> None:
 
 def _hold(tb: Testbed) -> int:
     for h in tb.hosts:
-        print(f"{h.name}  {h.addr} on {h.ifname}  enter: nsenter -t {h.pid} -n -u -m bash",
-              flush=True)
+        pin = "" if h.cpus is None else f"taskset -c {','.join(map(str, sorted(h.cpus)))} "
+        print(f"{h.name}  {h.addr} on {h.ifname}  enter: nsenter -t {h.pid} -n -u -m "
+              f"{pin}bash", flush=True)
     print("Ctrl-C removes the testbed.", flush=True)
     try:
         signal.pause()
@@ -125,7 +130,7 @@ def main(argv: list[str]) -> int:
     # SIGTERM unwinds like Ctrl-C, so the finally below removes everything
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with Testbed(args.hosts, rate=rate, burst=args.burst) as tb:
+        with Testbed(args.hosts, rate=rate, burst=args.burst, cpus=args.cpus) as tb:
             return _hold(tb) if args.hold else _run(tb, which, command)
     except KeyboardInterrupt:
         return 130

@@ -34,9 +34,9 @@ COLLS = ("all_gather", "broadcast", "all_reduce", "reduce_scatter", "reduce")
 # ---- the model's candidates -----------------------------------------------------------
 
 def test_candidates_are_the_close_ones_with_the_models_choice():
-    ranked = [("a", 100e-6), ("b", 120e-6), ("c", 129e-6), ("d", 131e-6), ("e", 500e-6)]
+    ranked = [("a", 100e-6), ("b", 120e-6), ("c", 139e-6), ("d", 141e-6), ("e", 500e-6)]
     assert [a for a, _ in candidates(ranked, "a")] == ["a", "b", "c"]
-    assert MARGIN == pytest.approx(0.30) and MAX_CANDIDATES == 3
+    assert MARGIN == pytest.approx(0.40) and MAX_CANDIDATES == 3
     # the model's choice (here a tie-break default, not the least estimate) stays in
     ranked = [("a", 100e-6), ("b", 101e-6), ("c", 102e-6), ("d", 103e-6)]
     assert [a for a, _ in candidates(ranked, "d")] == ["a", "b", "d"]

@@ -109,3 +109,23 @@ def test_clock_estimate_pingpong():
     for r in (1, 2):
         assert res[r]["method"] == "ping-pong" and res[r]["rtt_ns"] > 0
         assert res[r]["offset_ns"] == res[r]["measured_ns"]
+
+
+def test_a_wait_its_peer_finished_only_later_is_a_short_timeout_not_a_loss():
+    """Rank 1 gave up on its 1 ms deadline; rank 0 completed seq 5 after rank 1's status
+    was taken: a timeout shorter than the operation, not a lost message."""
+    st = [_st(0, 5, _entry(6), (1,)), _st(1, 4, _entry(5), (0,))]
+    st[1]["waiting"][0]["seq"] = 5
+    st[1]["time_ns"] = 1_000_000
+    st[0]["entries"] = [dict(_entry(5, state="completed"),
+                             time_discovered_completed_ns=3_500_000)]
+    rep = doctor.analyze(st, "w")
+    assert not rep.lost and rep.gave_up == [(1, 0, 5, "recv", 0.0025)]
+    text = rep.text()
+    assert "rank 1 stopped waiting to receive from rank 0 in seq 5 when its deadline ran " \
+        "out, and rank 0 completed seq 5 2.5 ms later" in text
+    assert "no rank is late" not in text and "culprit: unknown" not in text
+    # completed before the waiter's status was taken: still a lost message
+    st[0]["entries"][0]["time_discovered_completed_ns"] = 500_000
+    rep = doctor.analyze(st, "w")
+    assert rep.lost == [(1, 0, 5, "recv")] and not rep.gave_up

@@ -42,6 +42,9 @@ class Report:
     unreachable: list[int] = field(default_factory=list)
     cycle: list[int] = field(default_factory=list)
     lost: list[tuple[int, int, int, str]] = field(default_factory=list)  # waiter, peer, seq, op
+    # waits that ended on the waiter's own deadline before the peer got there: waiter,
+    # peer, seq, op, how much later the peer completed (s)
+    gave_up: list[tuple[int, int, int, str, float]] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
     @property
@@ -188,9 +191,10 @@ def analyze(statuses: list[dict | None], comm: str = "?",
     edges = {r: sorted({w["peer"] for w in s.get("waiting") or []}) for r, s in st.items()}
     blocked = [r for r in st if edges[r]]
     terminals = _terminals(edges, blocked)
-    rep = Report(comm, size, stuck, behind=behind, unreachable=unreachable,
-                 lost=_lost(statuses))
-    if rep.lost:
+    lost, gave_up = _lost(statuses)
+    rep = Report(comm, size, stuck, behind=behind, unreachable=unreachable, lost=lost,
+                 gave_up=gave_up)
+    if rep.lost or rep.gave_up:
         pass  # nobody is late: a message or its completion went missing
     elif blocked or stuck is not None:
         # without wait-for edges: every rank that is not inside the stuck operation
@@ -231,20 +235,32 @@ def analyze(statuses: list[dict | None], comm: str = "?",
         lines.append("culprit: no rank is late — a message or its completion was lost between "
                      + ", ".join(sorted({f"ranks {r} and {p}" for r, p, _, _ in rep.lost}))
                      + " (a transport or schedule bug: please report it with these dumps)")
+    for r, p, seq, op, later in rep.gave_up:
+        verb = "send to" if op == "send" else "receive from"
+        lines.append(f"timed out: rank {r} stopped waiting to {verb} rank {p} in seq {seq} "
+                     f"when its deadline ran out, and rank {p} completed seq {seq} "
+                     f"{later * 1e3:,.1f} ms later: nothing was lost, the timeout is shorter "
+                     "than the operation takes")
     for r in rep.culprits:
         waiters = sorted(q for q in blocked if r in _reach(edges, q))
         tail = f"; rank{'s' if len(waiters) > 1 else ''} {', '.join(map(str, waiters))} " \
                f"wait{'' if len(waiters) > 1 else 's'} on it" if waiters else ""
         lines.append(f"culprit: rank {r} — {rep.reasons[r]}{tail}")
-    if stuck is not None and not rep.culprits and not rep.cycle and not rep.lost:
+    if stuck is not None and not rep.culprits and not rep.cycle and not rep.lost \
+            and not rep.gave_up:
         lines.append("culprit: unknown (no rank is blocked on a transfer yet)")
     rep.lines = lines
     return rep
 
 
-def _lost(statuses: list[dict | None]) -> list[tuple[int, int, int, str]]:
-    """Waits that cannot end: the peer has already completed that collective."""
-    out = []
+def _lost(statuses: list[dict | None]
+          ) -> tuple[list[tuple[int, int, int, str]], list[tuple[int, int, int, str, float]]]:
+    """Waits that cannot end: the peer has already completed that collective. A wait
+    whose peer completed it only after the waiter's status was taken (the waiter gave up
+    on its own deadline first, e.g. a timeout shorter than the operation) is not lost: it
+    goes in the second list, with how much later the peer completed."""
+    out: list[tuple[int, int, int, str]] = []
+    gave_up: list[tuple[int, int, int, str, float]] = []
     for r, s in enumerate(statuses):
         cur = s.get("current") if s else None
         if not cur or cur["is_p2p"]:
@@ -257,9 +273,15 @@ def _lost(statuses: list[dict | None]) -> list[tuple[int, int, int, str]]:
             pc = ps.get("current")
             past = (ps.get("last_completed") or 0) >= seq or (
                 pc is not None and not pc["is_p2p"] and pc["collective_seq_id"] > seq)
-            if past and (r, p, seq, w["op"]) not in out:
+            if not past or any(x[:4] == (r, p, seq, w["op"]) for x in out + gave_up):
+                continue
+            done = next((e.get("time_discovered_completed_ns") for e in ps.get("entries") or []
+                         if not e.get("is_p2p") and e.get("collective_seq_id") == seq), None)
+            if done and s.get("time_ns") and done > s["time_ns"]:
+                gave_up.append((r, p, seq, w["op"], (done - s["time_ns"]) / 1e9))
+            else:
                 out.append((r, p, seq, w["op"]))
-    return out
+    return out, gave_up
 
 
 def _reach(edges: dict[int, list[int]], start: int) -> set[int]:

@@ -40,6 +40,9 @@ from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
 from ringtree.work import Work
 
+# an op's names as a caller writes them ("sum", "SUM"), for the all-reduce hot path
+_HOT_OPS = {**{o.value: o for o in ReduceOp}, **{o.name: o for o in ReduceOp}}
+
 
 class Communicator:
     """A group of ranks that run collectives together (``ncclComm_t``).
@@ -144,9 +147,11 @@ class Communicator:
     def all_reduce(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
                    algo: str | None = None, timeout: float | None = None):
         """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
-        if out is None and algo is None and type(x) is np.ndarray:
-            # the hot path: an in-place NumPy all-reduce whose shape ran on LL before
-            hit = self._fast.get((x.dtype, x.size, op))
+        if algo is None and type(x) is np.ndarray and (out is None or out is x):
+            # the hot path: an in-place NumPy all-reduce whose shape ran on LL before (the
+            # op as a ReduceOp or its name: "sum" missed it and planned every call, 4x)
+            hit = self._fast.get((x.dtype, x.size, _HOT_OPS.get(op) if type(op) is str
+                                  else op))
             if hit is not None and not async_op and self._group is None and \
                     self._broken is None and not self.ll.pending:
                 f = x.flags

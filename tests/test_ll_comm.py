@@ -152,3 +152,36 @@ def no_ll(comm) -> bool:
 
 def test_simple_only_opens_no_segment():
     assert run_ranks(no_ll, 2, timeout=60, env={"RINGTREE_PROTO": "Simple"}) == [True] * 2
+
+
+def hot_path_spellings(comm) -> list[tuple[str, bool, bool]]:
+    """After one call of a shape has run on LL, the same all-reduce written with the op's
+    name or ``out=x`` skips the planner too (the hot path), and still sums right."""
+    n, planned = comm.size, []
+    plan = comm.planner.plan
+    comm.planner.plan = lambda spec: planned.append(spec) or plan(spec)
+    out = []
+    try:
+        for name, call in [("default", lambda x: comm.all_reduce(x)),
+                           ("op='sum'", lambda x: comm.all_reduce(x, "sum")),
+                           ("op='SUM'", lambda x: comm.all_reduce(x, op="SUM")),
+                           ("out=x", lambda x: comm.all_reduce(x, out=x)),
+                           ("op='max'", lambda x: comm.all_reduce(x, "max"))]:
+            got = []
+            for _ in range(2):  # the first may plan (a new op); the second must not
+                x = np.full(5, comm.rank + 1, np.int32)
+                del planned[:]
+                y = call(x)
+                got.append(not planned)
+            want = n * (n + 1) // 2 if "max" not in name else n
+            out.append((name, got[1], bool(y is x and (x == want).all())))
+    finally:
+        comm.planner.plan = plan
+    return out
+
+
+def test_the_hot_path_takes_op_names_and_out_is_the_input(ll_pool):
+    for r, rows in enumerate(ll_pool.run_ok(hot_path_spellings)):
+        for name, skipped_planner, right in rows:
+            assert right, f"rank {r}: {name} gave a wrong result"
+            assert skipped_planner, f"rank {r}: {name} went through the planner again"

@@ -139,7 +139,7 @@ def sockets_per_peer() -> int:
     per, threads = s.nsocks_perthread, s.socket_nthreads
     if not 1 <= threads <= MAX_THREADS:
         raise ValueError(f"RINGTREE_SOCKET_NTHREADS={threads}: between 1 and {MAX_THREADS}")
-    if not 1 <= per or per * threads > MAX_SOCKETS:
+    if per < 1 or per * threads > MAX_SOCKETS:
         raise ValueError(f"RINGTREE_NSOCKS_PERTHREAD={per} x RINGTREE_SOCKET_NTHREADS="
                          f"{threads}: between 1 and {MAX_SOCKETS} sockets per peer")
     return per * threads

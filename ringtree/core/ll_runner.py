@@ -74,6 +74,7 @@ class LLRunner:
         self._queue: deque = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._gone: threading.Thread | None = None  # the thread last let go (exit joins it)
 
     @classmethod
     def for_comm(cls, comm) -> LLRunner | None:
@@ -245,19 +246,27 @@ class LLRunner:
         """Idle hook of a Simple call: MismatchError if a peer runs another call."""
         self.ll.check_announced(lambda: "the current call")
 
-    def release_thread(self) -> threading.Thread | None:
-        """:func:`ringtree.core.at_exit.register`'s hook: let the LL thread go, return it."""
+    def _let_go(self) -> None:
         with self._cv:
-            thread, self._thread = self._thread, None
+            if self._thread is not None:
+                self._gone = self._thread
+            self._thread = None
             self._cv.notify_all()
-        return thread
+
+    def release_thread(self) -> threading.Thread | None:
+        """:func:`ringtree.core.at_exit.register`'s hook: let the LL thread go and return
+        it, or the one :meth:`close` let go, which may still be returning from its last
+        call: its frame holds the call's arrays, and an array over a torch tensor freed
+        after the interpreter began to finalize aborted the process ("terminate called
+        without an active exception", torchrun's DDP example under load, about one run in
+        thirty)."""
+        self._let_go()
+        return self._gone
 
     def close(self) -> None:
         """Close the segment (a thread waiting in it fails) and let the LL thread go."""
         self.ll.close()
-        with self._cv:
-            self._thread = None
-            self._cv.notify_all()
+        self._let_go()
 
 
 def crowded(nranks: int) -> bool:

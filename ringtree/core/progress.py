@@ -35,6 +35,7 @@ class Progress:
         self.cv = threading.Condition()                 # guards the executor's state
         self.driver: threading.Thread | None = None     # the thread making progress now
         self.worker: threading.Thread | None = None     # drives async work nobody waits on
+        self.gone: threading.Thread | None = None       # the worker last let go (exit joins it)
         self.wanted = 0                                 # threads in help(): the worker yields
 
     def submit(self, calls: list, timeout: float, on_done: Callable[[Batch], None],
@@ -115,14 +116,17 @@ class Progress:
     def stop(self) -> None:
         """Let the worker thread exit (it finishes the round it is in)."""
         with self.cv:
+            if self.worker is not None:
+                self.gone = self.worker
             self.worker = None
             self.cv.notify_all()
 
     def release_thread(self) -> threading.Thread | None:
-        """:func:`ringtree.core.at_exit.register`'s hook: stop the worker, return it."""
-        worker = self.worker
+        """:func:`ringtree.core.at_exit.register`'s hook: stop the worker and return it,
+        or the one an earlier :meth:`stop` let go (a communicator closed before exit), which
+        may still be returning."""
         self.stop()
-        return worker
+        return self.gone
 
     def _drive(self, until: Callable[[], bool]) -> None:
         self.driver = threading.current_thread()

@@ -34,14 +34,11 @@ from ringtree.core.proto import parse_proto_spec
 from ringtree.core.tuner import parse_algo_spec
 from ringtree.dtypes import DType
 from ringtree.errors import CommAborted
-from ringtree.ops import ReduceOp
+from ringtree.ops import OP_NAMES, ReduceOp
 from ringtree.prof import attach, detach
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
 from ringtree.work import Work
-
-# an op's names as a caller writes them ("sum", "SUM"), for the all-reduce hot path
-_HOT_OPS = {**{o.value: o for o in ReduceOp}, **{o.name: o for o in ReduceOp}}
 
 
 class Communicator:
@@ -150,8 +147,8 @@ class Communicator:
         if algo is None and type(x) is np.ndarray and (out is None or out is x):
             # the hot path: an in-place NumPy all-reduce whose shape ran on LL before (the
             # op as a ReduceOp or its name: "sum" missed it and planned every call, 4x)
-            hit = self._fast.get((x.dtype, x.size, _HOT_OPS.get(op) if type(op) is str
-                                  else op))
+            hit = self._fast.get((x.dtype, x.size, OP_NAMES.get(op.lower())
+                                  if type(op) is str else op))
             if hit is not None and not async_op and self._group is None and \
                     self._broken is None and not self.ll.pending:
                 f = x.flags

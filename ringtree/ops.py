@@ -91,6 +91,7 @@ def quiet(uf: np.ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 _ALIASES = {"mulsum": ReduceOp.PREMUL_SUM, "premulsum": ReduceOp.PREMUL_SUM,
             "and": ReduceOp.BAND, "or": ReduceOp.BOR, "xor": ReduceOp.BXOR,
             "mean": ReduceOp.AVG, "product": ReduceOp.PROD}
+OP_NAMES = {**{o.value: o for o in ReduceOp}, **_ALIASES}  # lower-case name -> ReduceOp
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def resolve(op: object, dtype: DType) -> Reducer:
         return Reducer(None, dtype, user=UserOp(op, getattr(op, "__name__", "user")))
     if isinstance(op, str):
         key = op.strip().lower()
-        op = _ALIASES.get(key) or next((o for o in ReduceOp if o.value == key), None)
+        op = OP_NAMES.get(key)
         if op is None:
             raise ValueError(f"unknown reduce op {key!r}; expected one of "
                              f"{[o.value for o in ReduceOp]}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -143,9 +144,7 @@ def link_block(link, rows: Sequence[tuple[int, int, float, Sequence[float]]]) ->
     (:mod:`ringtree.perf.linkbound`): the hosts and their link, then per row the link
     bound (the least time the busiest host's link allows) and the fraction of it each
     half reached (bound ÷ time; TCP over Ethernet tops out near 95%)."""
-    per: dict[int, int] = {}
-    for h in link.nodes:
-        per[h] = per.get(h, 0) + 1
+    per = Counter(link.nodes)
     ranks = ", ".join(str(per[h]) for h in sorted(per))
     out = ["#",
            f"# {'Link bound':<20} : {len(per)} hosts ({ranks} ranks), inter-host link "

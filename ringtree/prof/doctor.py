@@ -195,7 +195,7 @@ def analyze(statuses: list[dict | None], comm: str = "?",
     rep = Report(comm, size, stuck, behind=behind, unreachable=unreachable, lost=lost,
                  gave_up=gave_up)
     if rep.lost or rep.gave_up:
-        pass  # nobody is late: a message or its completion went missing
+        pass  # nobody is late: a message went missing, or a waiter's deadline came first
     elif blocked or stuck is not None:
         # without wait-for edges: every rank that is not inside the stuck operation
         cands = terminals if blocked else {

@@ -249,7 +249,6 @@ class Testbed(Closing):
             raise ValueError(f"hosts must be between 0 and 200, not {hosts}")
         if cpus not in ("own", "shared"):
             raise ValueError(f"cpus must be 'own' or 'shared', not {cpus!r}")
-        self.cpus = cpus
         self._shares = cpu_shares(os.sched_getaffinity(0), hosts) \
             if cpus == "own" and hosts else []
         self.name = name

@@ -16,8 +16,11 @@ from ringtree.schedules.registry import (
     algorithms,
     generate,
     generate_all,
+    generator,
     has,
+    options_for,
     register,
 )
 
-__all__ = ["Options", "algorithms", "generate", "generate_all", "has", "register"]
+__all__ = ["Options", "algorithms", "generate", "generate_all", "generator", "has",
+           "options_for", "register"]

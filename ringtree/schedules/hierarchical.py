@@ -33,7 +33,7 @@ Only L − 1 … 2(L−1) messages cross the network per leader instead of p −
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ringtree.core import ir
 from ringtree.core.ir import Buf, Collective, Program, Ref, Step, copy, inp, out, scr
@@ -157,8 +157,25 @@ def _program(coll: Collective, n: int, r: int, chunks: int, chans: list[list[Ste
                    root=root, scratch=scratch, meta={"inter": lay.inter})
 
 
+PIECE_BYTES = 1 << 20  # pieces of at least this much (per leader block), ...
+ALL_REDUCE_PIECE_BYTES = 256 << 10  # ... or this much for an all-reduce, ...
+MAX_PIECES = 4         # ... and at most this many
+
+
+def _sized(least: int):
+    """The ``sized`` rule of a hierarchical collective (pieces of at least ``least``)."""
+    def sized(nbytes: int, opts: Options) -> Options:
+        extra = pieces_for(nbytes, opts.nodes, opts.channels, least)
+        if not extra:
+            return opts
+        params = dict(opts.params) | dict(extra)
+        return replace(opts, params=tuple(sorted(params.items())))
+    return sized
+
+
 @register(Collective.ALL_REDUCE, "hierarchical",
-          cost="2(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n)")
+          cost="2(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n)",
+          sized=_sized(ALL_REDUCE_PIECE_BYTES))
 def all_reduce(n: int, r: int, opts: Options) -> Program:
     """Chain-reduce to the leader, inter-node all-reduce, chain-broadcast.
 
@@ -203,9 +220,6 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
     return _program(Collective.ALL_REDUCE, n, r, C, chans, lay, scratch=scratch)
 
 
-PIECE_BYTES = 1 << 20  # pieces of at least this much (per leader block), ...
-ALL_REDUCE_PIECE_BYTES = 256 << 10  # ... or this much for an all-reduce, ...
-MAX_PIECES = 4         # ... and at most this many
 
 
 def pieces_for(nbytes: int, nodes: tuple[int, ...] | None, channels: int = 1,
@@ -276,7 +290,8 @@ def _one_chunk_sub(lay: _Layout, coll: Collective) -> Program:
 
 
 @register(Collective.ALL_GATHER, "hierarchical",
-          cost="(m−1)(α_i + n/p·β_i) + T_inter(n) + (m−1+s−1)(α_i + n/s·β_i)")
+          cost="(m−1)(α_i + n/p·β_i) + T_inter(n) + (m−1+s−1)(α_i + n/s·β_i)",
+          sized=_sized(PIECE_BYTES))
 def all_gather(n: int, r: int, opts: Options) -> Program:
     """Gather to the leader, inter-node all-gather of superblocks, chain-broadcast."""
     lay = _Layout(n, r, opts)
@@ -331,7 +346,8 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
 
 
 @register(Collective.REDUCE_SCATTER, "hierarchical",
-          cost="(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n) + (m−1)(α_i + n/p·β_i)")
+          cost="(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n) + (m−1)(α_i + n/p·β_i)",
+          sized=_sized(PIECE_BYTES))
 def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     """Chain-reduce the input to the leader, inter-node reduce-scatter of superblocks,
     scatter the node's blocks from the leader."""

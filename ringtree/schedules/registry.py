@@ -49,12 +49,16 @@ _REGISTRY: dict[tuple[Collective, str], Generator] = {}
 
 
 _COSTS: dict[tuple[Collective, str], str] = {}
+Sized = Callable[[int, Options], Options]
+_SIZED: dict[tuple[Collective, str], Sized] = {}
 
 
-def register(collective: Collective | str, algo: str, *,
-             cost: str = "") -> Callable[[Generator], Generator]:
+def register(collective: Collective | str, algo: str, *, cost: str = "",
+             sized: Sized | None = None) -> Callable[[Generator], Generator]:
     """Decorator: make ``gen`` the ``algo`` schedule for ``collective``; ``cost`` is its
-    α-β-γ cost in the notation of ``ringtree algo list`` (p ranks, n bytes, s slices)."""
+    α-β-γ cost in the notation of ``ringtree algo list`` (p ranks, n bytes, s slices);
+    ``sized(nbytes, opts)`` refines the options for a call of ``nbytes`` (read by
+    :func:`options_for`, so the runtime and the simulator generate the same Program)."""
     coll = parse_collective(collective)
 
     def deco(gen: Generator) -> Generator:
@@ -63,9 +67,24 @@ def register(collective: Collective | str, algo: str, *,
             raise ValueError(f"algorithm {algo!r} registered twice for {coll.value}")
         _REGISTRY[key] = gen
         _COSTS[key] = cost
+        if sized is not None:
+            _SIZED[key] = sized
         return gen
 
     return deco
+
+
+def options_for(collective: Collective | str, algo: str, nbytes: int,
+                opts: Options) -> Options:
+    """The options ``algo`` generates a call of ``nbytes`` with: ``opts`` refined by the
+    algorithm's per-size rule (hierarchical's pieces), or ``opts`` itself."""
+    sized = _SIZED.get((parse_collective(collective), algo.lower()))
+    return opts if sized is None else sized(nbytes, opts)
+
+
+def generator(collective: Collective | str, algo: str) -> Generator | None:
+    """The registered generator (None if there is none)."""
+    return _REGISTRY.get((parse_collective(collective), algo.lower()))
 
 
 def cost(collective: Collective | str, algo: str) -> str:

@@ -33,7 +33,7 @@ def runnable(n: int, comm) -> list[str]:
     out = []
     for a in algorithms("all_reduce"):
         try:
-            schedule_stats(ringtree.core.ir.Collective.ALL_REDUCE, a, n,
+            schedule_stats(ringtree.ir.program.Collective.ALL_REDUCE, a, n,
                            ringtree.schedules.Options(nodes=comm.nodes))
         except ValueError:
             continue
@@ -66,7 +66,7 @@ def main() -> None:
                 worst = comm.all_reduce(np.array([dt]), "max")[0]
                 rounds.setdefault((a, nbytes), []).append(float(worst))
     if comm.rank == 0:
-        chosen = {nb: comm.planner.choose(ringtree.core.ir.Collective.ALL_REDUCE, nb)
+        chosen = {nb: comm.planner.choose(ringtree.ir.program.Collective.ALL_REDUCE, nb)
                   for nb in sizes}
         med = {k: statistics.median(v) * 1e6 for k, v in rounds.items()}
         head = "algorithm".ljust(20) + "".join(f"{_fmt(nb):>12}" for nb in sizes)

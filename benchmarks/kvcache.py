@@ -8,7 +8,7 @@ arrivals. Each configuration runs as its own job (``ringtree run -n N``), ``--re
 times, configurations interleaved; tables give medians. Sections:
 
 1. prefix caching on / off (tp 1): hit rate in tokens against the ideal for the
-   workload (:func:`ringtree.kvcache.ideal_hit_tokens`), prefill tokens computed,
+   workload (:func:`ringtree.apps.kvcache.ideal_hit_tokens`), prefill tokens computed,
    time to first token, tokens/s;
 2. LRU vs LFU with a pool smaller than the working set: one hot prefix between bursts
    of one-off prefixes, some longer than the pool (a scan that flushes an LRU) (a scan that flushes an LRU);
@@ -35,7 +35,7 @@ HERE = os.path.abspath(__file__)
 
 def workload(kind: str, n: int, seed: int, rate: float) -> tuple[list[list[int]], list[float]]:
     """Prompts (token ids) and arrival times for one of the benchmark's workloads."""
-    from ringtree.models.data import corpus
+    from ringtree.apps.models.data import corpus
 
     text = corpus()["train"]
     rng = random.Random(seed)
@@ -77,9 +77,9 @@ def rank_main(spec: dict, out: str) -> None:
     import torch
 
     import ringtree
-    from ringtree.kvcache import ideal_hit_tokens
-    from ringtree.serve.generate import generate, load_model
-    from ringtree.serve.runner import CacheOptions
+    from ringtree.apps.kvcache import ideal_hit_tokens
+    from ringtree.apps.serve.generate import generate, load_model
+    from ringtree.apps.serve.runner import CacheOptions
 
     torch.set_num_threads(1)
     world = ringtree.init()

@@ -5,7 +5,7 @@ For each rank count and collective, times calls of each size through the LL prot
 communicator with ``RINGTREE_PROTO=Simple``, alternating the two in every repetition so
 both see the same machine. Prints the median time per call (slowest rank), the ratio
 Simple/LL (> 1: LL faster) and the largest size where LL still wins — the numbers behind
-:data:`ringtree.core.proto.THRESHOLDS`.
+:data:`ringtree.tuning.proto.THRESHOLDS`.
 
     python benchmarks/ll_threshold.py                       # 2 and 4 ranks (~2 min)
     python benchmarks/ll_threshold.py --ranks 2 --colls all_reduce --reps 9

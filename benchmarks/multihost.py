@@ -12,7 +12,7 @@ default ÷ best-ringtree ratio and gloo ÷ default, and writes the raw numbers (
 and a plot (``--plot``).
 
 The default is what a caller gets: the cost model's choice, or where the model's close
-candidates were measured on the communicator (``ringtree.core.autotune``,
+candidates were measured on the communicator (``ringtree.tuning.autotune``,
 ``RINGTREE_TUNE=online``) the measured winner. That measuring happens once per
 (collective, size), in the default's untimed first call, so the default's times exclude
 it; its cost (the slowest rank's) and what it measured are printed and saved under
@@ -160,7 +160,7 @@ def rt_time(comm, coll: str, count: int, algo) -> float:
 def rt_choice(comm, coll: str, count: int) -> tuple[str, dict | None]:
     """The default's algorithm at this size (the planner's size: an all-gather's is the
     gathered output) and, when the online choice measured it, what it measured."""
-    from ringtree.core.ir import parse_collective
+    from ringtree.ir.program import parse_collective
 
     c = parse_collective(coll)
     nbytes = count * 4 * (comm.size if coll == "all_gather" else 1)

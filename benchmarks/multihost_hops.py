@@ -107,16 +107,16 @@ def _calls(comm, iters: int) -> tuple[float, float]:
 def _model_paths(alpha: float) -> tuple[float, float]:
     """The tuner's path (no per-call term) for the two one-message calls: shared memory
     on a crowded host, and TCP with the measured α."""
-    from ringtree.core.ir import Collective
-    from ringtree.core.tuner import MODELS, host_model
+    from ringtree.ir.program import Collective
     from ringtree.schedules import Options
     from ringtree.schedules.stats import host_stats, schedule_stats
+    from ringtree.tuning.tuner import MODELS, host_model
 
     ag, rd = Collective.ALL_GATHER, "recursive_doubling"
     i = MODELS["shm_crowded"]
     st = schedule_stats(ag, rd, 2, None)
     shm = i.alpha * st.depth + i.overhead * st.messages
-    from ringtree.core.topology import Topology
+    from ringtree.tuning.links import Topology
     hm = host_model(Topology((0, 1, 1, 0), alpha=alpha, bandwidth=125e6, source="",
                              cpus=2, machines=(0, 0, 0, 0)), i)
     hs = host_stats(ag, rd, 2, Options(nodes=(0, 1)))

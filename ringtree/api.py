@@ -1,12 +1,12 @@
 """Argument rules of every operation: each builder validates one call and returns its
-frozen :class:`~ringtree.core.planner.CallSpec` (mpi4py's ``msgbuffer.pxi`` message
+frozen :class:`~ringtree.runtime.planner.CallSpec` (mpi4py's ``msgbuffer.pxi`` message
 builders, one per collective, own all buffer, count and in-place rules the same way).
 
 Buffers are NumPy arrays, torch CPU tensors or buffer-protocol objects, used in place
 (zero-copy). Without ``out=`` an operation writes into its input the way torch does
 (all_reduce, broadcast) or allocates the result (all_gather, gather ...). Every argument
 is checked here, before anything is sent; nothing here knows about algorithms, plans or
-transports (that is :mod:`ringtree.core.planner`).
+transports (that is :mod:`ringtree.runtime.planner`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ringtree.core.aliasing import check_out
-from ringtree.core.collectives import IN_OUTPUT, OUT_INPUT, Collective
-from ringtree.core.planner import CallSpec
 from ringtree.dtypes import DType, as_flat
+from ringtree.ir.collectives import IN_OUTPUT, OUT_INPUT, Collective
 from ringtree.ops import ReduceOp, resolve
+from ringtree.runtime.aliasing import check_out
+from ringtree.runtime.planner import CallSpec
 
 _BARRIER_OP = resolve(ReduceOp.BOR, DType.UINT8)
 

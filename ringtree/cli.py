@@ -14,13 +14,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "perf": ("ringtree.perf.cli", "nccl-tests style benchmark of a collective"),
     "algo": ("ringtree.tools.algo", "show an algorithm's schedule as a step table"),
     "sim": ("ringtree.sim.cli", "simulate a collective on a modeled cluster"),
-    "train": ("ringtree.parallel.train_cli", "train a small GPT with data/tensor/pipeline parallelism"),
+    "train": ("ringtree.apps.parallel.train_cli", "train a small GPT with data/tensor/pipeline parallelism"),
     "trace": ("ringtree.prof.cli", "merge profiler output into a Chrome/Perfetto trace"),
     "doctor": ("ringtree.prof.doctor", "analyse dumped flight recorders of a hung job"),
     "testbed": ("ringtree.testbed.cli", "namespace hosts on shaped links: run a job on them"),
     "switch": ("ringtree.switch.cli", "a software SHARP switch (in-network aggregation)"),
     "env": ("ringtree.settings", "every RINGTREE_* environment variable, with its default"),
-    "generate": ("ringtree.serve.cli", "greedy GPT generation with a paged, prefix-cached KV"),
+    "generate": ("ringtree.apps.serve.cli", "greedy GPT generation with a paged, prefix-cached KV"),
 }
 
 

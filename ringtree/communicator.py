@@ -1,10 +1,10 @@
 """The Communicator (``ncclComm_t``): a group of ranks that run collectives together.
 
 One class holds the layers of a call: each collective method validates its arguments
-into a frozen call spec (:mod:`ringtree.api`), the planner (:mod:`ringtree.core.planner`)
+into a frozen call spec (:mod:`ringtree.api`), the planner (:mod:`ringtree.runtime.planner`)
 turns the spec into a ready-to-run call, and the communicator issues it — now, into an
-open :meth:`group`, or as async work — to the executor (:mod:`ringtree.core.executor`),
-driven by :mod:`ringtree.core.progress`. Around that it owns the lifecycle: creation
+open :meth:`group`, or as async work — to the executor (:mod:`ringtree.runtime.executor`),
+driven by :mod:`ringtree.runtime.progress`. Around that it owns the lifecycle: creation
 (rendezvous and transports), ``split``/``new_group``, failure and shutdown.
 
 Failure propagation (the first rank that sees an error records it in the store for every
@@ -23,21 +23,21 @@ import numpy as np
 from ringtree import api, failure
 from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
-from ringtree.core.executor import Executor
-from ringtree.core.ir import Collective
-from ringtree.core.ll_runner import LLRunner
-from ringtree.core.owner import ThreadOwner
-from ringtree.core.plan import Call
-from ringtree.core.planner import CallSpec, Planner, link_kind
-from ringtree.core.progress import Progress
-from ringtree.core.proto import parse_proto_spec
-from ringtree.core.tuner import parse_algo_spec
 from ringtree.dtypes import DType
 from ringtree.errors import CommAborted
+from ringtree.ir.program import Collective
 from ringtree.ops import OP_NAMES, ReduceOp
 from ringtree.prof import attach, detach
+from ringtree.runtime.executor import Executor
+from ringtree.runtime.ll_runner import LLRunner
+from ringtree.runtime.owner import ThreadOwner
+from ringtree.runtime.plan import Call
+from ringtree.runtime.planner import CallSpec, Planner, link_kind
+from ringtree.runtime.progress import Progress
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
+from ringtree.tuning.proto import parse_proto_spec
+from ringtree.tuning.tuner import parse_algo_spec
 from ringtree.work import Work
 
 
@@ -120,16 +120,16 @@ class Communicator:
         self.progress = Progress(self.executor, f"ringtree-rank{rank}")
         self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
         attach(self)  # flight recorder, SIGUSR1 dump, doctor watcher, RINGTREE_PROFILE
-        self.topology = None  # ringtree.core.topology.Topology when ranks span hosts
+        self.topology = None  # ringtree.tuning.links.Topology when ranks span hosts
         if len(set(self.nodes)) > 1:
-            from ringtree.core.topology import learn
-            from ringtree.core.tuner import MODELS
+            from ringtree.tuning.links import learn
+            from ringtree.tuning.tuner import MODELS
 
             self.topology = self.planner.topology = learn(self, MODELS["tcp"].overhead)
             if self.debug in ("INFO", "TRACE") and rank == 0:
                 print(f"ringtree: topology: {self.topology.describe()}", flush=True)
             if s.tune == "online":  # the same on every rank: one environment per job
-                from ringtree.core.autotune import OnlineChoice
+                from ringtree.tuning.autotune import OnlineChoice
 
                 self.planner.online = OnlineChoice(self)
 
@@ -335,7 +335,7 @@ class Communicator:
             if self._group_depth == 0:
                 items, self._group = self._group or [], None
                 if ok and items:
-                    from ringtree.core.aliasing import order_group
+                    from ringtree.runtime.aliasing import order_group
 
                     handles = []  # each batch waits for the overlapping ones before it
                     for calls in order_group([item[0] for item in items]):
@@ -364,7 +364,7 @@ class Communicator:
 
     def bind_thread(self) -> None:
         """Make the calling thread the one that issues on this communicator (see
-        :mod:`ringtree.core.owner`); call it at the same point on every rank."""
+        :mod:`ringtree.runtime.owner`); call it at the same point on every rank."""
         self._owner.bind()
 
     def monitored_barrier(self, timeout: float | None = None,

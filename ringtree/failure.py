@@ -27,7 +27,7 @@ def check_abort(comm) -> None:
     if why:
         kind = comm.store.try_get(abort_key(comm) + "_kind")
         raise (MismatchError if kind == b"mismatch" else CommAborted)(why.decode())
-    from ringtree.core.fingerprint import check_stalled
+    from ringtree.runtime.fingerprint import check_stalled
 
     check_stalled(comm)
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ringtree.cli import main as ringtree_main
-from ringtree.core.ir import Collective
+from ringtree.ir.program import Collective
 from ringtree.schedules import algorithms
 from ringtree.tools import algo as algo_cli
 from ringtree.tools.viz import cell, cost_of, step_table, timeline
@@ -104,12 +104,12 @@ def test_check(capsys):
 
 
 def test_check_reports_failures(capsys, monkeypatch):
-    from ringtree.core.check import CheckError
+    from ringtree.ir.check import CheckError
 
     def broken(programs, in_place=False):
         raise CheckError("deadlocks: made up")
 
-    monkeypatch.setattr("ringtree.core.check.check_programs", broken)
+    monkeypatch.setattr("ringtree.ir.check.check_programs", broken)
     code, out, _ = run(capsys, "check", "ring", "all_reduce", "-n", "3")
     assert code == 1 and "FAIL ring all_reduce n=3" in out and "0/2 checks passed" in out
 

@@ -1,6 +1,6 @@
 """ringtree's daemon threads that run collectives or poll the store (the LL thread, the
 progress worker, the doctor's answering thread) are let go and joined at interpreter exit
-(ringtree.core.at_exit), so finalization never ends one inside native code: under
+(ringtree.runtime.at_exit), so finalization never ends one inside native code: under
 torch.distributed the doctor's thread polls torch's TCPStore, and ended inside that call
 it aborted the process ("terminate called without an active exception")."""
 
@@ -20,7 +20,7 @@ def test_collective_threads_return_before_the_interpreter_finalizes():
         import atexit, threading
         import numpy as np
         import ringtree
-        import ringtree.core.at_exit as ae
+        import ringtree.runtime.at_exit as ae
 
         comm = ringtree.init(rank=0, world_size=1)
         comm.all_reduce(np.ones(8, np.float32), async_op=True).wait()

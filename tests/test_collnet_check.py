@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from ringtree.core.check import CheckError, check_programs, with_virtual
+from ringtree.ir.check import CheckError, check_programs, with_virtual
 from ringtree.schedules import Options, generate_all
 
 
@@ -52,7 +52,7 @@ def test_a_program_beyond_the_ranks_must_be_virtual():
 
 
 def test_the_tuner_charges_a_switch_like_a_port():
-    from ringtree.core.ir import Collective
+    from ringtree.ir.program import Collective
     from ringtree.schedules.stats import host_stats
 
     opts = Options(nodes=(0, 1, 2, 3))

@@ -1,8 +1,8 @@
 """The executor alone, in one process: N ranks' executors over an in-memory loopback fabric.
 
 As gloo's ``transport_test`` exercises a transport without a job, this drives every
-rank's :class:`~ringtree.core.executor.Executor` from one thread, one
-:meth:`~ringtree.core.executor.Executor.advance` round each in turn, over
+rank's :class:`~ringtree.runtime.executor.Executor` from one thread, one
+:meth:`~ringtree.runtime.executor.Executor.advance` round each in turn, over
 :class:`Loopback`: messages are copied into a queue per (sender, receiver, channel) and
 matched to receives in order, header compared first, as the real transports do. So the
 scheduler (in-order issue, out-of-order completion, slices, send turns), the step phases,
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from ringtree import api
-from ringtree.core.executor import Executor
-from ringtree.core.planner import Planner
 from ringtree.errors import CollectiveTimeout, MismatchError, RingtreeError
 from ringtree.prof.recorder import Ev, ProfileObserver, Recorder
+from ringtree.runtime.executor import Executor
+from ringtree.runtime.planner import Planner
 from ringtree.transports.base import HeaderMismatch, Request
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ringtree.core.check import check
-from ringtree.core.ir import Collective
-from ringtree.schedules import Options
+from ringtree.ir.program import Collective
+from ringtree.schedules import Options, check
 from ringtree.schedules.hierarchical import MAX_PIECES, PIECE_BYTES, pieces_for
 from ringtree.schedules.registry import generate
 from ringtree.testing import RankPool

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.kvcache import (
+from ringtree.apps.kvcache import (
     BlockPool,
     LFUPolicy,
     LRUCache,

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from collective_cases import make_input, op_arg, ops_for, reference_reduce, same_bits
 
-from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
 from ringtree.errors import MismatchError, PeerError
+from ringtree.ir.program import Collective
 from ringtree.ops import resolve
 from ringtree.testing import RankPool, run_ranks
 from ringtree.transports.shm_ll import INLINE, fingerprint, open_ll

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ringtree.models import data, gpt  # noqa: E402
+from ringtree.apps.models import data, gpt  # noqa: E402
 
 
 def test_init_is_a_function_of_seed_and_key():

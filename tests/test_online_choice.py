@@ -1,4 +1,4 @@
-"""The online choice (ringtree.core.autotune); its bitwise rule is proved in
+"""The online choice (ringtree.tuning.autotune); its bitwise rule is proved in
 ``test_online_choice_bits.py``.
 
 Without the testbed: which candidates the model hands over for measuring. On the 2×2
@@ -21,10 +21,10 @@ import time
 import numpy as np
 import pytest
 
-from ringtree.core.autotune import MARGIN, MAX_CANDIDATES, MAX_PREDICTED, candidates
-from ringtree.core.ir import Collective
-from ringtree.core.same_bits import same_bits
+from ringtree.ir.program import Collective
 from ringtree.testbed import available
+from ringtree.tuning.autotune import MARGIN, MAX_CANDIDATES, MAX_PREDICTED, candidates
+from ringtree.tuning.same_bits import same_bits
 
 TWO_BY_TWO = (0, 0, 1, 1)
 SIZES = (8, 256, 8192, 256 << 10)
@@ -131,8 +131,8 @@ def _model_view(comm, coll: Collective, nbytes: int, root: int):
     """What the model alone says: its choice, and the candidates it hands over with
     those of them that give its choice's bits (recomputed here from the planner's own
     model and options, as every rank does)."""
-    from ringtree.core.autotune import REDUCTIONS
-    from ringtree.core.tuner import ranking
+    from ringtree.tuning.autotune import REDUCTIONS
+    from ringtree.tuning.tuner import ranking
 
     p = comm.planner
     first, chosen = p._choices[(coll, nbytes)]
@@ -154,7 +154,7 @@ def _model_view(comm, coll: Collective, nbytes: int, root: int):
 def tune_every_size(comm, colls, sizes):
     """Each (collective, size) twice with the default choice; per call what was decided,
     how many calls it took, and whether the results were right."""
-    from ringtree.core.ir import parse_collective
+    from ringtree.ir.program import parse_collective
 
     n, rows = comm.size, []
     for coll in colls:
@@ -280,8 +280,8 @@ def tune_one_octave(comm, per_rank: tuple[int, ...]):
     """All-gathers of ``per_rank`` floats per rank, in order: per call the calls it took,
     its decision (candidates, choice, bytes measured at, seconds) and the model's
     candidates for its size."""
-    from ringtree.core.autotune import candidates
-    from ringtree.core.tuner import ranking
+    from ringtree.tuning.autotune import candidates
+    from ringtree.tuning.tuner import ranking
 
     p, c, rows = comm.planner, Collective.ALL_GATHER, []
     enabled = {a for a in p.algo_enabled[c] if not a.startswith("collnet")}
@@ -398,8 +398,8 @@ def test_integer_reductions_are_measured_among_every_close_candidate(pool):
 
 
 def model_only(comm, sizes):
-    from ringtree.core.ir import Collective
-    from ringtree.core.tuner import choose
+    from ringtree.ir.program import Collective
+    from ringtree.tuning.tuner import choose
 
     p, rows = comm.planner, []
     for nbytes in sizes:

@@ -1,14 +1,14 @@
-"""The bitwise rule of the online choice (ringtree.core.same_bits): which pairs of
+"""The bitwise rule of the online choice (ringtree.tuning.same_bits): which pairs of
 reduction schedules the symbolic proof finds bit-identical, element by element. The
 testbed half (``test_online_choice.py``) runs the pairs it proves on random floats and
 compares the bits."""
 
 from __future__ import annotations
 
-from ringtree.core.ir import Collective
-from ringtree.core.same_bits import same_bits
+from ringtree.ir.program import Collective
 from ringtree.schedules import Options
 from ringtree.schedules.hierarchical import ALL_REDUCE_PIECE_BYTES, pieces_for
+from ringtree.tuning.same_bits import same_bits
 
 TWO_BY_TWO = (0, 0, 1, 1)
 

@@ -22,12 +22,12 @@ dist = pytest.importorskip("torch.distributed")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ringtree.models.gpt import GPTConfig, build_gpt  # noqa: E402
-from ringtree.parallel import checkpoint  # noqa: E402
-from ringtree.parallel import tensor_parallel as tpl  # noqa: E402
-from ringtree.parallel.grid import build_grid  # noqa: E402
-from ringtree.parallel.pipeline_parallel import run_stage  # noqa: E402
-from ringtree.parallel.trainer import Trainer, TrainSpec  # noqa: E402
+from ringtree.apps.models.gpt import GPTConfig, build_gpt  # noqa: E402
+from ringtree.apps.parallel import checkpoint  # noqa: E402
+from ringtree.apps.parallel import tensor_parallel as tpl  # noqa: E402
+from ringtree.apps.parallel.grid import build_grid  # noqa: E402
+from ringtree.apps.parallel.pipeline_parallel import run_stage  # noqa: E402
+from ringtree.apps.parallel.trainer import Trainer, TrainSpec  # noqa: E402
 from ringtree.torch.testing import TorchRankPool  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -247,7 +247,7 @@ def test_resume_is_bit_identical_and_merges_to_plain_model(pools, tmp_path):
     cfg, full = checkpoint.load_full_state_dict(d + "-end")
     model = build_gpt(cfg, 0)
     model.load_state_dict(full)
-    from ringtree.models import data
+    from ringtree.apps.models import data
 
     total = 0.0
     with torch.no_grad():

@@ -1,14 +1,14 @@
-"""Tests of the planner (ringtree.core.planner): plan caching, fallbacks and the buffers a
+"""Tests of the planner (ringtree.runtime.planner): plan caching, fallbacks and the buffers a
 plan lends, in one process without transports."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ringtree.core.ir import Buf, Collective
-from ringtree.core.planner import CallSpec, Planner
 from ringtree.dtypes import DType
+from ringtree.ir.program import Buf, Collective
 from ringtree.ops import ReduceOp, premul_sum, resolve
+from ringtree.runtime.planner import CallSpec, Planner
 
 
 def planner(rank: int = 0, size: int = 4) -> Planner:

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from ringtree.core.ir import Step, inp, out
+from ringtree.ir.program import Step, inp, out
 from ringtree.prof import clock, doctor
 from ringtree.prof.recorder import EVENT_DTYPE, PRIMS, Ev, Recorder, prim_code
 from ringtree.testing import raise_first, run_ranks

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.core.ir import Collective
-from ringtree.core.proto import LL, SIMPLE, THRESHOLDS, choose_protocol, parse_proto_spec
+from ringtree.ir.program import Collective
+from ringtree.tuning.proto import LL, SIMPLE, THRESHOLDS, choose_protocol, parse_proto_spec
 
 AR, BC, GA = Collective.ALL_REDUCE, Collective.BROADCAST, Collective.GATHER
 

@@ -18,9 +18,9 @@ import random
 
 import pytest
 
-from ringtree.core import ir
-from ringtree.core.check import CheckError, check_programs, with_virtual
-from ringtree.core.ir import Buf, Collective, Program, Step, copy, inp, out, scr
+from ringtree.ir import program as ir
+from ringtree.ir.check import CheckError, check_programs, with_virtual
+from ringtree.ir.program import Buf, Collective, Program, Step, copy, inp, out, scr
 from ringtree.schedules import Options, algorithms, generate_all
 
 PAIRS = [(c, a) for c in Collective for a in algorithms(c)]

@@ -17,12 +17,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ringtree.kvcache import BlockPool, ideal_hit_tokens  # noqa: E402
-from ringtree.models.gpt import GPT, GPTConfig, init_state_dict  # noqa: E402
-from ringtree.serve.generate import generate  # noqa: E402
-from ringtree.serve.router import Router, route_all  # noqa: E402
-from ringtree.serve.runner import CacheOptions  # noqa: E402
-from ringtree.serve.scheduler import Plan, Request, Scheduler  # noqa: E402
+from ringtree.apps.kvcache import BlockPool, ideal_hit_tokens  # noqa: E402
+from ringtree.apps.models.gpt import GPT, GPTConfig, init_state_dict  # noqa: E402
+from ringtree.apps.serve.generate import generate  # noqa: E402
+from ringtree.apps.serve.router import Router, route_all  # noqa: E402
+from ringtree.apps.serve.runner import CacheOptions  # noqa: E402
+from ringtree.apps.serve.scheduler import Plan, Request, Scheduler  # noqa: E402
 from ringtree.testing import free_port  # noqa: E402
 from ringtree.torch.testing import TorchRankPool  # noqa: E402
 
@@ -157,9 +157,9 @@ def pool4():
 
 
 def test_pinned_system_prompt_survives_pressure(prompts, reference):
-    from ringtree.serve.engine import TPEngine
-    from ringtree.serve.runner import serve
-    from ringtree.serve.tpcomm import SoloTP
+    from ringtree.apps.serve.engine import TPEngine
+    from ringtree.apps.serve.runner import serve
+    from ringtree.apps.serve.tpcomm import SoloTP
 
     opts = CacheOptions(num_blocks=20, block_size=8, max_batch=4, pin_cap_ratio=0.3,
                         pin_tokens=prompts[0][:40])
@@ -274,7 +274,7 @@ def _cli(tmp_path, lines, *flags) -> tuple[int, str]:
      "request 0: token id 500 is outside the vocabulary of 96"),
 ])
 def test_generate_bad_input_names_the_request(tmp_path, capsys, lines, flags, message):
-    from ringtree.serve import cli
+    from ringtree.apps.serve import cli
 
     code = cli.main(["--prompts", _write(tmp_path, lines), *flags])
     out = capsys.readouterr()
@@ -307,7 +307,7 @@ def test_generate_json_schema_tp2_matches_tp1(tmp_path):
 
 def test_generate_serves_a_training_checkpoint(tmp_path, capsys):
     """A checkpoint in the training layer's format gives what the same weights give."""
-    from ringtree.serve import cli
+    from ringtree.apps.serve import cli
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.core.ir import Collective
-from ringtree.core.plan import compile_program
+from ringtree.ir.program import Collective
+from ringtree.runtime.plan import compile_program
 from ringtree.schedules import algorithms
 from ringtree.sim import budget, count_for, fold, place, presets, programs_for, simulate, symmetry
 from ringtree.sim.cli import main as sim_main

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.core.ir import Buf, walk
+from ringtree.ir.program import Buf, walk
 from ringtree.schedules import Options, generate_all
 from ringtree.sim import place, presets, programs_for, simulate
 

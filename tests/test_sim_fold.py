@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from ringtree.core.ir import Collective
+from ringtree.ir.program import Collective
 from ringtree.schedules import Options, algorithms, generate
 from ringtree.sim import count_for, fold, presets, simulate, symbolic, symmetry
 from ringtree.sim import topology as T

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.core.ir import Collective, Program, inp, out, parse_collective, recv, send
+from ringtree.ir.program import Collective, Program, inp, out, parse_collective, recv, send
 from ringtree.schedules import algorithms
 from ringtree.sim import count_for, engine, place, presets, programs_for, simulate, symmetry
 from ringtree.sim import topology as T

@@ -90,7 +90,7 @@ def test_a_channel_of_no_data_sharing_storage_is_kept(monkeypatch):
     """Channel 1 names only chunk 1, which holds no data, but channel 0 names it too:
     channel 1 must stay (it could be waited on), in the difference-array check as in
     the per-chunk one; a channel naming a chunk of its own is dropped."""
-    from ringtree.core.ir import Collective, Program, copy, inp, out
+    from ringtree.ir.program import Collective, Program, copy, inp, out
     from ringtree.sim import compile as sc
 
     def prog(second):

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from ringtree.core.ir import Buf, Collective, Program, Ref, Step
+from ringtree.ir.program import Buf, Collective, Program, Ref, Step
 from ringtree.sim import presets, simulate, symmetry
 from ringtree.sim import topology as T
 from ringtree.sim.renaming import by_sets

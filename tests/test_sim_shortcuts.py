@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import ringtree.sim as sim
-from ringtree.core import ir
-from ringtree.core.ir import Collective, Program, copy, inp, out, scr
+from ringtree.ir import program as ir
+from ringtree.ir.program import Collective, Program, copy, inp, out, scr
 from ringtree.sim import (
     Aware,
     Sweep,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.core.ir import Collective
+from ringtree.ir.program import Collective
 from ringtree.schedules import algorithms
 from ringtree.sim import Sweep, fold, place, presets, simulate, simulate_sizes, template, wave
 

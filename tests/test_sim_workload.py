@@ -16,7 +16,7 @@ def _doc(events0, events1, grid=None):
     grid = grid or {"dp": 1, "tp": 1, "pp": 2}
     ranks = [{"rank": 0, "coords": {"dp": 0, "pp": 0, "tp": 0}, "events": events0},
              {"rank": 1, "coords": {"dp": 0, "pp": 1, "tp": 0}, "events": events1}]
-    from ringtree.parallel.record import link
+    from ringtree.apps.parallel.record import link
 
     return {"format": workload.FORMAT, "grid": grid, "world": 2, "model": {},
             "batch_size": 2, "micro_batches": 1, "schedule": "1f1b", "zero": 0, "step": 0,

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from ringtree.core.ir import Collective
-from ringtree.core.topology import Topology, from_file, rate_and_burst
-from ringtree.core.tuner import INCAST, MODELS, HostModel, LinkModel, choose, estimate, host_model
+from ringtree.ir.program import Collective
 from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import host_stats
 from ringtree.sim import topology as simtopo
 from ringtree.testbed import available
+from ringtree.tuning.links import Topology, from_file, rate_and_burst
+from ringtree.tuning.tuner import INCAST, MODELS, HostModel, LinkModel, choose, estimate, host_model
 
 TWO_BY_TWO = Options(nodes=(0, 0, 1, 1))
 
@@ -133,7 +133,7 @@ def test_rate_and_burst_of_a_token_bucket_from_back_to_back_transfers():
 def test_burst_of_single_messages_after_idle_spells():
     """σ = 32 KiB at 25 MB/s: messages up to σ pass at once, larger ones wait (m − σ)/ρ,
     paced ones longer still; the largest lower bound is σ, and a slow CPU only lowers it."""
-    from ringtree.core.topology import BURST_SIZES, burst_of
+    from ringtree.tuning.links import BURST_SIZES, burst_of
 
     rho, sigma, rtt = 25e6, 32 << 10, 200e-6
     times = [rtt + 20e-6 + max(0, m - sigma) / rho * (1 if m < 4 * sigma else 1.5)
@@ -152,7 +152,7 @@ def test_incast_charges_only_what_the_bucket_does_not_pass_at_once():
     each host fit the testbed's 32 KiB bucket and took 0.353 ms (their 8 KiB at the
     link's rate: 0.33 ms), hierarchical's one flow 0.423 ms; with no bucket the second
     flow costs INCAST more (and hierarchical still wins: see the next test)."""
-    from ringtree.core.tuner import incast
+    from ringtree.tuning.tuner import incast
 
     assert incast(1e-3, 1, 0.0) == 1e-3
     assert incast(1e-3, 3, 0.0) == pytest.approx(1e-3 * (1 + 2 * INCAST))
@@ -283,7 +283,7 @@ def test_one_rank_per_host_slices_a_millisecond_of_the_link():
     """Every step of a 4x1 job crosses the network and forwards whole slices: at 1 Gbit/s
     128 KiB slices (about 1 ms of the link), never below 64 KiB nor above the
     RINGTREE_BUFFSIZE slice; jobs with ranks sharing a host keep that slice."""
-    from ringtree.core.planner import Planner
+    from ringtree.runtime.planner import Planner
 
     def slices(nodes, bandwidth):
         p = Planner(0, len(nodes), nodes, nchannels=1, slice_bytes=1 << 20, algo_enabled={},
@@ -303,7 +303,7 @@ def test_an_all_reduce_goes_in_pieces_from_a_smaller_size_than_the_others(layout
     (2×4 at 1 Gbit/s: 1 and 2 MiB in pieces beat the double binary tree, which in one
     piece they did not), all-gather and reduce-scatter from 1 MiB; with those pieces the
     tuner takes the hierarchical all-reduce at 1 and 2 MiB."""
-    from ringtree.core.planner import Planner
+    from ringtree.runtime.planner import Planner
 
     hosts, ppn = layout
     hm, opts, n = _testbed(hosts, ppn, 1e9)
@@ -346,7 +346,7 @@ def test_small_calls_on_two_hosts_of_two_take_the_flat_exchange(rate, alpha):
     runs, hierarchical at 20 (docs/multihost.md; all_gather swaps with the machine's
     state). The flat exchange is CPU-bound, hierarchical path-bound; rank 0 measured α of
     53-123 µs on the testbed."""
-    from ringtree.core.tuner import CROWDED_CALL, CROWDED_WAKE
+    from ringtree.tuning.tuner import CROWDED_CALL, CROWDED_WAKE
 
     hm, opts, n = _testbed(2, 2, rate, alpha=alpha)
     # at 200 Mbit/s an 8 KiB call's bytes take longer than its path: what the link's
@@ -416,7 +416,7 @@ def test_a_pieced_reduce_scatter_counts_its_chain_as_overlapping_the_link():
     16 MiB: 76–78 ms in 4 pieces per block, 82–88 ms a block at a time); more pieces
     then cost more messages than they overlap. On 4 hosts of one rank, or on uneven
     nodes, nothing overlaps."""
-    from ringtree.core.tuner import _fill
+    from ringtree.tuning.tuner import _fill
 
     hm, opts, n = _testbed(2, 4, 1e9)
     est = [estimate(Collective.REDUCE_SCATTER, "hierarchical", 16 << 20, n, hm,

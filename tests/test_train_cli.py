@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is an optional extra")
 
-from ringtree.parallel import schedule, train_cli  # noqa: E402
-from ringtree.parallel.record import link  # noqa: E402
+from ringtree.apps.parallel import schedule, train_cli  # noqa: E402
+from ringtree.apps.parallel.record import link  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -131,7 +131,7 @@ def test_record_comm_then_replay_on_a_modeled_cluster(tmp_path):
 GROUPS_GONE = """
 import sys, weakref
 import torch.distributed as dist
-from ringtree.parallel import train_cli
+from ringtree.apps.parallel import train_cli
 
 made = []
 new_group = dist.new_group

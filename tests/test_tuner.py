@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.core.ir import Collective as C
-from ringtree.core.tuner import MODELS, choose, estimate, parse_algo_spec
+from ringtree.ir.program import Collective as C
 from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import schedule_stats
+from ringtree.tuning.tuner import MODELS, choose, estimate, parse_algo_spec
 
 
 def test_empty_spec_enables_everything():
@@ -70,7 +70,7 @@ def test_model_prefers_log_steps_small_and_bandwidth_optimal_large():
 
 
 def test_a_token_bucket_overlaps_the_link_with_the_rest_of_the_path():
-    from ringtree.core.tuner import overlap_burst
+    from ringtree.tuning.tuner import overlap_burst
 
     # no bucket (a link that serialises at its rate): the additive alpha-beta cost
     assert overlap_burst(300e-6, 700e-6, 0.0) == pytest.approx(1000e-6)
@@ -90,7 +90,7 @@ def test_the_bandwidth_term_charges_the_bytes_a_rank_sends(coll, wire):
     input) and the schedule counts volumes in blocks: the ring sends 2(n-1)/n of an
     all-reduce's S and (n-1)/n of the others' (Thakur, Rabenseifner & Gropp 2005), not n
     times that."""
-    from ringtree.core.tuner import LinkModel
+    from ringtree.tuning.tuner import LinkModel
 
     algo = "ring" if coll is not C.ALL_TO_ALL else "pairwise"
     beta_only = LinkModel(alpha=0.0, overhead=0.0, beta=1e-9, gamma=0.0)

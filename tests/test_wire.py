@@ -1,11 +1,11 @@
-"""Tests of the message header (ringtree.core.wire) and the collective records it decodes
-(ringtree.core.collectives)."""
+"""Tests of the message header (ringtree.ir.wire) and the collective records it decodes
+(ringtree.ir.collectives)."""
 
 from __future__ import annotations
 
-from ringtree.core.collectives import SPECS, Collective
-from ringtree.core.wire import WireHeader, algo_code
 from ringtree.dtypes import DType
+from ringtree.ir.collectives import SPECS, Collective
+from ringtree.ir.wire import WireHeader, algo_code
 from ringtree.ops import ReduceOp
 
 

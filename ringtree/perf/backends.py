@@ -212,14 +212,14 @@ class RingtreeBackend(Backend):
 
     def link(self) -> Link | None:
         """From the topology the communicator learned across hosts
-        (:mod:`ringtree.core.topology`: measured by rank 0 or ``RINGTREE_TOPO_FILE``)."""
+        (:mod:`ringtree.tuning.links`: measured by rank 0 or ``RINGTREE_TOPO_FILE``)."""
         t = getattr(self.comm, "topology", None)
         return None if t is None else Link(tuple(t.nodes), t.bandwidth, t.source)
 
     def check_config(self, coll: str) -> None:
         if self.algo is None or coll == "sendrecv":
             return
-        from ringtree.core.ir import parse_collective
+        from ringtree.ir.program import parse_collective
         from ringtree.schedules import algorithms
 
         algos = algorithms(parse_collective({"alltoall": "all_to_all"}.get(coll, coll)))

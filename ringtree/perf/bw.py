@@ -1,7 +1,7 @@
 """Buffer sizes and bandwidth of each collective, exactly as nccl-tests computes them.
 
 One :class:`CollSpec` per test, transcribing ``src/<coll>.cu`` of nccl-tests from the
-collective's record (:mod:`ringtree.core.collectives`):
+collective's record (:mod:`ringtree.ir.collectives`):
 
 - ``counts`` is ``<Coll>GetCollByteCount``: from the swept size in bytes it gives the
   per-rank element counts of the send and receive buffers, the ``count`` argument of the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ringtree.core.collectives import Collective
+from ringtree.ir.collectives import Collective
 
 
 @dataclass(frozen=True)

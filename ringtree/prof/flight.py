@@ -36,7 +36,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ringtree.core.wire import WireHeader
+from ringtree.ir.wire import WireHeader
 
 DEFAULT_SIZE = 1024
 VERSION = 1
@@ -115,7 +115,7 @@ class FlightRecorder:
 
     def begin(self, desc) -> Entry:
         """A call that runs outside the executor (LL) starts now: one entry, already
-        started (``desc`` has the fields of :class:`~ringtree.core.plan.Desc`)."""
+        started (``desc`` has the fields of :class:`~ringtree.runtime.plan.Desc`)."""
         t = time.time_ns()
         e = Entry(desc, 1, t, t)
         self.ring[self.count % self.size] = e

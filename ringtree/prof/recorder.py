@@ -39,7 +39,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from ringtree.core.observer import Observer, StepWatch
+from ringtree.runtime.observer import Observer, StepWatch
 
 DEFAULT_CAPACITY = 1 << 18          # events per communicator (56 B each: 14 MiB)
 
@@ -79,7 +79,7 @@ _PRIM_CACHE: dict[int, tuple[object, int]] = {}
 
 
 def prim_code(step) -> int:
-    """The ``PRIMS`` index of a :class:`~ringtree.core.ir.Step` (cached: ``Step.name`` builds
+    """The ``PRIMS`` index of a :class:`~ringtree.ir.program.Step` (cached: ``Step.name`` builds
     a string each time)."""
     hit = _PRIM_CACHE.get(id(step))
     if hit is not None and hit[0] is step:
@@ -206,7 +206,7 @@ class Recorder:
 # ---- the executor's observer ------------------------------------------------------------
 
 class ProfileObserver(Observer):
-    """Writes what the executor reports (:class:`ringtree.core.observer.Observer`) into a
+    """Writes what the executor reports (:class:`ringtree.runtime.observer.Observer`) into a
     :class:`Recorder`: the events listed in the module docstring."""
 
     active = True

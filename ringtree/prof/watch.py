@@ -31,9 +31,9 @@ import threading
 import time
 import weakref
 
-from ringtree.core import at_exit
 from ringtree.errors import CollectiveTimeout, PeerError
 from ringtree.prof import doctor, flight
+from ringtree.runtime import at_exit
 from ringtree.settings import current
 
 
@@ -53,7 +53,7 @@ _lock = threading.Lock()
 
 class _Watcher:
     """The answering thread. It polls the store from native code (torch's TCPStore under
-    torch.distributed), so it is let go at interpreter exit (:mod:`ringtree.core.at_exit`):
+    torch.distributed), so it is let go at interpreter exit (:mod:`ringtree.runtime.at_exit`):
     ended by finalization inside such a call, it would abort the process."""
 
     def __init__(self) -> None:

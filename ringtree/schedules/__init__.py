@@ -14,6 +14,7 @@ from ringtree.schedules import (  # noqa: F401  (registration side effects)
 from ringtree.schedules.registry import (
     Options,
     algorithms,
+    check,
     generate,
     generate_all,
     generator,
@@ -22,5 +23,5 @@ from ringtree.schedules.registry import (
     register,
 )
 
-__all__ = ["Options", "algorithms", "generate", "generate_all", "generator", "has",
+__all__ = ["Options", "algorithms", "check", "generate", "generate_all", "generator", "has",
            "options_for", "register"]

@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
-from ringtree.core import ir
-from ringtree.core.ir import Collective, Program, copy, inp, out, scr
+from ringtree.ir import program as ir
+from ringtree.ir.program import Collective, Program, copy, inp, out, scr
 from ringtree.schedules.registry import Options, register
 
 

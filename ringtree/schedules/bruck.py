@@ -19,8 +19,8 @@ Both move ranges of blocks, so they use one channel.
 
 from __future__ import annotations
 
-from ringtree.core import ir
-from ringtree.core.ir import Collective, Program, Ref, Step, copy, inp, out, scr
+from ringtree.ir import program as ir
+from ringtree.ir.program import Collective, Program, Ref, Step, copy, inp, out, scr
 from ringtree.schedules.registry import Options, register
 
 

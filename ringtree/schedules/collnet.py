@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ringtree.core.ir import Collective, Program, Step, inp, out, scr
+from ringtree.ir.program import Collective, Program, Step, inp, out, scr
 from ringtree.schedules.registry import Options, register
 from ringtree.schedules.tree_wiring import node_groups
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ringtree.core import ir
-from ringtree.core.ir import Collective, Program, Step, inp, out, scr
+from ringtree.ir import program as ir
+from ringtree.ir.program import Collective, Program, Step, inp, out, scr
 from ringtree.schedules import direct, ring
 from ringtree.schedules.registry import Options, register
 from ringtree.schedules.tree_wiring import node_groups

@@ -21,8 +21,8 @@ per rank they become (p−1) times the per-message cost.
 
 from __future__ import annotations
 
-from ringtree.core import ir
-from ringtree.core.ir import Collective, Program, Ref, Step, copy, inp, out, scr
+from ringtree.ir import program as ir
+from ringtree.ir.program import Collective, Program, Ref, Step, copy, inp, out, scr
 from ringtree.schedules.registry import Options, register
 
 

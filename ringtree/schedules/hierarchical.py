@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ringtree.core import ir
-from ringtree.core.ir import Buf, Collective, Program, Ref, Step, copy, inp, out, scr
+from ringtree.ir import program as ir
+from ringtree.ir.program import Buf, Collective, Program, Ref, Step, copy, inp, out, scr
 from ringtree.schedules.registry import Options, generate, register
 from ringtree.schedules.tree_wiring import node_groups
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ringtree.core import ir
-from ringtree.core.ir import Buf, Collective, Program, Step, copy, inp, out, scr
+from ringtree.ir import program as ir
+from ringtree.ir.program import Buf, Collective, Program, Step, copy, inp, out, scr
 from ringtree.schedules.hierarchical import (
     _embed,
     _first_use,

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
-from ringtree.core.ir import Collective, Program, parse_collective
+from ringtree.ir.check import CheckReport, check_programs
+from ringtree.ir.program import Collective, Program, parse_collective
+from ringtree.ir.wire import algo_code
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ def register(collective: Collective | str, algo: str, *, cost: str = "",
             raise ValueError(f"algorithm {algo!r} registered twice for {coll.value}")
         _REGISTRY[key] = gen
         _COSTS[key] = cost
+        algo_code(key[1])  # so a mismatch names it
         if sized is not None:
             _SIZED[key] = sized
         return gen
@@ -129,3 +132,14 @@ def generate_all(collective: Collective | str, algo: str, nranks: int,
                  opts: Options | None = None) -> list[Program]:
     """Programs of every rank (what the checker, simulator and visualizer read)."""
     return [generate(collective, algo, nranks, r, opts) for r in range(nranks)]
+
+
+def check(collective: Collective | str, algo: str, nranks: int,
+          opts: Options | None = None) -> list[CheckReport]:
+    """Check a registered algorithm out of place and (when it allows) in place
+    (:func:`ringtree.ir.check.check_programs`)."""
+    programs = generate_all(collective, algo, nranks, opts)
+    reports = [check_programs(programs, in_place=False)]
+    if all(p.in_place_ok for p in programs) and programs[0].collective.spec.in_place:
+        reports.append(check_programs(programs, in_place=True))
+    return reports

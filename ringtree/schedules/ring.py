@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ringtree.core import ir
-from ringtree.core.ir import Collective, Program, Step, copy, inp, out
+from ringtree.ir import program as ir
+from ringtree.ir.program import Collective, Program, Step, copy, inp, out
 from ringtree.schedules.registry import Options, register
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ringtree.core.ir import Collective, walk
+from ringtree.ir.program import Collective, walk
 from ringtree.schedules.registry import Options, generate_all
 
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ringtree.core import ir
-from ringtree.core.ir import Collective, Program, Ref, Step, copy, inp, out
+from ringtree.ir import program as ir
+from ringtree.ir.program import Collective, Program, Ref, Step, copy, inp, out
 from ringtree.schedules.registry import Options, register
 from ringtree.schedules.tree_wiring import TreeRank, nccl_trees, rooted_btree
 

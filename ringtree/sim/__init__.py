@@ -74,7 +74,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from ringtree.core.ir import Collective, Program, parse_collective
+from ringtree.ir.program import Collective, Program, parse_collective
 from ringtree.sim import budget, engine, fast, fold, template, wave
 from ringtree.sim.model import Aware, Unaware, parse_model
 from ringtree.sim.structure import Sweep

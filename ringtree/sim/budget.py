@@ -13,7 +13,7 @@ and how to allow it. The estimate is rank 0's, so for schedules whose ranks diff
 
 from __future__ import annotations
 
-from ringtree.core.ir import Program
+from ringtree.ir.program import Program
 from ringtree.sim.compile import Lengths, moving
 
 __all__ = ["MAX_WORK", "TooLarge", "work", "check"]
@@ -28,7 +28,7 @@ class TooLarge(ValueError):
 
 def work(p: Program, count: int, itemsize: int, slice_bytes: int, in_place: bool) -> int:
     """Steps plus slices sent of one Program at ``count`` elements per block: what
-    :func:`ringtree.core.plan.compile_program` would make of it, counted without
+    :func:`ringtree.runtime.plan.compile_program` would make of it, counted without
     building it (a step's length is the prefix-sum difference over the chunks it names,
     its slices ``ceil(length / slice elements)``)."""
     pre = Lengths(p.nranks, count).of(p)

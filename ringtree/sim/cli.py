@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ringtree.core.ir import Collective, parse_collective
+from ringtree.ir.program import Collective, parse_collective
 from ringtree.schedules import algorithms
 from ringtree.sim import SimRun, Sweep, budget, count_for, presets, simulate, simulate_sizes
 from ringtree.sim.jobs import default_jobs, run_all

@@ -1,9 +1,9 @@
 """Programs flattened for the simulator's engines, by the executor's own compiler.
 
-Every Program goes through :func:`ringtree.core.plan.compile_program` — the function the
+Every Program goes through :func:`ringtree.runtime.plan.compile_program` — the function the
 executor runs before a real call — so a simulated step has the same element regions,
 slices (``split_even`` of the step's data into ``slice_bytes`` pieces), memory
-dependencies (:meth:`ringtree.core.ir.Program.memory_deps`) and in-place copy elision as the
+dependencies (:meth:`ringtree.ir.program.Program.memory_deps`) and in-place copy elision as the
 real one. This module only renumbers steps globally and pairs the i-th send of every
 connection with its i-th receive (the IR's matching rule).
 """
@@ -16,8 +16,8 @@ from itertools import accumulate
 
 import numpy as np
 
-from ringtree.core.ir import Buf, Program
-from ringtree.core.plan import DEFAULT_SLICE_BYTES, chunk_regions, compile_program
+from ringtree.ir.program import Buf, Program
+from ringtree.runtime.plan import DEFAULT_SLICE_BYTES, chunk_regions, compile_program
 
 __all__ = ["Compiled", "compile_programs", "DEFAULT_SLICE_BYTES"]
 

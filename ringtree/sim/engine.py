@@ -1,6 +1,6 @@
 """The event engine: runs every rank's Program on a modeled network.
 
-It mirrors the executor (``ringtree/core/executor.py``) rule for rule, so a simulated Program
+It mirrors the executor (``ringtree/runtime/executor.py``) rule for rule, so a simulated Program
 and a real one take the same steps (:mod:`.compile` uses the executor's compiler):
 
 1. in-order issue — within a channel step i+1 starts no earlier than step i, and a step

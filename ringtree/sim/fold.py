@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import overload
 
-from ringtree.core.ir import Collective, Program
+from ringtree.ir.program import Collective, Program
 from ringtree.schedules import Options, generate
 from ringtree.sim import budget, symbolic, symmetry, template, wave
 from ringtree.sim.compile import Compiled, compile_programs

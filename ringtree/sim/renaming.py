@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import accumulate
 
-from ringtree.core.ir import Program
+from ringtree.ir.program import Program
 
 
 def atoms(p: Program, regs: dict) -> Counter:

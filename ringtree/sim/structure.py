@@ -2,7 +2,7 @@
 depend on the byte count.
 
 A sweep (``ringtree sim -b 8 -e 1G``) simulates one set of Programs at many sizes. Their
-steps, memory dependencies (:meth:`ringtree.core.ir.Program.memory_deps`), copy
+steps, memory dependencies (:meth:`ringtree.ir.program.Program.memory_deps`), copy
 elision, names, connections and message pairing are the same at every size; only the
 element length of each step — hence its slices — changes, and with it which channels
 move data (:func:`.compile.moving`) and which steps are empty (an empty step sends and
@@ -13,7 +13,7 @@ concatenated steps with the chunk range that sets each step's length, and per pa
 empty steps the paired messages. A size then costs one vectorised difference of chunk
 prefix sums, one slice table and the pruning check; everything keyed by a pattern is
 built the first time the pattern occurs, with the executor's own compiler
-(:func:`ringtree.core.plan.compile_program`). The result is the uncached
+(:func:`ringtree.runtime.plan.compile_program`). The result is the uncached
 :func:`.compile.compile_programs`'s, field by field (``tests/test_sim_structure.py``);
 whatever the cached path cannot reproduce (a schedule whose messages do not pair) is
 compiled by the uncached path, which raises its own error.
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ringtree.core.ir import Program, split_even
-from ringtree.core.plan import compile_program
+from ringtree.ir.program import Program, split_even
+from ringtree.runtime.plan import compile_program
 from ringtree.sim import pairing
 from ringtree.sim.compile import (
     Compiled,
@@ -294,7 +294,7 @@ def restrict(full: _Layout, drops: Sequence[tuple[int, ...]]) -> _Layout | None:
     """The layout of the Programs with channels ``drops[rank]`` emptied, read off the
     layout of all their channels: the steps kept, renumbered in order, with their names
     chosen again in the new order. Memory dependencies are per storage slot
-    (:meth:`ringtree.core.ir.Program.memory_deps`): when no step kept depends on a step
+    (:meth:`ringtree.ir.program.Program.memory_deps`): when no step kept depends on a step
     dropped, no dropped step touched a slot before a kept step touched it again, so the
     kept steps' histories, hence dependencies, are those of the emptied Programs. Else
     None (compile the emptied Programs)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from ringtree.core.ir import Buf, Collective, Program, Ref, Step, parse_collective
+from ringtree.ir.program import Buf, Collective, Program, Ref, Step, parse_collective
 from ringtree.schedules import Options
 from ringtree.schedules import registry as _registry
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ringtree.core.ir import Buf, Program
-from ringtree.core.plan import chunk_regions
+from ringtree.ir.program import Buf, Program, chunk_regions
 from ringtree.sim import renaming, symbolic
 from ringtree.sim.compile import image
 from ringtree.sim.orbits import Fold, Routes

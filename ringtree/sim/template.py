@@ -10,8 +10,8 @@ import copy
 
 import numpy as np
 
-from ringtree.core.ir import Program
-from ringtree.core.plan import compile_program
+from ringtree.ir.program import Program
+from ringtree.runtime.plan import compile_program
 from ringtree.sim.compile import passes
 from ringtree.sim.symbolic import ALIASED, Sym, _space, offset_of
 from ringtree.sim.symmetry import regions

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ringtree.core.ir import Program
+from ringtree.ir.program import Program
 from ringtree.sim.model import Aware, Unaware, channel_shares, path
 from ringtree.sim.symbolic import peer_offset
 from ringtree.sim.template import Template, Unordered

@@ -3,7 +3,7 @@
     ringtree sim --workload step.json --topology dgx_h100 --nodes 64 --dp 16 --tp 8 --pp 4
 
 The workload is what ``ringtree train --record-comm`` writes (format ``ringtree-comm/1``,
-documented in :mod:`ringtree.parallel.record`): every rank's collectives and p2p
+documented in :mod:`ringtree.apps.parallel.record`): every rank's collectives and p2p
 transfers of one step, in issue order, with their groups, sizes and dependencies. This
 is ASTRA-sim's workload layer (Chakra execution traces) with the compute nodes left
 out: the replay predicts the step's *communication* time.

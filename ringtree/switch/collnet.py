@@ -15,7 +15,7 @@ invisible to NCCL's CollNet plugin.
 
 from __future__ import annotations
 
-from ringtree.core.ir import Collective, Program
+from ringtree.ir.program import Collective, Program
 from ringtree.switch.client import DEFAULT_CHUNK, DEFAULT_WINDOW, SwitchLink
 from ringtree.switch.wire import SwitchError
 from ringtree.transports.collnet import CollNetTransport, group_key
@@ -48,7 +48,7 @@ class CollNet:
         """The tuner's choice once the switch's own time is charged: the cost model
         prices a switch like a host link (:func:`ringtree.schedules.stats.host_stats`);
         a software switch also spends ``hop_s`` per pass (up, then down)."""
-        from ringtree.core.tuner import ranking
+        from ringtree.tuning.tuner import ranking
 
         ranked = ranking(coll, nbytes, n, enabled, model, opts)
         best_host = next(((a, t) for a, t in ranked if not a.startswith("collnet")), None)

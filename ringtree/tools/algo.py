@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from ringtree.core.ir import Collective, parse_collective
+from ringtree.ir.program import Collective, parse_collective
 from ringtree.schedules import Options, algorithms, generate_all, has
 from ringtree.tools import figure
 
@@ -135,7 +135,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ringtree.core.check import CheckError, check_programs
+    from ringtree.ir.check import CheckError, check_programs
 
     colls = list(Collective) if args.collective == "all" else [parse_collective(args.collective)]
     failed = checked = 0

@@ -13,7 +13,7 @@ import shutil
 from collections import deque
 from dataclasses import dataclass
 
-from ringtree.core.ir import Collective, Program, Ref, Step
+from ringtree.ir.program import Collective, Program, Ref, Step
 
 ABBREV = {
     "send": "S", "recv": "R", "copy": "C", "reduce": "+", "copySend": "CS",

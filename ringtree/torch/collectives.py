@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ringtree.core.planner import P2P_CHANNEL_BASE
+from ringtree.runtime.planner import P2P_CHANNEL_BASE
 from ringtree.torch.monitored import monitored_barrier
 from ringtree.torch.sparse import all_reduce_coo, check_sparse
 from ringtree.torch.tensors import Staged, for_move, for_reduce, run_all

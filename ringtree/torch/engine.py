@@ -15,7 +15,7 @@ Here only what torch adds:
 - *Latency*: the worker sleeps in the transports at most :data:`WAIT_CAP` while calls
   are in flight, so calls issued meanwhile start promptly (the transports offer no
   wake-up descriptor yet).
-- *Receive from any source*: a probe (:meth:`~ringtree.core.executor.Executor.probe`) peeks
+- *Receive from any source*: a probe (:meth:`~ringtree.runtime.executor.Executor.probe`) peeks
   each peer's connection on the tag's channel; for the first peer with a message waiting,
   ``on_match`` posts an ordinary receive. It runs on a thread of its own, never on the
   driving thread: it takes the process group's lock, which a thread holding that lock

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ringtree.core.wire import WireHeader
+from ringtree.ir.wire import WireHeader
 
 HEADER_BYTES = WireHeader.SIZE  # the header is opaque here: compared, never parsed
 

@@ -22,15 +22,15 @@ from collections import deque
 
 import numpy as np
 
-from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
+from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
 from ringtree.switch.client import SwitchGroup, SwitchLink, SwitchOp
 from ringtree.transports.base import Request, Transport
 
 _DTYPES = list(DType)
 _OPS = list(ReduceOp)
-# byte offsets in the message header (ringtree.core.wire.WireHeader)
+# byte offsets in the message header (ringtree.ir.wire.WireHeader)
 _COLL_AT, _DTYPE_AT, _OP_AT, _ROOT_AT = 24, 25, 26, 28
 _BROADCAST = Collective.BROADCAST.code
 _REDUCING = {c.code for c in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER,

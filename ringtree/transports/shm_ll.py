@@ -230,8 +230,8 @@ class LL:
 
     def _mismatch(self, peer: int, mine: int, theirs: int, s: int, their_seq: int,
                   what) -> str:
-        from ringtree.core.ir import Collective
         from ringtree.dtypes import DType
+        from ringtree.ir.program import Collective
         from ringtree.ops import ReduceOp
 
         tables = ([c.value for c in Collective], [d.value for d in DType],

@@ -31,8 +31,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from ringtree.core.ir import Collective
 from ringtree.dtypes import DType
+from ringtree.ir.program import Collective
 from ringtree.ops import _UFUNC, ReduceOp, Reducer, quiet
 from ringtree.transports.shm_ll import INLINE, LL, fingerprint
 

@@ -1,0 +1,277 @@
+"""Running planned calls on the LL protocol: the communicator's side of
+:mod:`ringtree.transports.shm_ll`.
+
+A communicator whose ranks all share one host opens one LL segment at creation (a
+collective through the store, like the shm transport's setup). From then on:
+
+- a call the planner gives to LL runs here, on the calling thread, without the executor:
+  write, publish, wait, read (:class:`~ringtree.transports.shm_ll_coll.LLOp`); an async
+  call is queued for the LL thread, and a thread that waits for its Work first runs the
+  queue up to that call itself (it would only sleep until the LL thread had: this saves
+  two thread hand-offs per call, which is most of a small call's time when ranks
+  outnumber cores);
+- a call that runs on Simple *announces* itself in the segment (its sequence number and
+  fingerprint), so a rank that chose LL for what should be the same call — it disagrees
+  on the size — gets a MismatchError instead of waiting, and the Simple rank finds out
+  too when its executor is idle (:meth:`LLRunner.check`);
+- memory order with Simple work still in flight (async calls) is kept: an LL call whose
+  buffers overlap such a call waits for it first, as on one NCCL stream.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+
+from ringtree.dtypes import DType
+from ringtree.errors import RingtreeError
+from ringtree.ir.program import Collective
+from ringtree.runtime import at_exit
+from ringtree.transports.shm_ll import LL, fingerprint, open_ll
+from ringtree.transports.shm_ll_coll import LLOp, fits
+from ringtree.work import Work
+
+MAX_RANKS = 255          # the fingerprint's root field and the cost of polling every line
+CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
+SMALL_CELL = 64 << 10    # with many ranks: the segment is nranks x 2 cells
+
+
+def default_cell(nranks: int) -> int:
+    """Cells hold the largest contribution :data:`ringtree.tuning.proto.THRESHOLDS` gives
+    LL (pages are touched only as far as calls use them)."""
+    return CELL if nranks <= 8 else SMALL_CELL
+
+
+class LLDesc:
+    """What the flight recorder and error messages show of an LL call (the fields of
+    :class:`~ringtree.runtime.plan.Desc` they read)."""
+
+    __slots__ = ("name", "count", "dtype", "op", "root", "seq")
+    algo = "LL"
+
+    def __init__(self, label: tuple, seq: int):
+        self.name, self.count, self.dtype, self.op, self.root = label
+        self.seq = seq
+
+    def __str__(self) -> str:
+        root = f", root={self.root}" if self.root >= 0 else ""
+        return (f"{self.name}(count={self.count}, {self.dtype}, {self.op}{root}, "
+                f"proto=LL) seq {self.seq}")
+
+
+class LLRunner:
+    """One communicator's LL segment and the ops prepared on it."""
+
+    def __init__(self, ll: LL):
+        self.ll = ll
+        self.cell = ll.cell_bytes
+        self.ops: dict[tuple, LLOp] = {}
+        # async LL calls run in issue order on a thread of their own; anything else that
+        # takes a sequence number (an LL call, a Simple call's announcement) drains it
+        self.pending = 0
+        self._running = False    # a queued call is being run (by the LL thread or a waiter)
+        self._queue: deque = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._gone: threading.Thread | None = None  # the thread last let go (exit joins it)
+
+    @classmethod
+    def for_comm(cls, comm) -> LLRunner | None:
+        """The LL segment when every rank of ``comm`` is on this host and shared memory
+        is in use; None otherwise (every call then runs on Simple). Collective."""
+        from ringtree.bootstrap.job import crowded
+        from ringtree.transports.assign import shm_supported
+        from ringtree.tuning.proto import LL as LL_PROTO
+
+        s = comm.settings
+        if comm.size > MAX_RANKS or len(set(comm.nodes)) != 1 or s.transport == "tcp" or \
+                not shm_supported() or all(LL_PROTO not in v for v in comm.proto_enabled.values()):
+            return None
+        runner = cls.open(comm, cell_bytes=s.ll_cell or default_cell(comm.size),
+                          spin_us=s.ll_spin_us if s.ll_spin_us is not None else
+                          0.0 if crowded(comm.size) else 5.0, yield_us=s.ll_yield_us)
+        comm.fabric.closers.append(runner.close)
+        return runner
+
+    @classmethod
+    def open(cls, comm, *, cell_bytes: int, spin_us: float, yield_us: float) -> LLRunner:
+        """Collective over ``comm``'s ranks (all on this host)."""
+        ll = open_ll(comm.store, f"{comm.prefix}/ll", comm.rank, comm.size, comm.timeout,
+                     cell_bytes=cell_bytes, spin_us=spin_us, yield_us=yield_us,
+                     on_idle=comm._check_abort)
+        return cls(ll)
+
+    def fits(self, coll: Collective, count: int, itemsize: int) -> bool:
+        return fits(self.ll, coll, count, itemsize)
+
+    def op(self, coll: Collective, dt: DType, count: int, op_code: int, root: int) -> LLOp:
+        key = (coll, dt, count, op_code, root)
+        o = self.ops.get(key)
+        if o is None:
+            if len(self.ops) > 512:
+                self.ops.clear()
+            o = self.ops[key] = LLOp(self.ll, coll, dt, count, op_code, root)
+        return o
+
+    def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):
+        """Run ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) on ``op``: now, or,
+        if ``async_op``, on the LL thread (the Work completes there)."""
+        if async_op:
+            return self.submit(comm, op, spec.inp, spec.out, spec.reducer, spec.result,
+                               spec.post, seq, timeout)
+        if self.pending:
+            self.drain()
+        return self.run_arrays(comm, op, spec.inp, spec.out, spec.reducer, spec.result,
+                               spec.post, seq, False, timeout)
+
+    # ---- async calls: one thread, issue order --------------------------------------------
+
+    def submit(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
+               timeout: float | None) -> Work:
+        work = Work(op.name)
+        work.help = lambda: self.help(work)
+        with self._cv:
+            self._queue.append((comm, op, inp, out, red, result, post, seq, timeout, work))
+            self.pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name=f"ringtree-ll-rank{comm.rank}")
+                self._thread.start()
+                at_exit.register(self)
+            self._cv.notify_all()
+        return work
+
+    def drain(self) -> None:
+        """Wait until every async LL call issued so far has finished."""
+        with self._cv:
+            while self.pending:
+                self._cv.wait(0.1)
+
+    def help(self, work: Work) -> None:
+        """Run the queued calls up to and including ``work``'s on this thread, in issue
+        order and one at a time with the LL thread; return once ``work``'s call has been
+        taken from the queue (by this thread or the LL thread)."""
+        while True:
+            with self._cv:
+                while self._running:
+                    self._cv.wait(0.1)
+                if not any(item[-1] is work for item in self._queue):
+                    return
+                item = self._queue.popleft()
+                self._running = True
+            self._run_queued(item)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue or self._running:
+                    if self._thread is not threading.current_thread():
+                        return
+                    self._cv.wait(0.5)
+                item = self._queue.popleft()
+                self._running = True
+            self._run_queued(item)
+
+    def _run_queued(self, item: tuple) -> None:
+        comm, op, inp, out, red, result, post, seq, timeout, work = item
+        try:
+            self.run_arrays(comm, op, inp, out, red, result, post, seq, False, timeout)
+            err = None
+        except BaseException as e:  # noqa: BLE001 - the Work raises it
+            err = e
+        with self._cv:
+            self.pending -= 1
+            self._running = False
+            self._cv.notify_all()
+        work._finish(None if err is not None else result, err)
+
+    def announce(self, fp: int) -> None:
+        if self.pending:
+            self.drain()
+        self.ll.announce(fp)
+
+    # ---- one call ---------------------------------------------------------------------------
+
+    def run_arrays(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
+                   async_op: bool, timeout: float | None):
+        """Run call ``seq`` on ``op`` now, on this thread; a failure goes through
+        ``comm._on_error`` (recorded for every rank)."""
+        t = comm.timeout if timeout is None else timeout
+        if comm.executor.busy:  # async Simple work in flight: keep the memory order
+            self._order(comm, inp, out)
+        fr = comm.flight
+        e = fr.begin(LLDesc(op.label, seq)) if fr is not None else None
+        obs = comm.executor.observer  # the profiler: the call's entry and exit, no steps
+        if obs.active:
+            nbytes = max(0 if inp is None else inp.nbytes, 0 if out is None else out.nbytes)
+            obs.outside_begin(LLDesc(op.label, seq), op.coll.code, nbytes)
+        try:
+            op.run(inp, out, red, t)
+            if post is not None:
+                post()
+            if obs.active:
+                obs.outside_end(seq, op.coll.code)
+        except RingtreeError as err:
+            err = comm._on_error(err)
+            if e is not None:
+                fr.end(e, err)
+            if not async_op:
+                raise err from None
+            work = Work(op.name)
+            work._finish(None, err)
+            return work
+        if e is not None:
+            fr.end(e)
+        if async_op:
+            work = Work(op.name)
+            work._finish(result)
+            return work
+        return result
+
+    @staticmethod
+    def _order(comm, inp, out) -> None:
+        progress = comm.progress
+        with progress.cv:
+            before = comm.executor.overlapping((inp, out), (False, True))
+        if before:
+            progress.drive_until(lambda: all(b.done for b in before))
+
+    @staticmethod
+    def simple_fingerprint(coll: Collective, dt: DType, count: int, op_code: int,
+                           root: int) -> int:
+        return fingerprint(coll.code, dt.code, op_code, root, count, simple=True)
+
+    def check(self) -> None:
+        """Idle hook of a Simple call: MismatchError if a peer runs another call."""
+        self.ll.check_announced(lambda: "the current call")
+
+    def _let_go(self) -> None:
+        with self._cv:
+            if self._thread is not None:
+                self._gone = self._thread
+            self._thread = None
+            self._cv.notify_all()
+
+    def release_thread(self) -> threading.Thread | None:
+        """:func:`ringtree.runtime.at_exit.register`'s hook: let the LL thread go and return
+        it, or the one :meth:`close` let go, which may still be returning from its last
+        call: its frame holds the call's arrays, and an array over a torch tensor freed
+        after the interpreter began to finalize aborted the process ("terminate called
+        without an active exception", torchrun's DDP example under load, about one run in
+        thirty)."""
+        self._let_go()
+        return self._gone
+
+    def close(self) -> None:
+        """Close the segment (a thread waiting in it fails) and let the LL thread go."""
+        self.ll.close()
+        self._let_go()
+
+
+def crowded(nranks: int) -> bool:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return nranks > cores

@@ -1,0 +1,359 @@
+"""The planner: from a validated call (:class:`CallSpec`) to a call ready to run.
+
+It owns every decision between the API and the executor:
+
+- *algorithm*: the caller's ``algo=``, else the tuner (:mod:`ringtree.tuning.tuner`) on the
+  call's size, cached per (collective, bytes);
+- *protocol*: :meth:`Planner._protocol` chooses LL (:mod:`ringtree.runtime.ll_runner`) or
+  Simple (the IR executor) by size (:mod:`ringtree.tuning.proto`); an LL plan carries its
+  prepared op, every plan on a single-host communicator the fingerprint it announces;
+- *fallbacks*: an algorithm that cannot run in place gets a private copy of the input;
+  PREMUL_SUM reduces a pre-scaled copy (the user's input is never changed);
+- *scratch*: a plan keeps its scratch and staging buffers and lends them to one call at a
+  time (a second call in flight on the same plan gets fresh ones);
+- *caches*: a :class:`Plan` per call shape. A call that repeats the previous call's shape
+  (collective, count, dtype, op, root, in-place, algorithm) gets the same plan back after
+  one tuple comparison, with no Program generated or compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ringtree.dtypes import DType
+from ringtree.ir.program import Buf, Collective, Program, Step, inp, out, split_even
+from ringtree.ir.wire import P2P_CODE
+from ringtree.ops import ReduceOp, Reducer
+from ringtree.runtime.plan import Call, CStep, Desc, Region, compile_program
+from ringtree.schedules import Options, algorithms, generate
+from ringtree.schedules.hierarchical import ALL_REDUCE_PIECE_BYTES, PIECE_BYTES, pieces_for
+from ringtree.tuning.proto import LL, SIMPLE, choose_protocol
+from ringtree.tuning.tuner import MODELS, choose
+
+P2P_CHANNEL_BASE = 64   # send/recv with tag t run on channel P2P_CHANNEL_BASE + t
+SHAPE_FIELDS = 9        # CallSpec[:SHAPE_FIELDS] is the plan's cache key
+
+
+class CallSpec(NamedTuple):
+    """One validated call: its shape (the first :data:`SHAPE_FIELDS` fields, which
+    decide the plan) and the buffers it runs on. Built by :mod:`ringtree.api`."""
+
+    coll: Collective | None      # None: point-to-point
+    count: int                   # elements per block (send/recv: elements)
+    dtype: DType
+    op: ReduceOp | None          # None: no reduction, or a user operator
+    root: int                    # root rank; the peer of a send/recv; -1 otherwise
+    in_place: bool
+    algo: str | None             # requested algorithm (None: tuner); "send"/"recv"
+    blocks: tuple[tuple[int, ...], tuple[int, ...]] | None  # uneven (input, output) blocks
+    tag: int                     # send/recv tag
+    inp: np.ndarray | None       # flat typed views
+    out: np.ndarray | None
+    reducer: Reducer | None
+    result: Any                  # what the call returns
+    post: Callable[[], None] | None  # runs after success (e.g. copy into an out list)
+
+
+_COPY, _PREMUL = 1, 2
+
+
+class Plan:
+    """A call shape compiled for this rank: steps, descriptor fields and buffers to lend."""
+
+    __slots__ = ("key", "protocol", "algo", "steps", "name", "coll_code", "root",
+                 "channel_base", "stage", "scratch_len", "scratch_fill", "avg",
+                 "_scratch", "_staging", "busy", "ll_op", "announce")
+
+    def __init__(self, key: tuple, algo: str, steps: list[list[CStep]], *, name: str,
+                 coll_code: int, root: int, channel_base: int = 0, stage: int = 0,
+                 scratch_len: int = 0, scratch_fill: int | None = None, avg: bool = False,
+                 protocol: str = "simple"):
+        self.key, self.protocol, self.algo, self.steps = key, protocol, algo, steps
+        self.name, self.coll_code, self.root = name, coll_code, root
+        self.channel_base, self.stage, self.avg = channel_base, stage, avg
+        self.scratch_len, self.scratch_fill = scratch_len, scratch_fill
+        self._scratch: np.ndarray | None = None
+        self._staging: np.ndarray | None = None
+        self.busy = False  # a call in flight holds this plan's buffers
+        self.ll_op = None  # the prepared LL call, when the protocol is LL
+        self.announce = 0  # fingerprint a Simple run of it publishes in the LL segment
+
+    def bind(self, spec: CallSpec, seq: int, nranks: int) -> Call:
+        """The Call that runs ``spec`` (sequence number ``seq``) on this plan."""
+        own = not self.busy
+        inp, dt, red = spec.inp, spec.dtype, spec.reducer
+        if self.stage and inp is not None:
+            stage = self._staging if own else None
+            if stage is None or stage.size != inp.size or stage.dtype != inp.dtype:
+                stage = np.empty_like(inp)
+                self._staging = stage if own else self._staging
+            if self.stage == _PREMUL:
+                assert red is not None
+                red.premultiply(inp, stage)
+            else:
+                np.copyto(stage, inp)
+            inp = stage
+        scratch = None
+        if self.scratch_len:
+            scratch = self._scratch if own else None
+            if scratch is None:
+                scratch = np.zeros(self.scratch_len, dtype=dt.storage)
+                self._scratch = scratch if own else self._scratch
+            if self.scratch_fill is not None:
+                scratch[:] = self.scratch_fill
+        post = spec.post
+        if self.avg and spec.out is not None:
+            assert red is not None
+            divide = functools.partial(red.postdivide, spec.out, nranks)
+            post = divide if post is None else _chain(post, divide)
+        desc = Desc(self.name, spec.count, dt.value, dt.code,
+                    red.name if red is not None else "-", red.code if red is not None else 0,
+                    self.root, seq, self.algo, self.coll_code)
+        call = Call(self.steps, [inp, spec.out, scratch], red, desc,
+                    channel_base=self.channel_base, post=post)
+        if own:
+            self.busy = True
+            call.plan = self
+        return call
+
+
+def _chain(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        a()
+        b()
+    return both
+
+
+def link_kind(nodes: tuple[int, ...], transport: str) -> str:
+    """The cost model every rank agrees on: shm when the whole job is on one host (and
+    shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
+    from ringtree.bootstrap.job import crowded
+
+    if len(set(nodes)) != 1 or transport == "tcp":
+        return "tcp"
+    return "shm_crowded" if crowded(len(nodes)) else "shm"
+
+
+class Planner:
+    """Chooses algorithms and builds plans for one rank of a communicator."""
+
+    def __init__(self, rank: int, size: int, nodes: tuple[int, ...], *, nchannels: int,
+                 slice_bytes: int, algo_enabled: dict, link: str, transport: str = "auto",
+                 debug: str = ""):
+        self.rank, self.size, self.nodes = rank, size, nodes
+        self.nchannels, self.slice_bytes = nchannels, slice_bytes
+        self.algo_enabled, self.link = algo_enabled, link
+        self.transport, self.debug = transport, debug
+        self.collnet: Any = None   # ringtree.switch.collnet.CollNet, set by the communicator
+        self.topology: Any = None  # ringtree.tuning.links.Topology when ranks span hosts
+        self._plans: dict[tuple, Plan] = {}
+        self._choices: dict[tuple[Collective, int], tuple[str, str]] = {}  # (model, used)
+        self.online: Any = None    # ringtree.tuning.autotune.OnlineChoice, or None
+        self._last: Plan | None = None
+        self.ll = None                      # the communicator's LLRunner, if any
+        self.proto_enabled: dict = {}       # RINGTREE_PROTO per collective
+
+    def relayout(self, nodes: tuple[int, ...]) -> None:
+        """Plan for the node layout ``nodes`` from now on, forgetting the plans and
+        algorithm choices made for the old one (tests fake multi-host layouts on one)."""
+        self.nodes = nodes
+        self._plans.clear()
+        self._choices.clear()
+        self._last = None
+
+    def plan(self, spec: CallSpec) -> Plan:
+        """The plan for ``spec``'s shape: the previous call's if the shape repeats."""
+        last = self._last
+        if last is not None and last.key == spec[:SHAPE_FIELDS]:
+            return last
+        key = spec[:SHAPE_FIELDS]
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 512:
+                self._plans.clear()
+            plan = self._plans[key] = self._build(spec, key)
+        self._last = plan
+        return plan
+
+    def choose(self, coll: Collective, nbytes: int, algo: str | None = None,
+               spec: CallSpec | None = None) -> str:
+        """The algorithm for a call of ``nbytes`` (the caller's ``algo`` if given).
+
+        The model's choice, or where the model cannot tell its best candidates apart and
+        ``online`` is set (:mod:`ringtree.tuning.autotune`), the one measured fastest on the
+        communicator at the first such call (``spec``: the call, whose shape the
+        measurement copies). A reduction of another shape uses the measured winner only
+        where it gives the model's choice's bits for that shape too."""
+        if algo is not None:
+            return algo.lower()
+        key = (coll, nbytes)
+        cached = self._choices.get(key)
+        if cached is None:
+            opts = self._options(coll, nbytes)
+            model = self.model()
+            enabled = self.algo_enabled.get(coll)
+            if self.collnet is None:  # CollNet only where a switch was set up, as NCCL
+                enabled = {a for a in (enabled or algorithms(coll))
+                           if not a.startswith("collnet")}
+            first = choose(coll, nbytes, self.size, enabled, model, opts)
+            if self.collnet is not None and first.startswith("collnet"):
+                first = self.collnet.prefer(coll, nbytes, self.size, enabled, model, opts)
+            ranked = None
+            if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._choices) < 64:
+                from ringtree.tuning.tuner import ranking
+
+                ranked = ranking(coll, nbytes, self.size, enabled, model, opts)
+                rank_text = ", ".join(f"{a} {t * 1e6:,.0f}" for a, t in ranked[:4])
+                print(f"ringtree: {coll.value} {nbytes} B: chose {first}; predicted us: "
+                      f"{rank_text}", flush=True)
+            chosen = first
+            if self.online is not None and spec is None:
+                return first  # nothing to measure with: ask again at the call itself
+            if self.online is not None and spec is not None:
+                if ranked is None:
+                    from ringtree.tuning.tuner import ranking
+
+                    ranked = ranking(coll, nbytes, self.size, enabled, model, opts)
+                chosen = self.online.decide(spec, nbytes, first, ranked,
+                                            self._options(coll, nbytes, spec.root))
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            cached = self._choices[key] = (first, chosen)
+        first, chosen = cached
+        if chosen != first and spec is not None and self.online is not None and \
+                not self.online.same_bits(spec, first, chosen,
+                                          self._options(coll, nbytes, spec.root)):
+            return first
+        return chosen
+
+    def model(self):
+        """The tuner's cost model: per link class when ranks span hosts."""
+        if self.topology is None:
+            return MODELS[self.link]
+        from ringtree.tuning.tuner import host_model
+
+        intra = "tcp" if self.transport == "tcp" else \
+            "shm_crowded" if self.topology.crowded else "shm"
+        return host_model(self.topology, MODELS[intra])
+
+    def _options(self, coll: Collective, nbytes: int, root: int = 0) -> Options:
+        """The generators' options; hierarchical pieces depend on size."""
+        params = () if coll not in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER,
+                                    Collective.ALL_GATHER) else \
+            pieces_for(nbytes, self.nodes, self.nchannels, ALL_REDUCE_PIECE_BYTES
+                       if coll is Collective.ALL_REDUCE else PIECE_BYTES)
+        return Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes,
+                       params=params)
+
+    def _slices(self) -> int:
+        """Slice bytes of a collective's plan. With one rank per host every step crosses
+        the network and forwards a slice only once it has arrived whole, so a slice of
+        about a millisecond of the link (a power of two, at least 64 KiB, at most
+        ``RINGTREE_BUFFSIZE``/4) keeps each hop's link busy while the next is reduced;
+        otherwise ``RINGTREE_BUFFSIZE``/4."""
+        t = self.topology
+        if t is None or t.hosts != self.size:
+            return self.slice_bytes
+        return min(self.slice_bytes, 1 << max(16, (int(t.bandwidth * 1e-3) - 1).bit_length()))
+
+    def program(self, coll: Collective, algo: str, root: int, nbytes: int = 0) -> Program:
+        opts = self._options(coll, nbytes, root)
+        prog = generate(coll, algo, self.size, self.rank, opts)
+        if self.collnet is not None and prog.meta.get("virtual_programs"):
+            self.collnet.ensure(prog)  # join the switch groups this rank talks to
+        return prog
+
+    def _collnet_algo(self, spec: CallSpec, algo: str, nbytes: int) -> str:
+        """``algo`` if the switch can serve this call; else a clear error when the caller
+        asked for CollNet, or the best host algorithm when the tuner did (the switch
+        reduces SUM, MIN and MAX on SHARP's dtypes only: never a wrong answer)."""
+        from ringtree.switch.wire import check_call
+
+        nnodes = len(set(self.nodes))
+        if nnodes < 2:
+            return algo  # one host: the schedule never reaches a switch
+        if self.collnet is None:
+            raise ValueError(f"{algo} runs on an in-network aggregation switch: set "
+                             "RINGTREE_COLLNET_ENABLE=1 and RINGTREE_COLLNET_SWITCH=ADDR:PORT")
+        red = spec.reducer
+        op = None if red is None or red.user is not None else red.op
+        members = nnodes
+        if spec.coll in (Collective.BROADCAST, Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+            members = self.size  # every rank is a member (ringtree.schedules.collnet_mc)
+            if spec.coll is not Collective.REDUCE_SCATTER:
+                op = ReduceOp.SUM  # a multicast reduces nothing
+        why = check_call(op, spec.dtype, nbytes, members)
+        if why is None:
+            return algo
+        if spec.algo is not None:
+            raise ValueError(f"{algo}: {why}")
+        coll = spec.coll
+        assert coll is not None
+        host = {a for a in (self.algo_enabled.get(coll) or algorithms(coll))
+                if not a.startswith("collnet")}
+        return choose(coll, nbytes, self.size, host, self.model(),
+                      self._options(coll, nbytes))
+
+    # ---- building -------------------------------------------------------------------------
+
+    def _build(self, spec: CallSpec, key: tuple) -> Plan:
+        if spec.coll is None:
+            return self._p2p(spec, key)
+        coll, count, itemsize = spec.coll, spec.count, spec.dtype.itemsize
+        if spec.blocks is not None:
+            in_blocks, out_blocks = spec.blocks
+        else:
+            nin, nout = coll.blocks(self.size)
+            in_blocks, out_blocks = (count,) * nin, (count,) * nout
+        nbytes = count * itemsize * max(len(in_blocks), len(out_blocks), 1)
+        algo = self.choose(coll, nbytes, spec.algo, spec)
+        if algo.startswith("collnet"):
+            algo = self._collnet_algo(spec, algo, nbytes)
+        protocol = self._protocol(spec, nbytes)
+        prog = self.program(coll, algo, spec.root, nbytes)
+        stage, in_place = 0, spec.in_place
+        if spec.op is ReduceOp.PREMUL_SUM and spec.inp is not None:
+            stage, in_place = _PREMUL, False  # reduce a scaled copy, never the input
+        elif in_place and not prog.in_place_ok:
+            stage, in_place = _COPY, False    # the algorithm needs input and output apart
+        steps = compile_program(prog, list(in_blocks), list(out_blocks), count, itemsize,
+                                self._slices(), in_place)
+        avg = spec.op is ReduceOp.AVG and (coll is not Collective.REDUCE
+                                           or self.rank == spec.root)
+        plan = Plan(key, algo, steps, name=coll.value, coll_code=coll.code, root=spec.root,
+                    stage=stage, scratch_len=prog.blocks(Buf.SCRATCH) * count if prog.scratch
+                    else 0, scratch_fill=1 if coll is Collective.BARRIER else None, avg=avg,
+                    protocol=protocol)
+        if self.ll is not None:
+            code = spec.reducer.code if spec.reducer is not None else 0
+            plan.announce = self.ll.simple_fingerprint(coll, spec.dtype, count, code, spec.root)
+            if protocol == LL:
+                plan.ll_op = self.ll.op(coll, spec.dtype, count, code, spec.root)
+        return plan
+
+    def _protocol(self, spec: CallSpec, nbytes: int) -> str:
+        """LL or Simple for a call of ``nbytes`` (:func:`ringtree.tuning.proto.choose_protocol`):
+        LL only on a single-host communicator, for calls that name no algorithm."""
+        ll = self.ll
+        if ll is None or spec.coll is None or spec.algo is not None or spec.blocks is not None:
+            return SIMPLE
+        return choose_protocol(spec.coll, nbytes, self.size, self.proto_enabled.get(spec.coll),
+                               ll.fits(spec.coll, spec.count, spec.dtype.itemsize))
+
+    def _p2p(self, spec: CallSpec, key: tuple) -> Plan:
+        sending, n = spec.algo == "send", spec.count
+        region = Region(int(Buf.INPUT if sending else Buf.OUTPUT), 0, n)
+        slice_elems = max(1, self.slice_bytes // spec.dtype.itemsize)
+        nsl = -(-n // slice_elems) if n else 0
+        slices = tuple(split_even(n, nsl, k) for k in range(nsl))
+        if sending:
+            cs = CStep(0, Step(src=inp(0), send_to=(spec.root,)), region, None, n, slices, ())
+        else:
+            cs = CStep(0, Step(dst=out(0), recv_from=(spec.root,)), None, region, n, slices,
+                       ())
+        return Plan(key, "p2p", [[cs]], name="send" if sending else "recv",
+                    coll_code=P2P_CODE, root=spec.tag, channel_base=P2P_CHANNEL_BASE + spec.tag)

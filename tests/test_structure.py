@@ -10,6 +10,9 @@
 from __future__ import annotations
 
 import ast
+import hashlib
+import re
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "ringtree"
@@ -94,3 +97,87 @@ def test_the_allowed_upward_imports_are_still_there():
     mods = _modules()
     stale = [k for k in UPWARD if k[0] not in mods or k[1] not in _imports(mods[k[0]], k[0])]
     assert stale == []
+
+
+# ---- measures ------------------------------------------------------------------------
+
+MAX_MODULE_LINES = 450
+MAX_COMPLEXITY = 15
+# Functions allowed above MAX_COMPLEXITY, with their bound and why (none today).
+COMPLEX: dict[str, int] = {}
+# Runs of RUN_LINES identical code lines that may stand in two places, and why.
+RUN_LINES = 6
+REPEATED: dict[frozenset[str], str] = {}
+
+
+def test_no_module_is_longer_than_the_bound():
+    long = {str(f.relative_to(ROOT.parent)): n for f in ROOT.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_function_is_more_complex_than_the_bound():
+    """McCabe complexity as ``ruff``'s C901 counts it."""
+    import json
+    import subprocess
+    import sys
+
+    ruff = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "C901", "--output-format", "json",
+         "--config", f"lint.mccabe.max-complexity={MAX_COMPLEXITY}", str(ROOT)],
+        capture_output=True, text=True)
+    if ruff.returncode not in (0, 1) or not ruff.stdout.strip().startswith("["):
+        pytest.skip(f"ruff is not usable here: {ruff.stderr.strip()[:200]}")
+    too = {}
+    for item in json.loads(ruff.stdout):
+        name = re.search(r"`([^`]+)`", item["message"]).group(1)
+        where = f"{Path(item['filename']).relative_to(ROOT.parent)}:{name}"
+        value = int(re.search(r"\((\d+) >", item["message"]).group(1))
+        if value > COMPLEX.get(where, MAX_COMPLEXITY):
+            too[where] = value
+    assert too == {}
+
+
+def _code_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text with white space folded) of the lines that count: not blank,
+    not comments, docstrings, imports or lone punctuation."""
+    skip: set[int] = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            skip.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            skip.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        text = " ".join(line.split())
+        if i in skip or not text or text.startswith("#") or not re.search(r"\w", text):
+            continue
+        out.append((i, text))
+    return out
+
+
+def repeated_runs() -> dict[frozenset[str], int]:
+    """Files that share runs of :data:`RUN_LINES` identical code lines (a file with itself
+    when a run stands twice in it), with how many such runs they share."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for f in sorted(ROOT.rglob("*.py")):
+        lines = _code_lines(f)
+        name = str(f.relative_to(ROOT.parent))
+        for k in range(len(lines) - RUN_LINES + 1):
+            run = "\n".join(t for _, t in lines[k:k + RUN_LINES])
+            where[hashlib.sha1(run.encode()).hexdigest()].append(name)
+    shared: dict[frozenset[str], int] = defaultdict(int)
+    for files in where.values():
+        if not 1 < len(files) <= 8:  # more than eight places: an idiom, not a copy
+            continue
+        for i in range(len(files)):
+            for j in range(i + 1, len(files)):
+                shared[frozenset((files[i], files[j]))] += 1
+    return dict(shared)
+
+
+def test_no_code_is_repeated_unless_kept_on_purpose():
+    assert sorted(sorted(k) for k in repeated_runs() if k not in REPEATED) == []

@@ -344,22 +344,8 @@ class Harness:
             sec = be.allreduce_f64(sec, "min" if o.average == 2 else "max")
         algbw, busbw = self.spec.bw(self.counts.param, dt.itemsize, sec, self.n)
         be.barrier()
-        wrong: int | None = None
         self.rep += 1
-        # nccl-tests: "We don't support in-place sendrecv" (not checked, not counted)
-        checked = o.check and not (in_place and o.coll == "sendrecv")
-        if checked:
-            wrong = 0
-            for _ in range(o.check):
-                self.init_data(op, root, in_place, self.rep)
-                self.start(dt, op, root, in_place, 0, blocking)
-                self.complete()
-                mine = self.check_data(op, root, in_place, self.rep)
-                wrong = int(round(be.allreduce_f64(float(mine), "sum")))
-                if wrong:
-                    break
-            if wrong:
-                self.errors += 1
+        wrong = self.verify(dt, op, root, in_place, blocking)
         t_us = (cpu_sec if o.cputime else sec) * 1e6
         self.p.write(fmt.row_body(t_us, algbw, busbw, wrong))
         of_bound = None
@@ -371,6 +357,25 @@ class Harness:
             self.report.body(in_place, t_us, algbw, busbw, wrong, of_bound)
         self.bw_sum += busbw
         self.bw_count += 1
+
+    def verify(self, dt: DType, op: str | None, root: int, in_place: bool,
+               blocking: bool) -> int | None:
+        """Wrong elements over all ranks after ``-c`` checked runs (None: not checked)."""
+        o, be = self.o, self.be
+        # nccl-tests: "We don't support in-place sendrecv" (not checked, not counted)
+        if not o.check or (in_place and o.coll == "sendrecv"):
+            return None
+        wrong = 0
+        for _ in range(o.check):
+            self.init_data(op, root, in_place, self.rep)
+            self.start(dt, op, root, in_place, 0, blocking)
+            self.complete()
+            mine = self.check_data(op, root, in_place, self.rep)
+            wrong = int(round(be.allreduce_f64(float(mine), "sum")))
+            if wrong:
+                self.errors += 1
+                break
+        return wrong
 
     # ---- data --------------------------------------------------------------------------
 

@@ -74,14 +74,13 @@ class Communicator:
         self.seq = 0
         self._p2p_seq: dict[tuple[int, int, str | None], int] = {}
         self._splits = 0
-        self._broken: BaseException | None = None
-        self._after_abort: str | None = None  # the first cause, when another rank failed
-        self._failing = False
+        self.health = failure.Health()  # written only by ringtree.failure
         self._owner = ThreadOwner()
         self.store_host_rank: int | None = None  # the rank whose process serves the store
         self._closed = False
         self._group: list[tuple[Call, Work | None, object]] | None = None
         self._group_depth = 0
+        self._monitored = 0  # monitored barriers so far (their keys in the store)
         # True: async calls are driven by the worker thread unless their waiter drives
         # them, and any thread may issue (the torch backend, whose autograd threads do).
         self.background = False
@@ -150,7 +149,7 @@ class Communicator:
             hit = self._fast.get((x.dtype, x.size, OP_NAMES.get(op.lower())
                                   if type(op) is str else op))
             if hit is not None and not async_op and self._group is None and \
-                    self._broken is None and not self.ll.pending:
+                    self.health.broken is None and not self.ll.pending:
                 f = x.flags
                 if f.c_contiguous and f.writeable and not self._closed:
                     xa = x if x.ndim == 1 else x.reshape(-1)
@@ -317,6 +316,16 @@ class Communicator:
         self.progress.cancel(err)
 
     @contextmanager
+    def ungrouped(self):
+        """Issue calls now, ahead of an open :meth:`group` (the online choice measures
+        candidates at the first call of a size, which may be inside a group)."""
+        group, self._group = self._group, None
+        try:
+            yield self
+        finally:
+            self._group = group
+
+    @contextmanager
     def group(self):
         """Issue the enclosed operations as one (``ncclGroupStart``/``ncclGroupEnd``).
 
@@ -373,14 +382,16 @@ class Communicator:
         (``torch.distributed.monitored_barrier``); see :mod:`ringtree.prof.watch`."""
         from ringtree.prof.watch import monitored_barrier
 
-        monitored_barrier(self, timeout, wait_all_ranks)
+        self._monitored += 1
+        monitored_barrier(self, self._monitored, timeout, wait_all_ranks)
 
     def _check_usable(self) -> None:
         if self._closed:
             raise CommAborted(f"rank {self.rank}: communicator is closed")
-        if self._broken is not None:
+        broken = self.health.broken
+        if broken is not None:
             raise CommAborted(f"rank {self.rank}: communicator is unusable after an earlier "
-                              f"error: {self._broken}")
+                              f"error: {broken}")
 
     # ---- split / close ------------------------------------------------------------------
 
@@ -414,9 +425,8 @@ class Communicator:
         """Tear down at once (``ncclCommAbort``): peers blocked on us get an error."""
         if self._closed:
             return
-        failure.record_abort(self, f"rank {self.rank} called abort()")
-        self._broken = self._broken or CommAborted(f"rank {self.rank} aborted")
-        self._fail_pending(self._broken)  # Works in flight raise instead of hanging
+        err = failure.aborted_here(self, f"rank {self.rank} called abort()")
+        self._fail_pending(err)  # Works in flight raise instead of hanging
         self.fabric.close()
         detach(self)
         self._closed = True

@@ -5,13 +5,29 @@ store under ``<prefix>/abort`` (compare-and-set: the first writer wins) before c
 sockets. Every other rank notices — through EOF on its sockets, or by looking at the store
 once a second while it waits (:func:`check_abort`) — and raises an error that carries that
 line, so each rank's message names the rank that started the failure. The communicator
-(:class:`ringtree.Communicator`) holds the state (``_broken``, ``_after_abort``); these
-functions are the policy.
+(:class:`ringtree.Communicator`) owns its :class:`Health`; these functions are the policy,
+and the only writers of it.
 """
 
 from __future__ import annotations
 
 from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
+
+
+class Health:
+    """A communicator's failure state, read by anyone (the doctor's status, the issue
+    path), written only by the functions of this module.
+
+    ``broken``: the error every later call raises (None while healthy);
+    ``after_abort``: the first cause, when this rank failed because another rank did;
+    ``failing``: this rank is reporting a failure (the doctor: not stuck)."""
+
+    __slots__ = ("broken", "after_abort", "failing")
+
+    def __init__(self) -> None:
+        self.broken: BaseException | None = None
+        self.after_abort: str | None = None
+        self.failing = False
 
 
 def abort_key(comm) -> str:
@@ -57,7 +73,7 @@ def fail(comm, e: BaseException) -> BaseException:
     The first cause wins: a rank that fails because of another rank's failure (an
     abort line in the store, or a peer that closed and left its reason in shared
     memory) names that cause, never the peer that merely closed on its way out."""
-    comm._failing = True  # the doctor: this rank is reporting, not stuck
+    comm.health.failing = True  # the doctor: this rank is reporting, not stuck
     if isinstance(e, CommAborted):
         err: BaseException = CommAborted(f"rank {comm.rank}: communicator aborted by "
                                          f"another rank: {e}")
@@ -72,7 +88,7 @@ def fail(comm, e: BaseException) -> BaseException:
         first = theirs.decode() if theirs else getattr(e, "cause", None)
         if first and abort_kind(comm) == b"mismatch":  # the cause, and its type
             err = MismatchError(f"rank {comm.rank}: {first}")
-            comm._broken = err
+            comm.health.broken = err
             comm.fabric.close(first)
             return err
         if first:
@@ -86,7 +102,7 @@ def fail(comm, e: BaseException) -> BaseException:
             reason = (f"rank {host}, which hosts the store, is gone (its store at "
                       f"{comm.store!r} is unreachable); seen by rank {comm.rank} as: {e}")
             err = PeerError(host, reason)
-            comm._broken = err
+            comm.health.broken = err
             comm.fabric.close(reason)
             return err
         reason = (f"rank {e.peer} died or closed its connection (seen by rank "
@@ -116,7 +132,7 @@ def fail(comm, e: BaseException) -> BaseException:
         err = CommAborted(f"rank {comm.rank}: the communicator was aborted because "
                           f"{won}\n(this rank then saw: {str(e).splitlines()[0]})")
         return broken_by(comm, err, won)
-    comm._broken = err
+    comm.health.broken = err
     comm.fabric.close(reason)
     return err
 
@@ -132,10 +148,19 @@ def record_abort(comm, reason: str) -> str | None:
 def broken_by(comm, err: BaseException, cause: str) -> BaseException:
     """Fail because of another rank's failure ``cause``: leave our state for the
     doctor ("exited after the abort", not "stuck"), pass the cause on as we close."""
-    comm._broken = err
-    comm._after_abort = cause
+    comm.health.broken = err
+    comm.health.after_abort = cause
     from ringtree.prof.watch import publish_closed
 
     publish_closed(comm)
     comm.fabric.close(cause)
     return err
+
+
+def aborted_here(comm, why: str) -> BaseException:
+    """This rank aborts (``comm.abort()``): record it for every rank; the error its own
+    calls in flight and later raise."""
+    record_abort(comm, why)
+    health = comm.health
+    health.broken = health.broken or CommAborted(f"rank {comm.rank} aborted")
+    return health.broken

@@ -15,6 +15,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent / "ringtree"
 
 # Bottom to top. A module belongs to the longest prefix that names it.

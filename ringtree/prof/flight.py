@@ -218,7 +218,8 @@ def status(comm, entries: int | None = 8, closed: bool = False) -> dict:
     """What this rank of ``comm`` is doing, as a JSON-able dict."""
     fr: FlightRecorder | None = getattr(comm, "flight", None)
     cur = fr.current() if fr is not None else None
-    broken = getattr(comm, "_broken", None)
+    health = comm.health
+    broken = health.broken
     state = "closed" if closed else "broken" if broken is not None else \
         "in_operation" if cur is not None else "idle"
     return {
@@ -233,8 +234,8 @@ def status(comm, entries: int | None = 8, closed: bool = False) -> dict:
         "waiting": _waiting(comm, cur),
         "where": where_main_thread(),
         "error": str(broken).split("\n")[0][:300] if broken is not None else None,
-        "after_abort": (getattr(comm, "_after_abort", None) or "")[:300] or None,
-        "failing": bool(getattr(comm, "_failing", False)),
+        "after_abort": (health.after_abort or "")[:300] or None,
+        "failing": health.failing,
         "timeout_s": comm.timeout,
         "entries": fr.entries(entries) if fr is not None else [],
     }

@@ -181,8 +181,10 @@ def with_diagnosis(comm, err: BaseException) -> BaseException:
 
 # ---- monitored barrier -------------------------------------------------------------------
 
-def monitored_barrier(comm, timeout: float | None = None, wait_all_ranks: bool = True) -> None:
-    """A barrier through the store that names the ranks that did not arrive.
+def monitored_barrier(comm, k: int, timeout: float | None = None,
+                      wait_all_ranks: bool = True) -> None:
+    """Monitored barrier number ``k`` of ``comm``: a barrier through the store that
+    names the ranks that did not arrive.
 
     Like ``torch.distributed.monitored_barrier``: it does not touch the data path, so it
     works when a peer's connection is broken, and on timeout every rank that arrived raises
@@ -190,8 +192,6 @@ def monitored_barrier(comm, timeout: float | None = None, wait_all_ranks: bool =
     or the first one with ``wait_all_ranks=False``) and where each of them is.
     """
     t = comm.timeout if timeout is None else float(timeout)
-    k = getattr(comm, "_mbarrier", 0) + 1
-    comm._mbarrier = k
     store, n = comm.store, comm.size
     base = f"{comm.prefix}/mbarrier"
     keys = [f"{base}/{k}/{r}" for r in range(n)]

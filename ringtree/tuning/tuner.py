@@ -15,6 +15,8 @@ from ringtree.ir.collectives import parse_list
 from ringtree.ir.program import Collective
 from ringtree.schedules import Options, algorithms, options_for, record
 from ringtree.schedules.stats import host_stats, schedule_stats
+from ringtree.transports import registry as transport_registry
+from ringtree.transports.base import LinkModel
 
 # The default algorithm of each collective, used when the cost model has no opinion.
 DEFAULTS: dict[Collective, str] = {c: c.spec.default_algo for c in Collective}
@@ -77,29 +79,11 @@ CROWDED_CALL = 140e-6
 CROWDED_WAKE = 50e-6
 
 
-@dataclass(frozen=True)
-class LinkModel:
-    """LogP/α-β-γ coefficients of one transport (seconds, seconds per byte).
-
-    ``alpha``: latency of one dependent step; ``overhead``: CPU cost of posting and
-    completing one message (large in Python: this is what makes log-step algorithms win
-    small sizes); ``beta``: per byte a rank sends; ``gamma``: per byte a rank reduces.
-    The defaults were fitted to ``ringtree perf`` on a 2-core host (``docs/tuning.md``).
-    """
-
-    alpha: float
-    overhead: float
-    beta: float
-    gamma: float
-
-
-MODELS = {
-    "tcp": LinkModel(alpha=40e-6, overhead=25e-6, beta=1 / 1.5e9, gamma=1 / 3e9),
-    "shm": LinkModel(alpha=8e-6, overhead=12e-6, beta=1 / 4e9, gamma=1 / 3e9),
-    # more ranks than cores on the host: every message costs context switches, so fewer,
-    # larger messages win (measured with benchmarks/algorithms.py, 4 ranks on 2 cores)
-    "shm_crowded": LinkModel(alpha=20e-6, overhead=60e-6, beta=1 / 2.5e9, gamma=1 / 3e9),
-}
+# The link models by key (``tcp``, ``shm``, ``shm_crowded``): each transport's record
+# carries its coefficients (:mod:`ringtree.transports.registry`), so a new transport
+# brings its own.
+MODELS = transport_registry.MODELS
+NETWORK = transport_registry.network().model  # the default model: links between hosts
 
 
 @dataclass(frozen=True)
@@ -135,10 +119,11 @@ class HostModel:
 def host_model(topo, intra: LinkModel) -> HostModel:
     """The :class:`HostModel` of a learned :class:`~ringtree.tuning.links.Topology`.
 
-    On a crowded machine a TCP message costs ``CROWDED_TCP_OVERHEAD`` of software instead
-    of ``MODELS["tcp"].overhead``; the measured α, which is half a ping-pong less that
-    overhead, gives the difference back so a hop is not charged twice."""
-    tcp = MODELS["tcp"]
+    The link between hosts is the network transport's (TCP). On a crowded machine a TCP
+    message costs ``CROWDED_TCP_OVERHEAD`` of software instead of its model's overhead;
+    the measured α, which is half a ping-pong less that overhead, gives the difference
+    back so a hop is not charged twice."""
+    tcp = transport_registry.network().model
     crowd = getattr(topo, "crowding", 0.0)
     if crowd > 1:
         o = CROWDED_TCP_OVERHEAD
@@ -155,7 +140,7 @@ def host_model(topo, intra: LinkModel) -> HostModel:
 
 
 def estimate(coll: Collective, algo: str, nbytes: int, n: int,
-             model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None
+             model: LinkModel | HostModel = NETWORK, opts: Options | None = None
              ) -> float:
     """Predicted seconds for ``algo`` on a call of ``nbytes`` (the planner's and
     nccl-tests' size: the larger of the input and output buffers, so an all-gather's
@@ -256,7 +241,7 @@ def overlap_burst(idle: float, link: float, burst: float) -> float:
 
 
 def ranking(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
-            model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None
+            model: LinkModel | HostModel = NETWORK, opts: Options | None = None
             ) -> list[tuple[str, float]]:
     """Every enabled algorithm that can run here with its predicted seconds, best first."""
     cands = set(algorithms(coll)) if enabled is None else set(enabled)
@@ -276,7 +261,7 @@ def _estimates(coll: Collective, cands: set[str], nbytes: int, n: int,
 
 
 def choose(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
-           model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None) -> str:
+           model: LinkModel | HostModel = NETWORK, opts: Options | None = None) -> str:
     """The enabled algorithm with the lowest estimate (ties: the collective's default).
 
     Across hosts, estimates within ``HOST_TIE`` of the best count as a tie: the model

@@ -122,9 +122,9 @@ class Communicator:
         self.topology = None  # ringtree.tuning.links.Topology when ranks span hosts
         if len(set(self.nodes)) > 1:
             from ringtree.tuning.links import learn
-            from ringtree.tuning.tuner import MODELS
+            from ringtree.tuning.tuner import NETWORK
 
-            self.topology = self.planner.topology = learn(self, MODELS["tcp"].overhead)
+            self.topology = self.planner.topology = learn(self, NETWORK.overhead)
             if self.debug in ("INFO", "TRACE") and rank == 0:
                 print(f"ringtree: topology: {self.topology.describe()}", flush=True)
             if s.tune == "online":  # the same on every rank: one environment per job

@@ -112,14 +112,23 @@ def flag(value: str) -> bool:
     raise ValueError("expected 1/on/yes/true or 0/off/no/false")
 
 
-def choice(*options: str) -> Callable[[str], str]:
-    def parse(value: str) -> str:
+class Choice:
+    """A parser for one word of ``options`` (any case). The list may grow after it is
+    declared: ``RINGTREE_TRANSPORT``'s words are ``auto`` and the registered transports'
+    (:mod:`ringtree.transports.registry` keeps :data:`TRANSPORTS` up to date)."""
+
+    def __init__(self, *options: str) -> None:
+        self.options = list(options)
+
+    def __call__(self, value: str) -> str:
         low = value.lower()
-        if low not in options:
-            raise ValueError(f"expected one of {', '.join(options)}")
+        if low not in self.options:
+            raise ValueError(f"expected one of {', '.join(self.options)}")
         return low
-    parse.__name__ = "|".join(options)
-    return parse
+
+
+def choice(*options: str) -> Choice:
+    return Choice(*options)
 
 
 # ---- the variables ------------------------------------------------------------------------
@@ -127,7 +136,8 @@ def choice(*options: str) -> Callable[[str], str]:
 declare("RINGTREE_TIMEOUT", seconds, 300.0, "seconds before a collective fails")
 declare("RINGTREE_INIT_TIMEOUT", seconds, None,
         "seconds the ranks wait for each other at rendezvous (default: RINGTREE_TIMEOUT)")
-declare("RINGTREE_TRANSPORT", choice("auto", "shm", "tcp"), "auto",
+TRANSPORTS = choice("auto")  # + every registered transport's name
+declare("RINGTREE_TRANSPORT", TRANSPORTS, "auto",
         "`auto`: shared memory between ranks on one host, TCP across; `shm`; `tcp`")
 declare("RINGTREE_SOCKET_IFNAME", text, None,
         "interfaces to listen on (`eth0`, `^docker,lo`, `=ib0`: NCCL_SOCKET_IFNAME syntax)")

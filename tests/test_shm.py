@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import ringtree
+from ringtree.bootstrap.rendezvous import Peer
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_cma as cma
 from ringtree.transports import shm_segment as seg
-from ringtree.transports.assign import plan_routes
+from ringtree.transports.assign import routes
 from ringtree.transports.base import HeaderMismatch
 from ringtree.transports.shm import ShmTransport
 
@@ -42,14 +43,18 @@ def _drive(fabric, reqs, timeout: float = 30.0) -> None:
 # ---- routing ----------------------------------------------------------------------------
 
 
-def test_plan_routes():
-    hosts = ["a", "a", "b", "a"]
-    assert plan_routes("auto", hosts, 0) == ([1, 3], [2])
-    assert plan_routes("auto", hosts, 2) == ([], [0, 1, 3])
-    assert plan_routes("tcp", hosts, 1) == ([], [0, 2, 3])
-    assert plan_routes("shm", ["a", "a"], 1) == ([0], [])
+def _peers(*hosts: str) -> list[Peer]:
+    return [Peer(r, "127.0.0.1", 0, h) for r, h in enumerate(hosts)]
+
+
+def test_routes():
+    hosts = _peers("a", "a", "b", "a")
+    assert routes("auto", hosts, 0) == {"shm": [1, 3], "tcp": [2]}
+    assert routes("auto", hosts, 2) == {"tcp": [0, 1, 3]}
+    assert routes("tcp", hosts, 1) == {"tcp": [0, 2, 3]}
+    assert routes("shm", _peers("a", "a"), 1) == {"shm": [0]}
     with pytest.raises(ValueError, match="rank 2 is on another host"):
-        plan_routes("shm", hosts, 0)
+        routes("shm", hosts, 0)
 
 
 def routes_under(comm, mode):

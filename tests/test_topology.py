@@ -416,15 +416,14 @@ def test_a_pieced_reduce_scatter_counts_its_chain_as_overlapping_the_link():
     16 MiB: 76–78 ms in 4 pieces per block, 82–88 ms a block at a time); more pieces
     then cost more messages than they overlap. On 4 hosts of one rank, or on uneven
     nodes, nothing overlaps."""
-    from ringtree.tuning.tuner import _fill
+    from ringtree.schedules import record
 
     hm, opts, n = _testbed(2, 4, 1e9)
+    fill = record(Collective.REDUCE_SCATTER, "hierarchical").overlap
     est = [estimate(Collective.REDUCE_SCATTER, "hierarchical", 16 << 20, n, hm,
                     Options(nodes=opts.nodes, params=(("pieces", p),))) for p in (1, 2, 4)]
     assert est[0] > max(est[1:]) and est[2] < 0.9 * est[0]
     four = Options(nodes=opts.nodes, params=(("pieces", 4),))
-    assert _fill(Collective.REDUCE_SCATTER, "hierarchical", n, four) == 1 / (2 * 4 * 4)
-    assert _fill(Collective.REDUCE_SCATTER, "hierarchical", 4,
-                 Options(nodes=(0, 1, 2, 3), params=(("pieces", 4),))) == 1.0
-    assert _fill(Collective.REDUCE_SCATTER, "hierarchical", 5,
-                 Options(nodes=(0, 0, 0, 1, 1), params=(("pieces", 4),))) == 1.0
+    assert fill(n, four) == 1 / (2 * 4 * 4)
+    assert fill(4, Options(nodes=(0, 1, 2, 3), params=(("pieces", 4),))) == 1.0
+    assert fill(5, Options(nodes=(0, 0, 0, 1, 1), params=(("pieces", 4),))) == 1.0

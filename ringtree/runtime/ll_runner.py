@@ -81,12 +81,13 @@ class LLRunner:
         """The LL segment when every rank of ``comm`` is on this host and shared memory
         is in use; None otherwise (every call then runs on Simple). Collective."""
         from ringtree.bootstrap.job import crowded
-        from ringtree.transports.assign import shm_supported
+        from ringtree.transports.registry import shares_memory
         from ringtree.tuning.proto import LL as LL_PROTO
 
         s = comm.settings
-        if comm.size > MAX_RANKS or len(set(comm.nodes)) != 1 or s.transport == "tcp" or \
-                not shm_supported() or all(LL_PROTO not in v for v in comm.proto_enabled.values()):
+        if comm.size > MAX_RANKS or len(set(comm.nodes)) != 1 or \
+                not shares_memory(s.transport) or \
+                all(LL_PROTO not in v for v in comm.proto_enabled.values()):
             return None
         runner = cls.open(comm, cell_bytes=s.ll_cell or default_cell(comm.size),
                           spin_us=s.ll_spin_us if s.ll_spin_us is not None else

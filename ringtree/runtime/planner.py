@@ -29,8 +29,8 @@ from ringtree.ir.program import Buf, Collective, Program, Step, inp, out, split_
 from ringtree.ir.wire import P2P_CODE
 from ringtree.ops import ReduceOp, Reducer
 from ringtree.runtime.plan import Call, CStep, Desc, Region, compile_program
-from ringtree.schedules import Options, algorithms, generate
-from ringtree.schedules.hierarchical import ALL_REDUCE_PIECE_BYTES, PIECE_BYTES, pieces_for
+from ringtree.schedules import Options, algorithms, build, needs_switch, options_for
+from ringtree.transports import registry as transport_registry
 from ringtree.tuning.proto import LL, SIMPLE, choose_protocol
 from ringtree.tuning.tuner import MODELS, choose
 
@@ -129,13 +129,10 @@ def _chain(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
 
 
 def link_kind(nodes: tuple[int, ...], transport: str) -> str:
-    """The cost model every rank agrees on: shm when the whole job is on one host (and
-    shm is not disabled; crowded when ranks outnumber its cores), else tcp."""
-    from ringtree.bootstrap.job import crowded
-
-    if len(set(nodes)) != 1 or transport == "tcp":
-        return "tcp"
-    return "shm_crowded" if crowded(len(nodes)) else "shm"
+    """The cost model every rank agrees on: the host's transport when the whole job is on
+    one host (shm unless ``RINGTREE_TRANSPORT`` names another; crowded when ranks
+    outnumber its cores), else the network's (:func:`ringtree.transports.registry.link_kind`)."""
+    return transport_registry.link_kind(nodes, transport)
 
 
 class Planner:
@@ -193,14 +190,14 @@ class Planner:
         key = (coll, nbytes)
         cached = self._choices.get(key)
         if cached is None:
-            opts = self._options(coll, nbytes)
+            opts = self._base()
             model = self.model()
             enabled = self.algo_enabled.get(coll)
             if self.collnet is None:  # CollNet only where a switch was set up, as NCCL
                 enabled = {a for a in (enabled or algorithms(coll))
-                           if not a.startswith("collnet")}
+                           if not needs_switch(coll, a)}
             first = choose(coll, nbytes, self.size, enabled, model, opts)
-            if self.collnet is not None and first.startswith("collnet"):
+            if self.collnet is not None and needs_switch(coll, first):
                 first = self.collnet.prefer(coll, nbytes, self.size, enabled, model, opts)
             ranked = None
             if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._choices) < 64:
@@ -219,14 +216,13 @@ class Planner:
 
                     ranked = ranking(coll, nbytes, self.size, enabled, model, opts)
                 chosen = self.online.decide(spec, nbytes, first, ranked,
-                                            self._options(coll, nbytes, spec.root))
+                                            self._base(spec.root))
             if len(self._choices) > 4096:
                 self._choices.clear()
             cached = self._choices[key] = (first, chosen)
         first, chosen = cached
         if chosen != first and spec is not None and self.online is not None and \
-                not self.online.same_bits(spec, first, chosen,
-                                          self._options(coll, nbytes, spec.root)):
+                not self.online.same_bits(spec, first, chosen, self._base(spec.root), nbytes):
             return first
         return chosen
 
@@ -236,18 +232,24 @@ class Planner:
             return MODELS[self.link]
         from ringtree.tuning.tuner import host_model
 
-        intra = "tcp" if self.transport == "tcp" else \
-            "shm_crowded" if self.topology.crowded else "shm"
-        return host_model(self.topology, MODELS[intra])
+        host = transport_registry.on_host(self.transport)
+        return host_model(self.topology,
+                          MODELS[transport_registry.model_key(host, self.topology.crowded)])
+
+    def _base(self, root: int = 0) -> Options:
+        """The options every algorithm is refined from for a call (root, channels, node
+        layout); each algorithm's record adds its own per size
+        (:func:`ringtree.schedules.build`, and the tuner per candidate)."""
+        return Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes)
 
     def _options(self, coll: Collective, nbytes: int, root: int = 0) -> Options:
-        """The generators' options; hierarchical pieces depend on size."""
-        params = () if coll not in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER,
-                                    Collective.ALL_GATHER) else \
-            pieces_for(nbytes, self.nodes, self.nchannels, ALL_REDUCE_PIECE_BYTES
-                       if coll is Collective.ALL_REDUCE else PIECE_BYTES)
-        return Options(root=max(root, 0), channels=self.nchannels, nodes=self.nodes,
-                       params=params)
+        """The base options with the per-size params every algorithm of ``coll`` adds
+        for ``nbytes`` (each reads only its own, so refining these per algorithm gives
+        the same options as refining the base): a call's pieces at a glance."""
+        opts = self._base(root)
+        for algo in algorithms(coll):
+            opts = options_for(coll, algo, nbytes, opts)
+        return opts
 
     def _slices(self) -> int:
         """Slice bytes of a collective's plan. With one rank per host every step crosses
@@ -261,8 +263,10 @@ class Planner:
         return min(self.slice_bytes, 1 << max(16, (int(t.bandwidth * 1e-3) - 1).bit_length()))
 
     def program(self, coll: Collective, algo: str, root: int, nbytes: int = 0) -> Program:
-        opts = self._options(coll, nbytes, root)
-        prog = generate(coll, algo, self.size, self.rank, opts)
+        """This rank's Program for a call of ``nbytes`` with ``algo``: the one
+        :func:`ringtree.schedules.build` gives for the planner's base options (what the
+        simulator runs too)."""
+        prog = build(coll, algo, self.size, self.rank, nbytes, self._base(root))
         if self.collnet is not None and prog.meta.get("virtual_programs"):
             self.collnet.ensure(prog)  # join the switch groups this rank talks to
         return prog
@@ -294,9 +298,8 @@ class Planner:
         coll = spec.coll
         assert coll is not None
         host = {a for a in (self.algo_enabled.get(coll) or algorithms(coll))
-                if not a.startswith("collnet")}
-        return choose(coll, nbytes, self.size, host, self.model(),
-                      self._options(coll, nbytes))
+                if not needs_switch(coll, a)}
+        return choose(coll, nbytes, self.size, host, self.model(), self._base())
 
     # ---- building -------------------------------------------------------------------------
 
@@ -311,7 +314,7 @@ class Planner:
             in_blocks, out_blocks = (count,) * nin, (count,) * nout
         nbytes = count * itemsize * max(len(in_blocks), len(out_blocks), 1)
         algo = self.choose(coll, nbytes, spec.algo, spec)
-        if algo.startswith("collnet"):
+        if needs_switch(coll, algo):
             algo = self._collnet_algo(spec, algo, nbytes)
         protocol = self._protocol(spec, nbytes)
         prog = self.program(coll, algo, spec.root, nbytes)

@@ -12,16 +12,22 @@ from ringtree.schedules import (  # noqa: F401  (registration side effects)
     tree,
 )
 from ringtree.schedules.registry import (
+    Algorithm,
     Options,
     algorithms,
+    build,
+    build_all,
     check,
     generate,
     generate_all,
     generator,
     has,
+    needs_switch,
     options_for,
+    record,
     register,
 )
 
-__all__ = ["Options", "algorithms", "check", "generate", "generate_all", "generator", "has",
-           "options_for", "register"]
+__all__ = ["Algorithm", "Options", "algorithms", "build", "build_all", "check", "generate",
+           "generate_all", "generator", "has", "needs_switch", "options_for", "record",
+           "register"]

@@ -170,14 +170,16 @@ def _chain(n: int, r: int, opts: Options) -> Program:
 
 
 @register(Collective.ALL_REDUCE, "collnet_direct",
-          cost="2·α_i + 2·levels·α_e + n/H·β_e + 2(m−1)/m·n·β_i")
+          cost="2·α_i + 2·levels·α_e + n/H·β_e + 2(m−1)/m·n·β_i",
+          switch=True)
 def all_reduce_direct(n: int, r: int, opts: Options) -> Program:
     """CollNetDirect: scatter to the node's heads, in-network all-reduce, gather."""
     return _direct(n, r, opts)
 
 
 @register(Collective.ALL_REDUCE, "collnet_chain",
-          cost="2(m−1+s−1)(α_i + n/s·β_i) + 2·levels·α_e + n·β_e")
+          cost="2(m−1+s−1)(α_i + n/s·β_i) + 2·levels·α_e + n·β_e",
+          switch=True)
 def all_reduce_chain(n: int, r: int, opts: Options) -> Program:
     """CollNetChain: reduce up the node chain, in-network all-reduce, broadcast down."""
     return _chain(n, r, opts)

@@ -52,7 +52,8 @@ def _on_host(n: int, opts: Options) -> bool:
     return n == 1 or len(node_groups(n, opts.nodes)) == 1
 
 
-@register(Collective.BROADCAST, ALGO, cost="2α + 2h + n·β (h: the switch's hop)")
+@register(Collective.BROADCAST, ALGO, cost="2α + 2h + n·β (h: the switch's hop)",
+          switch=True)
 def broadcast(n: int, r: int, opts: Options) -> Program:
     """The root sends each part to its switch; the switch multicasts it to the rest."""
     if _on_host(n, opts):
@@ -96,7 +97,7 @@ def _owner_switches(coll: Collective, n: int, k: int, reduce: bool) -> tuple[Pro
     return tuple(progs)
 
 
-@register(Collective.ALL_GATHER, ALGO, cost="2α + 2h + n·β (n = gathered bytes)")
+@register(Collective.ALL_GATHER, ALGO, cost="2α + 2h + n·β (n = gathered bytes)", switch=True)
 def all_gather(n: int, r: int, opts: Options) -> Program:
     """Each rank's block goes to its own switch group, which multicasts it."""
     k = opts.channels
@@ -109,7 +110,8 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
 
 
 @register(Collective.REDUCE_SCATTER, ALGO,
-          cost="2α + 2h + n·β up + n/p·β down (n = input bytes)")
+          cost="2α + 2h + n·β up + n/p·β down (n = input bytes)",
+          switch=True)
 def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     """Block b of every rank goes to b's switch group, which reduces and returns it to b."""
     k = opts.channels

@@ -173,9 +173,31 @@ def _sized(least: int):
     return sized
 
 
+def _hosts(opts: Options) -> int:
+    return len(set(opts.nodes or (0,)))
+
+
+def _all_reduce_fill(n: int, opts: Options) -> float:
+    """The tuner's overlap of an all-reduce in P pieces over L hosts (``Algorithm.fill``):
+    the link waits for the first 1/(P·L) of the chain reduce, and the last broadcast
+    follows the link by as much."""
+    p = int(opts.param("pieces", 1))
+    return 1.0 if p <= 1 else 1.0 / (p * _hosts(opts))
+
+
+def _reduce_scatter_fill(n: int, opts: Options) -> float:
+    """... of a reduce-scatter in P pieces per block, block by block over L hosts of M
+    ranks (:mod:`ringtree.schedules.hierarchical_blocks`): the link waits for the first
+    1/(L·M·P) of the chain reduce, and the last piece's result follows it by as much."""
+    from ringtree.schedules.hierarchical_blocks import reduce_scatter_pieces
+
+    k = reduce_scatter_pieces(n, opts)
+    return 1.0 / (_hosts(opts) * k) if k else 1.0
+
+
 @register(Collective.ALL_REDUCE, "hierarchical",
           cost="2(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n)",
-          sized=_sized(ALL_REDUCE_PIECE_BYTES))
+          sized=_sized(ALL_REDUCE_PIECE_BYTES), fill=_all_reduce_fill)
 def all_reduce(n: int, r: int, opts: Options) -> Program:
     """Chain-reduce to the leader, inter-node all-reduce, chain-broadcast.
 
@@ -218,8 +240,6 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
             down = [lay.chain_down(out(j, 1)) for j in _first_use(order, last=True)]
         chans.append([s for s in up if s is not None] + steps + [s for s in down if s is not None])
     return _program(Collective.ALL_REDUCE, n, r, C, chans, lay, scratch=scratch)
-
-
 
 
 def pieces_for(nbytes: int, nodes: tuple[int, ...] | None, channels: int = 1,
@@ -347,7 +367,7 @@ def all_gather(n: int, r: int, opts: Options) -> Program:
 
 @register(Collective.REDUCE_SCATTER, "hierarchical",
           cost="(m−1+s−1)(α_i + n/s·β_i) + (m−1)·n·γ + T_inter(n) + (m−1)(α_i + n/p·β_i)",
-          sized=_sized(PIECE_BYTES))
+          sized=_sized(PIECE_BYTES), fill=_reduce_scatter_fill)
 def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     """Chain-reduce the input to the leader, inter-node reduce-scatter of superblocks,
     scatter the node's blocks from the leader."""

@@ -1,8 +1,10 @@
-"""Registry of schedule generators: ``(collective, algorithm) -> generator``.
+"""Registry of algorithms: ``(collective, algorithm) -> Algorithm``, one record each.
 
-A generator is a pure function ``gen(nranks, rank, opts) -> Program``. Adding an algorithm
-is one new module that decorates its generators with :func:`register` and one import line
-in ``ringtree/schedules/__init__.py``.
+A record holds the generator (a pure function ``gen(nranks, rank, opts) -> Program``), its
+per-size options, the tuner's refinement for pipelined schedules, where it may run, and
+its printed cost. Adding an algorithm is one new module that decorates its generators with
+:func:`register` and one import line in ``ringtree/schedules/__init__.py``; the planner,
+the tuner and the simulator read the record and name no algorithm.
 """
 
 from __future__ import annotations
@@ -46,86 +48,158 @@ class Options:
 
 
 Generator = Callable[[int, int, Options], Program]
+Sized = Callable[[int, Options], Options]
+Fill = Callable[[int, Options], float]
 
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm of one collective: everything the planner, the tuner, the simulator
+    and ``ringtree algo list`` know about it, in one place (NCCL keeps the same facts
+    apart: the algorithm's kernel, its entry in ``src/graph/tuning.cc``'s latency and
+    bandwidth tables, and the checks that disable it per communicator).
+
+    - ``generate(nranks, rank, opts) -> Program``: the schedule, a pure function;
+    - ``sized(nbytes, opts) -> Options``: the options a call of ``nbytes`` runs with
+      (hierarchical's pieces); None: ``opts`` as given. Every reader refines options
+      through :meth:`options`, so the Program the planner runs, the one the tuner prices
+      and the one the simulator times are the same;
+    - ``fill(nranks, opts) -> float``: the tuner's refinement for a schedule pipelined in
+      pieces: the part of the shorter of the intra-host and link phases that does not
+      overlap the longer (1: one after the other; None: always 1);
+    - ``switch``: it runs on an in-network aggregation switch (CollNet), so it is
+      eligible only where a switch was set up, is never timed by the online choice,
+      and yields to a host algorithm for calls the switch cannot reduce;
+    - ``cost``: its α-β-γ cost as ``ringtree algo list`` prints it (p ranks, n bytes,
+      s slices), for people: the tuner reads the Programs instead
+      (:mod:`ringtree.schedules.stats`).
+    """
+
+    collective: Collective
+    name: str
+    generate: Generator
+    cost: str = ""
+    sized: Sized | None = None
+    fill: Fill | None = None
+    switch: bool = False
+
+    def options(self, nbytes: int, opts: Options) -> Options:
+        """The options a call of ``nbytes`` runs with: ``opts`` refined by ``sized``."""
+        return opts if self.sized is None else self.sized(nbytes, opts)
+
+    def overlap(self, nranks: int, opts: Options) -> float:
+        """``fill`` at (nranks, opts), or 1 (phases one after the other)."""
+        return 1.0 if self.fill is None else self.fill(nranks, opts)
+
+
+_RECORDS: dict[tuple[Collective, str], Algorithm] = {}
+# the generators alone, by key (the simulator's templates call them with a symbolic rank)
 _REGISTRY: dict[tuple[Collective, str], Generator] = {}
 
 
-_COSTS: dict[tuple[Collective, str], str] = {}
-Sized = Callable[[int, Options], Options]
-_SIZED: dict[tuple[Collective, str], Sized] = {}
-
-
 def register(collective: Collective | str, algo: str, *, cost: str = "",
-             sized: Sized | None = None) -> Callable[[Generator], Generator]:
-    """Decorator: make ``gen`` the ``algo`` schedule for ``collective``; ``cost`` is its
-    α-β-γ cost in the notation of ``ringtree algo list`` (p ranks, n bytes, s slices);
-    ``sized(nbytes, opts)`` refines the options for a call of ``nbytes`` (read by
-    :func:`options_for`, so the runtime and the simulator generate the same Program)."""
+             sized: Sized | None = None, fill: Fill | None = None,
+             switch: bool = False) -> Callable[[Generator], Generator]:
+    """Decorator: make ``gen`` the ``algo`` schedule of ``collective``, with the other
+    fields of its :class:`Algorithm` record. Adding an algorithm is its module and one
+    import line in ``ringtree/schedules/__init__.py``: nothing outside ``schedules/``
+    names it."""
     coll = parse_collective(collective)
 
     def deco(gen: Generator) -> Generator:
         key = (coll, algo.lower())
-        if key in _REGISTRY:
+        if key in _RECORDS:
             raise ValueError(f"algorithm {algo!r} registered twice for {coll.value}")
+        _RECORDS[key] = Algorithm(coll, key[1], gen, cost, sized, fill, switch)
         _REGISTRY[key] = gen
-        _COSTS[key] = cost
         algo_code(key[1])  # so a mismatch names it
-        if sized is not None:
-            _SIZED[key] = sized
         return gen
 
     return deco
 
 
+def record(collective: Collective | str, algo: str) -> Algorithm:
+    """The :class:`Algorithm` registered as ``algo`` for ``collective``."""
+    coll = parse_collective(collective)
+    rec = _RECORDS.get((coll, algo.lower()))
+    if rec is None:
+        known = ", ".join(algorithms(coll)) or "none"
+        raise ValueError(f"no algorithm {algo!r} for {coll.value} (known: {known})")
+    return rec
+
+
 def options_for(collective: Collective | str, algo: str, nbytes: int,
                 opts: Options) -> Options:
     """The options ``algo`` generates a call of ``nbytes`` with: ``opts`` refined by the
-    algorithm's per-size rule (hierarchical's pieces), or ``opts`` itself."""
-    sized = _SIZED.get((parse_collective(collective), algo.lower()))
-    return opts if sized is None else sized(nbytes, opts)
+    algorithm's per-size rule (hierarchical's pieces), or ``opts`` itself (also for a
+    name that is not registered, which :func:`generate` then reports)."""
+    rec = _RECORDS.get((parse_collective(collective), algo.lower()))
+    return opts if rec is None else rec.options(nbytes, opts)
+
+
+def needs_switch(collective: Collective | str, algo: str) -> bool:
+    """Does ``algo`` run on an in-network aggregation switch (``Algorithm.switch``)?"""
+    rec = _RECORDS.get((parse_collective(collective), algo.lower()))
+    return rec is not None and rec.switch
 
 
 def generator(collective: Collective | str, algo: str) -> Generator | None:
     """The registered generator (None if there is none)."""
-    return _REGISTRY.get((parse_collective(collective), algo.lower()))
+    rec = _RECORDS.get((parse_collective(collective), algo.lower()))
+    return None if rec is None else rec.generate
 
 
 def cost(collective: Collective | str, algo: str) -> str:
     """The cost ``algo`` was registered with ('' if none, or not registered)."""
-    return _COSTS.get((parse_collective(collective), algo.lower()), "")
+    rec = _RECORDS.get((parse_collective(collective), algo.lower()))
+    return "" if rec is None else rec.cost
 
 
 def algorithms(collective: Collective | str | None = None) -> list[str]:
     """Names of the algorithms registered for ``collective`` (all algorithms if None)."""
     if collective is None:
-        return sorted({a for _, a in _REGISTRY})
+        return sorted({a for _, a in _RECORDS})
     coll = parse_collective(collective)
-    return sorted(a for c, a in _REGISTRY if c is coll)
+    return sorted(a for c, a in _RECORDS if c is coll)
 
 
 def has(collective: Collective | str, algo: str) -> bool:
-    return (parse_collective(collective), algo.lower()) in _REGISTRY
+    return (parse_collective(collective), algo.lower()) in _RECORDS
 
 
 @lru_cache(maxsize=4096)
 def _generate(coll: Collective, algo: str, nranks: int, rank: int, opts: Options) -> Program:
-    return _REGISTRY[(coll, algo)](nranks, rank, opts)
+    return _RECORDS[(coll, algo)].generate(nranks, rank, opts)
 
 
 def generate(collective: Collective | str, algo: str, nranks: int, rank: int,
              opts: Options | None = None) -> Program:
     """The Program of ``rank`` for ``collective`` run with ``algo`` over ``nranks`` ranks."""
-    coll = parse_collective(collective)
-    key = (coll, algo.lower())
-    if key not in _REGISTRY:
-        known = ", ".join(algorithms(coll)) or "none"
-        raise ValueError(f"no algorithm {algo!r} for {coll.value} (known: {known})")
+    rec = record(collective, algo)
     if nranks < 1 or not 0 <= rank < nranks:
         raise ValueError(f"rank {rank} out of range for {nranks} ranks")
     opts = opts or Options()
     if not 0 <= opts.root < nranks:
         raise ValueError(f"root {opts.root} out of range for {nranks} ranks")
-    return _generate(coll, key[1], nranks, rank, opts)
+    return _generate(rec.collective, rec.name, nranks, rank, opts)
+
+
+def build(collective: Collective | str, algo: str, nranks: int, rank: int, nbytes: int,
+          opts: Options | None = None) -> Program:
+    """The Program ``rank`` runs for a call of ``nbytes`` (the larger of the input and
+    output buffers, as the planner sizes a call) with ``algo`` over ``nranks`` ranks:
+    :func:`generate` with the options the algorithm's record refines ``opts`` to for
+    that size. The one way the planner builds a call's Program, and the way the
+    simulator and the online choice must, so all three run the same schedule."""
+    return generate(collective, algo, nranks, rank,
+                    options_for(collective, algo, nbytes, opts or Options()))
+
+
+def build_all(collective: Collective | str, algo: str, nranks: int, nbytes: int,
+              opts: Options | None = None) -> list[Program]:
+    """:func:`build` for every rank."""
+    return generate_all(collective, algo, nranks,
+                        options_for(collective, algo, nbytes, opts or Options()))
 
 
 def generate_all(collective: Collective | str, algo: str, nranks: int,

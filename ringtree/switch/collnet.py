@@ -48,11 +48,12 @@ class CollNet:
         """The tuner's choice once the switch's own time is charged: the cost model
         prices a switch like a host link (:func:`ringtree.schedules.stats.host_stats`);
         a software switch also spends ``hop_s`` per pass (up, then down)."""
+        from ringtree.schedules import needs_switch
         from ringtree.tuning.tuner import ranking
 
         ranked = ranking(coll, nbytes, n, enabled, model, opts)
-        best_host = next(((a, t) for a, t in ranked if not a.startswith("collnet")), None)
-        best_cn = next(((a, t) for a, t in ranked if a.startswith("collnet")), None)
+        best_host = next(((a, t) for a, t in ranked if not needs_switch(coll, a)), None)
+        best_cn = next(((a, t) for a, t in ranked if needs_switch(coll, a)), None)
         if best_cn is None:
             return best_host[0] if best_host else ranked[0][0]
         if best_host is not None and best_cn[1] + 2 * self.hop_s >= best_host[1]:

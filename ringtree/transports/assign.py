@@ -1,67 +1,65 @@
-"""Which transport carries each peer: ``RINGTREE_TRANSPORT`` = ``auto`` (default) | ``shm`` |
-``tcp``.
+"""Which transport carries each peer: ``RINGTREE_TRANSPORT`` = ``auto`` (default) or the
+name of a registered transport (:mod:`ringtree.transports.registry`: ``shm``, ``tcp``).
 
-- ``auto``: peers that published the same host identity (hostname and boot id, see
-  :func:`ringtree.bootstrap.job.host_identity`) talk over shared memory, the others over TCP — a
-  job spread over several hosts uses both at once.
-- ``shm``: every peer over shared memory; an error if some peer is on another host.
-- ``tcp``: every peer over TCP.
+- ``auto``: each peer gets the first transport, in the registry's priority order, that
+  can connect it (``TransportKind.can_connect``, NCCL's ``canConnect``): ranks that
+  published the same host identity (hostname and boot id, see
+  :func:`ringtree.bootstrap.job.host_identity`) talk over shared memory where
+  ``/dev/shm`` is usable, the others over TCP — a job spread over several hosts uses both
+  at once.
+- a name: every peer over that transport; an error if it cannot reach some peer (``shm``
+  and a peer on another host) or cannot run on this machine.
 
 Every rank must make the same choice (set the variable for the whole job).
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Sequence
 
-from ringtree.transports.base import Setup
+from ringtree.transports.base import Setup, TransportKind
 from ringtree.transports.fabric import Fabric
-from ringtree.transports.tcp import TcpTransport
-
-CHOICES = ("auto", "shm", "tcp")
+from ringtree.transports.registry import allowed, network
 
 
-def shm_supported() -> bool:
-    from ringtree.transports.shm_segment import SHM_DIR
+def routes(choice: str, peers: Sequence, rank: int) -> dict[str, list[int]]:
+    """Transport name -> the peers of ``rank`` it carries, given every rank's rendezvous
+    record (``.host_id``); only transports that carry a peer appear."""
+    kinds = allowed(choice)
+    me, out = peers[rank], {}
+    for q in range(len(peers)):
+        if q == rank:
+            continue
+        kind = next((k for k in kinds if k.can_connect(me, peers[q])), None)
+        if kind is None:
+            raise _refusal(choice, kinds[0], peers, rank)
+        out.setdefault(kind.name, []).append(q)
+    return out
 
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and hasattr(os, "mkfifo")
 
-
-def plan_routes(choice: str, host_ids: list[str], rank: int) -> tuple[list[int], list[int]]:
-    """(shm peers, tcp peers) of ``rank`` given every rank's host identity."""
-    others = [r for r in range(len(host_ids)) if r != rank]
-    if choice == "tcp":
-        return [], others
-    if choice == "shm":
-        far = [r for r in others if host_ids[r] != host_ids[rank]]
-        if far:
-            raise ValueError(f"RINGTREE_TRANSPORT=shm, but rank {far[0]} is on another host "
-                             f"({host_ids[far[0]]!r}, rank {rank} is on "
-                             f"{host_ids[rank]!r}); use auto or tcp")
-        return others, []
-    near = [r for r in others if host_ids[r] == host_ids[rank]]
-    return near, [r for r in others if r not in near]
+def _refusal(choice: str, kind: TransportKind, peers: Sequence, rank: int) -> Exception:
+    """Why ``RINGTREE_TRANSPORT=choice`` (one transport) cannot carry this rank's peers:
+    a peer it cannot reach (the first), else the machine cannot run it."""
+    far = [q for q in range(len(peers)) if not kind.reaches(peers[rank], peers[q])]
+    if far:
+        q = far[0]
+        return ValueError(f"RINGTREE_TRANSPORT={choice}, but rank {q} is on another host "
+                          f"({peers[q].host_id!r}, rank {rank} is on "
+                          f"{peers[rank].host_id!r}); use auto or {network().name}")
+    return RuntimeError(f"RINGTREE_TRANSPORT={choice}, but {kind.unusable or 'it cannot run'} "
+                        "here")
 
 
 def build_fabric(setup: Setup, listener) -> Fabric:
-    """Connect this rank to its peers: shared memory to those on its host, TCP to the rest."""
+    """Connect this rank to its peers, each over the transport :func:`routes` gives it."""
     choice = setup.settings.transport
-    host_ids = [p.host_id for p in setup.peers]
-    near, far = plan_routes(choice, host_ids, setup.rank)
-    if near and not shm_supported():
-        if choice == "shm":
-            raise RuntimeError("RINGTREE_TRANSPORT=shm, but /dev/shm is not usable here")
-        near, far = [], sorted(near + far)
-    routes = {}
-    if far:
-        addresses = [(p.host, p.port) for p in setup.peers]
-        tcp = TcpTransport(setup.rank, addresses, listener, setup.comm_id, setup.secret,
-                           connect_timeout=min(setup.timeout, 60.0))
-        routes.update(dict.fromkeys(far, tcp))
-    else:
+    kinds = {k.name: k for k in allowed(choice)}
+    plan = routes(choice, setup.peers, setup.rank)
+    opened = {}
+    # the least preferred (the network) first, as before: its peers may be connecting
+    for name in sorted(plan, key=lambda n: -kinds[n].priority):
+        transport = kinds[name].open(setup, plan[name], listener)
+        opened.update(dict.fromkeys(plan[name], transport))
+    if not any(kinds[name].listens for name in plan):
         listener.close()
-    if near:
-        from ringtree.transports.shm_setup import open_shm
-
-        routes.update(dict.fromkeys(near, open_shm(setup, near)))
-    return Fabric(routes)
+    return Fabric(opened)

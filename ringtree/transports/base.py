@@ -16,6 +16,7 @@ import math
 import select
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,63 @@ class Setup:
     slice_bytes: int
     timeout: float
     settings: Any  # ringtree.settings.Settings
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """LogP/α-β-γ coefficients of one transport (seconds, seconds per byte).
+
+    ``alpha``: latency of one dependent step; ``overhead``: CPU cost of posting and
+    completing one message (large in Python: this is what makes log-step algorithms win
+    small sizes); ``beta``: per byte a rank sends; ``gamma``: per byte a rank reduces.
+    The defaults were fitted to ``ringtree perf`` on a 2-core host (``docs/tuning.md``).
+    """
+
+    alpha: float
+    overhead: float
+    beta: float
+    gamma: float
+
+
+def _always() -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class TransportKind:
+    """One transport as :mod:`ringtree.transports.registry` lists it (NCCL's
+    ``struct ncclTransport`` in ``ncclTransports[]``, ``src/transport.cc``).
+
+    ``priority``: peers take the first transport (lowest priority) that can connect them
+    under ``RINGTREE_TRANSPORT=auto``. ``open(setup, peers, listener)``: connect this rank
+    to ``peers``, collectively with them. ``model``: the tuner's coefficients of its links;
+    ``crowded``: those when a host runs more ranks than it has cores (None: ``model``).
+    ``local``: it reaches ranks on this rank's host only; ``usable()``: it can run on this
+    machine at all (``unusable`` says what is missing, for the error of naming it in
+    ``RINGTREE_TRANSPORT``). ``listens``: it takes the socket this rank published at
+    rendezvous. ``shares_memory``: its peers share this host's memory, so the LL
+    protocol's segment can live beside it.
+    """
+
+    name: str
+    priority: int
+    open: Callable[[Setup, list[int], Any], Transport]
+    model: LinkModel
+    crowded: LinkModel | None = None
+    local: bool = False
+    usable: Callable[[], bool] = _always
+    unusable: str = ""
+    listens: bool = False
+    shares_memory: bool = False
+
+    def reaches(self, me: Any, peer: Any) -> bool:
+        """Could it join the ranks of two rendezvous records
+        (:class:`ringtree.bootstrap.rendezvous.Peer`): any two, or two of one host."""
+        return not self.local or peer.host_id == me.host_id
+
+    def can_connect(self, me: Any, peer: Any) -> bool:
+        """NCCL's ``canConnect(info1, info2)``: may these two ranks talk over it here."""
+        return self.reaches(me, peer) and self.usable()
 
 
 class HeaderMismatch(Exception):

@@ -5,6 +5,9 @@ through the store, maps every co-located peer's doorbell (and probes whether it 
 their memory directly), and, once all have done so (a store barrier), unlinks its names:
 from then on nothing of the communicator is visible in ``/dev/shm`` except rings being
 created, and a killed job leaves nothing behind.
+
+:data:`SHM` is the transport's record (:mod:`ringtree.transports.registry`): ranks of one
+host, where ``/dev/shm`` is writable and named pipes exist.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import secrets
 
 from ringtree.bootstrap.job import usable_cores
 from ringtree.transports import shm_segment as seg
-from ringtree.transports.base import Setup
+from ringtree.transports.base import LinkModel, Setup, TransportKind
 from ringtree.transports.shm import ShmTransport
 from ringtree.transports.shm_segment import PeerInfo
 
@@ -56,3 +59,18 @@ def open_shm(setup: Setup, ranks: list[int]) -> ShmTransport:
         t.close()
         raise
     return t
+
+
+def shm_supported() -> bool:
+    """Can this machine run the shared-memory transport (``/dev/shm`` and named pipes)?"""
+    return os.path.isdir(seg.SHM_DIR) and os.access(seg.SHM_DIR, os.W_OK) \
+        and hasattr(os, "mkfifo")
+
+
+SHM = TransportKind(
+    "shm", priority=0, open=lambda setup, peers, _listener: open_shm(setup, peers),
+    local=True, usable=shm_supported, unusable="/dev/shm is not usable", shares_memory=True,
+    model=LinkModel(alpha=8e-6, overhead=12e-6, beta=1 / 4e9, gamma=1 / 3e9),
+    # more ranks than cores on the host: every message costs context switches, so fewer,
+    # larger messages win (measured with benchmarks/algorithms.py, 4 ranks on 2 cores)
+    crowded=LinkModel(alpha=20e-6, overhead=60e-6, beta=1 / 2.5e9, gamma=1 / 3e9))

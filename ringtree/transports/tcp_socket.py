@@ -1,4 +1,5 @@
-"""TCP socket settings: buffer sizing and how many sockets a peer gets.
+"""TCP socket settings: buffer sizing and how many sockets a peer gets; and the TCP
+transport's record (:data:`TCP`, listed in :mod:`ringtree.transports.registry`).
 
 Buffers: Linux grows each TCP socket's buffers up to ``tcp_wmem``/``tcp_rmem``'s maximum as
 the bandwidth-delay product requires, and setting ``SO_SNDBUF``/``SO_RCVBUF`` switches that
@@ -45,6 +46,7 @@ from __future__ import annotations
 import socket
 
 from ringtree.settings import current
+from ringtree.transports.base import LinkModel, Setup, Transport, TransportKind
 
 SOCKET_BUFFER = 4 << 20   # RINGTREE_SOCKET_BUFFER: at least this much socket buffer
 STRIPE_MIN = 256 << 10    # messages this large are split over a peer's sockets
@@ -143,3 +145,19 @@ def sockets_per_peer() -> int:
         raise ValueError(f"RINGTREE_NSOCKS_PERTHREAD={per} x RINGTREE_SOCKET_NTHREADS="
                          f"{threads}: between 1 and {MAX_SOCKETS} sockets per peer")
     return per * threads
+
+
+def open_tcp(setup: Setup, peers: list[int], listener: socket.socket) -> Transport:
+    """The TCP transport of this rank: it connects to ``peers`` on their first message
+    (the listener is the socket this rank published at rendezvous)."""
+    from ringtree.transports.tcp import TcpTransport
+
+    addresses = [(p.host, p.port) for p in setup.peers]
+    return TcpTransport(setup.rank, addresses, listener, setup.comm_id, setup.secret,
+                        connect_timeout=min(setup.timeout, 60.0))
+
+
+# any two ranks, after shared memory where both apply
+TCP = TransportKind("tcp", priority=1, open=open_tcp, listens=True,
+                    model=LinkModel(alpha=40e-6, overhead=25e-6, beta=1 / 1.5e9,
+                                    gamma=1 / 3e9))

@@ -65,6 +65,7 @@ import numpy as np
 from ringtree.dtypes import as_flat
 from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp, resolve
+from ringtree.schedules import needs_switch
 
 # how far above the model's best a candidate may be predicted and still be measured: the
 # model's error on the close pairs. On testbed hosts with their own CPUs the 2x2
@@ -173,8 +174,9 @@ class OnlineChoice:
 
     # ---- what the planner asks -------------------------------------------------------
 
-    def same_bits(self, spec, first: str, second: str, opts) -> bool:
-        """May ``second`` replace ``first`` for the call ``spec`` without changing a bit?"""
+    def same_bits(self, spec, first: str, second: str, opts, nbytes: int) -> bool:
+        """May ``second`` replace ``first`` for the call ``spec`` (of ``nbytes``) without
+        changing a bit? Each runs with the options its record gives that size."""
         coll = spec.coll
         if coll not in REDUCTIONS or first == second or exact_in_any_order(spec):
             return True
@@ -182,19 +184,21 @@ class OnlineChoice:
 
         _, out_blocks = _blocks(coll, spec, self.comm.size)
         in_place = bool(spec.in_place) and spec.op is not ReduceOp.PREMUL_SUM  # else a copy
-        return same_bits(coll, first, second, self.comm.size, opts, out_blocks, in_place)
+        return same_bits(coll, first, second, self.comm.size, opts, out_blocks, in_place,
+                         nbytes)
 
     def decide(self, spec, nbytes: int, model_choice: str, ranked: list[tuple[str, float]],
                opts) -> str:
         """The algorithm for (``spec.coll``, ``nbytes``): the model's choice, or the fastest
         of its close candidates as measured now on every rank."""
         coll = spec.coll
-        if coll not in TUNED or model_choice.startswith("collnet") or \
+        if coll not in TUNED or needs_switch(coll, model_choice) or \
                 spec.blocks is not None or _timing_op(spec) is None:
             return model_choice
         near = [(a, t) for a, t in candidates(ranked, model_choice)
-                if not a.startswith("collnet")]
-        cands = [(a, t) for a, t in near if self.same_bits(spec, model_choice, a, opts)]
+                if not needs_switch(coll, a)]
+        cands = [(a, t) for a, t in near
+                 if self.same_bits(spec, model_choice, a, opts, nbytes)]
         kept = {a for a, _ in cands}
         excluded = tuple(a for a, _ in near if a not in kept)
         if len(cands) < 2:

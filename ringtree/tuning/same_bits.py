@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from ringtree.ir.check import CheckError, _Symbolic, _Values, with_virtual
 from ringtree.ir.program import Buf, Collective, chunk_regions, walk
-from ringtree.schedules import Options, generate_all
+from ringtree.schedules import Options, build_all, generate_all
 
 
 class _RankValues(_Values):
@@ -39,11 +39,12 @@ class _RankValues(_Values):
 
 
 def _outputs(coll: Collective, algo: str, n: int, opts: Options, out_blocks: tuple[int, ...],
-             in_place: bool, ranks: tuple[int, ...], vals: _Values
+             in_place: bool, ranks: tuple[int, ...], vals: _Values, nbytes: int | None
              ) -> list[list[tuple[int, int, int | None]]] | None:
     """Per rank of ``ranks``: (start, end, tree id) of every output chunk's elements;
     None when the schedule does not run on symbols here."""
-    programs = generate_all(coll, algo, n, opts)
+    programs = generate_all(coll, algo, n, opts) if nbytes is None else \
+        build_all(coll, algo, n, nbytes, opts)
     if len(with_virtual(programs)) != n:
         return None  # a switch reduces part of it: outside what this proves
     in_place = in_place and all(p.in_place_ok for p in programs)  # else the planner copies
@@ -80,17 +81,19 @@ def _same_runs(a: list[tuple[int, int, int | None]], b: list[tuple[int, int, int
 
 @lru_cache(maxsize=256)
 def same_bits(coll: Collective, first: str, second: str, n: int, opts: Options,
-              out_blocks: tuple[int, ...], in_place: bool) -> bool:
+              out_blocks: tuple[int, ...], in_place: bool, nbytes: int | None = None) -> bool:
     """True when ``first`` and ``second`` reduce every output element of every rank that
     receives a result (the root of a reduce; every rank otherwise) by the same expression,
     for a call whose output blocks hold ``out_blocks`` elements, with the planner's
-    options ``opts`` (nodes, channels, pieces, root). Cached per argument tuple."""
+    options ``opts`` (nodes, channels, root): as given, or with ``nbytes`` the call's
+    size, as each algorithm's record refines them for it (the Programs the planner
+    would run, :func:`ringtree.schedules.build`). Cached per argument tuple."""
     if first == second:
         return True
     ranks = (opts.root,) if coll is Collective.REDUCE else tuple(range(n))
     vals = _RankValues()
-    a = _outputs(coll, first, n, opts, out_blocks, in_place, ranks, vals)
-    b = _outputs(coll, second, n, opts, out_blocks, in_place, ranks, vals)
+    a = _outputs(coll, first, n, opts, out_blocks, in_place, ranks, vals, nbytes)
+    b = _outputs(coll, second, n, opts, out_blocks, in_place, ranks, vals, nbytes)
     if a is None or b is None:
         return False
     return all(_same_runs(x, y) for x, y in zip(a, b))

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from ringtree.ir.collectives import parse_list
 from ringtree.ir.program import Collective
-from ringtree.schedules import Options, algorithms
+from ringtree.schedules import Options, algorithms, options_for, record
 from ringtree.schedules.stats import host_stats, schedule_stats
+from ringtree.transports import registry as transport_registry
+from ringtree.transports.base import LinkModel
 
 # The default algorithm of each collective, used when the cost model has no opinion.
 DEFAULTS: dict[Collective, str] = {c: c.spec.default_algo for c in Collective}
@@ -77,29 +79,11 @@ CROWDED_CALL = 140e-6
 CROWDED_WAKE = 50e-6
 
 
-@dataclass(frozen=True)
-class LinkModel:
-    """LogP/α-β-γ coefficients of one transport (seconds, seconds per byte).
-
-    ``alpha``: latency of one dependent step; ``overhead``: CPU cost of posting and
-    completing one message (large in Python: this is what makes log-step algorithms win
-    small sizes); ``beta``: per byte a rank sends; ``gamma``: per byte a rank reduces.
-    The defaults were fitted to ``ringtree perf`` on a 2-core host (``docs/tuning.md``).
-    """
-
-    alpha: float
-    overhead: float
-    beta: float
-    gamma: float
-
-
-MODELS = {
-    "tcp": LinkModel(alpha=40e-6, overhead=25e-6, beta=1 / 1.5e9, gamma=1 / 3e9),
-    "shm": LinkModel(alpha=8e-6, overhead=12e-6, beta=1 / 4e9, gamma=1 / 3e9),
-    # more ranks than cores on the host: every message costs context switches, so fewer,
-    # larger messages win (measured with benchmarks/algorithms.py, 4 ranks on 2 cores)
-    "shm_crowded": LinkModel(alpha=20e-6, overhead=60e-6, beta=1 / 2.5e9, gamma=1 / 3e9),
-}
+# The link models by key (``tcp``, ``shm``, ``shm_crowded``): each transport's record
+# carries its coefficients (:mod:`ringtree.transports.registry`), so a new transport
+# brings its own.
+MODELS = transport_registry.MODELS
+NETWORK = transport_registry.network().model  # the default model: links between hosts
 
 
 @dataclass(frozen=True)
@@ -135,10 +119,11 @@ class HostModel:
 def host_model(topo, intra: LinkModel) -> HostModel:
     """The :class:`HostModel` of a learned :class:`~ringtree.tuning.links.Topology`.
 
-    On a crowded machine a TCP message costs ``CROWDED_TCP_OVERHEAD`` of software instead
-    of ``MODELS["tcp"].overhead``; the measured α, which is half a ping-pong less that
-    overhead, gives the difference back so a hop is not charged twice."""
-    tcp = MODELS["tcp"]
+    The link between hosts is the network transport's (TCP). On a crowded machine a TCP
+    message costs ``CROWDED_TCP_OVERHEAD`` of software instead of its model's overhead;
+    the measured α, which is half a ping-pong less that overhead, gives the difference
+    back so a hop is not charged twice."""
+    tcp = transport_registry.network().model
     crowd = getattr(topo, "crowding", 0.0)
     if crowd > 1:
         o = CROWDED_TCP_OVERHEAD
@@ -155,14 +140,16 @@ def host_model(topo, intra: LinkModel) -> HostModel:
 
 
 def estimate(coll: Collective, algo: str, nbytes: int, n: int,
-             model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None
+             model: LinkModel | HostModel = NETWORK, opts: Options | None = None
              ) -> float:
     """Predicted seconds for ``algo`` on a call of ``nbytes`` (the planner's and
     nccl-tests' size: the larger of the input and output buffers, so an all-gather's
     gathered output and a reduce-scatter's input): α·depth + o·messages + β·sent +
     γ·reduced, with depth, messages and volumes read off the schedule itself
     (:mod:`ringtree.schedules.stats`), which counts volumes in blocks of ``count``
-    elements (:func:`block_bytes`). Infinite for what the executor cannot run.
+    elements (:func:`block_bytes`). Infinite for what the executor cannot run. ``opts``
+    are the options the algorithm runs with, as given (:func:`ranking` and
+    :func:`choose` refine the call's options per candidate, as the planner builds it).
 
     With a :class:`HostModel` and ranks on several hosts, each link class is charged for
     its own traffic: α_i·depth + (α_e − α_i)·(host crossings on the critical path) +
@@ -217,7 +204,7 @@ def _estimate_hosts(coll: Collective, algo: str, nbytes: int, n: int, hm: HostMo
     i, e = hm.intra, hm.inter
     local = (i.beta * st.send_intra + i.gamma * st.reduce) * nbytes
     link = incast(e.beta * max(st.host_out, st.host_in) * nbytes, st.fan_in, hm.burst)
-    fill = _fill(coll, algo, n, opts)
+    fill = record(coll, algo).overlap(n, opts)  # pipelined phases (Algorithm.fill)
     hops = (hm.call + i.alpha * st.depth + max(0.0, e.alpha - i.alpha) * st.inter_depth
             + i.overhead * st.msgs_intra + e.overhead * st.msgs_inter + hm.wake * st.wakes)
     # what of the path leaves the link idle: the hops and the intra-host phases (all of
@@ -253,40 +240,28 @@ def overlap_burst(idle: float, link: float, burst: float) -> float:
     return idle + link - min(idle, link, burst)
 
 
-def _fill(coll: Collective, algo: str, n: int, opts: Options) -> float:
-    """The part of the smaller of the intra-host and link times that does not overlap the
-    larger: 1 (phases one after the other) unless the schedule is pipelined in pieces.
-    A hierarchical all-reduce of P pieces over L hosts: the link waits for the first
-    1/(P·L) of the chain reduce and the last broadcast follows the link by as much. A
-    hierarchical reduce-scatter of P pieces per block, block by block over L hosts of M
-    ranks (``hierarchical_blocks``): the link waits for the first 1/(L·M·P) of the chain
-    reduce and the last piece's result follows it by 1/(L·M·P) of the input."""
-    p = int(opts.param("pieces", 1))
-    if algo != "hierarchical" or p <= 1:
-        return 1.0
-    hosts = len(set(opts.nodes or (0,)))
-    if coll is Collective.ALL_REDUCE:
-        return 1.0 / (p * hosts)
-    if coll is Collective.REDUCE_SCATTER:
-        from ringtree.schedules.hierarchical_blocks import reduce_scatter_pieces
-
-        k = reduce_scatter_pieces(n, opts)
-        if k:
-            return 1.0 / (hosts * k)
-    return 1.0
-
-
 def ranking(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
-            model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None
+            model: LinkModel | HostModel = NETWORK, opts: Options | None = None
             ) -> list[tuple[str, float]]:
     """Every enabled algorithm that can run here with its predicted seconds, best first."""
     cands = set(algorithms(coll)) if enabled is None else set(enabled)
-    est = [(a, estimate(coll, a, nbytes, n, model, opts)) for a in sorted(cands)]
-    return sorted([(a, t) for a, t in est if not math.isinf(t)], key=lambda x: x[1])
+    est = _estimates(coll, cands, nbytes, n, model, opts)
+    return sorted([(a, est[a]) for a in sorted(cands) if not math.isinf(est[a])],
+                  key=lambda x: x[1])
+
+
+def _estimates(coll: Collective, cands: set[str], nbytes: int, n: int,
+               model: LinkModel | HostModel, opts: Options | None) -> dict[str, float]:
+    """:func:`estimate` of every candidate with the options it would run a call of
+    ``nbytes`` with (:func:`ringtree.schedules.options_for`, the planner's), so each is
+    priced as the Program it would run."""
+    return {a: estimate(coll, a, nbytes, n, model,
+                        None if opts is None else options_for(coll, a, nbytes, opts))
+            for a in cands}
 
 
 def choose(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
-           model: LinkModel | HostModel = MODELS["tcp"], opts: Options | None = None) -> str:
+           model: LinkModel | HostModel = NETWORK, opts: Options | None = None) -> str:
     """The enabled algorithm with the lowest estimate (ties: the collective's default).
 
     Across hosts, estimates within ``HOST_TIE`` of the best count as a tie: the model
@@ -298,7 +273,7 @@ def choose(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
     if not cands:
         raise ValueError(f"RINGTREE_ALGO leaves no algorithm enabled for {coll.value}")
     default = DEFAULTS.get(coll)
-    est = {a: estimate(coll, a, nbytes, n, model, opts) for a in cands}
+    est = _estimates(coll, cands, nbytes, n, model, opts)
     ranked = sorted(cands, key=lambda a: (est[a], a != default, a))
     if math.isinf(est[ranked[0]]):
         raise ValueError(f"no enabled algorithm for {coll.value} can run here "

@@ -127,3 +127,81 @@ def test_every_public_file_reads_and_writes_back_the_same(path):
     assert algo.ngpus == len(algo.gpus)
     again, more = msccl.read_text(msccl.to_text(algo), "written.xml", strict=True)
     assert again == algo and more == []
+
+
+# ---- import: Programs the checker proves ------------------------------------------------
+
+# What ringtree's checker finds in the public files; every other file is proven.
+REJECTED = {
+    # each rank reduces every chunk itself, in its own order: the sums differ in bits
+    "allreduce-1step-4n-ll-1pass.xml": "reduced in a different order than rank 0's",
+    "allreduce-allpairs-8n-ll-1pass-op.xml": "reduced in a different order than rank 0's",
+    # dependencies both ways between channels 0 and 1 (ringtree's channels are ordered)
+    "amd_32.xml": "dependencies go from channel 1 to channel 0 and back",
+}
+
+
+def test_a_good_file_becomes_programs_the_checker_proves(tmp_path):
+    f = tmp_path / "ring2.xml"
+    f.write_text(GOOD)
+    imp = msccl.load(str(f))
+    assert [p.algo for p in imp.programs] == ["msccl:ring2"] * 2
+    assert [str(s) for s in imp.programs[0].channels[0]] == ["send to 1 src=o[0]",
+                                                             "recv from 1 dst=o[1]"]
+    assert [r.in_place for r in imp.reports] == [True]
+
+
+def _pairs_file() -> str:
+    """3 GPUs, out of place: GPU g adds the input of g+1, then of g+2, to its own, so GPU 0
+    computes (in0 + in1) + in2 and GPU 1 (in1 + in2) + in0: the same multiset of inputs
+    (msccl-tools' check accepts it), different bits."""
+    step = ('      <step s="{s}" type="{t}" srcbuf="{sb}" srcoff="0" dstbuf="{db}" dstoff="0" '
+            'cnt="1" depid="{d}" deps="{k}" hasdep="{h}"/>')
+    lines = ['<algo name="pairs" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="3" '
+             'coll="allreduce" inplace="0" outofplace="1" minBytes="0" maxBytes="0">']
+    for g in range(3):
+        lines.append(f'  <gpu id="{g}" i_chunks="1" o_chunks="1" s_chunks="0">')
+        for tb, (peer, src, dep) in enumerate((((g + 1) % 3, "i", (-1, -1)),
+                                                ((g + 2) % 3, "o", (0, 1)))):
+            lines.append(f'    <tb id="{tb}" send="{peer}" recv="{peer}" chan="0">')
+            lines.append(step.format(s=0, t="s", sb="i", db="i", d=-1, k=-1, h=0))
+            lines.append(step.format(s=1, t="rrc", sb=src, db="o", d=dep[0], k=dep[1],
+                                     h=int(tb == 0)))
+            lines.append("    </tb>")
+        lines.append("  </gpu>")
+    return "\n".join(lines + ["</algo>", ""])
+
+
+def test_a_reduction_in_different_orders_is_refused_with_the_file_named(tmp_path):
+    f = tmp_path / "pairs.xml"
+    f.write_text(_pairs_file())
+    msccl.read(str(f), strict=True)  # a well-formed file every executor would load
+    with pytest.raises(msccl.MscclError, match=r"pairs.xml: run out of place: .* rank 1 "
+                       r"output\[0\] reduced in a different order than rank 0's"):
+        msccl.load(str(f))
+
+
+@corpus
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_every_public_file_is_proven_or_refused_for_its_reason(path):
+    why = REJECTED.get(path.name)
+    if why is None:
+        imp = msccl.load(str(path))
+        assert len(imp.programs) == imp.algo.ngpus and imp.reports
+    else:
+        with pytest.raises(msccl.MscclError, match=why):
+            msccl.load(str(path))
+
+
+def test_algo_import_exits_zero_only_for_proven_files(tmp_path, capsys):
+    from ringtree.tools.algo import main
+
+    good, bad = tmp_path / "ring2.xml", tmp_path / "tab.xml"
+    good.write_text(GOOD)
+    bad.write_text(GOOD.replace('  <gpu id="1"', '\t<gpu id="1"'))
+    assert main(["import", str(good), str(bad)]) == 0
+    out = capsys.readouterr().out
+    assert "ok   " + str(good) + ": all_gather on 2 GPUs, Simple" in out
+    assert "executor: " + str(bad) + ":8: a tab" in out
+    assert main(["import", "--strict", str(bad)]) == 1
+    assert main(["import", str(tmp_path / "missing.xml")]) == 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtree.ir.program import Buf, Collective, Program, Ref, Step, walk
+from ringtree.ir.program import Buf, Collective, Program, Ref, Step, ordered_deps, walk
 
 
 class CheckError(AssertionError):
@@ -62,10 +62,15 @@ class _Values:
 
 
 def _signature(p: Program, ref: Ref) -> tuple[int, ...]:
-    """Size class of each chunk of a region: chunk j is sub-chunk j % chunks of a block."""
+    """Size class of each chunk of a region: chunk j is sub-chunk j % chunks of a block,
+    or one class for every chunk when the Program runs only on counts its chunks divide
+    (``meta["equal_chunks"]``: an imported MSCCL algorithm, which its executors run only
+    then)."""
     n = p.buffer_chunks(ref.buf)
     if ref.index < 0 or ref.index + ref.count > n:
         raise CheckError(f"rank {p.rank}: {ref} outside {ref.buf.name} ({n} chunks)")
+    if p.meta.get("equal_chunks"):
+        return (0,) * ref.count
     return tuple(j % p.chunks for j in ref.chunks())
 
 
@@ -107,7 +112,7 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
     _check_ranks(programs, n)
     coll, algo = programs[0].collective, programs[0].algo
     ex = _Symbolic(programs, n, in_place)
-    stuck, queues = walk(programs, ex.run)
+    stuck, queues = walk(programs, ex.run, ordered_deps(programs, in_place))
     if stuck:
         desc = "; ".join(f"rank {r} ch {c} waits at '{s}'" for r, c, s in stuck[:6])
         raise CheckError(f"{algo} {coll.value} n={n} deadlocks: {desc}")
@@ -152,7 +157,8 @@ class _Symbolic:
             if self.barrier:
                 m[(Buf.SCRATCH, 0)] = self.vals.leaf(r, 0)
             self.mem.append(m)
-            _channel_conflicts(p, self.keys[r])
+            if not p.meta.get("ordered_channels"):
+                _channel_conflicts(p, self.keys[r])
         self.clock = [[0] * len(p.channels) for p in programs]
         self.messages = self.depth = 0
 

@@ -17,12 +17,17 @@ executor's reader accepts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ringtree.ir.check import CheckError, CheckReport, check_programs
+from ringtree.ir.program import Program
 from ringtree.msccl.model import COLLECTIVES, Algorithm, Gpu, MStep, ThreadBlock, from_tree
+from ringtree.msccl.program import ImportError_, to_programs
 from ringtree.msccl.write import to_text
 from ringtree.msccl.xml import Finding, MscclSyntaxError, parse
 
-__all__ = ["COLLECTIVES", "Algorithm", "Finding", "Gpu", "MStep", "MscclError",
-           "MscclSyntaxError", "ThreadBlock", "read", "read_text", "to_text"]
+__all__ = ["COLLECTIVES", "Algorithm", "Finding", "Gpu", "Imported", "MStep", "MscclError",
+           "MscclSyntaxError", "ThreadBlock", "load", "read", "read_text", "to_text"]
 
 
 class MscclError(ValueError):
@@ -52,3 +57,40 @@ def read(path: str, strict: bool = False) -> tuple[Algorithm, list[Finding]]:
     """:func:`read_text` of the file at ``path``."""
     with open(path, encoding="utf-8") as f:
         return read_text(f.read(), path, strict)
+
+
+@dataclass
+class Imported:
+    """A file read, turned into one Program per GPU and proven by ringtree's checker in
+    the modes it declares (in place, out of place)."""
+
+    path: str
+    algo: Algorithm
+    findings: list[Finding]
+    programs: list[Program]
+    reports: list[CheckReport]
+
+
+def load(path: str, name: str | None = None, strict: bool = False) -> Imported:
+    """Read ``path``, build its Programs (named ``name``, default ``msccl:<file stem>``)
+    and prove them: the collective's result on every rank, the same bits on every rank,
+    no cyclic wait, no read of unwritten memory. Raises :class:`MscclError` naming the
+    file and what fails."""
+    import os
+
+    algo, findings = read(path, strict)
+    name = name or "msccl:" + os.path.splitext(os.path.basename(path))[0]
+    try:
+        programs = to_programs(algo, name)
+    except ImportError_ as e:
+        raise MscclError(path, [Finding("error", path, str(e))]) from None
+    modes = [m for m, ok in ((False, algo.outofplace or algo.outofplace is None and
+                              not algo.inplace), (True, algo.inplace)) if ok]
+    reports = []
+    for in_place in modes:
+        try:
+            reports.append(check_programs(programs, in_place=in_place))
+        except CheckError as e:
+            where = "in place" if in_place else "out of place"
+            raise MscclError(path, [Finding("error", path, f"run {where}: {e}")]) from None
+    return Imported(path, algo, findings, programs, reports)

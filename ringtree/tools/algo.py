@@ -5,6 +5,7 @@
                        [--nodes 0,0,1,1 | --ppn P] [--param KEY=VALUE ...]
                        [--time] [--long] [--png FILE]
     ringtree algo check ALGO|all COLLECTIVE|all -n N|A-B|A,B,... [same options]
+    ringtree algo import FILE.xml ... [--strict]
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     _common(ck)
     ck.add_argument("-n", "--nranks", type=_nranks, required=True, help="N, A-B or A,B,...")
     ck.add_argument("--no-in-place", action="store_true", help="skip the in-place check")
+    im = sub.add_parser("import", help="read MSCCL-IR files and prove them")
+    im.add_argument("files", nargs="+", metavar="FILE.xml")
+    im.add_argument("--strict", action="store_true",
+                    help="also fail on what NCCL's MSCCL executor or RCCL would refuse")
     return ap
 
 
@@ -172,6 +177,35 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    """Each file: what it is, what an executor would refuse, and the checker's verdict;
+    non-zero if any file is wrong (or, with --strict, would be refused)."""
+    from ringtree import msccl
+
+    bad = 0
+    for path in args.files:
+        try:
+            imp = msccl.load(path, strict=args.strict)
+        except (msccl.MscclError, msccl.MscclSyntaxError, OSError) as e:
+            bad += 1
+            print(f"FAIL {e}")
+            continue
+        a, p0 = imp.algo, imp.programs[0]
+        modes = " and ".join("in place" if r.in_place else "out of place" for r in imp.reports)
+        layout = "one channel (dependencies both ways between channels)" \
+            if len(p0.channels) == 1 and a.nchannels > 1 else \
+            f"{len(p0.channels)} channel{'s' * (len(p0.channels) > 1)}" + (
+                " sharing memory in order" if p0.meta.get("ordered_channels") else "")
+        print(f"ok   {path}: {a.collective.value} on {a.ngpus} GPUs, {a.proto}, "
+              f"{sum(len(g.tbs) for g in a.gpus) // a.ngpus} blocks/GPU → {layout}; "
+              f"proven {modes} ({imp.reports[0].messages} messages, depth "
+              f"{imp.reports[0].depth}); at most {p0.meta['max_in_flight']} message(s) "
+              f"queued on one connection")
+        for f in imp.findings:
+            print(f"     {f.level}: {f}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -179,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     try:
-        return {"list": _list, "show": _show, "check": _check}[args.cmd](args)
+        return {"list": _list, "show": _show, "check": _check, "import": _import}[args.cmd](args)
     except ValueError as e:
         print(f"ringtree algo: {e}", file=sys.stderr)
         return 2

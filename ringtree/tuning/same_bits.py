@@ -27,7 +27,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ringtree.ir.check import CheckError, _Symbolic, _Values, with_virtual
-from ringtree.ir.program import Buf, Collective, chunk_regions, walk
+from ringtree.ir.program import Buf, Collective, chunk_regions, ordered_deps, walk
 from ringtree.schedules import Options, build_all, generate_all
 
 
@@ -50,7 +50,7 @@ def _outputs(coll: Collective, algo: str, n: int, opts: Options, out_blocks: tup
     in_place = in_place and all(p.in_place_ok for p in programs)  # else the planner copies
     ex = _Symbolic(programs, n, in_place, vals)
     try:
-        stuck, queues = walk(programs, ex.run)
+        stuck, queues = walk(programs, ex.run, ordered_deps(programs, in_place))
     except CheckError:
         return None
     if stuck or any(queues.values()):

@@ -238,3 +238,22 @@ def _postcondition(coll, programs, mem, keys, vals: _Values) -> None:
             if n > 1 and (v is None or vals.contrib[v] != everyone):
                 raise CheckError(f"barrier n={n}: rank {r} may leave before every rank arrived")
 
+
+
+def same_outputs(first: list[Program], second: list[Program], in_place: bool = False) -> bool:
+    """Do two Programs of one collective (the same ranks, chunks and buffers) leave every
+    output chunk of every rank holding the same value, reduced in the same order: the same
+    bits on every input? (An algorithm exported and imported again must.)"""
+    if len(first) != len(second) or first[0].chunks != second[0].chunks:
+        return False
+    n, vals = first[0].nranks, _Values()
+    mems = []
+    for programs in (first, second):
+        ex = _Symbolic(programs, n, in_place, vals)
+        stuck, _ = walk(programs, ex.run, ordered_deps(programs, in_place))
+        if stuck:
+            return False
+        mems.append([{j: ex.mem[r].get(ex.keys[r](Buf.OUTPUT, j))
+                      for j in range(p.buffer_chunks(Buf.OUTPUT))}
+                     for r, p in enumerate(programs[:n])])
+    return mems[0] == mems[1]

@@ -6,6 +6,8 @@
                        [--time] [--long] [--png FILE]
     ringtree algo check ALGO|all COLLECTIVE|all -n N|A-B|A,B,... [same options]
     ringtree algo import FILE.xml ... [--strict]
+    ringtree algo export ALGO COLLECTIVE -n N [--proto LL|LL128|Simple] [-o FILE.xml]
+                         [--root R] [--channels K] [--nodes ... | --ppn P]
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     im.add_argument("files", nargs="+", metavar="FILE.xml")
     im.add_argument("--strict", action="store_true",
                     help="also fail on what NCCL's MSCCL executor or RCCL would refuse")
+    ex = sub.add_parser("export", help="write a schedule as an MSCCL-IR file")
+    _common(ex)
+    ex.add_argument("-n", "--nranks", type=_positive, required=True)
+    ex.add_argument("--proto", default="Simple", choices=("Simple", "LL", "LL128"))
+    ex.add_argument("-o", "--output", metavar="FILE.xml", help="default: standard output")
     return ap
 
 
@@ -206,6 +213,36 @@ def _import(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    """The MSCCL-IR file of a schedule, proven equal to it first: imported again, it
+    computes the same bits as the schedule on every rank."""
+    from ringtree import msccl
+    from ringtree.ir.check import same_outputs
+    from ringtree.msccl.export import from_programs
+    from ringtree.msccl.program import to_programs
+
+    coll = parse_collective(args.collective)
+    programs = generate_all(coll, args.algo, args.nranks, _options(args, args.nranks))
+    algo = from_programs(programs, f"ringtree {args.algo}", args.proto)
+    text = msccl.to_text(algo)
+    again, findings = msccl.read_text(text, args.output or "<export>")
+    if not same_outputs(programs, to_programs(again, args.algo)):
+        print(f"ringtree algo: the exported {args.algo} does not compute what the schedule "
+              "does (a bug: please report it)", file=sys.stderr)
+        return 1
+    for f in findings:
+        print(f"ringtree algo: warning: {f}", file=sys.stderr)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+        print(f"ringtree algo: wrote {args.output} ({coll.value} on {args.nranks} GPUs, "
+              f"{algo.nchannels} channel(s), {sum(len(g.tbs) for g in algo.gpus)} thread "
+              "blocks)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -213,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     try:
-        return {"list": _list, "show": _show, "check": _check, "import": _import}[args.cmd](args)
+        return {"list": _list, "show": _show, "check": _check, "import": _import,
+                "export": _export}[args.cmd](args)
     except ValueError as e:
         print(f"ringtree algo: {e}", file=sys.stderr)
         return 2

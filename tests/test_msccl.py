@@ -44,6 +44,15 @@ GOOD = """\
 """
 
 
+@pytest.fixture(autouse=True)
+def _forget_registered_files():
+    """Files a test registers as algorithms leave the registry with it."""
+    from ringtree.msccl import catalog
+
+    yield
+    catalog.forget()
+
+
 def _read(text: str, strict: bool = False):
     return msccl.read_text(text, "t.xml", strict=strict)
 
@@ -248,3 +257,39 @@ def test_algo_export_writes_a_file_every_executor_loads(tmp_path, capsys):
     assert (algo.coll, algo.ngpus, algo.nchannels, algo.proto) == ("allreduce", 4, 2, "LL")
     assert findings == []
     assert main(["import", "--strict", str(out)]) == 0
+
+
+# ---- the catalog: files as registered algorithms ----------------------------------------
+
+
+def test_a_file_is_an_algorithm_by_path_or_by_name_in_the_folder(tmp_path, monkeypatch):
+    from ringtree.msccl import catalog
+    from ringtree.schedules import generate
+
+    f = tmp_path / "Ring2x.xml"
+    f.write_text(GOOD)
+    progs = generate_all(Collective.ALL_GATHER, f"msccl:{f}", 2)
+    assert [p.algo for p in progs] == ["msccl:ring2x"] * 2
+    assert generate(Collective.ALL_GATHER, "msccl:ring2x", 2, 1) is progs[1]
+    with pytest.raises(ValueError, match="msccl:ring2x is for 2 ranks, not 4"):
+        generate(Collective.ALL_GATHER, "msccl:ring2x", 4, 0)
+    with pytest.raises(ValueError, match="is an MSCCL-IR all_gather, not all_reduce"):
+        generate(Collective.ALL_REDUCE, f"msccl:{f}", 2, 0)
+    monkeypatch.delenv("RINGTREE_MSCCL_ALGOS", raising=False)
+    with pytest.raises(ValueError, match="RINGTREE_MSCCL_ALGOS names no folder"):
+        generate(Collective.ALL_GATHER, "msccl:elsewhere", 2, 0)
+    # a folder: selected as the executors select (collective, ranks, mode, size window)
+    d = tmp_path / "algos"
+    d.mkdir()
+    (d / "a_small.xml").write_text(GOOD.replace('maxBytes="0"', 'maxBytes="1024"')
+                                   .replace('name="ring2"', 'name="small"'))
+    (d / "b_any.xml").write_text(GOOD)
+    monkeypatch.setenv("RINGTREE_MSCCL_ALGOS", str(d))
+    assert generate(Collective.ALL_GATHER, "msccl:b_any", 2, 0).algo == "msccl:b_any"
+    pick = catalog.candidates
+    assert [e.name for e in pick(Collective.ALL_GATHER, 2, 512, True)] == \
+        ["msccl:a_small", "msccl:b_any"]
+    assert [e.name for e in pick(Collective.ALL_GATHER, 2, 4096, True)] == ["msccl:b_any"]
+    assert pick(Collective.ALL_GATHER, 2, 4096, False) == []   # in place only
+    assert pick(Collective.ALL_GATHER, 4, 4096, True) == []
+    assert pick(Collective.ALL_REDUCE, 2, 4096, True) == []

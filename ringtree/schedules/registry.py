@@ -118,10 +118,34 @@ def register(collective: Collective | str, algo: str, *, cost: str = "",
     return deco
 
 
+def _lookup(collective: Collective | str, algo: str) -> Algorithm | None:
+    """The record of ``algo``; an ``msccl:`` name (an MSCCL-IR file) is read, proven and
+    registered the first time (:mod:`ringtree.msccl.catalog`)."""
+    coll = parse_collective(collective)
+    rec = _RECORDS.get((coll, algo.lower()))
+    if rec is None and algo.lower().startswith("msccl:"):
+        from ringtree.msccl.catalog import resolve
+
+        entry = resolve(algo)
+        if entry.collective is not coll:
+            raise ValueError(f"{algo} is an MSCCL-IR {entry.collective.value}, not "
+                             f"{coll.value}")
+        rec = _RECORDS.get((coll, entry.name))
+    return rec
+
+
+def unregister(collective: Collective | str, algo: str) -> None:
+    """Forget ``algo`` (an algorithm registered at run time: an MSCCL-IR file)."""
+    key = (parse_collective(collective), algo.lower())
+    _RECORDS.pop(key, None)
+    _REGISTRY.pop(key, None)
+    _generate.cache_clear()
+
+
 def record(collective: Collective | str, algo: str) -> Algorithm:
     """The :class:`Algorithm` registered as ``algo`` for ``collective``."""
     coll = parse_collective(collective)
-    rec = _RECORDS.get((coll, algo.lower()))
+    rec = _lookup(coll, algo)
     if rec is None:
         known = ", ".join(algorithms(coll)) or "none"
         raise ValueError(f"no algorithm {algo!r} for {coll.value} (known: {known})")
@@ -133,25 +157,25 @@ def options_for(collective: Collective | str, algo: str, nbytes: int,
     """The options ``algo`` generates a call of ``nbytes`` with: ``opts`` refined by the
     algorithm's per-size rule (hierarchical's pieces), or ``opts`` itself (also for a
     name that is not registered, which :func:`generate` then reports)."""
-    rec = _RECORDS.get((parse_collective(collective), algo.lower()))
+    rec = _lookup(collective, algo)
     return opts if rec is None else rec.options(nbytes, opts)
 
 
 def needs_switch(collective: Collective | str, algo: str) -> bool:
     """Does ``algo`` run on an in-network aggregation switch (``Algorithm.switch``)?"""
-    rec = _RECORDS.get((parse_collective(collective), algo.lower()))
+    rec = _lookup(collective, algo)
     return rec is not None and rec.switch
 
 
 def generator(collective: Collective | str, algo: str) -> Generator | None:
     """The registered generator (None if there is none)."""
-    rec = _RECORDS.get((parse_collective(collective), algo.lower()))
+    rec = _lookup(collective, algo)
     return None if rec is None else rec.generate
 
 
 def cost(collective: Collective | str, algo: str) -> str:
     """The cost ``algo`` was registered with ('' if none, or not registered)."""
-    rec = _RECORDS.get((parse_collective(collective), algo.lower()))
+    rec = _lookup(collective, algo)
     return "" if rec is None else rec.cost
 
 
@@ -164,7 +188,7 @@ def algorithms(collective: Collective | str | None = None) -> list[str]:
 
 
 def has(collective: Collective | str, algo: str) -> bool:
-    return (parse_collective(collective), algo.lower()) in _RECORDS
+    return _lookup(collective, algo) is not None
 
 
 @lru_cache(maxsize=4096)

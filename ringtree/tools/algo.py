@@ -163,7 +163,7 @@ def _check(args: argparse.Namespace) -> int:
                 continue
             for n in args.nranks:
                 programs = generate_all(coll, algo, n, _options(args, n))
-                modes = [False]
+                modes = [] if programs[0].meta.get("in_place_only") else [False]
                 if (not args.no_in_place and all(p.in_place_ok for p in programs)
                         and coll not in (Collective.GATHER, Collective.SCATTER,
                                          Collective.BARRIER)):

@@ -80,9 +80,20 @@ def _same(dt: DType, odt: DType, want: int, got: int, what: str) -> None:
 
 def _spec(coll: Collective, count: int, dt: DType, red, root: int, in_place: bool,
           algo: str | None, inp, outp, result, *, blocks=None, post=None) -> CallSpec:
+    if algo is not None:
+        algo = _algo_name(algo)
     return CallSpec(coll, count, dt, red.op if red is not None else None, root, in_place,
-                    algo.lower() if algo is not None else None, blocks, 0,
-                    inp, outp, red, result, post)
+                    algo, blocks, 0, inp, outp, red, result, post)
+
+
+def _algo_name(algo: str) -> str:
+    """The registered name of ``algo=``: lower case; an MSCCL-IR file (``msccl:PATH``,
+    ``msccl:NAME``) is read and proven here, before anything is sent."""
+    if algo[:6].lower() != "msccl:":
+        return algo.lower()
+    from ringtree.msccl.catalog import name_of
+
+    return name_of(algo)
 
 
 # ---- collectives --------------------------------------------------------------------------

@@ -293,3 +293,47 @@ def test_a_file_is_an_algorithm_by_path_or_by_name_in_the_folder(tmp_path, monke
     assert pick(Collective.ALL_GATHER, 2, 4096, False) == []   # in place only
     assert pick(Collective.ALL_GATHER, 4, 4096, True) == []
     assert pick(Collective.ALL_REDUCE, 2, 4096, True) == []
+
+
+# ---- running files on real ranks ---------------------------------------------------------
+
+
+def _run_all_reduce(comm, path: str) -> bool:
+    import numpy as np
+
+    n = 8 * 3 * 5
+    x = (np.arange(n, dtype=np.float32) % 97) + comm.rank
+    y = np.empty_like(x)
+    comm.all_reduce(x, out=y, algo=f"msccl:{path}")
+    want = sum((np.arange(n, dtype=np.float32) % 97) + r for r in range(comm.size))
+    return bool(np.array_equal(y, want)) and bool(np.array_equal(x, (np.arange(
+        n, dtype=np.float32) % 97) + comm.rank))
+
+
+def _run_all_gather(comm, path: str) -> bool:
+    import numpy as np
+
+    x = np.arange(64, dtype=np.float32) + 1000 * comm.rank
+    y = comm.all_gather(x, algo=f"msccl:{path}")
+    return bool(np.array_equal(y.reshape(comm.size, 64), np.stack(
+        [np.arange(64, dtype=np.float32) + 1000 * r for r in range(comm.size)])))
+
+
+def test_an_exported_schedule_runs_as_an_msccl_file_on_real_ranks(tmp_path):
+    """ringtree's own ring, written as MSCCL-IR and run through the importer on 4 ranks:
+    exact sums, the input untouched."""
+    from ringtree.testing import run_ranks
+    from ringtree.tools.algo import main
+
+    path = tmp_path / "ring4.xml"
+    assert main(["export", "ring", "all_reduce", "-n", "4", "--channels", "2",
+                 "-o", str(path)]) == 0
+    assert run_ranks(_run_all_reduce, 4, str(path)) == [True] * 4
+
+
+@corpus
+def test_a_public_file_runs_on_real_ranks():
+    from ringtree.testing import run_ranks
+
+    path = CORPUS / "ag_hier_4_Simple.xml"
+    assert run_ranks(_run_all_gather, 4, str(path)) == [True] * 4

@@ -41,6 +41,7 @@ class Entry:
 
 
 _ENTRIES: dict[str, Entry] = {}
+_NAMES: dict[str, str] = {}  # as the caller spelled it -> registered name
 
 
 def folder() -> str | None:
@@ -94,6 +95,14 @@ def resolve(spec: str) -> Entry:
     return entry
 
 
+def name_of(spec: str) -> str:
+    """The registered name of ``msccl:PATH`` or ``msccl:NAME`` (resolved once)."""
+    name = _NAMES.get(spec)
+    if name is None:
+        name = _NAMES[spec] = resolve(spec).name
+    return name
+
+
 def forget() -> None:
     """Unregister every file registered so far (they are read again when next named)."""
     from ringtree.schedules.registry import unregister
@@ -101,6 +110,7 @@ def forget() -> None:
     for e in _ENTRIES.values():
         unregister(e.collective, e.name)
     _ENTRIES.clear()
+    _NAMES.clear()
 
 
 def candidates(coll: Collective, nranks: int, nbytes: int, in_place: bool) -> list[Entry]:

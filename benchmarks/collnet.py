@@ -163,7 +163,7 @@ def predict(coll: str, algo: str, nbytes: int, hosts: int, ppn: int, rate_bps: f
     Not modeled: ``tc tbf`` lets a burst of 1 ms of traffic (125 KB at 1 Gbit/s) through
     at once, so calls of 64 KiB run faster than any 1 Gbit/s model predicts."""
     from ringtree.sim import simulate
-    from ringtree.sim import topology as T
+    from ringtree.sim.machine import cluster as T
     from ringtree.switch.client import DEFAULT_CHUNK
 
     gbs = rate_bps / 8 / 1e9

@@ -43,7 +43,8 @@ ROWS = [
 
 
 def predict(preset: str, nodes: int, algo: str, size: int) -> tuple[float, float]:
-    from ringtree.sim import presets, simulate
+    from ringtree.sim import simulate
+    from ringtree.sim.machine import presets
 
     t0 = time.perf_counter()
     run = simulate("all_reduce", algo, presets.get(preset, nodes), size)

@@ -231,6 +231,11 @@ declare("RINGTREE_SSH", text, None,
 declare("RINGTREE_SIM_NATIVE", flag, True,
         "`ringtree sim`: run the event heap compiled where the package built it (0 = the "
         "same loop in Python)", "tools")
+declare("RINGTREE_SIM_ENGINE",
+        choice("auto", "batched", "alpha_beta", "fixed_point", "rounds", "native",
+               "reference"), "auto",
+        "`ringtree sim`: the one engine to run (`auto`: the first of them that accepts a "
+        "run; `ringtree sim -v` names it)", "tools")
 declare("RINGTREE_PERF_CHILD", flag, False,
         "set by `ringtree perf --nranks` on the ranks it starts", "tools")
 declare("RINGTREE_TESTBED_HOST", integer, None,

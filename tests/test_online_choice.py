@@ -54,7 +54,7 @@ needs_testbed = pytest.mark.skipif(not ok, reason=why or "testbed unavailable")
 
 @pytest.fixture(scope="module")
 def topo_file(tmp_path_factory):
-    from ringtree.sim import topology as simtopo
+    from ringtree.sim.machine import cluster as simtopo
 
     path = tmp_path_factory.mktemp("topo") / "2x2.json"
     simtopo.save(simtopo.fat_tree(2, gpus_per_node=2, nics_per_node=1, nic_gbps=1.0,

@@ -7,9 +7,11 @@ import pytest
 from ringtree.ir.program import Collective
 from ringtree.runtime.plan import compile_program
 from ringtree.schedules import algorithms
-from ringtree.sim import budget, count_for, fold, place, presets, programs_for, simulate, symmetry
+from ringtree.sim import budget, count_for, place, programs_for, simulate
 from ringtree.sim.cli import main as sim_main
-from ringtree.sim.compile import Lengths, moving
+from ringtree.sim.compile.compiled import Lengths, moving
+from ringtree.sim.fold import choice, symmetry
+from ringtree.sim.machine import presets
 
 PRESETS = [("dgx_h100", 4), ("dgx_a100_sharp", 2), ("fat_tree2", 16), ("torus", 16),
            ("switch", 6), ("fat_tree3", 64)]
@@ -19,11 +21,11 @@ PRESETS = [("dgx_h100", 4), ("dgx_a100_sharp", 2), ("fat_tree2", 16), ("torus", 
 def test_no_fold_bound_only_when_period_finds_nothing(name, nodes):
     """Where :func:`symmetry.fold_bound` says no fold exists, the full proof agrees."""
     topo = presets.get(name, nodes)
-    opts = fold.options(topo)
+    opts = choice.options(topo)
     said = folded = 0
     for coll in (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
         for algo in algorithms(coll):
-            progs = fold.Lazy(coll, algo, topo.nranks, opts)
+            progs = choice.Lazy(coll, algo, topo.nranks, opts)
             try:
                 devices = place(progs, topo)
             except ValueError:                   # CollNet without a reduction switch

@@ -6,7 +6,8 @@ import pytest
 
 from ringtree.ir.program import Buf, walk
 from ringtree.schedules import Options, generate_all
-from ringtree.sim import place, presets, programs_for, simulate
+from ringtree.sim import place, programs_for, simulate
+from ringtree.sim.machine import presets
 
 
 def _execute(progs):
@@ -65,7 +66,7 @@ def test_collnet_simulated_on_sharp_fat_tree():
 def test_collnet_routes_to_multidim_switch(dims):
     """Every member reaches its reduction switch over its own link, and the switch sends
     back the same way; CollNet then moves each byte once up and once down."""
-    from ringtree.sim import topology as T
+    from ringtree.sim.machine import cluster as T
 
     topo = T.multidim(dims, sharp=True)
     for d, dev in enumerate(topo.devices):

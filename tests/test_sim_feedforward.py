@@ -1,4 +1,4 @@
-"""The network carried in rounds, link by link (:mod:`ringtree.sim.feedforward`), gives
+"""The network carried in rounds, link by link (:mod:`ringtree.sim.engines.rounds`), gives
 exactly the event engine's times and events, and refuses rounds out of the heap's order."""
 
 from __future__ import annotations
@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from ringtree.schedules import algorithms
-from ringtree.sim import Aware, count_for, engine, feedforward, place, presets, programs_for
-from ringtree.sim.compile import compile_programs
+from ringtree.sim import Aware, count_for, place, programs_for
+from ringtree.sim.compile.compiled import compile_programs
+from ringtree.sim.engines import dispatch, fifo, rounds
+from ringtree.sim.engines.contract import Job, Outcome
+from ringtree.sim.fold.choice import Plan
+from ringtree.sim.machine import presets
+from ringtree.sim.machine.model import Rules
 
 CASES = [("dgx_h100", 2), ("dgx_a100_sharp", 2), ("fat_tree2", 6), ("torus", 6),
          ("switch_sharp", 5), ("nvswitch", 8)]
@@ -22,20 +27,20 @@ def _both(topo, coll, algo, nbytes, model, monkeypatch):
     cp = compile_programs(progs, count_for(progs[0].collective, nbytes, topo.nranks), 4,
                           1 << 20)
     seen = []
-    carry = feedforward.Rounds.carry
+    carry = rounds.Rounds.carry
 
     def counted(self, *a):
         got = carry(self, *a)
         seen.append(got is not None)
         return got
 
+    want = dispatch.run_compiled(cp, topo, devices, model, engine="reference")
     with monkeypatch.context() as m:
-        m.setattr(feedforward.Rounds, "carry", counted)
-        m.setattr(engine, "ROUNDS_MSGS_PER_RANK", 0)      # rounds for every run here
-        m.setattr(engine, "FIXED_POINT", False)
-        got = engine.run(cp, topo, devices, model)
-    want = engine.run(cp, topo, devices, model, batch=False)
-    return seen, got, want
+        m.setattr(rounds.Rounds, "carry", counted)
+        # the rounds for every run here, whatever its messages a rank; a run they decline
+        # goes on to the next engine (the reference's answer)
+        got = rounds.RoundsEngine().run(Job(Plan(cp, devices), topo, Rules.of(model, topo)))
+    return seen, got.result if isinstance(got, Outcome) else want, want
 
 
 @pytest.mark.parametrize("topo_name,nodes", CASES)
@@ -62,11 +67,11 @@ def test_batched_network_is_the_event_engine(topo_name, nodes, monkeypatch):
 
 def test_routes_that_cycle_run_on_the_heap(monkeypatch):
     """No link order: the held injections enter the heap, same answer."""
-    assert feedforward.link_order([[0, 1], [1, 0]], 2) is None
-    assert feedforward.link_order([[0, 1], [1, 2]], 3) == [0, 1, 2]
+    assert fifo.link_order([[0, 1], [1, 0]], 2) is None
+    assert fifo.link_order([[0, 1], [1, 2]], 3) == [0, 1, 2]
     topo = presets.get("dgx_h100", 2)
     want = _both(topo, "all_reduce", "direct", 3 << 20, Aware(), monkeypatch)[2]
-    monkeypatch.setattr(feedforward, "link_order", lambda routes, n: None)
+    monkeypatch.setattr(fifo, "link_order", lambda routes, n: None)
     seen, got, _ = _both(topo, "all_reduce", "direct", 3 << 20, Aware(), monkeypatch)
     assert not seen
     assert (got.time_ns, got.rank_done, got.events) == (want.time_ns, want.rank_done,
@@ -100,8 +105,8 @@ def test_serve_is_the_per_chunk_recurrence():
         f0 = rng.choice([0.0, 0.0, 0.5, 50.0])           # the link busy from a round before
         for integer in (False, True):
             want, want_free = _serve_one_by_one(arrive, ser, 0.7, integer, f0)
-            got, free = feedforward.serve(arrive, ser, 0.7, integer, f0)
+            got, free = fifo.serve(arrive, ser, 0.7, integer, f0)
             assert np.array_equal(got, want), trial
-            assert np.array_equal(feedforward._windows(arrive, ser, 0.7, integer, f0)[0],
+            assert np.array_equal(fifo._windows(arrive, ser, 0.7, integer, f0)[0],
                                   want)
             assert free == want_free

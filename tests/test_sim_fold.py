@@ -13,9 +13,12 @@ import pytest
 
 from ringtree.ir.program import Collective
 from ringtree.schedules import Options, algorithms, generate
-from ringtree.sim import count_for, fold, presets, simulate, symbolic, symmetry
-from ringtree.sim import topology as T
+from ringtree.sim import count_for, simulate
 from ringtree.sim.cli import main as sim_main
+from ringtree.sim.compile import symbolic
+from ringtree.sim.fold import choice, symmetry
+from ringtree.sim.machine import cluster as T
+from ringtree.sim.machine import presets
 
 MiB = 1 << 20
 
@@ -74,13 +77,13 @@ def test_folding_equals_unfolded(make):
 @pytest.mark.parametrize("make", ASYMMETRIC)
 def test_folding_refuses_asymmetric_runs(make):
     topo = make()
-    opts = fold.options(topo)
+    opts = choice.options(topo)
     count = count_for(Collective.ALL_REDUCE, 3 * MiB, topo.nranks)
     t = symbolic.template("all_reduce", "ring", topo.nranks, opts)
     assert t is not None
     for aware in (True, False):
         assert symmetry.template_period(t, topo, list(topo.ranks), count, aware) == 0
-        progs = fold.programs_for(Collective.ALL_REDUCE, "ring", topo, opts)
+        progs = choice.programs_for(Collective.ALL_REDUCE, "ring", topo, opts)
         assert symmetry.period(progs, topo, list(topo.ranks), count, aware) == 0
     for model in ("aware", "unaware"):
         r = _both("all_reduce", "ring", topo, 3 * MiB, model)
@@ -133,7 +136,8 @@ def test_shared_programs_give_identical_tables(argv, capsys):
 
 _RSS = """
 import json, resource, sys
-from ringtree.sim import presets, simulate
+from ringtree.sim import simulate
+from ringtree.sim.machine import presets
 topo = presets.get("dgx_h100", int(sys.argv[1]))
 algo, size = sys.argv[2], int(sys.argv[3])
 simulate("all_reduce", algo, topo, 8 << 20, model="aware")      # warm imports and caches
@@ -199,8 +203,8 @@ def test_xor_folding_equals_unfolded(make):
                 smallest = min(smallest, _exact(algo, topo, nbytes, model))
     if topo.name.startswith(("dgx", "fat")):
         assert smallest == g0                    # onto one node
-    f = symmetry.find(fold.Lazy(Collective.ALL_REDUCE, "rabenseifner", topo.nranks,
-                                fold.options(topo)), topo, list(topo.ranks),
+    f = symmetry.find(choice.Lazy(Collective.ALL_REDUCE, "rabenseifner", topo.nranks,
+                                choice.options(topo)), topo, list(topo.ranks),
                       count_for(Collective.ALL_REDUCE, 64 << 10, topo.nranks), True)
     if topo.name.startswith(("dgx", "fat")):
         assert f is not None and f.xor and f.g == g0

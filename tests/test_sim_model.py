@@ -7,9 +7,13 @@ import pytest
 
 from ringtree.ir.program import Collective, Program, inp, out, parse_collective, recv, send
 from ringtree.schedules import algorithms
-from ringtree.sim import count_for, engine, place, presets, programs_for, simulate, symmetry
-from ringtree.sim import topology as T
-from ringtree.sim.model import Aware, Unaware
+from ringtree.sim import count_for, place, programs_for, simulate
+from ringtree.sim.compile.compiled import compile_programs
+from ringtree.sim.engines import dispatch
+from ringtree.sim.fold import symmetry
+from ringtree.sim.machine import cluster as T
+from ringtree.sim.machine import presets
+from ringtree.sim.machine.model import Aware, Unaware
 
 MiB = 1 << 20
 
@@ -27,8 +31,8 @@ def _p2p(n: int, a: int, b: int) -> list[Program]:
 
 
 def _one_message(topo: T.Topology, a: int, b: int, model=None) -> float:
-    cp = engine.compile_programs(_p2p(topo.nranks, a, b), MiB, 1, MiB)
-    return engine.run(cp, topo, list(topo.ranks), model or Unaware(integer_ns=True)).time_ns
+    cp = compile_programs(_p2p(topo.nranks, a, b), MiB, 1, MiB)
+    return dispatch.run_compiled(cp, topo, list(topo.ranks), model or Unaware(integer_ns=True)).time_ns
 
 
 @pytest.mark.parametrize("make,expect", [
@@ -69,10 +73,10 @@ def test_aware_fifo_contention():
     progs[2] = Program(Collective.BROADCAST, "p2p", 4, 2, 1, ((recv(0, out(0)),),
                                                              (recv(1, out(0)),)))
     progs[1] = Program(Collective.BROADCAST, "p2p", 4, 1, 1, ((), (send(2, inp(0)),)))
-    cp = engine.compile_programs(progs, 1000, 1, MiB)
+    cp = compile_programs(progs, 1000, 1, MiB)
     ser = 1000 / 50
-    assert engine.run(cp, topo, list(topo.ranks), Aware()).time_ns == pytest.approx(3 * ser)
-    assert engine.run(cp, topo, list(topo.ranks), Unaware()).time_ns == pytest.approx(ser)
+    assert dispatch.run_compiled(cp, topo, list(topo.ranks), Aware()).time_ns == pytest.approx(3 * ser)
+    assert dispatch.run_compiled(cp, topo, list(topo.ranks), Unaware()).time_ns == pytest.approx(ser)
 
 
 TOPOS = [lambda: T.ring(8, 50, 500), lambda: presets.get("switch", 6),

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ringtree.schedules import algorithms
-from ringtree.sim import presets, simulate
+from ringtree.sim import simulate
+from ringtree.sim.machine import presets
 
 MiB = 1 << 20
 # small instances of every preset (one leaf switch, so the aware model sees no ECMP clash)

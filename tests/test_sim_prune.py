@@ -1,13 +1,16 @@
 """Channels that move no data are left out of the compiled run, with exactly the same
-times (:func:`ringtree.sim.compile.moving`)."""
+times (:func:`ringtree.sim.compile.compiled.moving`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ringtree.schedules import algorithms
-from ringtree.sim import Aware, Unaware, count_for, engine, fast, place, presets, programs_for
-from ringtree.sim.compile import compile_programs
+from ringtree.sim import Aware, Unaware, count_for, place, programs_for
+from ringtree.sim.compile.compiled import compile_programs
+from ringtree.sim.engines import alpha_beta, dispatch
+from ringtree.sim.machine import presets
+from ringtree.sim.machine.model import Rules
 
 CASES = [("dgx_h100", 2), ("dgx_a100_sharp", 2), ("fat_tree2", 6), ("torus", 6),
          ("switch_sharp", 5)]
@@ -30,10 +33,12 @@ def test_pruned_channels_change_no_time(topo_name, nodes):
             pruned_some += cut.nsteps < full.nsteps
             assert cut.nmsgs == full.nmsgs and cut.declared == full.declared
             for model in (Aware(), Unaware()):
-                a = engine.run(full, topo, devices, model)
-                b = engine.run(cut, topo, devices, model)
+                a = dispatch.run_compiled(full, topo, devices, model)
+                b = dispatch.run_compiled(cut, topo, devices, model)
                 assert (a.time_ns, a.rank_done) == (b.time_ns, b.rank_done), (algo, nbytes)
-            assert fast.run(full, topo, devices) == fast.run(cut, topo, devices)
+            fast = Rules.of("fast", topo)
+            assert alpha_beta.run(full, topo, devices, fast) == \
+                alpha_beta.run(cut, topo, devices, fast)
     assert pruned_some
 
 
@@ -42,8 +47,9 @@ def test_pruned_channels_change_no_time(topo_name, nodes):
 def test_emptied_template_channels_change_no_time(topo_name, nodes, model):
     """The shared template leaves out channels that move no data on any rank too: the
     batched run gives the event engine's times (every rank's own Program)."""
-    from ringtree.sim import simulate, symbolic, template
-    from ringtree.sim.fold import options
+    from ringtree.sim import simulate
+    from ringtree.sim.compile import symbolic, template
+    from ringtree.sim.fold.choice import options
 
     topo = presets.get(topo_name, nodes)
     t = symbolic.template("all_reduce", "ring", topo.nranks, options(topo))
@@ -60,7 +66,7 @@ def test_emptied_template_channels_change_no_time(topo_name, nodes, model):
 def test_overlap_check_is_the_per_chunk_one(topo_name, nodes, monkeypatch):
     """The storage check of pruning (difference arrays over the chunks each channel
     names) answers what the per-chunk sets answer, for every schedule and collective."""
-    from ringtree.sim import compile as sc
+    from ringtree.sim.compile import compiled as sc
 
     monkeypatch.setattr(sc, "ARRAYS_FROM_CHUNKS", 0)       # the arrays for every buffer
     topo = presets.get(topo_name, nodes)
@@ -91,7 +97,7 @@ def test_a_channel_of_no_data_sharing_storage_is_kept(monkeypatch):
     channel 1 must stay (it could be waited on), in the difference-array check as in
     the per-chunk one; a channel naming a chunk of its own is dropped."""
     from ringtree.ir.program import Collective, Program, copy, inp, out
-    from ringtree.sim import compile as sc
+    from ringtree.sim.compile import compiled as sc
 
     def prog(second):
         chans = ((copy(inp(0, 2), out(0, 2)),), (copy(inp(second), out(second)),))

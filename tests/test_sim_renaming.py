@@ -1,4 +1,4 @@
-"""Renaming chunks by sets (:mod:`ringtree.sim.renaming`): a reference mapped onto its
+"""Renaming chunks by sets (:mod:`ringtree.sim.compile.renaming`): a reference mapped onto its
 counterpart as a set is accepted only when a length-keeping bijection of the slots does
 it, and the folds it allows (a hierarchical all-reduce's leaders' ring rotating a run of
 chunks its chain steps name at once) give the unfolded run bit for bit."""
@@ -10,9 +10,11 @@ from dataclasses import replace
 import pytest
 
 from ringtree.ir.program import Buf, Collective, Program, Ref, Step
-from ringtree.sim import presets, simulate, symmetry
-from ringtree.sim import topology as T
-from ringtree.sim.renaming import by_sets
+from ringtree.sim import simulate
+from ringtree.sim.compile.renaming import by_sets
+from ringtree.sim.fold import symmetry
+from ringtree.sim.machine import cluster as T
+from ringtree.sim.machine import presets
 
 MiB = 1 << 20
 

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from ringtree.sim import presets, simulate
-from ringtree.sim import topology as T
+from ringtree.sim import simulate
+from ringtree.sim.machine import cluster as T
+from ringtree.sim.machine import presets
 
 
 @pytest.mark.parametrize("n", [4, 8, 16])

@@ -1,8 +1,8 @@
 """The shortcuts that make an 8-node sweep fast give the full path's answer bit for bit:
-busy periods summed head-first (:func:`ringtree.sim.feedforward._periods`), layouts
-with channels emptied read off the full layout (:func:`ringtree.sim.structure.restrict`,
+busy periods summed head-first (:func:`ringtree.sim.engines.fifo._periods`), layouts
+with channels emptied read off the full layout (:func:`ringtree.sim.compile.structure.restrict`,
 and where it must refuse), the fixed point's shape kept across sizes and its start
-extrapolated from the sizes before (:mod:`ringtree.sim.dataflow`)."""
+extrapolated from the sizes before (:mod:`ringtree.sim.engines.fixed_point`)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,12 @@ import pytest
 import ringtree.sim as sim
 from ringtree.ir import program as ir
 from ringtree.ir.program import Collective, Program, copy, inp, out, scr
-from ringtree.sim import (
-    Aware,
-    Sweep,
-    count_for,
-    dataflow,
-    engine,
-    feedforward,
-    place,
-    presets,
-    stages,
-)
-from ringtree.sim.compile import Lengths, compile_programs, moving
-from ringtree.sim.structure import Structure, restrict
+from ringtree.sim import Aware, Sweep, count_for, place
+from ringtree.sim.compile.compiled import Lengths, compile_programs, moving
+from ringtree.sim.compile.structure import Structure, restrict
+from ringtree.sim.engines import dispatch, fifo, fixed_point, link_stages, reference
+from ringtree.sim.machine import presets
+from ringtree.sim.machine.model import Rules
 
 
 def _periods_by_hand(arrive, ser, starts, free0):
@@ -39,7 +32,7 @@ def _periods_by_hand(arrive, ser, starts, free0):
 def test_busy_periods_are_the_left_to_right_sums(rows, monkeypatch):
     """Every path (the heads across periods, few long periods one by one, many as rows)
     adds a period's services left to right from its start, as the engine does."""
-    monkeypatch.setattr(feedforward, "PERIOD_ROWS", rows)
+    monkeypatch.setattr(fifo, "PERIOD_ROWS", rows)
     rng = np.random.default_rng(7)
     for _ in range(300):
         n = int(rng.integers(1, 400))
@@ -48,7 +41,7 @@ def test_busy_periods_are_the_left_to_right_sums(rows, monkeypatch):
         starts = rng.random(n) < rng.choice([0.005, 0.1, 0.5, 1.0])
         starts[0] = True
         free0 = float(rng.choice([0.0, arrive[0] + 3.0]))
-        got = feedforward._periods(arrive, ser, starts, free0)
+        got = fifo._periods(arrive, ser, starts, free0)
         assert np.array_equal(got, _periods_by_hand(arrive, ser, starts, free0))
 
 
@@ -104,37 +97,37 @@ def test_a_sweep_of_one_shape_settles_from_its_extrapolated_start(monkeypatch):
     progs = sim.programs_for("all_reduce", "direct2", topo)
     devices = place(progs, topo)
     sizes = [4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10]
-    plain = dataflow._settle
+    plain = fixed_point._settle
     guessed = []
 
     def spy(eng, lv, sz, net, arrive, tries, progress):
         got = plain(eng, lv, sz, net, arrive, tries, progress)
-        if tries == dataflow.GUESSED_ITERATIONS:
+        if tries == fixed_point.GUESSED_ITERATIONS:
             guessed.append(got is not None)
         return got
 
-    monkeypatch.setattr(dataflow, "_settle", spy)
+    monkeypatch.setattr(fixed_point, "_settle", spy)
     for guess in (4, 0):                         # a start that settles; one that fails
-        monkeypatch.setattr(dataflow, "GUESSED_ITERATIONS", guess)
+        monkeypatch.setattr(fixed_point, "GUESSED_ITERATIONS", guess)
         sweep, shapes = Sweep(), set()
         for nbytes in sizes:
             r = sim.simulate("all_reduce", "direct2", topo, nbytes, sweep=sweep)
             cp = compile_programs(progs, count_for(Collective.ALL_REDUCE, nbytes,
                                                    topo.nranks), 4)
-            want = engine.run(cp, topo, devices, Aware(), batch=False)
+            want = dispatch.run_compiled(cp, topo, devices, Aware(), engine="reference")
             assert _key(r.result) == _key(want), (guess, nbytes)
             shapes |= {id(s.memo.get("shape")) for s in _pairings(sweep)}
         assert len(shapes) == 1
     assert guessed[:3] == [True] * 3 and guessed[3:] == [False] * 3
     # a start of noise
     cp = compile_programs(progs, count_for(Collective.ALL_REDUCE, 3 << 20, topo.nranks), 4)
-    want = engine.run(cp, topo, devices, Aware(), batch=False)
-    eng = engine._Engine(cp, topo, devices, Aware(), False, fresh=False)
-    lv = dataflow.Levels(cp)
-    tuples = dataflow._tuples(cp.step_slices)
-    sz = dataflow._Size(eng, lv, dataflow._Shape(eng, lv, tuples[2][tuples[0]]), tuples)
+    want = dispatch.run_compiled(cp, topo, devices, Aware(), engine="reference")
+    eng = reference._Engine(cp, topo, devices, Rules.of(Aware(), topo), False, fresh=False)
+    lv = fixed_point.Levels(cp)
+    tuples = fixed_point._tuples(cp.step_slices)
+    sz = fixed_point._Size(eng, lv, fixed_point._Shape(eng, lv, tuples[2][tuples[0]]), tuples)
     noise = np.random.default_rng(3).random(sz.nchunks) * want.time_ns
-    got = plain(eng, lv, sz, stages.Network(sz.shape.stages, sz.sizes), noise, 30, None)
+    got = plain(eng, lv, sz, link_stages.Network(sz.shape.stages, sz.sizes), noise, 30, None)
     assert got is not None and _key(got[0]) == _key(want)
 
 
@@ -147,14 +140,14 @@ def test_chunk_bytes_by_blocks_and_one_by_one(monkeypatch):
     topo = presets.get("fat_tree2", 4)
     progs = sim.programs_for("all_reduce", "direct2", topo)
     cp = compile_programs(progs, 1001, 4, 512)
-    eng = engine._Engine(cp, topo, place(progs, topo), Aware(), False, fresh=False)
-    lv = dataflow.Levels(cp)
-    shape = dataflow._Shape(eng, lv, np.fromiter(map(len, cp.step_slices), np.int64))
+    eng = reference._Engine(cp, topo, place(progs, topo), Rules.of(Aware(), topo), False, fresh=False)
+    lv = fixed_point.Levels(cp)
+    shape = fixed_point._Shape(eng, lv, np.fromiter(map(len, cp.step_slices), np.int64))
     want = np.asarray([b for s in cp.msg_sstep for b in cp.step_slices[s]], np.float64)
-    tuples = dataflow._tuples(cp.step_slices)
-    assert np.array_equal(dataflow._chunk_bytes(tuples, shape), want)
-    monkeypatch.setattr(dataflow, "CHUNK_RUNS", 0)
-    assert np.array_equal(dataflow._chunk_bytes(tuples, shape), want)
+    tuples = fixed_point._tuples(cp.step_slices)
+    assert np.array_equal(fixed_point._chunk_bytes(tuples, shape), want)
+    monkeypatch.setattr(fixed_point, "CHUNK_RUNS", 0)
+    assert np.array_equal(fixed_point._chunk_bytes(tuples, shape), want)
 
 
 @pytest.mark.parametrize("algo", ["direct", "direct2", "ring", "tree", "rabenseifner"])

@@ -1,5 +1,5 @@
 """A sweep's sizes stacked into one batched run (:func:`ringtree.sim.simulate_sizes`,
-:func:`ringtree.sim.template.stacked`): every size's answer is :func:`simulate`'s, bit
+:func:`ringtree.sim.compile.template.stacked`): every size's answer is :func:`simulate`'s, bit
 for bit, also when some copies break the batch's order and go to the event engine."""
 
 from __future__ import annotations
@@ -8,7 +8,11 @@ import pytest
 
 from ringtree.ir.program import Collective
 from ringtree.schedules import algorithms
-from ringtree.sim import Sweep, fold, place, presets, simulate, simulate_sizes, template, wave
+from ringtree.sim import Sweep, place, simulate, simulate_sizes
+from ringtree.sim.compile import template
+from ringtree.sim.engines import batched
+from ringtree.sim.fold import choice
+from ringtree.sim.machine import presets
 
 SWEEP = [8 << i for i in range(0, 24, 3)] + [3 << 20, 24 << 20]
 
@@ -47,13 +51,13 @@ def test_sizes_in_any_order_and_repeated():
 def test_stacked_runs_are_really_stacked(monkeypatch):
     """The ring's sizes from 4 KiB up share one structure: one batched run for them."""
     seen = []
-    real = wave.run_copies
+    real = batched.run_copies
 
     def spy(tp, *a, **kw):
         seen.append(tp.copies)
         return real(tp, *a, **kw)
 
-    monkeypatch.setattr(wave, "run_copies", spy)
+    monkeypatch.setattr(batched, "run_copies", spy)
     sizes = [4 << 10 << i for i in range(8)]
     simulate_sizes("all_reduce", "ring", presets.get("fat_tree2", 16), sizes)
     assert seen == [len(sizes)]
@@ -66,16 +70,16 @@ def test_copies_that_break_the_order_run_alone(monkeypatch):
     topo = presets.get("dgx_h100", 2)
     sizes = [64 << 20, 256 << 20, 128 << 20, 512 << 20]
     broke = []
-    real = wave.run_copies
+    real = batched.run_copies
 
     def spy(tp, *a, **kw):
         try:
             return real(tp, *a, **kw)
-        except wave.Unordered as e:
+        except batched.Unordered as e:
             broke.append((tp.copies, e.copy))
             raise
 
-    monkeypatch.setattr(wave, "run_copies", spy)
+    monkeypatch.setattr(batched, "run_copies", spy)
     got = simulate_sizes("all_reduce", "ring", topo, sizes, sweep=Sweep())
     stacked = [b for b in broke if b[0] > 1]
     assert stacked and all(c is not None for _, c in stacked)
@@ -98,10 +102,10 @@ def test_each_reports_every_size_once():
 
 def test_stacked_refuses_templates_of_another_structure():
     topo = presets.get("ring", 8)
-    opts = fold.options(topo)
+    opts = choice.options(topo)
 
     def batch(coll: Collective):
-        tp = fold.prepare(coll, "ring", topo, 1 << 16, 4, 1 << 20, aware=True, opts=opts,
+        tp = choice.prepare(coll, "ring", topo, 1 << 16, 4, 1 << 20, aware=True, opts=opts,
                           place=place).batch
         assert tp is not None
         return tp

@@ -1,4 +1,4 @@
-"""A sweep compiles the Programs' structure once (:mod:`ringtree.sim.structure`): every
+"""A sweep compiles the Programs' structure once (:mod:`ringtree.sim.compile.structure`): every
 size then gives the uncached compiler's run field by field, and the same tables."""
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from ringtree.schedules import algorithms
-from ringtree.sim import Sweep, count_for, pairing, place, presets, programs_for, simulate
-from ringtree.sim.compile import Compiled, compile_programs, folded_sender, pair
-from ringtree.sim.structure import Structure
+from ringtree.sim import Sweep, count_for, place, programs_for, simulate
+from ringtree.sim.compile import pairing
+from ringtree.sim.compile.compiled import Compiled, compile_programs, folded_sender, pair
+from ringtree.sim.compile.structure import Structure
+from ringtree.sim.machine import presets
 
 SIZES = [8, 24, 96, 1000, 4 << 10, 3 << 20, 40 << 20]
 FIELDS = [f.name for f in dataclasses.fields(Compiled) if f.name != "memo"]
@@ -111,7 +113,7 @@ def test_the_cli_table_is_the_one_compiled_per_size(argv, capsys, monkeypatch):
 
 
 def _paired_by_dicts(st: Structure, lay, mask):
-    """The messages as the compiler pairs them (:func:`ringtree.sim.compile.pair`, one
+    """The messages as the compiler pairs them (:func:`ringtree.sim.compile.compiled.pair`, one
     dict of lists per connection), or None where it refuses."""
     sends, recvs = {}, {}
     send_ids = [[] for _ in lay.step_rank]
@@ -142,7 +144,7 @@ MSG_FIELDS = ["conns", "conn_ranks", "msg_src", "msg_dst", "msg_chan", "msg_conn
     ("fat_tree2", 6, "hierarchical", 0, False), ("torus", 8, "hierarchical", 4, False),
     ("dgx_a100", 4, "rabenseifner", 16, True), ("torus", 8, "recursive_doubling", 4, True)])
 def test_messages_paired_as_arrays_are_the_compilers(topo_name, nodes, algo, fold, xor):
-    """:func:`ringtree.sim.pairing.pair` against the compiler's pairing, field by field,
+    """:func:`ringtree.sim.compile.pairing.pair` against the compiler's pairing, field by field,
     on every step, on the steps of each channel (what a small size keeps), on random
     subsets (most of which leave a connection with more sends than receives: both
     refuse), and on none."""

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ringtree.sim import presets
-from ringtree.sim import topology as T
+from ringtree.sim.machine import cluster as T
+from ringtree.sim.machine import presets
 
 
 def _hops(topo: T.Topology, a: int, b: int, ch: int = 0) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ringtree.sim import presets, simulate, trace
+from ringtree.sim import simulate, trace
+from ringtree.sim.machine import presets
 
 
 def test_trace_json(tmp_path):

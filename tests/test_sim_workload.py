@@ -9,7 +9,8 @@ import pytest
 pytest.importorskip("torch", reason="the workloads come from the torch training layer")
 
 from ringtree.sim import cli as sim_cli  # noqa: E402
-from ringtree.sim import presets, workload  # noqa: E402
+from ringtree.sim import workload  # noqa: E402
+from ringtree.sim.machine import presets
 
 
 def _doc(events0, events1, grid=None):

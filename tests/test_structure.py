@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # (importer, imported): why the edge goes up.
 UPWARD: dict[tuple[str, str], str] = {
-    ("ringtree.tuning.links", "ringtree.sim.topology"):
+    ("ringtree.tuning.links", "ringtree.sim.machine.cluster"):
         "RINGTREE_TOPO_FILE names a simulator topology file: its path between two hosts",
 }
 

@@ -12,7 +12,7 @@ import pytest
 from ringtree.ir.program import Collective
 from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import host_stats
-from ringtree.sim import topology as simtopo
+from ringtree.sim.machine import cluster as simtopo
 from ringtree.testbed import available
 from ringtree.tuning.links import Topology, from_file, rate_and_burst
 from ringtree.tuning.tuner import INCAST, MODELS, HostModel, LinkModel, choose, estimate, host_model

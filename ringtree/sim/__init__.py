@@ -5,7 +5,7 @@
 >>> r.time_ns, r.busbw          # doctest: +SKIP
 
 The same Programs the executor runs (``ringtree.schedules``) are executed on a
-:class:`~ringtree.sim.topology.Topology` (:mod:`.topology`, :mod:`.routing`,
+:class:`~ringtree.sim.machine.cluster.Topology` (:mod:`.topology`, :mod:`.routing`,
 :mod:`.presets`) under a congestion-aware or -unaware network model (:mod:`.model`):
 
 - :mod:`.compile` flattens Programs with the executor's own compiler, :mod:`.structure`
@@ -75,49 +75,60 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ringtree.ir.program import Collective, Program, parse_collective
-from ringtree.sim import budget, engine, fast, fold, template, wave
-from ringtree.sim.model import Aware, Unaware, parse_model
-from ringtree.sim.structure import Sweep
-from ringtree.sim.topology import Topology
+from ringtree.schedules import Options, options_for
+from ringtree.sim import budget
+from ringtree.sim.compile import template
+from ringtree.sim.compile.compiled import DEFAULT_SLICE_BYTES
+from ringtree.sim.compile.structure import Sweep
+from ringtree.sim.engines import batched, dispatch
+from ringtree.sim.engines.contract import Job, Result
+from ringtree.sim.fold import choice
+from ringtree.sim.machine import presets
+from ringtree.sim.machine.cluster import Topology
+from ringtree.sim.machine.model import Aware, Rules, Unaware
+from ringtree.sim.machine.placement import place
 
 __all__ = ["SimRun", "simulate", "simulate_sizes", "Sweep", "programs_for", "place",
-           "count_for", "busbw_factor", "Aware", "Unaware", "Topology"]
+           "count_for", "call_bytes", "busbw_factor", "Aware", "Unaware", "Topology",
+           "Rules", "Result", "presets"]
 
 
 def count_for(coll: Collective, nbytes: int, nranks: int, itemsize: int = 4) -> int:
     """Elements per block for a test of ``nbytes`` total, as nccl-tests counts them
-    (all-gather / reduce-scatter / all-to-all / gather / scatter split the total)."""
-    per = nbytes // itemsize
-    if coll in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL,
-                Collective.GATHER, Collective.SCATTER):
-        return per // nranks
-    return per
+    (a collective with a block per rank splits the total:
+    :meth:`~ringtree.ir.collectives.CollectiveSpec.volume`)."""
+    return nbytes // itemsize // coll.spec.volume(nranks)
+
+
+def call_bytes(coll: Collective, count: int, itemsize: int, nranks: int) -> int:
+    """The whole buffer of a call of ``count`` elements per block, as the runtime's
+    planner computes it (``Planner._build``): what an algorithm's per-size options
+    (:func:`ringtree.schedules.options_for`) are chosen by."""
+    nin, nout = coll.blocks(nranks)
+    return count * itemsize * max(nin, nout, 1)
 
 
 def busbw_factor(coll: Collective, n: int) -> float:
-    """nccl-tests' bus bandwidth factor (``src/*.cu::*GetBw``)."""
-    if n <= 1:
-        return 1.0 if coll not in (Collective.ALL_REDUCE,) else 0.0
-    if coll is Collective.ALL_REDUCE:
-        return 2 * (n - 1) / n
-    if coll in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL,
-                Collective.GATHER, Collective.SCATTER):
-        return (n - 1) / n
-    return 1.0
+    """nccl-tests' bus bandwidth factor (``src/*.cu::*GetBw``), as
+    :class:`~ringtree.ir.collectives.CollectiveSpec` keeps it."""
+    return coll.spec.busbw(n)
 
 
 @dataclass(frozen=True)
 class SimRun:
-    """One simulated collective: time in ns, nccl-tests bandwidths in GB/s (1e9)."""
+    """One simulated collective: time in ns, nccl-tests bandwidths in GB/s (1e9), and the
+    engine that answered (:mod:`.engines.dispatch`) with why the ones before it declined."""
 
     collective: Collective
     algo: str
     nranks: int
     nbytes: int
     time_ns: float
-    result: engine.Result | None
+    result: Result | None
     events: int = 0            # chunks carried (heap events for the event engine)
     simulated: int = 0         # ranks actually simulated (fewer when folded)
+    engine: str = ""
+    declined: tuple[tuple[str, str], ...] = ()
 
     @property
     def algbw(self) -> float:
@@ -129,64 +140,107 @@ class SimRun:
 
 
 def programs_for(coll: Collective | str, algo: str, topo: Topology, *, root: int = 0,
-                 channels: int | None = None, params: tuple = ()) -> list[Program]:
-    """Programs of every real rank, then of every virtual rank (CollNet switches)."""
-    return fold.programs_for(parse_collective(coll), algo.lower(), topo,
-                             fold.options(topo, root, channels, params))
+                 channels: int | None = None, params: tuple = (),
+                 nbytes: int | None = None) -> list[Program]:
+    """Programs of every real rank, then of every virtual rank (CollNet switches); with
+    ``nbytes`` (the call's whole buffer, :func:`call_bytes`) under the algorithm's options
+    for that size."""
+    coll = parse_collective(coll)
+    opts = choice.options(topo, root, channels, params)
+    if nbytes is not None:
+        opts = options_for(coll, algo, nbytes, opts)
+    return choice.programs_for(coll, algo.lower(), topo, opts)
 
 
-def place(programs: Sequence[Program], topo: Topology) -> list[int]:
-    """Device of every rank: real ranks where the topology puts them; a virtual rank on
-    the reduction-capable switch closest to its members (lowest common ancestor for
-    hierarchical networks; ties broken by the virtual rank's ``meta['tree']``)."""
-    n = topo.nranks
-    devices = list(topo.ranks)
-    cands = [i for i, d in enumerate(topo.devices) if d.reduce]
-    for p in programs[n:]:
-        if not cands:
-            raise ValueError(f"{topo.name} has no in-network reduction switch "
-                             f"(algorithm {p.algo} needs one; try a *_sharp preset)")
-        members = [devices[m] for m in p.meta.get("members", ())]
-        tie = int(p.meta.get("tree", 0))
-        if topo.routing == "updown":
-            common = set(cands)
-            for d in members:
-                common &= topo.ancestors(d) | {d}
-            if common:
-                lo = min(topo.devices[c].level for c in common)
-                best = sorted(c for c in common if topo.devices[c].level == lo)
-                devices.append(best[tie % len(best)])
-                continue
-        sample = members[:: max(1, len(members) // 16)]
-        score = {c: sum(len(topo.route(d, c)) for d in sample) for c in cands}
-        lo = min(score.values())
-        best = [c for c in cands if score[c] == lo]
-        devices.append(best[tie % len(best)])
-    return devices
+@dataclass(frozen=True)
+class _Call:
+    """What every size of one simulated collective shares."""
+
+    coll: Collective
+    algo: str
+    topo: Topology
+    rules: Rules
+    itemsize: int
+    opts: Options               # before the algorithm's per-size options
+    slice_bytes: int
+    in_place: bool
+    engine: str | None
+
+    def count(self, nbytes: int) -> int:
+        return count_for(self.coll, nbytes, self.topo.nranks, self.itemsize)
+
+    def options(self, nbytes: int) -> Options:
+        """The options the runtime would generate this size's Programs with."""
+        n = call_bytes(self.coll, self.count(nbytes), self.itemsize, self.topo.nranks)
+        return options_for(self.coll, self.algo, n, self.opts)
+
+    def plan(self, nbytes: int, symmetry: bool, programs, prune: bool, sweep,
+             max_work: int) -> choice.Plan:
+        return choice.prepare(self.coll, self.algo, self.topo, self.count(nbytes),
+                              self.itemsize, self.slice_bytes, aware=self.rules.aware,
+                              in_place=self.in_place, symmetry_=symmetry,
+                              opts=self.options(nbytes), programs=programs, place=place,
+                              prune=prune, sweep=sweep, max_work=max_work)
+
+    def finish(self, plan: choice.Plan, nbytes: int, trace: bool = False) -> SimRun:
+        """Run a plan on the first engine that accepts it (:func:`.engines.dispatch.run`)."""
+        def compile_() -> choice.Plan:
+            return choice.compile_plan(plan, self.coll, self.algo, self.topo,
+                                       self.options(nbytes), self.count(nbytes),
+                                       self.itemsize, self.slice_bytes, self.in_place)
+
+        job = Job(plan, self.topo, self.rules, trace, _progress.get(), compile_)
+        out, name = dispatch.run(job, self.engine)
+        res = out.result
+        if res is not None:
+            res.time_ns += self.topo.launch_ns
+            if trace:
+                res.compiled, res.devices = job.compiled, job.devices
+        cp = job.plan.compiled
+        simulated = job.plan.rank_fold or (cp.nranks if cp is not None else self.topo.nranks)
+        return self.run(nbytes, out.time_ns + self.topo.launch_ns, res, out.events,
+                        simulated, name, tuple(job.declined))
+
+    def run(self, nbytes: int, t: float, res, events: int, simulated: int, engine: str,
+            declined: tuple = ()) -> SimRun:
+        return SimRun(self.coll, self.algo, self.topo.nranks, nbytes, t, res, events,
+                      simulated, engine, declined)
+
+
+def _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes, in_place,
+          engine) -> _Call:
+    return _Call(parse_collective(coll), algo.lower(), topo, Rules.of(model, topo), itemsize,
+                 choice.options(topo, root, channels, params), slice_bytes, in_place,
+                 dispatch.forced(engine))
 
 
 def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
              model: str | Aware | Unaware = "aware", itemsize: int = 4, root: int = 0,
-             channels: int | None = None, slice_bytes: int = engine.DEFAULT_SLICE_BYTES,
+             channels: int | None = None, slice_bytes: int = DEFAULT_SLICE_BYTES,
              in_place: bool = False, trace: bool = False, params: tuple = (),
              symmetry: bool = True, programs: list[Program] | None = None,
-             sweep: Sweep | None = None, max_work: int = budget.MAX_WORK) -> SimRun:
+             sweep: Sweep | None = None, max_work: int = budget.MAX_WORK,
+             engine: str | None = None) -> SimRun:
     """Simulate ``coll`` with ``algo`` moving ``nbytes`` (nccl-tests size) on ``topo``.
 
-    ``model``: ``aware`` / ``unaware`` (event engine) or ``fast`` (vectorised α-β, same
-    result as ``unaware``). ``trace`` keeps every transfer for :mod:`.trace`.
-    ``symmetry``: simulate one representative per class of ranks when the run is exactly
-    symmetric (:func:`ringtree.sim.fast.period`); the answer is the same, only faster.
-    ``sweep``: a :class:`~ringtree.sim.structure.Sweep` shared by the calls of a sweep
-    over sizes, which then compile the Programs' structure once (same answers).
-    ``max_work``: refuse (:class:`~ringtree.sim.budget.TooLarge`) a run of more steps and
-    slices than this once folded (0: no limit).
+    ``model``: ``aware`` / ``unaware`` or ``fast`` (the α-β engine: the unaware model's
+    time). ``trace`` keeps every transfer for :mod:`.trace`. ``symmetry``: simulate one
+    representative per class of ranks when the run is exactly symmetric
+    (:mod:`.fold.symmetry`); the answer is the same, only faster. ``sweep``: a
+    :class:`~ringtree.sim.compile.structure.Sweep` shared by the calls of a sweep over
+    sizes, which then compile the Programs' structure once (same answers). ``max_work``:
+    refuse (:class:`~ringtree.sim.budget.TooLarge`) a run of more steps and slices than
+    this once folded (0: no limit). ``engine``: run on this engine only
+    (:mod:`.engines.dispatch`; default ``RINGTREE_SIM_ENGINE``, else the first that
+    accepts). The Programs are generated with the options the runtime would use for a
+    call of this size (:func:`ringtree.schedules.options_for`).
     """
-    coll = parse_collective(coll)
+    call = _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes,
+                 in_place, engine)
     with _no_gc():
-        return _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels,
-                         slice_bytes, in_place, trace, params, symmetry, programs, sweep,
+        plan = call.plan(nbytes, symmetry and not trace, programs, not trace, sweep,
                          max_work)
+        return call.finish(plan, nbytes, trace)
 
 
 # progress callback ``f(events)`` of the running simulation (set by the CLI)
@@ -205,59 +259,6 @@ def _no_gc():
             gc.enable()
 
 
-def _simulate(coll, algo, topo, nbytes, model, itemsize, root, channels, slice_bytes,
-              in_place, trace, params, symmetry, programs, sweep, max_work) -> SimRun:
-    m = Unaware() if model == "fast" else parse_model(model)
-    opts = fold.options(topo, root, channels, params)
-    plan = _plan(coll, algo, topo, nbytes, m, itemsize, opts, slice_bytes, in_place,
-                 symmetry and not trace, programs, not trace, sweep, max_work)
-    return _finish(plan, coll, algo, topo, nbytes, model, m, itemsize, opts, slice_bytes,
-                   in_place, trace)
-
-
-def _plan(coll, algo, topo, nbytes, m, itemsize, opts, slice_bytes, in_place, symmetry,
-          programs, prune, sweep, max_work) -> fold.Plan:
-    count = count_for(coll, nbytes, topo.nranks, itemsize)
-    return fold.prepare(coll, algo.lower(), topo, count, itemsize, slice_bytes,
-                        aware=isinstance(m, Aware), in_place=in_place, symmetry_=symmetry,
-                        opts=opts, programs=programs, place=place, prune=prune,
-                        sweep=sweep, max_work=max_work)
-
-
-def _finish(plan, coll, algo, topo, nbytes, model, m, itemsize, opts, slice_bytes, in_place,
-            trace) -> SimRun:
-    """Run a plan: the batched engine for a template (the event engine when it cannot
-    keep the order), else the event engine or the α-β model."""
-    if plan.batch is not None:
-        try:
-            t, events = wave.run(plan.batch, plan.template, topo, plan.devices, m,
-                                 progress=_progress.get())
-            return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None, events,
-                          plan.rank_fold or topo.nranks)
-        except wave.Unordered:
-            plan = _compiled(plan, coll, algo, topo, nbytes, itemsize, opts, slice_bytes,
-                             in_place)
-    cp, devices = plan.compiled, plan.devices
-    assert cp is not None
-    simulated = plan.rank_fold or cp.nranks
-    if model == "fast":
-        t = fast.run(cp, topo, devices)
-        chunks = sum(len(cp.step_slices[s]) for s in cp.msg_sstep)
-        return SimRun(coll, algo, topo.nranks, nbytes, t + topo.launch_ns, None, chunks,
-                      simulated)
-    res = engine.run(cp, topo, devices, m, trace=trace, progress=_progress.get())
-    res.time_ns += topo.launch_ns
-    if trace:
-        res.compiled, res.devices = cp, devices
-    return SimRun(coll, algo, topo.nranks, nbytes, res.time_ns, res, res.events, simulated)
-
-
-def _compiled(plan, coll, algo, topo, nbytes, itemsize, opts, slice_bytes, in_place):
-    count = count_for(coll, nbytes, topo.nranks, itemsize)
-    return fold.compile_plan(plan, coll, algo.lower(), topo, opts, count, itemsize,
-                             slice_bytes, in_place)
-
-
 # a sweep's sizes stacked into one batched run (:func:`simulate_sizes`): at most this
 # many, and at most this many chunks in one level of the stacked run (ranks × channels ×
 # slices per step, summed over the copies: what one level's arrays hold)
@@ -268,68 +269,77 @@ STACK_CHUNKS = 1 << 21
 def simulate_sizes(coll: Collective | str, algo: str, topo: Topology, sizes: Sequence[int],
                    *, model: str | Aware | Unaware = "aware", itemsize: int = 4,
                    root: int = 0, channels: int | None = None,
-                   slice_bytes: int = engine.DEFAULT_SLICE_BYTES, in_place: bool = False,
+                   slice_bytes: int = DEFAULT_SLICE_BYTES, in_place: bool = False,
                    params: tuple = (), symmetry: bool = True, sweep: Sweep | None = None,
                    max_work: int = budget.MAX_WORK,
-                   each: Callable[[int, SimRun], None] | None = None) -> list[SimRun]:
+                   each: Callable[[int, SimRun], None] | None = None,
+                   engine: str | None = None) -> list[SimRun]:
     """:func:`simulate` of every size of a sweep, in order: the same answers, bit for bit.
 
     Consecutive sizes whose runs read one shared template of one structure (a ring's
-    sizes, once every rank's chunks are in every step) go through :mod:`.wave` *stacked*
-    (:func:`.template.stacked`): one run of disjoint copies, one per size, so a level's
-    Python is paid once for all of them instead of once per size. A copy that breaks the
-    batch's order is taken out and simulated alone (the event engine), and the others
-    stacked again. ``each(i, run)`` is called as the run of ``sizes[i]`` is known (the
-    stacked ones when their batch ends)."""
-    coll = parse_collective(coll)
-    m = Unaware() if model == "fast" else parse_model(model)
-    opts = fold.options(topo, root, channels, params)
+    sizes, once every rank's chunks are in every step) go through the batched engine
+    *stacked* (:func:`.compile.template.stacked`): one run of disjoint copies, one per
+    size, so a level's Python is paid once for all of them instead of once per size. A
+    copy that breaks the batch's order is taken out and simulated alone (the dispatcher's
+    next engines), and the others stacked again. ``each(i, run)`` is called as the run of
+    ``sizes[i]`` is known (the stacked ones when their batch ends)."""
+    call = _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes,
+                 in_place, engine)
     runs: list[SimRun | None] = [None] * len(sizes)
 
-    def finish(i: int, plan: fold.Plan) -> None:
-        runs[i] = _finish(plan, coll, algo, topo, sizes[i], model, m, itemsize, opts,
-                          slice_bytes, in_place, False)
+    def done(i: int, run: SimRun) -> None:
+        runs[i] = run
         if each is not None:
-            each(i, runs[i])
+            each(i, run)
 
-    def flush(group: list[tuple[int, fold.Plan]]) -> None:
-        while len(group) > 1:
-            tp = template.stacked([p.batch for _, p in group])
-            lead = group[0][1]
-            try:
-                times, events = wave.run_copies(tp, lead.template, topo, lead.devices, m,
-                                                progress=_progress.get())
-            except wave.Unordered as e:
-                if e.copy is None:
-                    break                    # the structure itself: every size alone
-                finish(*group.pop(e.copy))
-                continue
-            for (i, plan), t, ev in zip(group, times, events):
-                runs[i] = SimRun(coll, algo, topo.nranks, sizes[i], t + topo.launch_ns,
-                                 None, ev, plan.rank_fold or topo.nranks)
-                if each is not None:
-                    each(i, runs[i])
-            return
-        for i, plan in group:
-            finish(i, plan)
-
-    group: list[tuple[int, fold.Plan]] = []
-    key: tuple | None = None
     with _no_gc():
-        for i, nbytes in enumerate(sizes):
-            plan = _plan(coll, algo, topo, nbytes, m, itemsize, opts, slice_bytes, in_place,
-                         symmetry, None, True, sweep, max_work)
-            if plan.batch is None:
-                flush(group)
-                group, key = [], None
-                finish(i, plan)
-                continue
-            k = (id(plan.template), tuple(plan.devices), template.structure(plan.batch))
-            tp = plan.batch
-            cells = tp.g * tp.nchan * max((x.shape[1] for x in tp.sl), default=1)
-            if k != key or len(group) >= STACK_SIZES or (len(group) + 1) * cells > STACK_CHUNKS:
-                flush(group)
-                group, key = [], k
-            group.append((i, plan))
-        flush(group)
+        for group in _groups(call, sizes, symmetry, sweep, max_work):
+            _flush(call, group, sizes, done)
     return runs  # type: ignore[return-value]
+
+
+def _groups(call: _Call, sizes: Sequence[int], symmetry: bool, sweep, max_work):
+    """The sizes' plans in order, in runs that may be stacked (one shared template of one
+    structure, within :data:`STACK_SIZES` and :data:`STACK_CHUNKS`)."""
+    stack = call.engine in (None, "batched")
+    group: list[tuple[int, choice.Plan]] = []
+    key: tuple | None = None
+    for i, nbytes in enumerate(sizes):
+        plan = call.plan(nbytes, symmetry, None, True, sweep, max_work)
+        if plan.batch is None or not stack:
+            yield group
+            yield [(i, plan)]
+            group, key = [], None
+            continue
+        k = (id(plan.template), tuple(plan.devices), template.structure(plan.batch))
+        tp = plan.batch
+        cells = tp.g * tp.nchan * max((x.shape[1] for x in tp.sl), default=1)
+        if k != key or len(group) >= STACK_SIZES or (len(group) + 1) * cells > STACK_CHUNKS:
+            yield group
+            group, key = [], k
+        group.append((i, plan))
+    yield group
+
+
+def _flush(call: _Call, group: list[tuple[int, choice.Plan]], sizes: Sequence[int],
+           done: Callable[[int, SimRun], None]) -> None:
+    """Run a group of plans: stacked while more than one keeps the batch's order, each
+    alone through the dispatcher otherwise."""
+    while len(group) > 1:
+        tp = template.stacked([p.batch for _, p in group])
+        lead = group[0][1]
+        try:
+            times, events = batched.run_copies(tp, lead.template, call.topo, lead.devices,
+                                               call.rules, progress=_progress.get())
+        except batched.Unordered as e:
+            if e.copy is None:
+                break                    # the structure itself: every size alone
+            i, plan = group.pop(e.copy)
+            done(i, call.finish(plan, sizes[i]))
+            continue
+        for (i, plan), t, ev in zip(group, times, events):
+            done(i, call.run(sizes[i], t + call.topo.launch_ns, None, ev,
+                             plan.rank_fold or call.topo.nranks, "batched"))
+        return
+    for i, plan in group:
+        done(i, call.finish(plan, sizes[i]))

@@ -14,7 +14,7 @@ and how to allow it. The estimate is rank 0's, so for schedules whose ranks diff
 from __future__ import annotations
 
 from ringtree.ir.program import Program
-from ringtree.sim.compile import Lengths, moving
+from ringtree.sim.compile.compiled import Lengths, moving
 
 __all__ = ["MAX_WORK", "TooLarge", "work", "check"]
 

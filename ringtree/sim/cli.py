@@ -20,8 +20,9 @@ from pathlib import Path
 
 from ringtree.ir.program import Collective, parse_collective
 from ringtree.schedules import algorithms
-from ringtree.sim import SimRun, Sweep, budget, count_for, presets, simulate, simulate_sizes
+from ringtree.sim import SimRun, Sweep, budget, count_for, simulate, simulate_sizes
 from ringtree.sim.jobs import default_jobs, run_all
+from ringtree.sim.machine import presets
 from ringtree.sim.malloc import keep_arrays_in_heap
 from ringtree.sim.progress import Progress, cpu_seconds, peak_rss_mib
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ringtree.sim.engine import Compiled, Result
-from ringtree.sim.topology import Topology
+from ringtree.sim.compile.compiled import Compiled
+from ringtree.sim.engines.contract import Result
+from ringtree.sim.machine.cluster import Topology
 
 
 def _lanes(events: list[dict]) -> None:

@@ -37,7 +37,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from ringtree.sim.topology import Topology
+from ringtree.sim.machine.cluster import Topology
 
 FORMAT = "ringtree-comm/1"
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
@@ -224,7 +224,7 @@ def main(argv: list[str]) -> int:
     """``ringtree sim --workload FILE ...`` (see the module docstring)."""
     import argparse
 
-    from ringtree.sim import presets
+    from ringtree.sim.machine import presets
 
     p = argparse.ArgumentParser(prog="ringtree sim --workload",
                                 description="replay a recorded training step")

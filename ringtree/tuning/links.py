@@ -4,7 +4,7 @@ how fast the path between hosts is.
 - Hosts come from the host identities published at rendezvous (``comm.nodes``).
 - The inter-host path (one-way latency α and bandwidth B of a host's link) is read from
   ``RINGTREE_TOPO_FILE`` — a topology in the simulator's format
-  (:func:`ringtree.sim.topology.load`; the route from a rank of node 0 to a rank of
+  (:func:`ringtree.sim.machine.cluster.load`; the route from a rank of node 0 to a rank of
   node 1: latencies summed, the narrowest link's bandwidth) — or else measured once per
   job by the first communicator that spans hosts: rank 0 ping-pongs a small message with
   the first rank of every other host (α = half the best of 20 round trips, less the
@@ -100,7 +100,7 @@ def _span(rs: list[int]) -> str:
 
 def from_file(path: str) -> tuple[float, float]:
     """(alpha s, bandwidth B/s) between node 0 and node 1 of a simulator topology file."""
-    from ringtree.sim.topology import load
+    from ringtree.sim.machine.cluster import load
 
     t = load(path)
     nodes = t.nodes()

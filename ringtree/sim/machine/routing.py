@@ -1,4 +1,4 @@
-"""Fixed routes through a :class:`~ringtree.sim.topology.Topology` (see its docstring
+"""Fixed routes through a :class:`~ringtree.sim.machine.cluster.Topology` (see its docstring
 for the three routing rules): up-down for hierarchical networks with rail (channel) and
 uplink choices, dimension order for multi-dimensional networks, breadth-first otherwise.
 
@@ -28,7 +28,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ringtree.sim.topology import Topology
+    from ringtree.sim.machine.cluster import Topology
 
 
 class Router:

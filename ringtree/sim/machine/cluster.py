@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from ringtree.sim.routing import Router, coords, index
+from ringtree.sim.machine.routing import Router, coords, index
 
 GB = 1e9
 
@@ -102,7 +102,7 @@ class Topology:
 
     @cached_property
     def paths(self) -> dict:
-        """Every run's :func:`~ringtree.sim.model.path` of a route by its ends
+        """Every run's :func:`~ringtree.sim.machine.model.path` of a route by its ends
         (source, destination, channel): a pure function of the topology, so kept with it
         for every algorithm and size simulated on it."""
         return {}
@@ -318,7 +318,7 @@ def from_dict(d: dict) -> Topology:
     """Inverse of :func:`to_dict`. A dict ``{"generator": NAME, "args": {...}}`` instead
     calls a constructor of this module (or a preset) with those arguments."""
     if "generator" in d:
-        from ringtree.sim import presets
+        from ringtree.sim.machine import presets
 
         gen = d["generator"]
         fn = presets.PRESETS.get(gen) or globals().get(gen)

@@ -24,11 +24,32 @@ from itertools import chain
 
 import numpy as np
 
-from ringtree.sim.compile import Compiled, connection_routes
-from ringtree.sim.topology import Topology
+from ringtree.sim.compile.compiled import Compiled, connection_routes
+from ringtree.sim.engines.contract import Declined, Job, Outcome
+from ringtree.sim.machine.cluster import Topology
+from ringtree.sim.machine.model import Rules
+
+__all__ = ["AlphaBeta", "run", "longest_path"]
 
 
-def _edges(cp: Compiled, topo: Topology, devices: list[int], integer_ns: bool
+class AlphaBeta:
+    """The congestion-unaware model as one longest-path problem (:func:`run`): asked for
+    with ``model="fast"``, whose rules are the unaware model's; it answers the time and
+    the chunks carried, not every step's times (so it declines any other model, whose
+    callers may read them)."""
+
+    name = "alpha_beta"
+
+    def accepts(self, job: Job, rules: Rules) -> str | None:
+        return None if rules.alpha_beta else "answers the α-β time only (model fast)"
+
+    def run(self, job: Job) -> Outcome | Declined:
+        cp = job.compiled
+        t = run(cp, job.topo, job.devices, job.rules)
+        return Outcome(t, sum(len(cp.step_slices[s]) for s in cp.msg_sstep))
+
+
+def _edges(cp: Compiled, topo: Topology, devices: list[int], rules: Rules
            ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     NS, NM = cp.nsteps, cp.nmsgs
     nsl = np.fromiter((len(x) for x in cp.step_slices), np.int64, NS)
@@ -47,8 +68,7 @@ def _edges(cp: Compiled, topo: Topology, devices: list[int], integer_ns: bool
     I0, A0 = R0 + TR, R0 + TR + TI
     N = A0 + TI
 
-    red = np.array([topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9
-                    for r in range(len(devices))])
+    red = np.array(rules.reduce_rates(topo, devices))
     ops = np.asarray(cp.step_ops, np.float64)
     srank = np.asarray(cp.step_rank, np.int64)
     nw = np.zeros(N)
@@ -101,8 +121,8 @@ def _edges(cp: Compiled, topo: Topology, devices: list[int], integer_ns: bool
         inner = mi > 0
         add(iid[inner] - 1, iid[inner], pipe[np.nonzero(inner)[0] - 1])
         add(aid[inner] - 1, aid[inner])
-        delay = topo.overhead_ns + lat[msg_of] + pipe
-        if integer_ns:
+        delay = rules.overhead_ns + lat[msg_of] + pipe
+        if rules.integer_ns:
             delay = np.floor(delay)
         add(iid, aid, delay)
         fin = np.where((b > 0) & np.isfinite(frst[msg_of]), b / frst[msg_of], 0.0)
@@ -146,9 +166,10 @@ def longest_path(N: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
     return t
 
 
-def run(cp: Compiled, topo: Topology, devices: list[int], integer_ns: bool = False) -> float:
-    """Completion time (ns) of the last real rank under the congestion-unaware model."""
-    N, src, dst, w, nw, srank = _edges(cp, topo, devices, integer_ns)
+def run(cp: Compiled, topo: Topology, devices: list[int], rules: Rules) -> float:
+    """Completion time (ns) of the last real rank under the congestion-unaware model
+    (``rules``, :class:`~ringtree.sim.machine.model.Rules`)."""
+    N, src, dst, w, nw, srank = _edges(cp, topo, devices, rules)
     t = longest_path(N, src, dst, w, nw)
     done = t[cp.nsteps:2 * cp.nsteps]
     real = srank < cp.nranks

@@ -15,7 +15,7 @@ sends feeding receives), with exactly the engine's arithmetic:
   arrived before one it already served (a later level overtaking an earlier one), the
   batch is abandoned with :class:`Unordered` and the caller runs the event engine;
 - congestion-unaware: a connection is a pipe of its bottleneck bandwidth, shared as in
-  :func:`~ringtree.sim.model.channel_shares`.
+  :func:`~ringtree.sim.machine.model.channel_shares`.
 
 State is O(simulated ranks × template steps) floats; nothing is kept per message.
 """
@@ -27,12 +27,36 @@ from collections.abc import Callable
 import numpy as np
 
 from ringtree.ir.program import Program
-from ringtree.sim.model import Aware, Unaware, channel_shares, path
-from ringtree.sim.symbolic import peer_offset
-from ringtree.sim.template import Template, Unordered
-from ringtree.sim.topology import Topology
+from ringtree.sim.compile.symbolic import peer_offset
+from ringtree.sim.compile.template import Template, Unordered
+from ringtree.sim.engines.contract import Declined, Job, Outcome
+from ringtree.sim.machine.cluster import Topology
+from ringtree.sim.machine.model import Rules, channel_shares, path
 
-__all__ = ["Template", "Unordered", "run"]
+__all__ = ["Batched", "Template", "Unordered", "run", "run_copies"]
+
+
+class Batched:
+    """A shared template run for every simulated rank at once (:func:`run`); declines a
+    plan without a template (schedules whose generators branch on the rank, runs not
+    folded) and a run whose levels would leave the reference's order."""
+
+    name = "batched"
+
+    def accepts(self, job: Job, rules: Rules) -> str | None:
+        if job.plan.batch is None:
+            return "no shared template for this run"
+        return "a trace keeps every transfer (the reference engine does)" if job.trace \
+            else None
+
+    def run(self, job: Job) -> Outcome | Declined:
+        plan = job.plan
+        try:
+            t, events = run(plan.batch, plan.template, job.topo, job.devices, job.rules,
+                            progress=job.progress)
+        except Unordered as e:
+            return Declined(f"{e}")
+        return Outcome(t, events)
 
 
 class _Links:
@@ -91,14 +115,13 @@ class _Run:
     """One batched simulation of a :class:`Template`."""
 
     def __init__(self, tp: Template, t: Program, topo: Topology, devices: list[int],
-                 model: Unaware | Aware) -> None:
+                 rules: Rules) -> None:
         self.tp, self.topo = tp, topo
-        self.aware = isinstance(model, Aware)
-        self.integer = model.integer_ns
+        self.aware = rules.aware
+        self.integer = rules.integer_ns
         self.links = _Links(tp, t, topo, devices, self.aware)
         g, ns = tp.g, len(tp.steps)
-        red = np.array([topo.devices[devices[r % tp.gc]].reduce_gbps * topo.gb / 1e9
-                        for r in range(g)])
+        red = np.array(rules.reduce_rates(topo, [devices[r % tp.gc] for r in range(g)]))
         self.comp = [(tp.ops[s] * tp.sl[s] / red[:, None]) if tp.ops[s] and red.all()
                      else None for s in range(ns)]
         if any(tp.ops) and not red.all():
@@ -110,7 +133,7 @@ class _Run:
         nconn = len(self.links.conn)
         self.conn_inj = np.zeros((nconn, g))
         self.conn_arr = np.zeros((nconn, g))
-        self.over = topo.overhead_ns
+        self.over = rules.overhead_ns
         self.events = np.zeros(tp.copies, np.int64)     # per copy
         self.chunks: list[tuple] = []
         self.tmax = np.zeros(tp.copies)
@@ -347,21 +370,21 @@ def _known(a: np.ndarray | None) -> np.ndarray:
     return a
 
 
-def run(tp: Template, t: Program, topo: Topology, devices: list[int], model: Unaware | Aware,
+def run(tp: Template, t: Program, topo: Topology, devices: list[int], rules: Rules,
         progress: Callable[[int], None] | None = None) -> tuple[float, int]:
     """Completion time (ns) of the last rank and the chunks carried; raises
     :class:`Unordered` when the batched order cannot be the event engine's."""
-    times, events = run_copies(tp, t, topo, devices, model, progress)
+    times, events = run_copies(tp, t, topo, devices, rules, progress)
     return times[0], events[0]
 
 
 def run_copies(tp: Template, t: Program, topo: Topology, devices: list[int],
-               model: Unaware | Aware, progress: Callable[[int], None] | None = None
+               rules: Rules, progress: Callable[[int], None] | None = None
                ) -> tuple[list[float], list[int]]:
     """:func:`run` of every copy of a :func:`~.template.stacked` Template: each copy's
     completion time and chunks carried. :class:`Unordered` names the copy that broke
     the order (the others may still be run, stacked again without it)."""
-    r = _Run(tp, t, topo, devices, model)
+    r = _Run(tp, t, topo, devices, rules)
     for k, steps in enumerate(tp.order):
         r.level(steps)
         if progress is not None and not k & 63:

@@ -30,14 +30,43 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtree.sim import stages
-from ringtree.sim.compile import Compiled
+from ringtree.sim.compile.compiled import Compiled
+from ringtree.sim.engines import link_stages, native
+from ringtree.sim.engines.contract import Declined, Job, Outcome, Result, many_at_once
+from ringtree.sim.engines.reference import engine_for
+from ringtree.sim.machine.model import Rules
 
-__all__ = ["Levels", "run", "MAX_ITERATIONS"]
+__all__ = ["FixedPoint", "Levels", "run", "MAX_ITERATIONS"]
 
 MAX_ITERATIONS = 12
 GUESSED_ITERATIONS = 4    # carries from an extrapolated start before the plain start
 CHUNK_RUNS = 64           # runs of messages alike below which chunk bytes go by blocks
+# with the compiled heap a carry of the fixed point costs a third to a tenth of the
+# heap's run (30-85 ns a chunk-hop against 260-700 ns a heap event: one-shot direct,
+# direct2 and collnet_direct at 128 nodes), so a run that has not settled in this many
+# carries goes to the heap (direct settles in one, direct2 in two to six; collnet_direct
+# at 1 GiB on 128 nodes took twelve, 4.4 s against about 1.2 s on the heap)
+NATIVE_ITERATIONS = 6
+
+
+class FixedPoint:
+    """The aware model settled as a fixed point of arrays (:func:`run`); declines an
+    unaware model, a trace, runs whose ranks send few messages at once, and runs that
+    do not settle (remembered for the structure's other sizes)."""
+
+    name = "fixed_point"
+
+    def accepts(self, job: Job, rules: Rules) -> str | None:
+        return many_at_once(job, rules) or job.remembered(self.name)
+
+    def run(self, job: Job) -> Outcome | Declined:
+        tries = min(MAX_ITERATIONS, NATIVE_ITERATIONS) if native.enabled() else \
+            MAX_ITERATIONS
+        res = run(engine_for(job, fresh=False), job.progress, tries)
+        if res is None:
+            return Declined(f"not settled in {tries} carries (or its routes cycle)",
+                            remember=True)
+        return Outcome(res.time_ns, res.events, res)
 
 
 class Levels:
@@ -138,7 +167,7 @@ class _Shape:
                 sends = (row, off, np.repeat(self.first[sm], k) + off,
                          np.repeat(self.conn[sm], k))
             self.levels.append((w, slots, sends))
-        self.stages = stages.link_stages(eng, self.conn, self.first)
+        self.stages = link_stages.link_stages(eng, self.conn, self.first)
         self.settled: list[tuple[float, np.ndarray]] = []   # (bytes, arrivals), last two
 
     def fits(self, eng, nsl: np.ndarray) -> bool:
@@ -294,7 +323,7 @@ def run(eng, progress=None, tries: int | None = None):
         cp.memo.pop("shape", None)               # one shape kept: the latest
         shape = cp.memo["shape"] = _Shape(eng, lv, nsl)
     sz = _Size(eng, lv, shape, tuples)
-    net = stages.Network(shape.stages, sz.sizes)
+    net = link_stages.Network(shape.stages, sz.sizes)
     if not net.ok:
         return None
     total = float(sz.sizes.sum())
@@ -311,7 +340,7 @@ def run(eng, progress=None, tries: int | None = None):
     return None if got is None else got[0]
 
 
-def _settle(eng, lv: Levels, sz: _Size, net: stages.Network, arrive: np.ndarray, tries: int,
+def _settle(eng, lv: Levels, sz: _Size, net: link_stages.Network, arrive: np.ndarray, tries: int,
             progress):
     """From these arrivals: the steps' injections, carry them, the steps' injections
     from those arrivals, until the same injections come again (then the arrivals are
@@ -334,10 +363,8 @@ def _settle(eng, lv: Levels, sz: _Size, net: stages.Network, arrive: np.ndarray,
     return None
 
 
-def _result(eng, lv: Levels, start: np.ndarray, done: np.ndarray, net: stages.Network):
-    """The engine's :meth:`~.engine._Engine.result` of these step times."""
-    from ringtree.sim.engine import Result
-
+def _result(eng, lv: Levels, start: np.ndarray, done: np.ndarray, net: link_stages.Network):
+    """The engine's :meth:`~.reference._Engine.result` of these step times."""
     cp = eng.cp
     rank = lv.rank
     real = rank < cp.nranks

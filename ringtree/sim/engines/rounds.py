@@ -29,153 +29,79 @@ from itertools import chain
 
 import numpy as np
 
-from ringtree.sim import stages
-from ringtree.sim.compile import Compiled
+from ringtree.sim.compile.compiled import Compiled
+from ringtree.sim.engines import fifo, link_stages, native
+from ringtree.sim.engines.contract import Declined, Job, Outcome, many_at_once
+from ringtree.sim.engines.reference import engine_for
+from ringtree.sim.machine.model import Rules
 
-__all__ = ["serve", "successors", "link_order", "Rounds", "slices_at_once", "inject_all"]
+__all__ = ["RoundsEngine", "Rounds", "carry", "slices_at_once", "inject_all", "AT_ONCE"]
 
-
-def successors(routes: list[list[int]], nlinks: int) -> list[set[int]]:
-    """For every link, the links that follow it directly on some route."""
-    succ: list[set[int]] = [set() for _ in range(nlinks)]
-    for rt in routes:
-        for a, b in zip(rt, rt[1:]):
-            succ[a].add(b)
-    return succ
+AT_ONCE = 8        # a step sending this many slices more injects them as arrays
 
 
-def link_order(routes: list[list[int]], nlinks: int) -> list[int] | None:
-    """The links in an order where each comes after every link before it on a route
-    (Kahn), or None when the routes make a cycle."""
-    succ = successors(routes, nlinks)
-    indeg = [0] * nlinks
-    for s in succ:
-        for b in s:
-            indeg[b] += 1
-    todo = [li for li in range(nlinks) if not indeg[li]]
-    out: list[int] = []
-    while todo:
-        li = todo.pop()
-        out.append(li)
-        for b in succ[li]:
-            indeg[b] -= 1
-            if not indeg[b]:
-                todo.append(b)
-    return out if len(out) == nlinks else None
+class RoundsEngine:
+    """The aware model's network carried in rounds (:func:`carry`); declines an unaware
+    model, a trace, runs whose ranks send few messages at once (a tree's rounds are too
+    small to pay), routes that cycle, and a round that would leave the heap's order."""
+
+    name = "rounds"
+
+    def accepts(self, job: Job, rules: Rules) -> str | None:
+        why = many_at_once(job, rules)
+        if why is not None:
+            return why
+        if native.enabled() and job.remembered("fixed_point"):
+            # collnet_direct at 1 GiB on 128 nodes: rounds 2.1 s, then out of order
+            return "the fixed point did not settle here: the compiled heap is faster"
+        return job.remembered(self.name)
+
+    def run(self, job: Job) -> Outcome | Declined:
+        eng = engine_for(job)
+        done = carry(eng, job.progress)
+        if done is None:
+            return Declined("the routes cycle (no link order)")
+        if not done:
+            return Declined("a round would leave the heap's order on a link", remember=True)
+        res = eng.result()
+        return Outcome(res.time_ns, res.events, res)
 
 
-def serve(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool,
-          free0: float = 0.0) -> tuple[np.ndarray, float]:
-    """Departure (+ latency) of chunks served in order by one FIFO link free from
-    ``free0`` on, and when it is free again: the engine's ``max`` and left-to-right sums,
-    one running sum per busy period.
-
-    The periods are guessed from prefix sums (``free_k = max_j (a_j + s_j + … + s_k)``,
-    rounded differently), summed exactly, and the guess is then *checked* on the exact
-    sums: a period starts where a chunk arrives no earlier than the one before it
-    leaves, and nowhere else. A wrong guess is corrected from the exact sums up to where
-    it was wrong (a few rounds), else the chunks are served window by window."""
-    n = arrive.size
-    if not n:
-        return np.empty(0), free0
-    pre = np.cumsum(ser[:-1])
-    lead = np.empty(n)
-    lead[0] = arrive[0]
-    np.subtract(arrive[1:], pre, out=lead[1:])
-    starts = np.zeros(n, bool)
-    starts[0] = True
-    if n > 1 and float(lead[1:].max()) > lead[0]:   # else the guess is one period
-        np.greater(lead[1:], np.maximum.accumulate(lead[:-1]), out=starts[1:])
-    for _ in range(4):
-        free = _periods(arrive, ser, starts, free0)
-        late = arrive[1:] > free[:-1]            # chunk k finds the link idle
-        wrong = (starts[1:] & (arrive[1:] < free[:-1])) | (~starts[1:] & late)
-        if not wrong.any():
-            return _out(free, lat, integer)
-        starts[1:] = late
-    return _windows(arrive, ser, lat, integer, free0)
-
-
-def _out(free: np.ndarray, lat: float, integer: bool) -> tuple[np.ndarray, float]:
-    out = free + lat
-    return (np.floor(out) if integer else out), float(free[-1])
-
-
-# a busy period's first chunks are summed across all periods at once, this many steps
-PERIOD_HEAD = 4
-# periods longer than that, up to this many, are summed one by one (else as rows)
-PERIOD_ROWS = 64
-
-
-def _periods(arrive: np.ndarray, ser: np.ndarray, starts: np.ndarray,
-             free0: float) -> np.ndarray:
-    """``free`` when busy periods begin exactly at ``starts``: per period the sum
-    start + s_k + s_k+1 + … left to right. The first :data:`PERIOD_HEAD` sums of every
-    period are one vector step each (most periods of a lightly loaded link end there);
-    what is left of the longer periods goes on from its last sum, each period one
-    cumulative sum when there are few, else periods of similar length side by side as
-    rows of one cumulative sum."""
-    n = arrive.size
-    first = np.flatnonzero(starts)
-    length = np.diff(np.append(first, n))
-    free = np.empty(n)
-    cur = arrive[first]
-    cur[0] = max(cur[0], free0)
-    for j in range(PERIOD_HEAD):
-        at = first + j
-        cur = cur + ser[at]
-        free[at] = cur
-        more = length > j + 1
-        if not more.all():
-            first, length, cur = first[more], length[more], cur[more]
-            if not first.size:
-                return free
-    # row r: the period's last sum so far, then the chunks still to add
-    first = first + PERIOD_HEAD - 1
-    length = length - PERIOD_HEAD + 1
-    if first.size <= PERIOD_ROWS:
-        for f, ln, c in zip(first.tolist(), length.tolist(), cur.tolist()):
-            acc = free[f:f + ln]
-            acc[1:] = ser[f + 1:f + ln]
-            acc[0] = c
-            np.cumsum(acc, out=acc)
-        return free
-    width = 1 << np.ceil(np.log2(length)).astype(np.int64)
-    for w in np.unique(width).tolist():
-        sel = width == w
-        f, ln = first[sel], length[sel]
-        k = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)   # place in row
-        at = np.repeat(f, ln) + k
-        flat = np.repeat(np.arange(f.size) * w, ln) + k
-        acc = np.zeros((f.size, w))
-        row = acc.reshape(-1)
-        row[flat] = ser[at]
-        acc[:, 0] = cur[sel]
-        np.cumsum(acc, axis=1, out=acc)
-        free[at] = row[flat]
-    return free
-
-
-def _windows(arrive: np.ndarray, ser: np.ndarray, lat: float, integer: bool,
-             free0: float = 0.0) -> tuple[np.ndarray, float]:
-    """:func:`serve` read in windows that double while a busy period lasts."""
-    n = arrive.size
-    free = np.empty(n)
-    k, w, prev = 0, 64, free0
-    while k < n:
-        e = min(n, k + w)
-        acc = np.empty(e - k + 1)
-        acc[0] = arrive[k] if arrive[k] > prev else prev
-        acc[1:] = ser[k:e]
-        np.cumsum(acc, out=acc)
-        # the period lasts while each chunk arrives by the time the one before it leaves
-        gap = np.nonzero(arrive[k + 1:e] > acc[1:e - k])[0]
-        end = e if not gap.size else k + 1 + int(gap[0])
-        free[k:end] = acc[1:end - k + 1]
-        prev = float(free[end - 1])
-        w = 64 if gap.size else 2 * w
-        k = end
-    return _out(free, lat, integer)
+def carry(eng, progress=None) -> bool | None:
+    """Carry ``eng``'s network (an :class:`~.reference._Engine`, fresh) a round at a time
+    (:class:`Rounds`): hold every injection back until nothing else can happen without an
+    arrival, carry the held chunks link by link, deliver them, repeat. A run whose sends
+    wait on no arrival (one-shot ``direct``) is one round. True: done; None: not tried
+    (the routes cycle); False: a round would be served out of the heap's order."""
+    cp = eng.cp
+    net = Rounds(cp, eng.conn_links, eng.shared, eng.rate, eng.llat, eng.integer)
+    if net.order is None:
+        return None
+    arr, narr, rstep = eng.arr, eng.narr, cp.msg_rstep
+    eng.send_at_once = (AT_ONCE, slices_at_once)
+    while True:
+        eng.cut = ([], [], [])
+        eng.drain()
+        (cm, ci, ct), eng.cut = eng.cut, None
+        if not cm:
+            return True
+        got = net.carry(cm, ci, ct)
+        if got is None:
+            return False
+        m, t, events = got
+        eng.events += events
+        cuts = [0, *(np.flatnonzero(m[1:] != m[:-1]) + 1).tolist(), m.size]
+        times, ms = t.tolist(), m.tolist()
+        for a, b in zip(cuts, cuts[1:]):
+            x = ms[a]
+            if arr[x] is None:
+                arr[x] = times[a:b]
+            else:
+                arr[x].extend(times[a:b])
+            narr[x] += b - a
+        eng.work.extend({rstep[ms[a]] for a in cuts[:-1]})
+        if progress is not None:
+            progress(eng.events)
 
 
 class Rounds:
@@ -236,11 +162,11 @@ class Rounds:
         # chunk crossing each: a link's chunks in (connection, message, slice) order
         ln = self.rlen[busy]
         pc = np.repeat(busy, ln)
-        pl = self.rl[stages.ranges(self.rp[busy], ln)]
+        pl = self.rl[link_stages.ranges(self.rp[busy], ln)]
         o = np.lexsort((pc, pl, self.stage[pl]))
         pl, pc = pl[o], pc[o]
         cnt = count[pc]
-        idx = stages.ranges(bounds[pc], cnt)
+        idx = link_stages.ranges(bounds[pc], cnt)
         lk = np.repeat(pl, cnt)
         st = self.stage[lk]
         cut = np.flatnonzero(st[1:] != st[:-1]) + 1
@@ -279,7 +205,7 @@ class Rounds:
         self.last_t[li], self.last_m[li], self.last_i[li] = x[tails], m[tk], i[tk]
         # a link busy until free0 serves its first chunk from max(arrival, free0) on
         x[h] = np.maximum(x[h], self.free[li])
-        out, free = stages.serve_links(x, sizes[idx] / self.rate[lk], self.llat[lk], heads,
+        out, free = link_stages.serve_links(x, sizes[idx] / self.rate[lk], self.llat[lk], heads,
                                        self.integer, last=True)
         self.free[li] = free
         t[idx] = out
@@ -290,8 +216,8 @@ def _round_links(routes: list[list[int]], shared: list[bool], nlinks: int) -> tu
     """What a run's rounds read of its routes: the link order (None when the routes
     cycle), every link's stage, every connection's shared links, and the routes as one
     array with each connection's start and length."""
-    order = link_order(routes, nlinks)
-    stage = np.asarray(stages.link_stage(routes, nlinks) or [0] * nlinks, np.int64)
+    order = fifo.link_order(routes, nlinks)
+    stage = np.asarray(link_stages.link_stage(routes, nlinks) or [0] * nlinks, np.int64)
     nshared = np.asarray([sum(shared[li] for li in rt) for rt in routes], np.int64)
     rlen = np.asarray([len(rt) for rt in routes], np.int64)
     rp = np.concatenate(([0], np.cumsum(rlen)[:-1])).astype(np.int64)

@@ -12,10 +12,12 @@ from typing import overload
 
 from ringtree.ir.program import Collective, Program
 from ringtree.schedules import Options, generate
-from ringtree.sim import budget, symbolic, symmetry, template, wave
-from ringtree.sim.compile import Compiled, compile_programs
-from ringtree.sim.structure import Sweep
-from ringtree.sim.topology import Topology
+from ringtree.sim import budget
+from ringtree.sim.compile import symbolic, template
+from ringtree.sim.compile.compiled import Compiled, compile_programs
+from ringtree.sim.compile.structure import Sweep
+from ringtree.sim.fold import symmetry
+from ringtree.sim.machine.cluster import Topology
 
 
 @dataclass
@@ -27,7 +29,7 @@ class Plan:
     devices: list[int]
     rank_fold: int = 0          # representatives simulated (0 = every rank)
     shared: bool = False        # Programs read off one template (never all generated)
-    batch: wave.Template | None = None
+    batch: template.Template | None = None
     template: Program | None = None
 
 
@@ -93,10 +95,10 @@ def _shared(coll: Collective, algo: str, topo: Topology, opts: Options, count: i
         return None                              # the template misread the generator
     try:
         tk, pk = template.moving(t, p0, count, in_place) if prune else (t, p0)
-        tp = wave.Template(tk, pk, g or n, count, itemsize, slice_bytes, in_place)
+        tp = template.Template(tk, pk, g or n, count, itemsize, slice_bytes, in_place)
         tp.share_offs = template.declared_offsets(t)
         tp.order = tp.levels()
-    except (wave.Unordered, symbolic.NotSymmetric):
+    except (template.Unordered, symbolic.NotSymmetric):
         return None
     return Plan(None, devices, g, True, tp, t)
 

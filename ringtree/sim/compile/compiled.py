@@ -53,6 +53,9 @@ class Compiled:
     # what the engines derive from the connections (routes), shared by the runs of one
     # sweep that have the same messages (:mod:`.structure`)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+    # engines that declined this structure after trying, by (engine, rules): why (a
+    # sweep's other sizes skip them; :mod:`ringtree.sim.engines.dispatch`)
+    declined: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def nsteps(self) -> int:
@@ -337,17 +340,17 @@ def declared_connections(cp: Compiled) -> set[tuple[int, int, int]]:
 
 
 def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = False) -> list:
-    """The route (:class:`~ringtree.sim.model.Path`) of every connection of ``cp``.
+    """The route (:class:`~ringtree.sim.machine.model.Path`) of every connection of ``cp``.
 
     With ``share`` (the congestion-unaware model) each link's rate is divided by the
-    connections of one sender crossing it (:func:`~ringtree.sim.model.channel_shares`)
+    connections of one sender crossing it (:func:`~ringtree.sim.machine.model.channel_shares`)
     over the *whole* run: a folded run also routes the images of its connections under
     the shifts it stands for. Shares count every connection the Programs declare, so a
     step with no data to move still holds its share (the answer does not depend on which
     channels a small message happens to fill). A folded run with ``link_rep`` routes
     over one representative link per orbit of the symmetry (:mod:`.symmetry`).
     """
-    from ringtree.sim.model import channel_shares, path
+    from ringtree.sim.machine.model import channel_shares, path
 
     key = (id(topo), tuple(devices), share, cp.link_rep is not None)
     got = cp.memo.get(key)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ringtree.ir.program import Buf, Program, chunk_regions
-from ringtree.sim import renaming, symbolic
-from ringtree.sim.compile import image
-from ringtree.sim.orbits import Fold, Routes
-from ringtree.sim.topology import Topology
+from ringtree.sim.compile import renaming, symbolic
+from ringtree.sim.compile.compiled import image
+from ringtree.sim.fold.orbits import Fold, Routes
+from ringtree.sim.machine.cluster import Topology
 
 
 def _regions(blocks: int, count: int, chunks: int) -> list[int]:
@@ -57,7 +57,7 @@ def same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, in_place: bo
     """Is Program p (rank r) Program q (rank r − dr) with peers shifted by dr and chunks
     renamed by a size-preserving bijection (so every dependency and size is the same)?
     With ``xor_g``: p's rank is q's with its block of ``xor_g`` ranks XOR dr, and so are
-    the peers (:func:`~ringtree.sim.compile.image`).
+    the peers (:func:`~ringtree.sim.compile.compiled.image`).
 
     The renaming is either a XOR of the chunk index by one mask per buffer mapping each
     reference onto its counterpart as a set (out of place; a butterfly's halves swap

@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ringtree.sim.topology import Topology
+from ringtree.sim.machine.cluster import Topology
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,60 @@ class Aware:
 
 
 MODELS = {"unaware": Unaware, "aware": Aware}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The model's rules, read by every engine (:mod:`ringtree.sim.engines`) from here.
+
+    - ``aware``: links are FIFOs (:class:`Aware`), else every connection is its own α-β
+      pipe (:class:`Unaware`);
+    - ``integer_ns``: every transfer delay is truncated to whole ns (ASTRA-sim's integer
+      event clock): a hop's arrival ``float(int(t))`` in the event engines, ``floor`` of
+      the same positive floats in the array ones (:meth:`whole`);
+    - ``overhead_ns``: o, paid by every transfer at its sender (NCCL's per-step software
+      cost beyond the wire), added to the injection time;
+    - ``launch_ns``: once per collective call (NCCL's ``baseLat``), added to the last
+      rank's finish;
+    - ``gb``: bytes per GB of the topology's rates, so γ's rate R of a device in bytes/ns
+      is ``reduce_gbps · gb / 1e9`` (:meth:`reduce_rates`) and a step of ``ops`` passes
+      over ``b`` bytes computes for ``ops · b / R`` (:func:`compute_ns`; Thakur,
+      Rabenseifner & Gropp 2005).
+    - ``alpha_beta``: the run asked for the vectorised α-β engine (``model="fast"``),
+      which answers the unaware model's time only.
+    """
+
+    aware: bool
+    integer_ns: bool
+    overhead_ns: float
+    launch_ns: float
+    gb: float
+    alpha_beta: bool = False
+
+    @classmethod
+    def of(cls, model: str | Unaware | Aware, topo: Topology) -> Rules:
+        """The rules of ``model`` (``aware``, ``unaware``, ``fast`` or a model) on ``topo``."""
+        fast = isinstance(model, str) and model.lower() == "fast"
+        m = Unaware() if fast else parse_model(model)
+        return cls(isinstance(m, Aware), m.integer_ns, topo.overhead_ns, topo.launch_ns,
+                   topo.gb, fast)
+
+    @property
+    def model(self) -> Unaware | Aware:
+        """The model object these rules come from."""
+        return (Aware if self.aware else Unaware)(self.integer_ns)
+
+    @property
+    def name(self) -> str:
+        return "fast" if self.alpha_beta else self.model.name
+
+    def reduce_rates(self, topo: Topology, devices: list[int]) -> list[float]:
+        """γ's rate R (bytes/ns) of every rank's device; 0: reduces for free."""
+        return [topo.devices[d].reduce_gbps * self.gb / 1e9 for d in devices]
+
+    def whole(self, t: float) -> float:
+        """A delay as the integer rule keeps it."""
+        return float(int(t)) if self.integer_ns else t
 
 
 def parse_model(model: str | Unaware | Aware) -> Unaware | Aware:

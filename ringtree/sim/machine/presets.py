@@ -28,8 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ringtree.sim import topology as T
-from ringtree.sim.topology import Topology
+from ringtree.sim.machine import cluster as T
+from ringtree.sim.machine.cluster import Topology
 
 
 def _dgx(nodes: int, sharp: bool, kw: dict[str, Any], name: str, **spec: Any) -> Topology:

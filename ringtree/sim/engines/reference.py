@@ -26,44 +26,26 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from ringtree.sim import dataflow, feedforward, native
-from ringtree.sim.compile import DEFAULT_SLICE_BYTES, Compiled, compile_programs, connection_routes
-from ringtree.sim.heap import loop as fused_loop
-from ringtree.sim.model import Aware, Unaware, compute_ns
-from ringtree.sim.topology import Topology
+from ringtree.sim.compile.compiled import Compiled, connection_routes
+from ringtree.sim.engines.contract import Declined, Job, Outcome, Result
+from ringtree.sim.machine.cluster import Topology
+from ringtree.sim.machine.model import Rules, compute_ns
 
-__all__ = ["Result", "run", "Compiled", "compile_programs", "DEFAULT_SLICE_BYTES"]
-
-
-@dataclass
-class Result:
-    """Outcome of a simulation. ``time_ns``: when the last rank finished."""
-
-    time_ns: float
-    rank_done: list[float]
-    messages: int
-    bytes: int
-    events: int
-    step_start: list[float]
-    step_done: list[float]
-    transfers: list[tuple[int, int, float, float, int]] | None = None  # msg, slice, t0, t1, B
-    compiled: Compiled | None = None     # with ``trace``: what ran, and where
-    devices: list[int] | None = None
+__all__ = ["Result", "Reference", "engine_for"]
 
 
 class _Network:
     """Links and connections: injection, the per-hop FIFO links, delivery."""
 
     def __init__(self, cp: Compiled, topo: Topology, devices: list[int],
-                 model: Unaware | Aware, trace: bool, fresh: bool = True) -> None:
-        self.aware = aware = isinstance(model, Aware)
-        self.integer = model.integer_ns
-        self.over = topo.overhead_ns
+                 rules: Rules, trace: bool, fresh: bool = True) -> None:
+        self.aware = aware = rules.aware
+        self.integer = rules.integer_ns
+        self.over = rules.overhead_ns
         key = ("network", id(topo), tuple(devices), aware)     # kept for a sweep's sizes
         got = cp.memo.get(key)
         if got is None:
@@ -94,8 +76,10 @@ class _Network:
         self.heap: list[tuple[float, int, int, int, float]] = []
         self.events = 0
         self.transfers: list | None = [] if self.trace else None
-        # injections held back (message, slice, time), in rounds
+        # injections held back (message, slice, time), in rounds (:mod:`.rounds`), and
+        # how a step sending many slices then injects them: (from how many, the function)
         self.cut: tuple[list[int], list[int], list[float]] | None = None
+        self.send_at_once: tuple[int, Callable] = (0, None)
 
 
 def _connections(cp: Compiled, topo: Topology, devices: list[int], aware: bool) -> tuple:
@@ -118,16 +102,15 @@ class _Engine(_Network):
     """The dataflow over (step, slice) times, driving :class:`_Network`."""
 
     def __init__(self, cp: Compiled, topo: Topology, devices: list[int],
-                 model: Unaware | Aware, trace: bool, fresh: bool = True) -> None:
+                 rules: Rules, trace: bool, fresh: bool = True) -> None:
         """``fresh``: also set up the state of a run (else call :meth:`fresh_network` and
-        :meth:`fresh_steps` before running; :mod:`.dataflow` needs neither)."""
-        super().__init__(cp, topo, devices, model, trace, fresh)
+        :meth:`fresh_steps` before running; :mod:`.fixed_point` needs neither)."""
+        super().__init__(cp, topo, devices, rules, trace, fresh)
         got = cp.memo.get("steps")                 # kept for a sweep's sizes
         if got is None:
             got = cp.memo["steps"] = _dependents(cp)
         self.nxt_in_chan, self.dependents, self.pend = got
-        self.red = [topo.devices[devices[r]].reduce_gbps * topo.gb / 1e9
-                    for r in range(len(devices))]
+        self.red = rules.reduce_rates(topo, devices)
         self.arrays: dict[int, np.ndarray] = {}     # id of a step's slices: their bytes
         self.pend0 = self.pend
         if fresh:
@@ -273,9 +256,11 @@ class _Engine(_Network):
         """Process every slice of step s whose inputs have all arrived."""
         sl = self.cp.step_slices[s]
         nsl = len(sl)
-        if self.cut is not None and nsl - self.nxt[s] >= AT_ONCE and self.cp.step_send[s]:
-            feedforward.slices_at_once(self, s, nsl)
-            return
+        if self.cut is not None and self.cp.step_send[s]:
+            least, at_once = self.send_at_once
+            if nsl - self.nxt[s] >= least:
+                at_once(self, s, nsl)
+                return
         rv = self.cp.step_recv[s]
         cs = self.comp[s]
         nxt, narr, arr, last = self.nxt, self.narr, self.arr, self.last
@@ -325,42 +310,6 @@ class _Engine(_Network):
                 self.begin(s, self.maxin[s])
             self.slices(s)
             self.finish(s)
-
-    def rounds(self, progress: Callable[[int], None] | None = None) -> bool | None:
-        """Carry the network a round at a time (:class:`.feedforward.Rounds`): hold every
-        injection back until nothing else can happen without an arrival, carry the held
-        chunks link by link, deliver them, repeat. A run whose sends wait on no arrival
-        (one-shot ``direct``) is one round. True: done; None: not tried (the routes
-        cycle); False: a round would be served out of the heap's order (rerun it)."""
-        cp = self.cp
-        net = feedforward.Rounds(cp, self.conn_links, self.shared, self.rate, self.llat,
-                                 self.integer)
-        if net.order is None:
-            return None
-        arr, narr, rstep = self.arr, self.narr, cp.msg_rstep
-        while True:
-            self.cut = ([], [], [])
-            self.drain()
-            (cm, ci, ct), self.cut = self.cut, None
-            if not cm:
-                return True
-            got = net.carry(cm, ci, ct)
-            if got is None:
-                return False
-            m, t, events = got
-            self.events += events
-            cuts = [0, *(np.flatnonzero(m[1:] != m[:-1]) + 1).tolist(), m.size]
-            times, ms = t.tolist(), m.tolist()
-            for a, b in zip(cuts, cuts[1:]):
-                x = ms[a]
-                if arr[x] is None:
-                    arr[x] = times[a:b]
-                else:
-                    arr[x].extend(times[a:b])
-                narr[x] += b - a
-            self.work.extend({rstep[ms[a]] for a in cuts[:-1]})
-            if progress is not None:
-                progress(self.events)
 
     def loop(self, progress: Callable[[int], None] | None = None) -> None:
         """Pop the heap in order, carrying each chunk to its next shared link. Until a
@@ -422,57 +371,23 @@ def _dependents(cp: Compiled) -> tuple[list[int], list[list[int]], list[int]]:
     return nxt_in_chan, dependents, pend
 
 
-# Rounds pay where a rank sends many messages at once (one-shot and two-shot direct: 63
-# and 126 per channel on 64 ranks); a tree's rounds carry a few chunks each and cost more
-# in array set-up than its heap events (tree 8 B on 131,072 ranks: 52 s, 29 s on the heap)
-ROUNDS_MSGS_PER_RANK = 64
-# such runs are first settled as a fixed point of arrays (:mod:`.dataflow`); the rounds
-# and the heap take what does not settle
-FIXED_POINT = True
-AT_ONCE = 8        # in rounds, a step sending this many slices more injects them as arrays
-# the aware heap runs as one loop over local names (:mod:`.heap`; the same operations),
-# compiled where the package was built with its extension (:mod:`.native`)
-FUSED = True
-NATIVE = True
-# with the compiled heap a carry of the fixed point costs a third to a tenth of the
-# heap's run (30-85 ns a chunk-hop against 260-700 ns a heap event: one-shot direct,
-# direct2 and collnet_direct at 128 nodes), so a run that has not settled in this many
-# carries goes to the heap (direct settles in one, direct2 in two to six; collnet_direct
-# at 1 GiB on 128 nodes took twelve, 4.4 s against about 1.2 s on the heap)
-NATIVE_ITERATIONS = 6
+def engine_for(job: Job, fresh: bool = True) -> _Engine:
+    """The event engine's state for ``job`` (fresh: set up to run from the start)."""
+    return _Engine(job.compiled, job.topo, job.devices, job.rules, job.trace, fresh)
 
 
-def run(cp: Compiled, topo: Topology, devices: list[int], model: Unaware | Aware,
-        trace: bool = False, progress: Callable[[int], None] | None = None,
-        batch: bool = True) -> Result:
-    """Simulate compiled Programs; ``devices[r]`` is the device of (real or virtual) rank r.
-    ``progress(events)`` is called every 65,536 heap events. Runs compiled from one
-    :class:`.structure.Structure` (a sweep's sizes) go to the heap at once after the
-    rounds failed on one of them: the same answer, without carrying it twice."""
-    eng = _Engine(cp, topo, devices, model, trace, fresh=False)
-    many = cp.nmsgs >= ROUNDS_MSGS_PER_RANK * max(1, cp.nranks)
-    failed = ("rounds failed", id(topo), eng.integer)    # for the other sizes of a sweep
-    unsettled = ("no fixed point", id(topo), eng.integer)
-    compiled = NATIVE and native.enabled()
-    if FIXED_POINT and batch and many and eng.aware and not trace and \
-            unsettled not in cp.memo:
-        cap = dataflow.MAX_ITERATIONS
-        got = dataflow.run(eng, progress, min(cap, NATIVE_ITERATIONS) if compiled else cap)
-        if got is not None:
-            return got
-        cp.memo[unsettled] = True
-    eng.fresh_network()
-    eng.fresh_steps()
-    # with the compiled heap, a structure the fixed point did not settle goes to the heap
-    # without rounds (collnet_direct at 1 GiB on 128 nodes: rounds 2.1 s, then failed)
-    rounds = failed not in cp.memo and not (compiled and unsettled in cp.memo)
-    if batch and many and eng.aware and not trace and rounds and \
-            eng.rounds(progress) is False:
-        cp.memo[failed] = True
-        eng.fresh_network()                      # start again on the heap
-        eng.fresh_steps()
-    if FUSED and eng.aware and not trace:
-        (native.loop if compiled else fused_loop)(eng, progress)
-    else:
-        eng.loop(progress)
-    return eng.result()
+class Reference:
+    """The event engine itself, the specification every other engine reproduces: any
+    model, any run, with or without a trace. ``progress(events)`` every 65,536 heap
+    events."""
+
+    name = "reference"
+
+    def accepts(self, job: Job, rules: Rules) -> str | None:
+        return "the α-β model asked for (model fast)" if rules.alpha_beta else None
+
+    def run(self, job: Job) -> Outcome | Declined:
+        eng = engine_for(job)
+        eng.loop(job.progress)
+        res = eng.result()
+        return Outcome(res.time_ns, res.events, res)

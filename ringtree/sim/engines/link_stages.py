@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtree.sim import feedforward
+from ringtree.sim.engines import fifo
 
 __all__ = ["Network", "link_stages", "serve_links", "ranges", "by_link", "SORT_PER_LINK"]
 
@@ -111,11 +111,11 @@ class Network:
                 xs = x[a:b]
                 if bool((xs[1:] >= xs[:-1]).all()):    # in order already (a first link)
                     s = ser[:b - a] if const else ser[a:b]
-                    t[idx[a:b]] = feedforward.serve(xs, s, lt, integer)[0]
+                    t[idx[a:b]] = fifo.serve(xs, s, lt, integer)[0]
                     continue
                 o = np.argsort(xs, kind="stable") + a
                 s = ser[:b - a] if const else ser[o]
-                t[idx[o]] = feedforward.serve(x[o], s, lt, integer)[0]
+                t[idx[o]] = fifo.serve(x[o], s, lt, integer)[0]
         back = (t[1:] < t[:-1]) & (self.conn_of[1:] == self.conn_of[:-1])
         return None if back.any() else t
 
@@ -163,10 +163,10 @@ def ranges(lo: np.ndarray, ln: np.ndarray) -> np.ndarray:
 def link_stage(routes: list[list[int]], nlinks: int) -> list[int] | None:
     """Every link's stage (0 for a route's first link, one more than any link before it
     on a route), or None when the routes make a cycle."""
-    order = feedforward.link_order(routes, nlinks)
+    order = fifo.link_order(routes, nlinks)
     if order is None:
         return None
-    succ = feedforward.successors(routes, nlinks)
+    succ = fifo.successors(routes, nlinks)
     stage = [0] * nlinks
     for li in order:
         for b in succ[li]:
@@ -200,7 +200,7 @@ def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.
     starts |= heads
     inner = ~heads[1:]
     for _ in range(4):
-        free = feedforward._periods(arrive, ser, starts, 0.0)
+        free = fifo._periods(arrive, ser, starts, 0.0)
         late = arrive[1:] > free[:-1]            # chunk k finds the link idle
         wrong = ((starts[1:] & (arrive[1:] < free[:-1])) | (~starts[1:] & late)) & inner
         if not wrong.any():
@@ -221,6 +221,6 @@ def _one_by_one(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.
     ends = []
     cut = np.flatnonzero(heads).tolist() + [n]
     for a, b in zip(cut, cut[1:]):
-        out[a:b], f = feedforward.serve(arrive[a:b], ser[a:b], float(lat[a]), integer)
+        out[a:b], f = fifo.serve(arrive[a:b], ser[a:b], float(lat[a]), integer)
         ends.append(f)
     return (out, np.asarray(ends)) if last else out

@@ -31,8 +31,8 @@ import numpy as np
 
 from ringtree.ir.program import Program, split_even
 from ringtree.runtime.plan import compile_program
-from ringtree.sim import pairing
-from ringtree.sim.compile import (
+from ringtree.sim.compile import pairing
+from ringtree.sim.compile.compiled import (
     Compiled,
     Lengths,
     compile_programs,

@@ -12,9 +12,9 @@ import numpy as np
 
 from ringtree.ir.program import Program
 from ringtree.runtime.plan import compile_program
-from ringtree.sim.compile import passes
-from ringtree.sim.symbolic import ALIASED, Sym, _space, offset_of
-from ringtree.sim.symmetry import regions
+from ringtree.sim.compile.compiled import passes
+from ringtree.sim.compile.symbolic import ALIASED, Sym, _space, offset_of
+from ringtree.sim.fold.symmetry import regions
 
 
 class Unordered(Exception):
@@ -235,7 +235,7 @@ def _chunks_of(fam: tuple, n: int) -> set[int]:
 
 def moving(t: Program, p0: Program, count: int, in_place: bool) -> tuple[Program, Program]:
     """``t`` and ``p0`` with the channels that move no data on any rank emptied, when
-    they share no storage with the channels kept (:func:`ringtree.sim.compile.moving`
+    they share no storage with the channels kept (:func:`ringtree.sim.compile.compiled.moving`
     for a template: the same exact argument, over the chunks every rank names)."""
     if in_place and t.collective not in ALIASED:
         return t, p0

@@ -1,12 +1,13 @@
-"""The event heap of :mod:`.heap`, compiled: the same loop on flat arrays.
+"""The reference engine's aware heap loop, compiled: the same loop on flat arrays.
 
-:func:`.heap.loop` is the reference. ``_heapc.c`` performs its operations in its order
-— every comparison, every sum with the same operands left to right, the same work stack,
-the same heap order (distinct keys pop in one order, whatever the heap's layout) — on
-the engine's state packed into NumPy arrays, so it reaches the same floats; only the
-Python per event is gone (tree all-reduce on dgx_h100_sharp ×128: about 0.35 M events
-per second in :mod:`.heap`, tens of millions here). :func:`loop` packs the state, runs
-it and writes it back into the engine's lists, so :meth:`~.engine._Engine.result` reads
+:meth:`.reference._Engine.loop` is its twin: ``_heapc.c`` performs the reference's
+operations in its order — every comparison, every ``max`` as the same ``if a > t``,
+every sum with the same operands left to right, the same work stack, the same heap order
+(distinct (arrival, message, slice) keys pop in one order, whatever the heap's layout) —
+on the engine's state packed into NumPy arrays, so it reaches the same floats; only the
+Python per event is gone (tree all-reduce on dgx_h100_sharp ×128: about 0.2 M events
+per second in Python, tens of millions here). :func:`loop` packs the state, runs it
+and writes it back into the engine's lists, so :meth:`~.reference._Engine.result` reads
 what the Python loop would have left (the arrivals themselves stay packed: nothing
 reads them once a run has ended).
 
@@ -14,8 +15,8 @@ Per step: its slices and compute times (pooled: steps that share a tuple share i
 entries), its receives, sends and dependents as offset arrays; per message its connection,
 steps and where its arrivals go; per connection its links. The extension is built
 with the package when a C compiler is there (``setup.py``, optional); without it,
-or with ``RINGTREE_SIM_NATIVE=0``, the engine runs :mod:`.heap`.
-``tests/test_sim_heap.py`` compares the three loops bit for bit.
+or with ``RINGTREE_SIM_NATIVE=0``, :class:`NativeHeap` declines and the reference engine
+runs the loop in Python. ``tests/test_sim_conformance.py`` compares the two bit for bit.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ from itertools import chain
 import numpy as np
 
 from ringtree import settings
-from ringtree.sim import heap
+from ringtree.sim.engines.contract import Declined, Job, Outcome, aware_untraced
+from ringtree.sim.engines.reference import engine_for
+from ringtree.sim.machine.model import Rules
 
 try:
-    from ringtree.sim import _heapc
+    from ringtree.sim.engines import _heapc
 except ImportError:                      # built without a C compiler
     _heapc = None
 
-__all__ = ["available", "enabled", "loop"]
+__all__ = ["NativeHeap", "available", "enabled", "loop"]
 
 _I, _F = np.int64, np.float64
 
@@ -46,6 +49,38 @@ def available() -> bool:
 def enabled() -> bool:
     """Built and not switched off (``RINGTREE_SIM_NATIVE=0``)."""
     return _heapc is not None and bool(settings.current().sim_native)
+
+
+class NativeHeap:
+    """The aware heap compiled (:func:`loop`); declines an unaware model (its delivery
+    is not this loop's), a trace, and a package built without the extension or with
+    ``RINGTREE_SIM_NATIVE=0``."""
+
+    name = "native"
+
+    def accepts(self, job: Job, rules: Rules) -> str | None:
+        why = aware_untraced(job, rules)
+        if why is not None:
+            return why
+        if _heapc is None:
+            return "the extension was not built (no C compiler at install)"
+        if not settings.current().sim_native:
+            return "switched off (RINGTREE_SIM_NATIVE=0)"
+        return None
+
+    def run(self, job: Job) -> Outcome | Declined:
+        eng = engine_for(job)
+        loop(eng, job.progress)
+        res = eng.result()
+        return Outcome(res.time_ns, res.events, res)
+
+
+def check(eng) -> None:
+    """What the compiled loop runs: an aware engine with no trace, no rounds held and no
+    chunk queued."""
+    if not eng.aware or eng.transfers is not None or eng.cut is not None or eng.heap:
+        raise ValueError("the compiled heap runs an aware engine without a trace, rounds "
+                         "held or chunks queued")
 
 
 def _pool(rows: Sequence, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -94,10 +129,11 @@ def _structure(eng) -> tuple[np.ndarray, ...]:
 
 
 def loop(eng, progress: Callable[[int], None] | None = None) -> None:
-    """Run ``eng`` as :func:`.heap.loop` does (same preconditions), compiled."""
+    """Run ``eng`` (an aware :class:`.reference._Engine`, fresh) to the end, as
+    :meth:`~.reference._Engine.loop` does, compiled."""
     if _heapc is None:
-        raise RuntimeError("ringtree.sim._heapc was not built (no C compiler at install)")
-    heap.check(eng)
+        raise RuntimeError("ringtree.sim.engines._heapc was not built (no C compiler at install)")
+    check(eng)
     cp = eng.cp
     nm = cp.nmsgs
     structure = _structure(eng)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ringtree.sim.compile import image
-from ringtree.sim.model import channel_shares, path
-from ringtree.sim.topology import Topology
+from ringtree.sim.compile.compiled import image
+from ringtree.sim.machine.cluster import Topology
+from ringtree.sim.machine.model import channel_shares, path
 
 
 def links_closed(paths: dict, g: int) -> bool:

@@ -112,8 +112,7 @@ def main() -> int:
     alpha, launch, gbps, red = calibrate(iters)
     print(f"# alpha = {alpha / 1e3:.1f} us per transfer, launch = {launch / 1e3:.1f} us per "
           f"call, beta = {gbps:.2f} GB/s, reduce = {red:.2f} GB/s")
-    from ringtree.sim import simulate
-    from ringtree.sim.machine import presets
+    from ringtree.sim import presets, simulate
 
     print("# ranks      size   predicted(us)   measured(us)   error")
     worst = 0.0

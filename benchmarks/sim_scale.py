@@ -61,7 +61,7 @@ def _one(topo, algo: str, sizes: list[int]) -> tuple[int, int, str]:
     from ringtree.sim import Sweep, simulate_sizes
 
     if isinstance(topo, str):
-        from ringtree.sim.machine import presets
+        from ringtree.sim import presets
 
         name, nodes = topo.split(":")
         topo = presets.get(name, int(nodes))
@@ -90,7 +90,7 @@ def _readme() -> tuple[int, list[str]]:
 
 def run_case(name: str, only: list[str] | None = None) -> dict:
     from ringtree.schedules import algorithms
-    from ringtree.sim.machine import presets
+    from ringtree.sim import presets
     from ringtree.sim.malloc import keep_arrays_in_heap
 
     keep_arrays_in_heap()                           # as ``ringtree sim`` does

@@ -43,8 +43,7 @@ ROWS = [
 
 
 def predict(preset: str, nodes: int, algo: str, size: int) -> tuple[float, float]:
-    from ringtree.sim import simulate
-    from ringtree.sim.machine import presets
+    from ringtree.sim import presets, simulate
 
     t0 = time.perf_counter()
     run = simulate("all_reduce", algo, presets.get(preset, nodes), size)
@@ -91,7 +90,7 @@ How to read it:
   what a healthy system reaches, or one user's posted run; the source says which. A
   range is given where the source gives one; the error is taken against its middle.
 - The presets' link efficiencies (NVLink at ~80 % of line rate, NICs at 80–97 %) come from
-  the same kind of public statements (see `ringtree/sim/presets.py`), so single-node
+  the same kind of public statements (see `ringtree/sim/machine/presets.py`), so single-node
   agreement is partly by construction; the multi-node rows test the network model.
 - Large messages only: the small-message latencies depend on NCCL's LL/LL128 protocols,
   which ringtree does not model (it moves data the way NCCL's Simple protocol does).

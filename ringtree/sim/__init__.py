@@ -2,68 +2,50 @@
 
 >>> from ringtree.sim import simulate, presets
 >>> r = simulate("all_reduce", "ring", presets.get("dgx_h100", nodes=2), 1 << 30)
->>> r.time_ns, r.busbw          # doctest: +SKIP
+>>> r.time_ns, r.busbw, r.engine          # doctest: +SKIP
 
-The same Programs the executor runs (``ringtree.schedules``) are executed on a
-:class:`~ringtree.sim.machine.cluster.Topology` (:mod:`.topology`, :mod:`.routing`,
-:mod:`.presets`) under a congestion-aware or -unaware network model (:mod:`.model`):
+The same Programs the executor runs (``ringtree.schedules``, generated with the options
+the runtime uses for a call of that size, :func:`ringtree.schedules.options_for`) are
+executed on a modeled machine. The package is laid out by role:
 
-- :mod:`.compile` flattens Programs with the executor's own compiler, :mod:`.structure`
-  keeps what of that a sweep's sizes share;
-- :mod:`.engine` is the event engine (its answer settled as a fixed point of arrays by
-  :mod:`.dataflow` with its network carried whole by :mod:`.stages`, or in rounds by
-  :mod:`.feedforward`, where that is exact; its aware heap run as one loop over local
-  names by :mod:`.heap`, the same operations in the same order, and that loop compiled by
-  :mod:`.native` where the package built its extension), :mod:`.fast` the α-β model as
-  one longest-path problem in numpy;
-- :mod:`.symbolic` runs a schedule generator on a symbolic rank to get one shared
-  template Program for every rank, :mod:`.symmetry` proves when the run is symmetric
-  under shifts of ranks or XOR of aligned blocks of ranks, :mod:`.orbits` that the
-  routes are kept (links shared between blocks simulated through their orbits'
-  representatives), and :mod:`.fold` chooses what to simulate; :mod:`.wave` runs a
-  template for all simulated ranks at once (numpy), falling back to the event engine
-  when it cannot keep the engine's order.
-
-Schedules without a template (trees, direct, recursive doubling: their generators
-branch on the rank) run every rank's own Program on the event engine, folded when
-:func:`.symmetry.find` proves it (butterflies fold under XOR onto one node: with the
-fat-tree's destination-mod-k routes, :mod:`.routing`, XOR of node ids maps routes onto
-routes). What keeps that
-O(ranks × channels) rather than O(ranks²) or O(ranks × channels × steps) of memory:
-Programs are generated when read (:class:`.fold.Lazy`) and dropped once compiled; a
-channel that moves no data is left out of the compiled run (:func:`.compile.moving`,
-exact); the generator options hash once, not once per rank. A tree all-reduce of 8 B on
-131,072 ranks is then 1.2 M chunks and about 30 s (``benchmarks/sim_scale.py``).
-
-The congestion-aware event engine carries its network in *rounds* when ranks send many
-messages at once (at least 64 per rank, :data:`.engine.ROUNDS_MSGS_PER_RANK`; a
-tree's rounds are too small to pay) (:mod:`.feedforward`): what can be injected before
-anything more arrives is held, carried a link stage at a time with array arithmetic
-(links that feed none of each other sorted and served together, each a FIFO in the
-heap's order with the engine's own sums), delivered, and the receivers run until the
-next round — checked on every link to be the heap's order, else the run goes to the
-heap. A one-shot ``direct`` all-reduce
-is one round: 1 GiB on 64 ranks (23 M chunk-hops) takes about 3.5 s instead of 80; a
-step that sends many slices injects them as arrays. A sweep's sizes after one whose
-rounds left the heap's order go to the heap at once (``direct2`` at 256 KiB and up).
-
-A sweep over sizes (``ringtree sim -b 8 -e 1G``; :class:`.structure.Sweep` passed to
-every :func:`simulate`) compiles the Programs' structure once (:mod:`.structure`): steps,
-memory dependencies, names, message pairing, routes and what the engine derives from
-them are kept; a size recomputes the step lengths, slices and pruning. What stays
-expensive is the Python per step and per chunk received (``direct2`` on 64 ranks: about
-1 s per size on the heap).
+- :mod:`.machine` — the cluster graph (:mod:`.machine.cluster`), its routes
+  (:mod:`.machine.routing`), named clusters (:mod:`.machine.presets`), where ranks run
+  (:mod:`.machine.placement`), and the model (:mod:`.machine.model`): congestion-aware
+  (FIFO links, store-and-forward) or -unaware (α-β), after ASTRA-sim 2.0's network
+  backends, with its rules — integer rounding, per-transfer overhead, launch cost, γ's
+  rates — defined once in :class:`~.machine.model.Rules` and read by every engine;
+- :mod:`.compiled` — Programs flattened with the executor's own compiler
+  (:mod:`.compile.compiled`), what a sweep's sizes share (:mod:`.compile.structure`,
+  :mod:`.compile.pairing`), one symbolic template for every rank
+  (:mod:`.compile.symbolic`, :mod:`.compile.template`);
+- :mod:`.fold` — what to simulate (:mod:`.fold.choice`): every rank, or one
+  representative per class when :mod:`.fold.symmetry` proves the run symmetric under
+  shifts or XOR of ranks and :mod:`.fold.orbits` that the routes keep it;
+- :mod:`.engines` — one reference engine, the specification (:mod:`.engines.reference`,
+  the event engine: in-order issue, slices, FIFO connections, the executor's rules), and
+  accelerators that reproduce its floats exactly where they accept a run: the batched
+  template engine, the α-β longest path, the fixed point, the rounds, the compiled heap.
+  Each is an object with ``name``, ``accepts(job, rules) -> str | None`` and
+  ``run(job) -> Outcome | Declined`` (:mod:`.engines.contract`); the dispatcher
+  (:mod:`.engines.dispatch`) tries them in one declared order and is the only place an
+  engine is chosen. ``simulate(engine=...)``, ``ringtree sim --engine`` or
+  ``RINGTREE_SIM_ENGINE`` force one; :attr:`SimRun.engine` and ``ringtree sim -v`` name
+  the engine of every run and why the ones before it declined;
+- the front: :func:`simulate`, :func:`simulate_sizes` (a sweep, its sizes stacked into one
+  batched run where they share a template), ``ringtree sim`` (:mod:`.cli`, :mod:`.jobs`,
+  :mod:`.progress`, :mod:`.malloc`), the work budget (:mod:`.budget`), traces
+  (:mod:`.trace`) and training-step replay (:mod:`.workload`).
 
 What no folding or template shortens is refused before it is built (:mod:`.budget`): a
 run whose rank 0 has more steps and slices sent, times the ranks simulated, than
 ``max_work`` (2^25, about a minute of the event engine) raises
 :class:`~ringtree.sim.budget.TooLarge`, and ``ringtree sim`` says so at once and goes
-on (``direct`` on 1,024 ranks would carry 1.1 G slices at 1 GiB; ``--max-work 0``
-lifts the limit).
+on (``--max-work 0`` lifts the limit).
 
 CollNet Programs bring *virtual ranks* (in-network reduction switches, see
 ``ringtree.schedules.collnet``) which are placed on the topology's reduction-capable
-switches.
+switches (:func:`.machine.placement.place`). ``tests/test_sim_conformance.py`` runs
+every engine against the reference on every registered schedule.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pathlib import Path
 from ringtree.ir.program import Collective, parse_collective
 from ringtree.schedules import algorithms
 from ringtree.sim import SimRun, Sweep, budget, count_for, simulate, simulate_sizes
+from ringtree.sim.engines.dispatch import ENGINES
 from ringtree.sim.jobs import default_jobs, run_all
 from ringtree.sim.machine import presets
 from ringtree.sim.malloc import keep_arrays_in_heap
@@ -76,8 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--jobs", type=int, default=0,
                    help="algorithms simulated at once, one process each (default: one per "
                         "core, at most one per algorithm; 1: one after another)")
+    p.add_argument("--engine", default=None, choices=["auto", *ENGINES],
+                   help="run every size on this engine only (default: RINGTREE_SIM_ENGINE, "
+                        "else the first that accepts it; -v names it)")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="print wall time, peak memory and events per second")
+                   help="print wall time, peak memory, events per second, and the engine "
+                        "of every row with why the ones before it declined")
     return p
 
 
@@ -85,6 +90,21 @@ def _row(run: SimRun, count: int, dtype: str, root: int, best: bool) -> str:
     us = run.time_ns / 1e3
     return (f"{run.nbytes:12d}  {count:12d}  {dtype:>8}  {'sum':>6}  {root:6d}  "
             f"{us:9.2f}  {run.algbw:7.2f}  {run.busbw:7.2f}{'  *' if best else ''}")
+
+
+def _setup(args) -> tuple | str:
+    """(collective, topology, algorithms) of the command line, or what is wrong with it."""
+    try:
+        coll = parse_collective(args.collective)
+        topo = presets.get(args.topology, args.nodes)
+    except ValueError as e:
+        return str(e)
+    known = algorithms(coll)
+    algos = known if args.algo == "all" else [a.strip().lower() for a in args.algo.split(",")]
+    bad = [a for a in algos if a not in known]
+    if bad:
+        return f"no algorithm {', '.join(bad)} for {coll.value} (known: {', '.join(known)})"
+    return coll, topo, algos
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,19 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         return replay_workload(argv)
     args = _parser().parse_args(argv)
     keep_arrays_in_heap()                    # the batched engines' arrays: no mmap per level
-    try:
-        coll = parse_collective(args.collective)
-        topo = presets.get(args.topology, args.nodes)
-    except ValueError as e:
-        print(f"ringtree sim: {e}", file=sys.stderr)
+    got = _setup(args)
+    if isinstance(got, str):
+        print(f"ringtree sim: {got}", file=sys.stderr)
         return 2
-    known = algorithms(coll)
-    algos = known if args.algo == "all" else [a.strip().lower() for a in args.algo.split(",")]
-    bad = [a for a in algos if a not in known]
-    if bad:
-        print(f"ringtree sim: no algorithm {', '.join(bad)} for {coll.value} "
-              f"(known: {', '.join(known)})", file=sys.stderr)
-        return 2
+    coll, topo, algos = got
     itemsize = DTYPES[args.datatype]
     todo = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
                  parse_size(args.stepbytes))
@@ -136,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 root=max(root, 0), channels=args.channels,
                 slice_bytes=parse_size(args.slice), symmetry=not args.no_fold,
                 sweep=None if args.no_fold else Sweep(), max_work=int(args.max_work),
-                each=done)
+                each=done, engine=args.engine)
         except (ValueError, RuntimeError) as e:
             return ("skipped", str(e), finished[0])
         # the tables need times, not every step's (nor sent back from a worker)
@@ -155,6 +167,20 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results[algo] = dict(zip(order, outcome[1]))
             walls[algo] = outcome[2]
+    _tables(results, todo, coll, topo.nranks, itemsize, args.datatype, root)
+    if args.verbose:
+        _report(results, walls, time.perf_counter() - t_all, jobs)
+        _engines(results, todo)
+    if args.plot and results:
+        _plot(args.plot, results, todo, coll, topo.name)
+    if args.trace and results:
+        _trace(args.trace, results, coll, topo, todo[-1], args, itemsize)
+    return 0
+
+
+def _tables(results: dict[str, dict[int, SimRun]], todo: list[int], coll: Collective,
+            nranks: int, itemsize: int, datatype: str, root: int) -> None:
+    """nccl-tests' table of every algorithm, then the times side by side."""
     best = {s: min((r[s].time_ns, a) for a, r in results.items())[1] for s in todo} \
         if results else {}
     for algo, runs in results.items():
@@ -162,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print("#       size         count      type   redop    root      time   algbw   busbw")
         print("#        (B)    (elements)                                (us)  (GB/s)  (GB/s)")
         for s in todo:
-            print(_row(runs[s], count_for(coll, s, topo.nranks, itemsize), args.datatype, root,
+            print(_row(runs[s], count_for(coll, s, nranks, itemsize), datatype, root,
                        best[s] == algo and len(results) > 1))
     if len(results) > 1:
         names = list(results)
@@ -172,13 +198,6 @@ def main(argv: list[str] | None = None) -> int:
             cells = "".join(f"{results[a][s].time_ns / 1e3:15.2f}{'*' if best[s] == a else ' '}"
                             for a in names)
             print(f"{s:12d}  {cells}")
-    if args.verbose:
-        _report(results, walls, time.perf_counter() - t_all, jobs)
-    if args.plot and results:
-        _plot(args.plot, results, todo, coll, topo.name)
-    if args.trace and results:
-        _trace(args.trace, results, coll, topo, todo[-1], args, itemsize)
-    return 0
 
 
 def _report(results: dict, walls: dict, total: float, jobs: int) -> None:
@@ -194,6 +213,15 @@ def _report(results: dict, walls: dict, total: float, jobs: int) -> None:
           f"process{'es' if jobs > 1 else ''}, {events:,d} events "
           f"({events / max(total, 1e-9):,.0f}/s), peak memory {peak_rss_mib():.0f} MiB",
           file=sys.stderr)
+
+
+def _engines(results: dict, todo: list[int]) -> None:
+    """``-v``: the engine of every row, and why the ones before it declined (stderr)."""
+    for algo, runs in results.items():
+        for s in todo:
+            r = runs[s]
+            why = "; ".join(f"{name}: {reason}" for name, reason in r.declined)
+            print(f"# {algo} {s} B: {r.engine}{f' ({why})' if why else ''}", file=sys.stderr)
 
 
 def _plot(path: str, results: dict, todo: list[int], coll: Collective, name: str) -> None:

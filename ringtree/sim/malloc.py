@@ -1,6 +1,6 @@
 """Keep the simulator's temporary arrays in the heap (glibc's ``mallopt``).
 
-The batched engines (:mod:`.wave`, :mod:`.dataflow`) allocate and free arrays of a few
+The batched engines (:mod:`.batched`, :mod:`.fixed_point`) allocate and free arrays of a few
 hundred KiB to a few MiB at every level. glibc serves allocations above its mmap
 threshold with fresh ``mmap`` pages and returns them with ``munmap``, so every level pays
 page faults and zeroing; the threshold adapts upwards only after a large block is freed,

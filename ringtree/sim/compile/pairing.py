@@ -1,6 +1,6 @@
-"""Messages paired as arrays: :func:`.compile.pair` for a sweep's patterns of empty steps.
+"""Messages paired as arrays: :func:`.compiled.pair` for a sweep's patterns of empty steps.
 
-:func:`.compile.pair` numbers the messages of a run: every connection (sender, receiver,
+:func:`.compiled.pair` numbers the messages of a run: every connection (sender, receiver,
 channel), in sorted order, pairs its i-th send (steps in program order, then position in
 ``send_to``) with its i-th receive. It builds a dict of lists per connection in Python,
 and a sweep pays it again for every new pattern of empty steps (about 0.1 s a pattern
@@ -9,9 +9,9 @@ receive ends are laid out once as arrays (step, then position: program order), a
 pattern is one selection and one stable sort by connection per side: sorted by
 (sender, receiver, channel), ties in program order, the k-th send is then the k-th
 message, and it pairs with the k-th receive exactly when both sides list the same
-connections (the connections' counts agree, which :func:`.compile.pair` checks one by
+connections (the connections' counts agree, which :func:`.compiled.pair` checks one by
 one). Every field is built from the same integers in the same order, so the Compiled is
-the one :func:`.compile.pair` fills (``tests/test_sim_structure.py`` compares them).
+the one :func:`.compiled.pair` fills (``tests/test_sim_structure.py`` compares them).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Ends:
     """Every send and receive end of a layout's steps: (step, key) in program order,
     the key being the connection (sender, receiver, channel) the end belongs to; a
     folded run's receive from q is keyed by q's representative
-    (:func:`.compile.folded_sender`)."""
+    (:func:`.compiled.folded_sender`)."""
 
     def __init__(self, step_rank: list[int], step_chan: list[int],
                  send_to: list[tuple[int, ...]], recv_from: list[tuple[int, ...]],
@@ -71,7 +71,7 @@ def _order(side, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 def pair(cp, ends: Ends, mask: np.ndarray) -> bool:
     """Fill ``cp``'s connections, messages and every step's message ids as
-    :func:`.compile.pair` does for the steps in ``mask``; False (``cp`` untouched) when
+    :func:`.compiled.pair` does for the steps in ``mask``; False (``cp`` untouched) when
     some connection has more sends than receives or fewer."""
     so, sa, sb, sc = _order(ends.send, mask)
     ro, ra, rb, rc = _order(ends.recv, mask)

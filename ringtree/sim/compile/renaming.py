@@ -24,6 +24,7 @@ from collections import Counter
 from itertools import accumulate
 
 from ringtree.ir.program import Program
+from ringtree.sim.compile.recent import Recent
 
 
 def atoms(p: Program, regs: dict) -> Counter:
@@ -37,9 +38,10 @@ def _signatures(p: Program) -> list[tuple[tuple[int, ...], object, int]]:
     (channel by channel, step by step, source then destination) that contain it. The
     same at every count, so kept for the last few Programs (a sweep asks at every
     chunk-length pattern)."""
-    got = _SIGS.get(id(p))
-    if got is not None and got[0] is p:
-        return got[1]
+    return _SIGS.lookup(id(p), lambda: _signatures_of(p), p)
+
+
+def _signatures_of(p: Program) -> list[tuple[tuple[int, ...], object, int]]:
     sig: dict[tuple, list[int]] = {}
     k = 0
     for ch in p.channels:
@@ -51,16 +53,12 @@ def _signatures(p: Program) -> list[tuple[tuple[int, ...], object, int]]:
                 b = x.buf
                 for j in x.chunks():
                     sig.setdefault((b, j), []).append(k)
-    out = [(tuple(v), b, j) for (b, j), v in sig.items()]
-    if len(_SIGS) >= KEEP:
-        _SIGS.clear()
-    _SIGS[id(p)] = (p, out)
-    return out
+    return [(tuple(v), b, j) for (b, j), v in sig.items()]
 
 
 # the signatures of the last Programs read, each held so that its id stays its own
 KEEP = 512
-_SIGS: dict[int, tuple[Program, list]] = {}
+_SIGS = Recent("signatures", KEEP)
 
 
 def by_sets(p: Program, q: Program, regs: dict) -> bool:
@@ -86,12 +84,7 @@ def by_sets(p: Program, q: Program, regs: dict) -> bool:
 
 
 def _prefix(rg: list[int]) -> list[int]:
-    got = _PREFIX.get(id(rg))
-    if got is None or got[0] is not rg:
-        if len(_PREFIX) > 64:
-            _PREFIX.clear()
-        got = _PREFIX[id(rg)] = (rg, list(accumulate(rg, initial=0)))
-    return got[1]
+    return _PREFIX.lookup(id(rg), lambda: list(accumulate(rg, initial=0)), rg)
 
 
-_PREFIX: dict[int, tuple[list[int], list[int]]] = {}
+_PREFIX = Recent("region prefixes", 65)

@@ -1,11 +1,11 @@
-"""What a sweep compiles once: the part of :func:`.compile.compile_programs` that does not
+"""What a sweep compiles once: the part of :func:`.compiled.compile_programs` that does not
 depend on the byte count.
 
 A sweep (``ringtree sim -b 8 -e 1G``) simulates one set of Programs at many sizes. Their
 steps, memory dependencies (:meth:`ringtree.ir.program.Program.memory_deps`), copy
 elision, names, connections and message pairing are the same at every size; only the
 element length of each step — hence its slices — changes, and with it which channels
-move data (:func:`.compile.moving`) and which steps are empty (an empty step sends and
+move data (:func:`.compiled.moving`) and which steps are empty (an empty step sends and
 receives nothing, so the pairing of messages depends on it too).
 
 :class:`Structure` keeps, per pruning pattern (the channels each rank leaves out), the
@@ -14,11 +14,11 @@ empty steps the paired messages. A size then costs one vectorised difference of 
 prefix sums, one slice table and the pruning check; everything keyed by a pattern is
 built the first time the pattern occurs, with the executor's own compiler
 (:func:`ringtree.runtime.plan.compile_program`). The result is the uncached
-:func:`.compile.compile_programs`'s, field by field (``tests/test_sim_structure.py``);
+:func:`.compiled.compile_programs`'s, field by field (``tests/test_sim_structure.py``);
 whatever the cached path cannot reproduce (a schedule whose messages do not pair) is
 compiled by the uncached path, which raises its own error.
 
-Compiled runs built from one pairing share its ``memo`` (:func:`.compile.connection_routes`
+Compiled runs built from one pairing share its ``memo`` (:func:`.compiled.connection_routes`
 keeps the routes there), so the engines' per-connection set-up is paid once per topology.
 """
 
@@ -83,7 +83,7 @@ class _Pairing:
 class Structure:
     """The count-independent compilation of ``programs`` (real ranks, then virtual
     ranks), for :meth:`compile` at any count. Arguments as for
-    :func:`.compile.compile_programs`."""
+    :func:`.compiled.compile_programs`."""
 
     def __init__(self, programs: Sequence[Program], in_place: bool = False, fold: int = 0,
                  prune: bool = True, shares: bool = True, xor: bool = False) -> None:
@@ -164,7 +164,7 @@ class Structure:
         return np.concatenate(parts), base
 
     def _drops(self, full: _Layout, pre: np.ndarray) -> list[tuple[int, ...]]:
-        """The channels :func:`.compile.moving` empties in every Program (not in place:
+        """The channels :func:`.compiled.moving` empties in every Program (not in place:
         a storage slot is its chunk), from the full layout's references at once: a
         channel moves data when one of its references names a chunk with data; the
         channels that do not are emptied unless every channel is, or the channels kept

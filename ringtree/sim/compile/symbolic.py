@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import cast
 
 from ringtree.ir.program import Buf, Collective, Program, Ref, Step, parse_collective
-from ringtree.schedules import Options
-from ringtree.schedules import registry as _registry
+from ringtree.schedules import Options, generator
+from ringtree.sim.compile.recent import Recent
 
 
 class NotSymmetric(Exception):
@@ -99,9 +99,9 @@ class Sym:
 
 
 # the templates of the last few runs: a sweep over sizes reads one template per size
-_TEMPLATES: dict[tuple, Program | None] = {}
-_READS: dict[tuple[int, int], tuple[Program, Program, bool]] = {}
 KEEP = 8
+_TEMPLATES = Recent("templates", KEEP)
+_READS = Recent("template reads", KEEP)
 
 
 def template(coll: Collective | str, algo: str, nranks: int, opts: Options) -> Program | None:
@@ -109,27 +109,18 @@ def template(coll: Collective | str, algo: str, nranks: int, opts: Options) -> P
     any other way than affine arithmetic (or brings virtual ranks). Generators are pure,
     so the last few answers are kept."""
     key = (parse_collective(coll), algo.lower(), nranks, opts)
-    if key not in _TEMPLATES:
-        if len(_TEMPLATES) >= KEEP:
-            _TEMPLATES.clear()
-        _TEMPLATES[key] = _template(*key)
-    return _TEMPLATES[key]
+    return _TEMPLATES.lookup(key, lambda: _template(*key))
 
 
 def reads(t: Program, p: Program) -> bool:
     """Is template ``t`` at ``p.rank`` the generated Program ``p`` (same channels)? Kept
     per pair of objects (both held, so their ids stay theirs)."""
-    key = (id(t), id(p))
-    got = _READS.get(key)
-    if got is None or got[0] is not t or got[1] is not p:
-        if len(_READS) >= KEEP:
-            _READS.clear()
-        got = _READS[key] = (t, p, instantiate(t, p.rank).channels == p.channels)
-    return got[2]
+    return _READS.lookup((id(t), id(p)),
+                         lambda: instantiate(t, p.rank).channels == p.channels, t, p)
 
 
 def _template(coll: Collective, algo: str, nranks: int, opts: Options) -> Program | None:
-    gen = _registry._REGISTRY.get((coll, algo))
+    gen = generator(coll, algo)
     if gen is None or nranks < 2:
         return None
     try:

@@ -1,4 +1,4 @@
-"""A shared template Program compiled for the batched engine (:mod:`.wave`): per step
+"""A shared template Program compiled for the batched engine (:mod:`.batched`): per step
 and simulated rank, the slices (the executor's ``split_even`` of the step's region), the
 reduction passes, the memory dependencies (``Program.memory_deps`` via the executor's
 compiler, the same for every rank of a proven template), which send feeds which receive,
@@ -13,6 +13,7 @@ import numpy as np
 from ringtree.ir.program import Program
 from ringtree.runtime.plan import compile_program
 from ringtree.sim.compile.compiled import passes
+from ringtree.sim.compile.recent import Recent
 from ringtree.sim.compile.symbolic import ALIASED, Sym, _space, offset_of
 from ringtree.sim.fold.symmetry import regions
 
@@ -165,7 +166,7 @@ def structure(tp: Template) -> tuple:
 def stacked(tps: list[Template]) -> Template:
     """Several runs of one template structure (a sweep's sizes) as one Template of
     disjoint *copies*: copy b's ranks are b·g … b·g + g − 1, its slices those of
-    ``tps[b]`` (padded with empty slices to the widest), and :mod:`.wave` gives each
+    ``tps[b]`` (padded with empty slices to the widest), and :mod:`.batched` gives each
     copy its own network. No arithmetic mixes two copies, so each copy's times are those
     of its own run, bit for bit; a level costs its Python once for all of them."""
     first = tps[0]
@@ -192,22 +193,18 @@ def stacked(tps: list[Template]) -> Template:
 # per (template, Program of rank 0, in place): what does not depend on the count — every
 # step's memory dependencies and reduction passes (the executor's compiler, at the first
 # count seen) and the dependency levels; objects held, so their ids stay theirs
-_FIXED: dict[tuple[int, int, bool], list] = {}
+_FIXED = Recent("template structure", 8)
 
 
 def _fixed(t: Program, p0: Program, count: int, itemsize: int, slice_bytes: int,
            in_place: bool) -> list:
-    key = (id(t), id(p0), in_place)
-    got = _FIXED.get(key)
-    if got is None or got[0] is not t or got[1] is not p0:
-        if len(_FIXED) >= 8:
-            _FIXED.clear()
+    def make() -> list:
         ib, ob = t.collective.blocks(t.nranks)
         flat = [cs for ch in compile_program(p0, [count] * ib, [count] * ob, count, itemsize,
                                              slice_bytes, in_place) for cs in ch]
-        got = _FIXED[key] = [t, p0, in_place, [cs.deps for cs in flat],
-                             [passes(cs) for cs in flat], None]
-    return got
+        return [t, p0, in_place, [cs.deps for cs in flat], [passes(cs) for cs in flat], None]
+
+    return _FIXED.lookup((id(t), id(p0), in_place), make, t, p0)
 
 
 def declared_offsets(t: Program) -> list[tuple[int, int]]:

@@ -2,7 +2,7 @@
 
 Under the congestion-unaware model (Hockney α-β; ASTRA-sim's ``congestion_unaware``
 backend) no two transfers interact, so the whole run is a max-plus recurrence over a DAG
-whose nodes are the times of the engine (:mod:`.engine`), with the same rules:
+whose nodes are the times of the engine (:mod:`.reference`), with the same rules:
 
 - ``start(s)   = max(start(prev in channel), done(conflicting steps))``
 - ``R(s, i)    = max(R(s, i−1) | start(s), A(m, i) for m received) + γ(s, i)``

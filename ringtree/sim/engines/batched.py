@@ -1,7 +1,7 @@
 """The batched engine: a shared template Program run for all ranks at once, in numpy.
 
 When every rank runs the same template (:mod:`.symbolic`), the per-rank event loop of
-:mod:`.engine` repeats one computation per rank. Here each template step is evaluated
+:mod:`.reference` repeats one computation per rank. Here each template step is evaluated
 for every simulated rank as one vector operation, level by level through the template's
 dependency graph (issue order, ``Program.memory_deps`` of the executor's compiler, and
 sends feeding receives), with exactly the engine's arithmetic:

@@ -1,7 +1,7 @@
 """The event engine's answer as a fixed point: the step side as arrays, level by level,
 and the network carried whole, alternated until neither changes.
 
-Given when every chunk arrives, the engine's step side (:mod:`.engine`) is a pure
+Given when every chunk arrives, the engine's step side (:mod:`.reference`) is a pure
 function of those arrivals — max-plus sums along every channel:
 
     start_s = max(0, start_prev(s), done_d for every memory dependency d),
@@ -11,7 +11,7 @@ function of those arrivals — max-plus sums along every channel:
 
 and given when every chunk is injected, the network is a pure function of those
 injections: every link a FIFO in the heap's order (arrival, message, slice), carried
-link by link with the engine's own sums (:func:`.feedforward.serve`; :mod:`.stages`).
+link by link with the engine's own sums (:func:`.rounds.serve`; :mod:`.link_stages`).
 So this module evaluates the steps of one dependency *level* (one step per channel) as
 one vector operation with the engine's floats — maxima, and additions in the engine's
 order — then the whole network (the links of one *stage* at once), and repeats from the new arrivals
@@ -126,7 +126,7 @@ class Levels:
 
 def _ok(cp: Compiled) -> bool:
     """The shapes this evaluation covers: messages numbered connection by connection
-    (:func:`.compile.pair`), no step sending twice on one connection, steps numbered
+    (:func:`.compiled.pair`), no step sending twice on one connection, steps numbered
     after their dependencies."""
     conn = np.asarray(cp.msg_conn, np.int64)
     if conn.size and not bool(np.all(conn[1:] >= conn[:-1])):
@@ -303,8 +303,8 @@ def _ready(st: np.ndarray, n: np.ndarray, w: int, slots: list, comp: np.ndarray 
 
 
 def run(eng, progress=None, tries: int | None = None):
-    """Settle ``eng``'s run (an :class:`.engine._Engine` fresh from its set-up) as a fixed
-    point: its :class:`~.engine.Result`, or None when this does not apply or the run
+    """Settle ``eng``'s run (an :class:`.reference._Engine` fresh from its set-up) as a fixed
+    point: its :class:`~.reference.Result`, or None when this does not apply or the run
     does not settle in ``tries`` carries (default :data:`MAX_ITERATIONS`; the engine
     then runs it itself)."""
     if tries is None:

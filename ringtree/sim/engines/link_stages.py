@@ -1,10 +1,10 @@
 """The congestion-aware network of a whole run carried at once, link *stage* by link
-stage, for :mod:`.dataflow`'s fixed point.
+stage, for :mod:`.fixed_point`'s fixed point.
 
 A link's stage is one more than that of any link before it on a route, so the links of
 one stage feed none of each other: their chunks are sorted by arrival, link by link (in
 (message, slice) order on ties: the heap's order), and served together — each link a
-FIFO with the engine's own sums (:func:`.feedforward.serve`), several idle links as one
+FIFO with the engine's own sums (:func:`.rounds.serve`), several idle links as one
 array (:func:`serve_links`) when a stage has few chunks, link by link when it has many.
 """
 
@@ -177,7 +177,7 @@ def link_stage(routes: list[list[int]], nlinks: int) -> list[int] | None:
 
 def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.ndarray,
                 integer: bool, last: bool = False):
-    """:func:`.feedforward.serve` of several idle links at once: the chunks of each link
+    """:func:`.rounds.serve` of several idle links at once: the chunks of each link
     in its order, one link after another, each link's first chunk marked in ``heads``
     (every link starts a busy period there), ``lat`` each chunk's link latency. With
     ``last``: also when each link is free again (after its last chunk)."""
@@ -186,7 +186,7 @@ def serve_links(arrive: np.ndarray, ser: np.ndarray, lat: np.ndarray, heads: np.
         return (np.empty(0), np.empty(0)) if last else np.empty(0)
     if n >= SORT_PER_LINK:                       # many chunks: link by link
         return _one_by_one(arrive, ser, lat, heads, integer, last)
-    # the guess of :func:`.feedforward.serve`, link by link: prefix sums restarted at
+    # the guess of :func:`.rounds.serve`, link by link: prefix sums restarted at
     # every link, each link's leads lifted above the last one's (a guess, checked below)
     pre = np.cumsum(ser)
     seg = np.cumsum(heads) - 1

@@ -1,7 +1,12 @@
-"""The event engine: runs every rank's Program on a modeled network.
+"""The reference engine: runs every rank's Program on a modeled network, event by event.
+
+It is the specification of the simulator: every other engine (:mod:`.dispatch`)
+reproduces its floats bit for bit where it accepts a run (``tests/test_sim_conformance.py``),
+and its aware heap loop (:meth:`_Engine.loop`) is the twin of the compiled one
+(:mod:`.native`, ``_heapc.c``), operation for operation.
 
 It mirrors the executor (``ringtree/runtime/executor.py``) rule for rule, so a simulated Program
-and a real one take the same steps (:mod:`.compile` uses the executor's compiler):
+and a real one take the same steps (:mod:`.compiled` uses the executor's compiler):
 
 1. in-order issue — within a channel step i+1 starts no earlier than step i, and a step
    starts only when the earlier steps it conflicts with in memory

@@ -1,6 +1,6 @@
 """The congestion-aware network carried in rounds, a link stage at a time, not chunk by chunk.
 
-The event engine (:mod:`.engine`) serves every link's chunks in its heap's order,
+The event engine (:mod:`.reference`) serves every link's chunks in its heap's order,
 (arrival, message, slice): pushes never go back in time, so each link, shared or not,
 sees its chunks sorted by that key. So when the chunks still to move are known, a link's
 service is a pure function of their arrival times, and a link's arrivals are all known
@@ -8,7 +8,7 @@ once the links before it on every route are served. A *round* is what the engine
 inject before anything more arrives: hold those injections, visit the links stage by
 stage (a link's stage is one more than that of any link before it on a route, so the
 links of one stage feed none of each other and are sorted and served together,
-:func:`.stages.serve_links`), serve each link with the engine's own sums (:func:`serve`),
+:func:`.link_stages.serve_links`), serve each link with the engine's own sums (:func:`serve`),
 
     start_k = max(arrival_k, free_{k−1}),  free_k = start_k + bytes_k / rate,
     out_k = free_k + latency            (floored for the integer model)
@@ -106,9 +106,9 @@ def carry(eng, progress=None) -> bool | None:
 
 class Rounds:
     """The network of one run, carried a round at a time: the chunks injected since the
-    last round, link *stage* by link stage (:func:`.stages.link_stage`: the links of one
+    last round, link *stage* by link stage (:func:`.link_stages.link_stage`: the links of one
     stage feed none of each other, so they are sorted and served together by
-    :func:`.stages.serve_links`), each link continuing from where the last round left it.
+    :func:`.link_stages.serve_links`), each link continuing from where the last round left it.
 
     A round is exact only if every link serves its chunks after the ones of earlier
     rounds in the heap's order; :meth:`carry` checks that on every link (the first
@@ -129,7 +129,7 @@ class Rounds:
         self.first = np.cumsum([0] + [len(x) for x in per])
         self.sizes = np.fromiter(chain.from_iterable(per), np.float64, int(self.first[-1]))
         self.msg_conn = np.asarray(cp.msg_conn, np.int64)
-        # messages numbered connection by connection (:func:`.compile.pair`): sorting on
+        # messages numbered connection by connection (:func:`.compiled.pair`): sorting on
         # (connection, message, slice) is sorting on the chunk's (message, slice)
         self.by_conn = bool(np.all(self.msg_conn[1:] >= self.msg_conn[:-1]))
         nl = len(rate)

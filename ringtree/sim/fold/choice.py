@@ -15,6 +15,7 @@ from ringtree.schedules import Options, generate
 from ringtree.sim import budget
 from ringtree.sim.compile import symbolic, template
 from ringtree.sim.compile.compiled import Compiled, compile_programs
+from ringtree.sim.compile.recent import Recent
 from ringtree.sim.compile.structure import Sweep
 from ringtree.sim.fold import symmetry
 from ringtree.sim.machine.cluster import Topology
@@ -117,7 +118,7 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
             opts: Options, programs: list[Program] | None = None, place=None,
             prune: bool = True, sweep: Sweep | None = None, max_work: int = 0) -> Plan:
     """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it
-    (``prune``: leave out channels that move no data, :func:`.compile.moving`;
+    (``prune``: leave out channels that move no data, :func:`.compiled.moving`;
     ``sweep``: keep what does not depend on ``count`` for the next call,
     :mod:`.structure`; ``max_work``: refuse runs over this many steps and slices,
     :mod:`.budget`)."""
@@ -131,9 +132,9 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
     devices = place(progs, topo)
     key = (coll, algo, topo.nranks, opts, id(topo), tuple(devices), aware, in_place,
            symmetry.pattern(progs[0], count)) if symmetry_ and programs is None else None
-    got = _FOLDS.get(key) if key is not None else None
-    if got is not None and got[0] is topo:
-        bound, f = got[1], got[2]
+    got = _FOLDS.peek(key, topo) if key is not None else None
+    if got is not None:
+        bound, f = got
     else:
         bound = symmetry.fold_bound(progs, topo, devices, count, aware, in_place) \
             if symmetry_ else 0
@@ -141,13 +142,11 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
     if programs is None and bound:               # over the limit even at the best fold
         budget.check(progs[0], bound, count, itemsize, slice_bytes, in_place, max_work,
                      f"folded onto {bound} at best")
-    if got is None or got[0] is not topo:
+    if got is None:
         f = symmetry.find(progs, topo, devices, count, aware, in_place,
                           key[:-1] if key else None) if bound else None
         if key is not None:
-            if len(_FOLDS) >= symbolic.KEEP:
-                _FOLDS.clear()
-            _FOLDS[key] = (topo, bound, f)
+            _FOLDS.put(key, (bound, f), topo)
     g = f.g if f else 0
     if programs is None:
         budget.check(progs[0], g or topo.nranks, count, itemsize, slice_bytes, in_place,
@@ -166,4 +165,4 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
 
 # what the last few runs' folds were, per chunk-length pattern (:func:`.symmetry.pattern`):
 # a sweep over sizes proves each pattern's fold once
-_FOLDS: dict[tuple, tuple[Topology, int, symmetry.Fold | None]] = {}
+_FOLDS = Recent("folds", symbolic.KEEP)

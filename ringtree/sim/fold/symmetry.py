@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from ringtree.ir.program import Buf, Program, chunk_regions
 from ringtree.sim.compile import renaming, symbolic
 from ringtree.sim.compile.compiled import image
+from ringtree.sim.compile.recent import Recent
 from ringtree.sim.fold.orbits import Fold, Routes
 from ringtree.sim.machine.cluster import Topology
 
@@ -133,15 +134,11 @@ def _xor_masks(p: Program, q: Program) -> frozenset | None:
 
 
 def _xor_keeps_lengths(rg: list[int], m: int) -> bool:
-    got = _LENGTHS.get((id(rg), m))
-    if got is None or got[0] is not rg:
-        if len(_LENGTHS) > 64:
-            _LENGTHS.clear()
-        got = _LENGTHS[(id(rg), m)] = (rg, all(rg[j] == rg[j ^ m] for j in range(len(rg))))
-    return got[1]
+    return _LENGTHS.lookup((id(rg), m), lambda: all(rg[j] == rg[j ^ m]
+                                                     for j in range(len(rg))), rg)
 
 
-_LENGTHS: dict[tuple[int, int], tuple[list[int], bool]] = {}
+_LENGTHS = Recent("xor lengths", 65)
 
 
 def node_period(topo: Topology) -> int:
@@ -222,12 +219,7 @@ def _kept(k: tuple, topo: Topology, key: tuple | None) -> dict:
     """The dict kept under ``k`` (a fresh one when ``key`` is None)."""
     if key is None:
         return {}
-    got = _FIND.get(k)
-    if got is None or got[0] is not topo:
-        if len(_FIND) >= 4 * symbolic.KEEP:
-            _FIND.clear()
-        got = _FIND[k] = (topo, {})
-    return got[1]
+    return _FIND.lookup(k, dict, topo)
 
 
 def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
@@ -262,7 +254,7 @@ def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
 
 
 # what find() keeps for a sweep: the routes' folds and the ranks' peers and XOR masks
-_FIND: dict[tuple, tuple[Topology, dict]] = {}
+_FIND = Recent("folds tried", 4 * symbolic.KEEP)
 
 
 def period(programs: Sequence[Program], topo: Topology, devices: list[int], count: int,
@@ -349,14 +341,12 @@ def template_period(t: Program, topo: Topology, devices: list[int], count: int,
         return 0
     offs = tuple(tuple(sorted(os)) for os in symbolic.offsets(t))
     key = (id(topo), tuple(devices), offs, aware)
-    got = _ROUTES.get(key)
-    if got is None or got[0] is not topo:
-        if len(_ROUTES) >= symbolic.KEEP:
-            _ROUTES.clear()
+    def make() -> tuple[Routes, dict[int, bool]]:
         conns = [(r, (r + a) % n, c) for r in range(n) for c, os in enumerate(offs)
                  for a in os]
-        got = _ROUTES[key] = (topo, Routes(conns, topo, devices, aware), {})
-    routes, seen = got[1], got[2]
+        return Routes(conns, topo, devices, aware), {}
+
+    routes, seen = _ROUTES.lookup(key, make, topo)
     for g in gs:
         if g not in seen:
             f = routes.fold(g, n)
@@ -368,4 +358,4 @@ def template_period(t: Program, topo: Topology, devices: list[int], count: int,
 
 # the routes of the last few templates' connections, and which shifts they keep (a sweep
 # over sizes asks the same question at every size)
-_ROUTES: dict[tuple, tuple[Topology, Routes, dict[int, bool]]] = {}
+_ROUTES = Recent("template routes", symbolic.KEEP)

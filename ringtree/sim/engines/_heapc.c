@@ -1,8 +1,9 @@
-/* The congestion-aware event heap of ringtree.sim.heap, compiled.
+/* The congestion-aware event heap of the reference engine, compiled.
  *
- * ringtree/sim/heap.py is the reference: this file performs its operations in its order
- * on the same state laid out as flat arrays (ringtree/sim/native.py packs and unpacks
- * them), so it reaches the same floats.  Every comparison is the same `if a > t`, every
+ * ringtree/sim/engines/reference.py (_Engine.loop and the step side it drives: drain,
+ * slices, ready, inject, deliver, finish) is the reference: this file performs its
+ * operations in its order on the same state laid out as flat arrays
+ * (ringtree/sim/engines/native.py packs and unpacks them), so it reaches the same floats.  Every comparison is the same `if a > t`, every
  * sum has the same operands left to right, the work stack is the same LIFO, and the heap
  * pops the same items in the same order: its keys (arrival, message, slice) are distinct
  * while queued (no two queued items share a message and slice), so any heap pops them in

@@ -64,7 +64,7 @@ class Rules:
       pipe (:class:`Unaware`);
     - ``integer_ns``: every transfer delay is truncated to whole ns (ASTRA-sim's integer
       event clock): a hop's arrival ``float(int(t))`` in the event engines, ``floor`` of
-      the same positive floats in the array ones (:meth:`whole`);
+      the same positive floats in the array ones;
     - ``overhead_ns``: o, paid by every transfer at its sender (NCCL's per-step software
       cost beyond the wire), added to the injection time;
     - ``launch_ns``: once per collective call (NCCL's ``baseLat``), added to the last
@@ -104,10 +104,6 @@ class Rules:
     def reduce_rates(self, topo: Topology, devices: list[int]) -> list[float]:
         """γ's rate R (bytes/ns) of every rank's device; 0: reduces for free."""
         return [topo.devices[d].reduce_gbps * self.gb / 1e9 for d in devices]
-
-    def whole(self, t: float) -> float:
-        """A delay as the integer rule keeps it."""
-        return float(int(t)) if self.integer_ns else t
 
 
 def parse_model(model: str | Unaware | Aware) -> Unaware | Aware:

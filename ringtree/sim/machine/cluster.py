@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -314,14 +315,17 @@ def to_dict(t: Topology) -> dict:
     }
 
 
+# the named clusters a file's ``{"generator": NAME}`` may also call: :mod:`.presets` adds
+# its own when imported (``ringtree.sim`` imports it), so this module needs not import it
+GENERATORS: dict[str, Callable[..., Topology]] = {}
+
+
 def from_dict(d: dict) -> Topology:
     """Inverse of :func:`to_dict`. A dict ``{"generator": NAME, "args": {...}}`` instead
     calls a constructor of this module (or a preset) with those arguments."""
     if "generator" in d:
-        from ringtree.sim.machine import presets
-
         gen = d["generator"]
-        fn = presets.PRESETS.get(gen) or globals().get(gen)
+        fn = GENERATORS.get(gen) or globals().get(gen)
         if fn is None or gen.startswith("_"):
             raise ValueError(f"unknown topology generator {gen!r}")
         return fn(**d.get("args", {}))

@@ -136,6 +136,7 @@ PRESETS: dict[str, Callable[..., Topology]] = {
     "switch_sharp": lambda nodes=16, **kw: switch(nodes, sharp=True, **kw),
     "local": local,
 }
+T.GENERATORS.update(PRESETS)
 
 
 def get(spec: str, nodes: int | None = None, **kw) -> Topology:

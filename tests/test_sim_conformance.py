@@ -144,3 +144,18 @@ def test_a_decline_after_trying_is_kept_for_the_sweep(monkeypatch):
     assert any(name == "rounds" for st in sweep.structures.values()
                for lay in st.layouts.values() for pr in lay.pairings.values()
                for (name, _) in pr.cp.declined)
+
+
+def test_the_command_names_each_rows_engine(capsys):
+    from ringtree.sim import cli
+
+    argv = ["all_reduce", "-t", "dgx_h100_sharp", "-N", "2", "--algo", "ring,tree", "-b", "8",
+            "-e", "64K", "-f", "8", "-j", "1"]
+    assert cli.main([*argv, "-v"]) == 0
+    out = capsys.readouterr()
+    assert "# ring 8-32768 B: batched\n" in out.err
+    assert "# tree 8-32768 B: " in out.err and "batched: no shared template" in out.err
+    assert cli.main([*argv, "--engine", "reference"]) == 0
+    assert capsys.readouterr().out == out.out          # the same table on the reference
+    assert cli.main([*argv, "--engine", "batched"]) == 0
+    assert "# tree: skipped (engine batched declines" in capsys.readouterr().out

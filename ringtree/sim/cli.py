@@ -216,12 +216,19 @@ def _report(results: dict, walls: dict, total: float, jobs: int) -> None:
 
 
 def _engines(results: dict, todo: list[int]) -> None:
-    """``-v``: the engine of every row, and why the ones before it declined (stderr)."""
+    """``-v``: the engine of every row, and why the ones before it declined (stderr);
+    consecutive sizes that ran alike on one line."""
     for algo, runs in results.items():
-        for s in todo:
-            r = runs[s]
-            why = "; ".join(f"{name}: {reason}" for name, reason in r.declined)
-            print(f"# {algo} {s} B: {r.engine}{f' ({why})' if why else ''}", file=sys.stderr)
+        rows = [(s, runs[s].engine, runs[s].declined) for s in todo]
+        while rows:
+            k = 1
+            while k < len(rows) and rows[k][1:] == rows[0][1:]:
+                k += 1
+            (lo, engine, declined), hi = rows[0], rows[k - 1][0]
+            why = "; ".join(f"{name}: {reason}" for name, reason in declined)
+            sizes = f"{lo} B" if lo == hi else f"{lo}-{hi} B"
+            print(f"# {algo} {sizes}: {engine}{f' ({why})' if why else ''}", file=sys.stderr)
+            rows = rows[k:]
 
 
 def _plot(path: str, results: dict, todo: list[int], coll: Collective, name: str) -> None:

@@ -17,6 +17,7 @@ import hashlib
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
+from threading import get_ident
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from ringtree import api, failure
 from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
 from ringtree.errors import CommAborted
-from ringtree.ops import ReduceOp
+from ringtree.ops import OP_NAMES, ReduceOp
 from ringtree.prof import attach, detach
 from ringtree.runtime.executor import Executor
 from ringtree.runtime.owner import ThreadOwner
@@ -110,8 +111,7 @@ class Communicator:
         self.proto_enabled = parse_proto_spec(s.proto)
         self.ll = LLRunner.for_comm(self)
         self.planner.ll, self.planner.proto_enabled = self.ll, self.proto_enabled
-        self.executor = Executor(rank, self.fabric, on_idle=self._idle,
-                                 slice_bytes=self.slice_bytes)
+        self.executor = Executor(rank, self.fabric, on_idle=self._idle)
         self.executor.on_error = self._on_error
         self.progress = Progress(self.executor, f"ringtree-rank{rank}")
         self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
@@ -145,12 +145,13 @@ class Communicator:
             # LL (the op as a ReduceOp or its name: "sum" missed it and planned every call,
             # 4x). Every check of _run, each O(1): the issuing thread, closed or broken,
             # group, async; memory order with async work is the runner's.
-            hit = self.planner.ready(x, op)
+            hit = self.planner.ready.get((x.dtype, x.size, OP_NAMES.get(op.lower())
+                                          if type(op) is str else op))
             if hit is not None and not async_op and self._group is None and \
                     self.health.broken is None and not self.ll.pending:
                 f = x.flags
                 if f.c_contiguous and f.writeable and not self._closed:
-                    if not self.background:
+                    if self._owner.ident != get_ident() and not self.background:
                         self._owner.check(self.rank)
                     xa = x if x.ndim == 1 else x.reshape(-1)
                     self.seq += 1

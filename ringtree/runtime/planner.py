@@ -11,7 +11,7 @@ It owns every decision between the API and the executor:
   the op the runner prepared from it (and, built when first needed, its Simple twin
   for calls inside a ``group()``); every plan on a single-host communicator the header
   it announces in the LL segment when it runs on Simple;
-- *hot path*: :meth:`Planner.ready` gives an in-place NumPy all-reduce whose shape was
+- *hot path*: :attr:`Planner.ready` gives an in-place NumPy all-reduce whose shape was
   planned on LL its prepared op with one dictionary look-up;
 - *fallbacks*: an algorithm that cannot run in place gets a private copy of the input;
   PREMUL_SUM reduces a pre-scaled copy (the user's input is never changed);
@@ -33,7 +33,7 @@ import numpy as np
 from ringtree.dtypes import DType
 from ringtree.ir.program import Buf, Collective, Program, Step, inp, out, split_even
 from ringtree.ir.wire import P2P_CODE, PROTO_SIMPLE, WireHeader, algo_code
-from ringtree.ops import OP_NAMES, ReduceOp, Reducer
+from ringtree.ops import ReduceOp, Reducer
 from ringtree.runtime import protocols
 from ringtree.runtime.plan import Call, CStep, Desc, Region, compile_program
 from ringtree.schedules import Options, algorithms, build, needs_switch, options_for
@@ -162,7 +162,9 @@ class Planner:
         self._last: Plan | None = None
         self.ll = None                      # the communicator's LLRunner, if any
         self.proto_enabled: dict = {}       # RINGTREE_PROTO per collective
-        self._ready: dict[tuple, tuple] = {}  # (dtype, size, op) -> (LLOp, Reducer)
+        # the hot path: (dtype, size, ReduceOp) -> (LLOp, Reducer) of the in-place NumPy
+        # all-reduces planned on LL; read by Communicator.all_reduce (see _remember_ready)
+        self.ready: dict[tuple, tuple] = {}
 
     def relayout(self, nodes: tuple[int, ...]) -> None:
         """Plan for the node layout ``nodes`` from now on, forgetting the plans and
@@ -170,7 +172,7 @@ class Planner:
         self.nodes = nodes
         self._plans.clear()
         self._choices.clear()
-        self._ready.clear()
+        self.ready.clear()
         self._last = None
 
     def plan(self, spec: CallSpec, grouped: bool = False) -> Plan:
@@ -185,7 +187,7 @@ class Planner:
         if plan is None:
             if len(self._plans) > 512:
                 self._plans.clear()
-                self._ready.clear()
+                self.ready.clear()
             plan = self._plans[key] = self._build(spec, key)
             if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._plans) < 64:
                 print(f"ringtree: plan {plan.name}(count={spec.count}, {spec.dtype.value}): "
@@ -198,20 +200,14 @@ class Planner:
             return plan.simple
         return plan
 
-    def ready(self, x: np.ndarray, op) -> tuple | None:
-        """The hot path: (LL op, reducer) for an in-place all-reduce of ``x`` with ``op``
-        (a ReduceOp or its name) whose shape was planned on LL, else None."""
-        return self._ready.get((x.dtype, x.size, OP_NAMES.get(op.lower())
-                                if type(op) is str else op))
-
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
-        """Give :meth:`ready` an in-place NumPy all-reduce planned on LL (not bfloat16,
+        """Give :attr:`ready` an in-place NumPy all-reduce planned on LL (not bfloat16,
         whose storage is not its dtype, nor PREMUL_SUM, whose factor is per call)."""
         x = spec.result
         if spec.coll is Collective.ALL_REDUCE and type(x) is np.ndarray and spec.in_place \
                 and spec.dtype is not DType.BFLOAT16 and type(spec.op) is ReduceOp \
                 and spec.op is not ReduceOp.PREMUL_SUM:
-            self._ready[(x.dtype, x.size, spec.op)] = (plan.ll_op, spec.reducer)
+            self.ready[(x.dtype, x.size, spec.op)] = (plan.ll_op, spec.reducer)
 
     def choose(self, coll: Collective, nbytes: int, algo: str | None = None,
                spec: CallSpec | None = None) -> str:

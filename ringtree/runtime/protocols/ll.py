@@ -28,8 +28,13 @@ right, from the same bytes, so every rank gets the same bits, and the Simple run
 Program the same bits again (``ufunc.accumulate`` along the rank axis is a left fold;
 bfloat16 and user ops go through :meth:`Reducer.combine` rank by rank).
 
-A :class:`LLOp` is prepared once per call shape with its header and every view it needs,
-so a repeated call allocates nothing.
+A :class:`LLOp` runs what the Program has its rank do, not a collective by name: a
+*fold round* (contribute, then fold: all-reduce, reduce at the root, reduce-scatter), a
+*place round* (contribute if it sends, then copy whole contributions into the output
+blocks the Program names: all-gather, broadcast) or a *write round* (contribute if it
+sends, synchronise: a reduce's other ranks, a barrier); an all-reduce larger than a cell
+streams through the cells, one fold round per cell. It is prepared once per call shape
+with its header and every view it needs, so a repeated call allocates nothing.
 """
 
 from __future__ import annotations
@@ -106,8 +111,10 @@ def one_shot(prog: Program) -> OneShot:
 
 def _checked(prog: Program, shape: OneShot) -> OneShot:
     n, coll = prog.nranks, prog.collective
+    if not coll.blocks(n)[1]:  # no output (a barrier): what it combines is a token
+        shape = OneShot((), 0, (), shape.to)
     if n == 1:
-        return OneShot((0,), 0, (0,))
+        return OneShot((0,), 0, (0,)) if coll.blocks(n)[1] else shape
     me, root = prog.rank, prog.root
     others = frozenset(range(n)) - {me}
     readers = frozenset({root} - {me}) if coll is Collective.REDUCE else \
@@ -134,12 +141,8 @@ def program(coll: Collective, nranks: int, rank: int, root: int) -> Program:
 
 
 def contribution_bytes(coll: Collective, count: int, itemsize: int, nranks: int) -> int:
-    """Bytes one rank writes for a call (what must fit a cell)."""
-    if coll is Collective.REDUCE_SCATTER:
-        return count * itemsize * nranks
-    if coll is Collective.BARRIER:
-        return 0
-    return count * itemsize
+    """Bytes one rank writes for a call (what must fit a cell): its whole input."""
+    return count * itemsize * coll.blocks(nranks)[0]
 
 
 def fits(ll: LL, coll: Collective, count: int, itemsize: int) -> bool:
@@ -154,7 +157,7 @@ class LLOp:
 
     __slots__ = ("ll", "coll", "count", "root", "head", "mine", "rows", "rowlist", "scratch",
                  "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "src", "chunk",
-                 "desc_head", "desc_tail", "order", "placed")
+                 "desc_head", "desc_tail", "order", "placed", "writes", "gathers", "own")
 
     def __init__(self, ll: LL, prog: Program, dt: DType, count: int, op_code: int,
                  root: int, name: str = ""):
@@ -177,8 +180,7 @@ class LLOp:
             self.chunk = ll.cell_bytes // storage.itemsize
             count = self.chunk
             size = count * storage.itemsize
-        per = 0 if coll is Collective.BARRIER else \
-            count * n if coll is Collective.REDUCE_SCATTER else count
+        per = count * coll.blocks(n)[0]
         self.mine = tuple(ll.view(me, p, storage, per) for p in (0, 1))
         self.rows = tuple(ll.rows(p, storage, count, shape.block * count, size)
                           for p in (0, 1))  # row q: rank q's contribution
@@ -194,13 +196,19 @@ class LLOp:
         if coll.reduces and op_code != USER_OP and dt is not DType.BFLOAT16:
             self.ufunc = _UFUNC[list(ReduceOp)[op_code]]
             self.quiet = dt.is_float
-        self.run = {
-            Collective.ALL_REDUCE: self._all_reduce_alone if n == 1 else
-            self._all_reduce_streamed if self.chunk else self._all_reduce,
-            Collective.REDUCE: self._reduce, Collective.REDUCE_SCATTER: self._reduce_scatter,
-            Collective.BROADCAST: self._broadcast, Collective.ALL_GATHER: self._all_gather,
-            Collective.BARRIER: self._barrier,
-        }[coll]
+        # what the Program has this rank do in its one round, not which collective it is
+        self.writes = bool(shape.to) and per > 0
+        folds = bool(shape.order)
+        self.gathers = len(shape.placed) > 1             # several output blocks
+        self.own = shape.placed == (me,)                 # its own block, as it is
+        if folds and n == 1:
+            self.run = self._alone
+        elif folds:
+            self.run = self._streamed if self.chunk else self._fold_round
+        elif shape.placed:
+            self.run = self._place_round
+        else:
+            self.run = self._write_round
 
     def describe(self) -> str:
         root = f", root={self.root}" if self.root >= 0 else ""
@@ -248,21 +256,24 @@ class LLOp:
         if self.avg:
             red.postdivide(out, n)
 
-    # ---- the collectives ------------------------------------------------------------------
+    # ---- one round, by what the Program does -----------------------------------------
 
-    def _all_reduce(self, x, out, red, timeout) -> None:
+    def _fold_round(self, x, out, red, timeout) -> None:
+        """Contribute, then fold every contribution (all-reduce, reduce at the root,
+        reduce-scatter: the block the Program folds)."""
         self._put(x, red, timeout)
         p = self.ll.sync(self.head, timeout, self.describe)
         self._fold(p, out, red)
 
-    def _all_reduce_alone(self, x, out, red, timeout) -> None:
-        """One rank: the result is the input (pre-scaled for PREMUL_SUM)."""
+    def _alone(self, x, out, red, timeout) -> None:
+        """One rank folds only its own contribution (pre-scaled for PREMUL_SUM)."""
         if self.premul:
             red.premultiply(x, out)
         elif out is not x:
             out[...] = x
 
-    def _all_reduce_streamed(self, x, out, red, timeout) -> None:
+    def _streamed(self, x, out, red, timeout) -> None:
+        """A fold round per cell-sized part (an all-reduce larger than a cell)."""
         ll, C, head, what = self.ll, self.chunk, self.head, self.describe
         total = x.size
         two = not self.avg and self.ufunc is not None and len(self.rowlist[0]) == 2
@@ -284,37 +295,30 @@ class LLOp:
             else:
                 self._fold(p, out[lo:hi], red, m)
 
-    def _reduce(self, x, out, red, timeout) -> None:
-        self._put(x, red, timeout)
-        p = self.ll.sync(self.head, timeout, self.describe)
-        if self.ll.rank == self.root:
-            self._fold(p, out, red)
-
-    def _reduce_scatter(self, x, out, red, timeout) -> None:
-        self._put(x, red, timeout)
-        p = self.ll.sync(self.head, timeout, self.describe)
-        self._fold(p, out, red)
-
-    def _broadcast(self, x, out, red, timeout) -> None:
+    def _place_round(self, x, out, red, timeout) -> None:
+        """Contribute if the Program sends, then copy whole contributions into the output
+        blocks it names (all-gather: every rank's; broadcast: the root's)."""
         ll = self.ll
-        if ll.rank == self.root:
+        if self.writes:
             self._put(x, None, timeout)
-            ll.sync(self.head, timeout, self.describe)
-            if out is not x:
-                out[...] = x
         else:
             ll.parity(timeout, self.describe)
-            p = ll.sync(self.head, timeout, self.describe)
+        p = ll.sync(self.head, timeout, self.describe)
+        if self.gathers:
+            rows = self.rows[p] if self.placed is None else self.rows[p][self.placed]
+            out.reshape(len(rows), self.count)[...] = rows
+        elif not self.own:
             out[...] = self.src[p]
+        elif out is not x:
+            out[...] = x
 
-    def _all_gather(self, x, out, red, timeout) -> None:
-        self._put(x, None, timeout)
-        p = self.ll.sync(self.head, timeout, self.describe)
-        rows = self.rows[p] if self.placed is None else self.rows[p][self.placed]
-        out.reshape(self.ll.n, self.count)[...] = rows
-
-    def _barrier(self, x, out, red, timeout) -> None:
-        self.ll.parity(timeout, self.describe)
+    def _write_round(self, x, out, red, timeout) -> None:
+        """Contribute (if there is anything to send) and synchronise: a reduce's
+        non-root, a barrier."""
+        if self.writes:
+            self._put(x, red, timeout)
+        else:
+            self.ll.parity(timeout, self.describe)
         self.ll.sync(self.head, timeout, self.describe)
 
 

@@ -45,8 +45,7 @@ class CStep:
 
 class Desc(NamedTuple):
     """What a call is, for headers (mismatch detection) and error messages: the same
-    record whichever protocol runs the call (``proto``). A tuple, so that a call that
-    reuses a prepared op makes its own with one ``tuple.__new__``."""
+    record whichever protocol runs the call (``proto``)."""
 
     name: str
     count: int
@@ -76,6 +75,32 @@ class Desc(NamedTuple):
         root = f", root={self.root}" if self.root >= 0 else ""
         return (f"{self.name}(count={self.count}, {self.dtype}, {self.op}{root}, "
                 f"algo={self.algo}{', proto=LL' if self.proto else ''}) seq {self.seq}")
+
+
+class DescAt:
+    """A prepared call's :class:`Desc` at one sequence number: what a call that reuses a
+    prepared op (LL's) hands the flight recorder and the profiler, made with two stores
+    (building a Desc per call cost the 1-rank all-reduce a tenth of its time). Every
+    field but ``seq`` is the template's."""
+
+    __slots__ = ("template", "seq")
+
+    def __init__(self, template: Desc, seq: int):
+        self.template, self.seq = template, seq
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy / pickle probes: not the template's
+            raise AttributeError(name)
+        return getattr(self.template, name)
+
+    def desc(self) -> Desc:
+        return self.template._replace(seq=self.seq)
+
+    def header(self, nbytes: int = 0) -> WireHeader:
+        return self.desc().header(nbytes)
+
+    def __str__(self) -> str:
+        return str(self.desc())
 
 
 @dataclass

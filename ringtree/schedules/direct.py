@@ -23,6 +23,9 @@ Costs, p ranks, n bytes:
 These one-round schedules are the semantics of the LL protocol too
 (:mod:`ringtree.runtime.protocols.ll`), which runs them through one shared segment: a
 rank's "send to every rank" is one write to its area, a "receive from q" a read of q's.
+Reduce, broadcast and barrier were added for it and are ``tuned=False``: Simple runs
+them where named, as their costs over messages were never measured.
+
 The β terms assume a rank can drive all its p − 1 connections at full rate; over one link
 per rank they become (p−1) times the per-message cost.
 """
@@ -114,7 +117,8 @@ def reduce_scatter(n: int, r: int, opts: Options) -> Program:
     return Program(Collective.REDUCE_SCATTER, "direct", n, r, k, tuple(channels), scratch=k)
 
 
-@register(Collective.REDUCE, "direct", cost="α + (p−1)·n·β + (p−1)·n·γ at the root")
+@register(Collective.REDUCE, "direct", cost="α + (p−1)·n·β + (p−1)·n·γ at the root",
+          tuned=False)
 def reduce(n: int, r: int, opts: Options) -> Program:
     """Every rank sends its input to the root; the root reduces in rank order."""
     root = opts.root
@@ -127,7 +131,7 @@ def reduce(n: int, r: int, opts: Options) -> Program:
     return Program(Collective.REDUCE, "direct", n, r, 1, (tuple(steps),), root=root, scratch=1)
 
 
-@register(Collective.BROADCAST, "direct", cost="α + (p−1)·n·β at the root")
+@register(Collective.BROADCAST, "direct", cost="α + (p−1)·n·β at the root", tuned=False)
 def broadcast(n: int, r: int, opts: Options) -> Program:
     """The root sends its buffer to every rank at once."""
     root = opts.root
@@ -138,7 +142,7 @@ def broadcast(n: int, r: int, opts: Options) -> Program:
     return Program(Collective.BROADCAST, "direct", n, r, 1, ((step,),), root=root)
 
 
-@register(Collective.BARRIER, "direct", cost="α (p−1 messages a rank)")
+@register(Collective.BARRIER, "direct", cost="α (p−1 messages a rank)", tuned=False)
 def barrier(n: int, r: int, opts: Options) -> Program:
     """Every rank signals every rank, then waits for every rank's signal."""
     if n == 1:

@@ -112,6 +112,7 @@ class LL:
         self.peer_state = tuple((r, base + r * stride + state) for r in range(self.n)
                                 if r != rank)
         self.synced = self.seq  # every peer has posted at least this call
+        self.written: list = [None, None]  # the header whose constant words each line holds
 
     # ---- layout ---------------------------------------------------------------------
 
@@ -179,9 +180,11 @@ class LL:
         p = s & 1
         i = self.my_seq[p]
         h0, h1, h2 = head[0], head[1] | (s & SEQ_MASK), head[2]
-        W[i + 1] = h0
+        if self.written[p] is not head:  # the same call's header stays in the line
+            W[i + 1] = h0
+            W[i + 3] = h2
+            self.written[p] = head
         W[i + 2] = h1
-        W[i + 3] = h2
         if not _TSO:
             seg.fence()
         W[i] = s

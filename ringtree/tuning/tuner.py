@@ -20,16 +20,11 @@ from ringtree.transports.base import LinkModel
 
 # The default algorithm of each collective, used when the cost model has no opinion.
 DEFAULTS: dict[Collective, str] = {c: c.spec.default_algo for c in Collective}
-# One-round schedules registered as the LL protocol's semantics (ringtree.runtime.protocols):
-# on Simple they run when named (algo=, RINGTREE_ALGO), but their costs over messages were
-# never measured, so the tuner does not offer them on its own.
-NAMED_ONLY = frozenset({(Collective.REDUCE, "direct"), (Collective.BROADCAST, "direct"),
-                        (Collective.BARRIER, "direct")})
-
-
 def tuned(coll: Collective) -> set[str]:
-    """The algorithms the tuner chooses among for ``coll`` unless told otherwise."""
-    return {a for a in algorithms(coll) if (coll, a) not in NAMED_ONLY}
+    """The algorithms the tuner chooses among for ``coll`` unless told otherwise: those
+    whose record is ``tuned`` (LL's one-round reduce, broadcast and barrier run on Simple
+    only when named: their costs over messages were never measured)."""
+    return {a for a in algorithms(coll) if record(coll, a).tuned}
 
 
 def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:

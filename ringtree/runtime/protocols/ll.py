@@ -48,6 +48,7 @@ from ringtree.dtypes import DType
 from ringtree.ir.program import Buf, Collective, Program
 from ringtree.ir.wire import PROTO_LL, USER_OP, WireHeader, algo_code
 from ringtree.ops import _UFUNC, ReduceOp, Reducer, quiet
+from ringtree.runtime.plan import Desc
 from ringtree.runtime.protocols import LL as LL_PROTO
 from ringtree.runtime.protocols import register
 from ringtree.schedules import Options, generate
@@ -157,7 +158,7 @@ class LLOp:
 
     __slots__ = ("ll", "coll", "count", "root", "head", "mine", "rows", "rowlist", "scratch",
                  "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "src", "chunk",
-                 "desc_head", "desc_tail", "order", "placed", "writes", "gathers", "own")
+                 "desc", "order", "placed", "writes", "gathers", "own")
 
     def __init__(self, ll: LL, prog: Program, dt: DType, count: int, op_code: int,
                  root: int, name: str = ""):
@@ -168,9 +169,9 @@ class LLOp:
         self.name = name or coll.value
         opname = "user" if op_code == USER_OP else list(ReduceOp)[op_code].value \
             if coll.reduces else "-"
-        # the call's Desc (ringtree.runtime.plan) around its sequence number
-        self.desc_head = (self.name, count, dt.value, dt.code, opname, op_code, root)
-        self.desc_tail = (prog.algo, coll.code, PROTO_LL)
+        # the call's Desc but for its sequence number (ringtree.runtime.plan.DescAt)
+        self.desc = Desc(self.name, count, dt.value, dt.code, opname, op_code, root, 0,
+                         prog.algo, coll.code, PROTO_LL)
         self.head = WireHeader(0, count, 0, algo_code(prog.algo), coll.code, dt.code,
                                op_code, PROTO_LL, root).call_words()
         size = contribution_bytes(coll, count, storage.itemsize, n)

@@ -27,12 +27,11 @@ from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
 from ringtree.ir.program import Collective, Program
 from ringtree.runtime import at_exit
-from ringtree.runtime.plan import Desc
+from ringtree.runtime.plan import DescAt
 from ringtree.runtime.protocols.ll import LLOp, fits
 from ringtree.transports.shm_ll import LL, open_ll
 from ringtree.work import Work
 
-_new = tuple.__new__
 MAX_RANKS = 255          # the cost of polling every line
 CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
 SMALL_CELL = 64 << 10    # with many ranks: the segment is nranks x 2 cells
@@ -178,21 +177,22 @@ class LLRunner:
         """Run call ``seq`` on ``op`` now, on this thread; a failure goes through
         ``comm._on_error`` (recorded for every rank)."""
         t = comm.timeout if timeout is None else timeout
-        if comm.executor.busy:  # async Simple work in flight: keep the memory order
+        ex = comm.executor
+        if ex.busy:  # async Simple work in flight: keep the memory order
             self._order(comm, inp, out)
         fr = comm.flight
-        obs = comm.executor.observer  # the profiler: the call's entry and exit, no steps
-        desc = _new(Desc, op.desc_head + (seq,) + op.desc_tail) \
-            if fr is not None or obs.active else None
+        obs = ex.observer  # the profiler: the call's entry and exit, no steps
+        active = obs.active
+        desc = DescAt(op.desc, seq) if fr is not None or active else None
         e = fr.begin(desc) if fr is not None else None
-        if obs.active:
+        if active:
             nbytes = max(0 if inp is None else inp.nbytes, 0 if out is None else out.nbytes)
             obs.outside_begin(desc, op.coll.code, nbytes)
         try:
             op.run(inp, out, red, t)
             if post is not None:
                 post()
-            if obs.active:
+            if active:
                 obs.outside_end(seq, op.coll.code)
         except RingtreeError as err:
             err = comm._on_error(err)

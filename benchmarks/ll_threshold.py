@@ -1,7 +1,7 @@
 """Where LL stops paying: LL against Simple (the executor's schedules) per collective and size.
 
 For each rank count and collective, times calls of each size through the LL protocol
-(``ringtree.transports.shm_ll_coll``, cells large enough for every size) and through the
+(``ringtree.runtime.protocols.ll``, cells large enough for every size) and through the
 communicator with ``RINGTREE_PROTO=Simple``, alternating the two in every repetition so
 both see the same machine. Prints the median time per call (slowest rank), the ratio
 Simple/LL (> 1: LL faster) and the largest size where LL still wins — the numbers behind
@@ -52,8 +52,8 @@ def _calls(comm, ll, coll: str, nbytes: int):
 
 
 def rank(comm, colls: list[str], sizes: list[int], reps: int):
+    from ringtree.runtime.protocols.ll import LLCollectives
     from ringtree.transports.shm_ll import open_ll
-    from ringtree.transports.shm_ll_coll import LLCollectives
 
     crowded = comm.size > (os.cpu_count() or 1)
     ll = LLCollectives(open_ll(comm.store, comm.prefix + "/thr", comm.rank, comm.size, 60.0,

@@ -52,8 +52,8 @@ def _time(call, barrier, iters: int, reps: int) -> tuple[list[float], float]:
 
 
 def rank_ll(comm, yield_us: float, iters: int, reps: int):
+    from ringtree.runtime.protocols.ll import LLCollectives
     from ringtree.transports.shm_ll import open_ll
-    from ringtree.transports.shm_ll_coll import LLCollectives
 
     ll = open_ll(comm.store, comm.prefix + "/bench", comm.rank, comm.size, 60.0,
                  cell_bytes=4096, spin_us=_spin(comm.size), yield_us=yield_us)

@@ -17,23 +17,22 @@ import hashlib
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
+from threading import get_ident
 
 import numpy as np
 
 from ringtree import api, failure
 from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
-from ringtree.dtypes import DType
 from ringtree.errors import CommAborted
-from ringtree.ir.program import Collective
 from ringtree.ops import OP_NAMES, ReduceOp
 from ringtree.prof import attach, detach
 from ringtree.runtime.executor import Executor
-from ringtree.runtime.ll_runner import LLRunner
 from ringtree.runtime.owner import ThreadOwner
 from ringtree.runtime.plan import Call
 from ringtree.runtime.planner import CallSpec, Planner, link_kind
 from ringtree.runtime.progress import Progress
+from ringtree.runtime.protocols.ll_runner import LLRunner
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
 from ringtree.tuning.proto import parse_proto_spec
@@ -110,11 +109,9 @@ class Communicator:
 
             self.collnet = self.planner.collnet = from_env(self)
         self.proto_enabled = parse_proto_spec(s.proto)
-        self._fast: dict[tuple, tuple] = {}  # (dtype, size, op) -> (LLOp, Reducer)
         self.ll = LLRunner.for_comm(self)
         self.planner.ll, self.planner.proto_enabled = self.ll, self.proto_enabled
-        self.executor = Executor(rank, self.fabric, on_idle=self._idle,
-                                 slice_bytes=self.slice_bytes)
+        self.executor = Executor(rank, self.fabric, on_idle=self._idle)
         self.executor.on_error = self._on_error
         self.progress = Progress(self.executor, f"ringtree-rank{rank}")
         self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
@@ -144,14 +141,18 @@ class Communicator:
                    algo: str | None = None, timeout: float | None = None):
         """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
         if algo is None and type(x) is np.ndarray and (out is None or out is x):
-            # the hot path: an in-place NumPy all-reduce whose shape ran on LL before (the
-            # op as a ReduceOp or its name: "sum" missed it and planned every call, 4x)
-            hit = self._fast.get((x.dtype, x.size, OP_NAMES.get(op.lower())
-                                  if type(op) is str else op))
+            # the hot path: an in-place NumPy all-reduce whose shape the planner planned on
+            # LL (the op as a ReduceOp or its name: "sum" missed it and planned every call,
+            # 4x). Every check of _run, each O(1): the issuing thread, closed or broken,
+            # group, async; memory order with async work is the runner's.
+            hit = self.planner.ready.get((x.dtype, x.size, OP_NAMES.get(op.lower())
+                                          if type(op) is str else op))
             if hit is not None and not async_op and self._group is None and \
                     self.health.broken is None and not self.ll.pending:
                 f = x.flags
                 if f.c_contiguous and f.writeable and not self._closed:
+                    if self._owner.ident != get_ident() and not self.background:
+                        self._owner.check(self.rank)
                     xa = x if x.ndim == 1 else x.reshape(-1)
                     self.seq += 1
                     return self.ll.run_arrays(self, hit[0], xa, xa, hit[1], x, None,
@@ -241,7 +242,9 @@ class Communicator:
         if online is not None:  # measuring a choice (in plan) spends the call's deadline
             start = time.monotonic()
             online.deadline = start + t
-        plan = self.planner.plan(spec)  # may run tuning calls: before this call's number
+        # may run tuning calls: before this call's number; a group's calls run on Simple
+        plan = self.planner.plan(spec) if self._group is None else \
+            self.planner.plan(spec, grouped=True)
         if online is not None:
             t = max(t - (time.monotonic() - start), 1e-3)
         if spec.coll is None:  # send/recv: numbered per (peer, tag, direction)
@@ -249,14 +252,9 @@ class Communicator:
             seq = self._p2p_seq[key] = self._p2p_seq.get(key, 0) + 1
         else:
             seq = self.seq = self.seq + 1
-        if plan.ll_op is not None and self._group is None:
-            if spec.coll is Collective.ALL_REDUCE and type(spec.result) is np.ndarray and \
-                    spec.in_place and spec.dtype is not DType.BFLOAT16 and \
-                    type(spec.op) is ReduceOp and spec.op is not ReduceOp.PREMUL_SUM:
-                x = spec.result  # next time, all_reduce goes straight to the LL op
-                self._fast[(x.dtype, x.size, spec.op)] = (plan.ll_op, spec.reducer)
+        if plan.ll_op is not None:
             return self.ll.run(self, plan.ll_op, spec, seq, async_op, timeout)
-        if plan.announce:
+        if plan.announce is not None:
             self.ll.announce(plan.announce)
         call = plan.bind(spec, seq, self.size)
         if self.flight is not None:

@@ -197,6 +197,37 @@ def test_two_threads_on_one_communicator_are_refused():
         assert handed == 3.0
 
 
+def warm_shape_from_another_thread(comm):
+    """Five in-place all-reduces of 2 floats on the owning thread (the shape is warm: the
+    planner hands it straight to its LL op), then the same shape and a new one from a
+    second thread: both must be refused, warm or not."""
+    x = np.ones(2, np.float32)
+    for _ in range(5):
+        comm.all_reduce(x)
+    out = {}
+
+    def other():
+        for name, y in (("warm", x), ("new", np.ones(3, np.float32))):
+            try:
+                comm.all_reduce(y)
+                out[name] = "ran"
+            except RuntimeError as e:
+                out[name] = str(e)
+
+    t = threading.Thread(target=other, name="intruder")
+    t.start()
+    t.join()
+    comm.all_reduce(x)  # the owner goes on, in step with the other rank
+    return out, float(x[0])
+
+
+def test_a_warm_shape_from_another_thread_is_refused_too():
+    for out, v in raise_first(run_ranks(warm_shape_from_another_thread, 2, timeout=60)):
+        assert "its own communicator" in out["warm"], out
+        assert "its own communicator" in out["new"], out
+        assert v == 2.0 ** 6
+
+
 def bad_timeouts(comm):
     msgs = []
     for t in (-1, 0, 1e-9, math.nan, "5", True):

@@ -98,7 +98,7 @@ def make_ranks(n: int, *, slice_bytes: int = 4096, views: bool = False):
     for r in range(n):
         planner = Planner(r, n, (0,) * n, nchannels=1, slice_bytes=slice_bytes,
                           algo_enabled={}, link="shm")
-        ex = Executor(r, Loopback(wire, r, views), slice_bytes=slice_bytes)
+        ex = Executor(r, Loopback(wire, r, views))
         ranks.append(SimpleNamespace(rank=r, size=n, planner=planner, ex=ex, seq=0))
     return ranks
 

@@ -1,4 +1,5 @@
-"""The LL protocol on its own (ringtree.transports.shm_ll): every collective it serves,
+"""The LL protocol on its own (ringtree.transports.shm_ll, runtime.protocols.ll): every
+collective it serves,
 bitwise against NumPy, on real processes; slow and fast ranks; a killed rank; mismatched
 calls; many ranks on few cores."""
 
@@ -16,13 +17,20 @@ from collective_cases import make_input, op_arg, ops_for, reference_reduce, same
 from ringtree.dtypes import DType
 from ringtree.errors import MismatchError, PeerError
 from ringtree.ir.program import Collective
+from ringtree.ir.wire import PROTO_SIMPLE, WireHeader, algo_code
 from ringtree.ops import resolve
+from ringtree.runtime.protocols.ll import LLCollectives
 from ringtree.testing import RankPool, run_ranks
-from ringtree.transports.shm_ll import INLINE, fingerprint, open_ll
-from ringtree.transports.shm_ll_coll import LLCollectives
+from ringtree.transports.shm_ll import INLINE, open_ll
 
 CELL = 8192
 _N = 0
+
+
+def simple_head(coll: int, dtype: int, op: int, root: int, count: int) -> tuple:
+    """The header words a call that runs on Simple announces (algorithm ``direct``)."""
+    return WireHeader(0, count, 0, algo_code("direct"), coll, dtype, op, PROTO_SIMPLE,
+                      root).call_words()
 
 
 def _ll(comm, name: str, **kw) -> LLCollectives:
@@ -135,7 +143,7 @@ def sleepy(comm, calls: int) -> int:
         count = 3 if k % 3 else 900
         if k % 5 == 0:  # calls that run on Simple announce themselves and do not wait
             for _ in range(k % 3 + 1):
-                c.ll.announce(fingerprint(0, 0, 0, -1, 1, simple=True))
+                c.ll.announce(simple_head(0, 0, 0, -1, 1))
         x = np.full(count, (k + 1) * (r + 1), np.int64)
         c.all_reduce(x, DType.INT64, red)
         bad += int(not (x == (k + 1) * n * (n + 1) // 2).all())
@@ -189,8 +197,7 @@ def mismatched(comm, what: str):
         elif what == "protocol":  # rank 1 runs this call on Simple: it only announces it
             op = c.op(Collective.ALL_REDUCE, DType.FLOAT32, 4, red)
             if r == 1:
-                c.ll.announce(fingerprint(op.coll.code, DType.FLOAT32.code, red.code, -1, 4,
-                                          simple=True))
+                c.ll.announce(simple_head(op.coll.code, DType.FLOAT32.code, red.code, -1, 4))
                 deadline = time.monotonic() + 20
                 while time.monotonic() < deadline:  # as the Simple path's idle check does
                     c.ll.check_announced(op.describe)

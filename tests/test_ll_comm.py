@@ -40,15 +40,16 @@ def test_data_movement_on_ll(ll_pool, coll):
                                                      "bfloat16"], _sizes(ll_pool.nranks)))
 
 
-def really_ll(comm) -> tuple[bool, str]:
+def really_ll(comm) -> tuple[bool, str, str]:
     x = np.ones(4, np.float32)
     comm.all_reduce(x)
-    last = comm.flight.entries(1)[0] if comm.flight is not None else {"algo": "LL"}
-    return comm.ll is not None, last["algo"]
+    last = comm.flight.entries(1)[0]
+    return comm.ll is not None, last["algo"], last["proto"]
 
 
 def test_the_pool_runs_ll(ll_pool):
-    assert all(r == (True, "LL") for r in ll_pool.run_ok(really_ll))
+    """The flight recorder shows the Program LL ran (direct) and the protocol."""
+    assert all(r == (True, "direct", "LL") for r in ll_pool.run_ok(really_ll))
 
 
 def memory_order(comm) -> bool:

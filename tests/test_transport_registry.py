@@ -115,7 +115,7 @@ def test_the_fabric_is_built_over_it_and_the_executor_runs(toy):
             {q: "toy" for q in range(n) if q != r}
         planner = Planner(r, n, (0,) * n, nchannels=1, slice_bytes=1024, algo_enabled={},
                           link=link_kind((0,) * n, s.transport))
-        ranks.append(_Rank(r, n, planner, Executor(r, fabric, slice_bytes=1024)))
+        ranks.append(_Rank(r, n, planner, Executor(r, fabric)))
     assert all(lst.closed for lst in listeners)  # no transport took the listener
     xs = [np.arange(1001, dtype=np.int64) * (r + 1) for r in range(n)]
     run_all(ranks, submit(ranks, lambda c: api.for_all_reduce(c, xs[c.rank], "sum", None,

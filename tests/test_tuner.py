@@ -7,7 +7,7 @@ import pytest
 from ringtree.ir.program import Collective as C
 from ringtree.schedules import Options, algorithms
 from ringtree.schedules.stats import schedule_stats
-from ringtree.tuning.tuner import MODELS, choose, estimate, parse_algo_spec
+from ringtree.tuning.tuner import MODELS, choose, estimate, parse_algo_spec, tuned
 
 
 def test_empty_spec_enables_everything():
@@ -27,7 +27,14 @@ def test_first_entry_without_prefix_and_per_collective_negation():
 def test_nccl_style_prefix_only():
     enabled = parse_algo_spec("allreduce:^tree")
     assert "tree" not in enabled[C.ALL_REDUCE] and "ring" in enabled[C.ALL_REDUCE]
-    assert enabled[C.BROADCAST] == set(algorithms(C.BROADCAST))
+    # every algorithm the tuner offers by itself (LL's one-round broadcast only if named)
+    assert enabled[C.BROADCAST] == tuned(C.BROADCAST) == set(algorithms(C.BROADCAST)) - {"direct"}
+
+
+def test_one_round_schedules_of_ll_run_on_simple_only_when_named():
+    assert "direct" in parse_algo_spec("broadcast:direct")[C.BROADCAST]
+    assert "direct" in parse_algo_spec("direct")[C.BARRIER]
+    assert "direct" not in parse_algo_spec("^ring")[C.REDUCE]
 
 
 @pytest.mark.parametrize("spec,word", [("rnig", "unknown algorithm"),

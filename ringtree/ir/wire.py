@@ -9,7 +9,7 @@ Layout (little-endian, ``<QQIIBBBBi``)::
     coll    u8    collective code (:mod:`ringtree.ir.collectives`; 200 = send/recv)
     dtype   u8    dtype code
     op      u8    reduction op code (255 = a user op; 0 when nothing reduces)
-    flags   u8    0 (reserved for a format version)
+    flags   u8    the protocol: 0 Simple (framed messages), 1 LL (a shared segment's line)
     root    i32   root rank (the tag for p2p; -1 when there is none)
 
 The receiver names the header it expects; a transport compares the 32 bytes before a byte
@@ -17,6 +17,12 @@ of payload lands in user memory, and :meth:`WireHeader.describe_difference` turn
 mismatch into the sentence a :class:`~ringtree.errors.MismatchError` carries. Everything
 after ``nbytes`` is fixed for a call (:meth:`WireHeader.call_part`), so framing a slice is
 one 8-byte pack and a concatenation.
+
+The call part is also the whole identity of a call elsewhere: the LL protocol packs it into
+every line it publishes (:meth:`WireHeader.call_words`, three 64-bit words), and a rank
+stalled inside a call writes it to the store for the others to compare
+(:mod:`ringtree.runtime.fingerprint`). Every mismatch message is
+:meth:`WireHeader.describe_difference`'s.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ from typing import NamedTuple
 
 _LAYOUT = struct.Struct("<QQIIBBBBi")
 _NBYTES = struct.Struct("<Q")
+_WORDS = struct.Struct("<3Q")
 P2P_CODE = 200
 USER_OP = 255
+PROTO_SIMPLE, PROTO_LL = 0, 1
+PROTO_NAMES = ("Simple", "LL")
 
 _FIELDS = ("message bytes", "count", "sequence number", "algorithm", "collective", "dtype",
-           "op", "flags", "root")
+           "op", "protocol", "root")
 
 
 P2P_ALGO = 1  # the algorithm code of send/recv
@@ -75,6 +84,16 @@ class WireHeader(NamedTuple):
         """The header without ``nbytes``: what every message of the call shares."""
         return self.pack()[_NBYTES.size:]
 
+    def call_words(self) -> tuple[int, int, int]:
+        """The call part as three little-endian 64-bit words (an LL line's header; the
+        sequence number is the low half of the second word)."""
+        return _WORDS.unpack(self.call_part())
+
+    @classmethod
+    def from_call_words(cls, words) -> WireHeader:
+        """The header whose :meth:`call_words` are ``words`` (``nbytes`` 0)."""
+        return cls.unpack(_NBYTES.pack(0) + _WORDS.pack(*(int(w) for w in words)))
+
     @staticmethod
     def frame(nbytes: int, call_part: bytes) -> bytes:
         """The header of one message of ``nbytes`` payload bytes."""
@@ -115,4 +134,6 @@ def _show(field: int, value: int) -> object:
         return "user op" if value == USER_OP else ops[value].value if value < len(ops) else value
     if field == 3:
         return algo_name(value)
+    if field == 7:
+        return PROTO_NAMES[value] if value < len(PROTO_NAMES) else value
     return value

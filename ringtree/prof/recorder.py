@@ -154,11 +154,13 @@ class Recorder:
         return base
 
     def call_id(self, desc, nbytes: int) -> int:
-        key = (desc.name, desc.algo, desc.count, desc.dtype, desc.op, desc.root, nbytes)
+        key = (desc.name, desc.algo, desc.proto, desc.count, desc.dtype, desc.op, desc.root,
+               nbytes)
         cid = self._call_ids.get(key)
         if cid is None:
             cid = self._call_ids[key] = len(self.calls)
-            self.calls.append({"name": desc.name, "algo": desc.algo, "count": desc.count,
+            self.calls.append({"name": desc.name, "algo": desc.algo, "proto": desc.protocol,
+                               "count": desc.count,
                                "dtype": desc.dtype, "op": desc.op, "root": desc.root,
                                "bytes": nbytes})
         return cid

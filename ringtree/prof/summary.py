@@ -51,7 +51,7 @@ def summary(directory: str) -> str:
             begin = active_starts(colls)
             for sp in colls:
                 c = calls[sp.aux]
-                key = (c["name"], c["algo"], c["bytes"], c["dtype"])
+                key = (c["name"], _algo(c), c["bytes"], c["dtype"])
                 g = groups.setdefault(key, {"calls": set(), "dur": [], "act": [], "wait": 0,
                                             "red": 0, "total": 0, "steps": defaultdict(
                                                 lambda: defaultdict(list))})
@@ -120,3 +120,9 @@ def _disjoint(spans: list[Span]) -> list[Span]:
         else:
             out.append(sp)
     return out
+
+
+def _algo(call: dict) -> str:
+    """The algorithm, and the protocol when it is not Simple (``direct/LL``)."""
+    proto = call.get("proto", "Simple")
+    return call["algo"] if proto == "Simple" else f"{call['algo']}/{proto}"

@@ -301,7 +301,7 @@ def _coll_span(sp: Span, rc, tid: int, wait: Overlap, red: Overlap) -> None:
     sp.name = c.get("name", "collective")
     dur = sp.end - sp.start
     nbytes = c.get("bytes", sp.size)
-    sp.args = {"seq": sp.seq, "algo": c.get("algo"), "bytes": nbytes,
+    sp.args = {"seq": sp.seq, "algo": c.get("algo"), "proto": c.get("proto"), "bytes": nbytes,
                "count": c.get("count"), "dtype": c.get("dtype"),
                "op": c.get("op"), "algbw (GB/s)": _gbps(nbytes, dur),
                "wait (us)": round(wait.within(sp.start, sp.end) / 1000, 3),

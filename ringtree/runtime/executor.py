@@ -9,8 +9,8 @@ Running follows three rules:
    memory (read-after-write, write-after-read, write-after-write). Sends never block a
    channel, so a rank that sends to ``next`` and receives from ``prev`` makes progress
    at any size.
-3. *Slicing*: each step's data is cut into slices of ``slice_bytes`` that flow
-   recv → reduce → send independently, which pipelines chains and trees (NCCL's
+3. *Slicing*: each step's data is cut into slices (at compile time, by the plan) that
+   flow recv → reduce → send independently, which pipelines chains and trees (NCCL's
    slices/chunkSteps).
 
 Each issued step is a generator (:func:`ringtree.runtime.step.run_step`, phase by phase)
@@ -33,7 +33,7 @@ from ringtree.ir.program import Buf
 from ringtree.ir.wire import WireHeader
 from ringtree.runtime.batch import Batch, Issued, Probe, Waiting
 from ringtree.runtime.observer import NO_OBSERVER, Observer
-from ringtree.runtime.plan import DEFAULT_SLICE_BYTES, Call, CStep
+from ringtree.runtime.plan import Call, CStep
 from ringtree.runtime.step import BufferPool, run_step
 from ringtree.transports.base import HeaderMismatch
 
@@ -44,12 +44,10 @@ __all__ = ["Executor", "Batch", "Probe", "Waiting"]
 class Executor:
     """Runs calls of one rank over a fabric (``isend``/``irecv``/``poll``/``wait``)."""
 
-    def __init__(self, rank: int, fabric, *, on_idle: Callable[[], None] | None = None,
-                 slice_bytes: int = DEFAULT_SLICE_BYTES):
+    def __init__(self, rank: int, fabric, *, on_idle: Callable[[], None] | None = None):
         self.rank = rank
         self.fabric = fabric
         self.on_idle = on_idle
-        self.slice_bytes = slice_bytes
         self.pool = BufferPool()
         self.on_error: Callable[[BaseException], BaseException] | None = None
         self.observer: Observer = NO_OBSERVER

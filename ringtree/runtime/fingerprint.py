@@ -1,16 +1,19 @@
 """What ranks must agree on for one call, and how a disagreement is named.
 
 Every message's header carries the call's fingerprint (count, sequence number,
-algorithm, collective, dtype, op, root; :class:`~ringtree.runtime.plan.Desc`), compared by
-the receiver before a payload byte lands. Algorithms travel as a small code every rank
-computes alike from the registry (so an error prints ``ring``, not a number).
+algorithm, collective, dtype, op, protocol, root: the call part of
+:class:`~ringtree.ir.wire.WireHeader`, from :class:`~ringtree.runtime.plan.Desc`),
+compared by the receiver before a payload byte lands; an LL line carries the same words.
+Algorithms travel as a small code every rank computes alike from the name (so an error
+prints ``ring``, not a number).
 
 A disagreement on the *root* or the *algorithm* usually changes who talks to whom, so the
 message that would reveal it may never be sent: the ranks wait for each other instead.
 :func:`check_stalled` closes that gap. Once a rank has waited a second inside a
-collective it writes that call's fingerprint to the store (``<prefix>/fp/<seq>/<rank>``)
-and compares it with those of the ranks that did the same; a difference raises
-:class:`~ringtree.errors.MismatchError` naming the field and both values. Every rank
+collective it writes that call's header (its call part) to the store
+(``<prefix>/fp/<seq>/<rank>``) and compares it with those of the ranks that did the
+same; a difference raises :class:`~ringtree.errors.MismatchError` naming the field and
+both values (:meth:`~ringtree.ir.wire.WireHeader.describe_difference`). Every rank
 stuck in the call finds it within about two seconds, and the abort line tells the others
 it was a mismatch (they raise ``MismatchError`` too). A call that does not stall costs
 nothing.
@@ -21,13 +24,9 @@ from __future__ import annotations
 import time
 
 from ringtree.errors import MismatchError
+from ringtree.ir.wire import WireHeader
 
-__all__ = ["check_stalled", "FIELDS"]
-
-FIELDS = ("collective", "count", "dtype", "op", "root", "algorithm")
-def _fingerprint(desc) -> str:
-    return "|".join(str(v) for v in (desc.name, desc.count, desc.dtype, desc.op, desc.root,
-                                     desc.algo))
+__all__ = ["check_stalled"]
 
 
 def check_stalled(comm) -> None:
@@ -44,20 +43,19 @@ def check_stalled(comm) -> None:
         comm._stall = (desc.seq, now, False)
         return
     base = f"{comm.prefix}/fp/{desc.seq}"
-    mine = _fingerprint(desc)
+    head = desc.header()
+    mine = head.call_part()
     if not seen[2]:
-        comm.store.set(f"{base}/{comm.rank}", mine.encode())
+        comm.store.set(f"{base}/{comm.rank}", mine)
         comm._stall = (desc.seq, seen[1], True)
     for r in range(comm.size):
         if r == comm.rank:
             continue
         raw = comm.store.try_get(f"{base}/{r}")
-        if raw is None or raw.decode() == mine:
+        if raw is None or raw == mine:
             continue
-        theirs = raw.decode().split("|")
-        ours = mine.split("|")
-        diffs = [f"{name}: rank {r} has {t}, rank {comm.rank} has {m}"
-                 for name, m, t in zip(FIELDS, ours, theirs) if m != t]
+        theirs = WireHeader.unpack(WireHeader.frame(0, raw))
+        diffs = head.describe_difference(theirs, comm.rank, r)
         raise MismatchError(
             f"rank {comm.rank} and rank {r} disagree on {desc}: " + "; ".join(diffs)
             + " (found while both waited for each other; ranks must call the same "

@@ -27,10 +27,14 @@ __all__ = ["ThreadOwner"]
 
 
 class ThreadOwner:
-    __slots__ = ("thread",)
+    """``ident``: the owner's ``threading.get_ident()``, so that a hot path can test
+    ``owner.ident == get_ident()`` (one C call) before calling :meth:`check`."""
+
+    __slots__ = ("thread", "ident")
 
     def __init__(self) -> None:
         self.thread: threading.Thread | None = threading.current_thread()
+        self.ident = threading.get_ident()
 
     def check(self, rank: int) -> None:
         me = threading.current_thread()
@@ -38,7 +42,7 @@ class ThreadOwner:
         if owner is me:
             return
         if owner is None or not owner.is_alive():
-            self.thread = me
+            self.thread, self.ident = me, threading.get_ident()
             return
         raise RuntimeError(
             f"rank {rank}: this communicator is used by thread {owner.name!r} and now by "
@@ -49,4 +53,4 @@ class ThreadOwner:
             "new thread at the same point on every rank.")
 
     def bind(self) -> None:
-        self.thread = threading.current_thread()
+        self.thread, self.ident = threading.current_thread(), threading.get_ident()

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ringtree.ir.program import Buf, Program, Step, chunk_regions, split_even
-from ringtree.ir.wire import WireHeader, algo_code
+from ringtree.ir.wire import PROTO_NAMES, PROTO_SIMPLE, WireHeader, algo_code
 from ringtree.ops import Reducer
 
 DEFAULT_SLICE_BYTES = 1 << 20
@@ -43,9 +43,9 @@ class CStep:
     skip_copy: bool = False
 
 
-@dataclass
-class Desc:
-    """What a call is, for headers (mismatch detection) and error messages."""
+class Desc(NamedTuple):
+    """What a call is, for headers (mismatch detection) and error messages: the same
+    record whichever protocol runs the call (``proto``)."""
 
     name: str
     count: int
@@ -57,10 +57,15 @@ class Desc:
     seq: int
     algo: str
     coll_code: int
+    proto: int = PROTO_SIMPLE  # ringtree.ir.wire.PROTO_SIMPLE or PROTO_LL
 
     def header(self, nbytes: int = 0) -> WireHeader:
         return WireHeader(nbytes, self.count, self.seq, algo_code(self.algo), self.coll_code,
-                          self.dtype_code, self.op_code, 0, self.root)
+                          self.dtype_code, self.op_code, self.proto, self.root)
+
+    @property
+    def protocol(self) -> str:
+        return PROTO_NAMES[self.proto]
 
     def prefix(self) -> bytes:
         """The call's part of every message header (:meth:`WireHeader.call_part`)."""
@@ -69,7 +74,33 @@ class Desc:
     def __str__(self) -> str:
         root = f", root={self.root}" if self.root >= 0 else ""
         return (f"{self.name}(count={self.count}, {self.dtype}, {self.op}{root}, "
-                f"algo={self.algo}) seq {self.seq}")
+                f"algo={self.algo}{', proto=LL' if self.proto else ''}) seq {self.seq}")
+
+
+class DescAt:
+    """A prepared call's :class:`Desc` at one sequence number: what a call that reuses a
+    prepared op (LL's) hands the flight recorder and the profiler, made with two stores
+    (building a Desc per call cost the 1-rank all-reduce a tenth of its time). Every
+    field but ``seq`` is the template's."""
+
+    __slots__ = ("template", "seq")
+
+    def __init__(self, template: Desc, seq: int):
+        self.template, self.seq = template, seq
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy / pickle probes: not the template's
+            raise AttributeError(name)
+        return getattr(self.template, name)
+
+    def desc(self) -> Desc:
+        return self.template._replace(seq=self.seq)
+
+    def header(self, nbytes: int = 0) -> WireHeader:
+        return self.desc().header(nbytes)
+
+    def __str__(self) -> str:
+        return str(self.desc())
 
 
 @dataclass

@@ -4,9 +4,15 @@ It owns every decision between the API and the executor:
 
 - *algorithm*: the caller's ``algo=``, else the tuner (:mod:`ringtree.tuning.tuner`) on the
   call's size, cached per (collective, bytes);
-- *protocol*: :meth:`Planner._protocol` chooses LL (:mod:`ringtree.runtime.ll_runner`) or
-  Simple (the IR executor) by size (:mod:`ringtree.tuning.proto`); an LL plan carries its
-  prepared op, every plan on a single-host communicator the fingerprint it announces;
+- *protocol*: a plan is a Program × a protocol. :meth:`Planner._protocol` has the tuner
+  price (algorithm, protocol) pairs (:func:`ringtree.tuning.proto.choose_protocol`): the
+  Simple algorithms, run by the executor, and the Program the LL runner serves for the
+  collective (:mod:`ringtree.runtime.protocols`). An LL plan carries that Program and
+  the op the runner prepared from it (and, built when first needed, its Simple twin
+  for calls inside a ``group()``); every plan on a single-host communicator the header
+  it announces in the LL segment when it runs on Simple;
+- *hot path*: :attr:`Planner.ready` gives an in-place NumPy all-reduce whose shape was
+  planned on LL its prepared op with one dictionary look-up;
 - *fallbacks*: an algorithm that cannot run in place gets a private copy of the input;
   PREMUL_SUM reduces a pre-scaled copy (the user's input is never changed);
 - *scratch*: a plan keeps its scratch and staging buffers and lends them to one call at a
@@ -26,13 +32,14 @@ import numpy as np
 
 from ringtree.dtypes import DType
 from ringtree.ir.program import Buf, Collective, Program, Step, inp, out, split_even
-from ringtree.ir.wire import P2P_CODE
+from ringtree.ir.wire import P2P_CODE, PROTO_SIMPLE, WireHeader, algo_code
 from ringtree.ops import ReduceOp, Reducer
+from ringtree.runtime import protocols
 from ringtree.runtime.plan import Call, CStep, Desc, Region, compile_program
 from ringtree.schedules import Options, algorithms, build, needs_switch, options_for
 from ringtree.transports import registry as transport_registry
 from ringtree.tuning.proto import LL, SIMPLE, choose_protocol
-from ringtree.tuning.tuner import MODELS, choose
+from ringtree.tuning.tuner import MODELS, choose, tuned
 
 P2P_CHANNEL_BASE = 64   # send/recv with tag t run on channel P2P_CHANNEL_BASE + t
 SHAPE_FIELDS = 9        # CallSpec[:SHAPE_FIELDS] is the plan's cache key
@@ -66,7 +73,7 @@ class Plan:
 
     __slots__ = ("key", "protocol", "algo", "steps", "name", "coll_code", "root",
                  "channel_base", "stage", "scratch_len", "scratch_fill", "avg",
-                 "_scratch", "_staging", "busy", "ll_op", "announce")
+                 "_scratch", "_staging", "busy", "ll_op", "announce", "program", "simple")
 
     def __init__(self, key: tuple, algo: str, steps: list[list[CStep]], *, name: str,
                  coll_code: int, root: int, channel_base: int = 0, stage: int = 0,
@@ -79,8 +86,10 @@ class Plan:
         self._scratch: np.ndarray | None = None
         self._staging: np.ndarray | None = None
         self.busy = False  # a call in flight holds this plan's buffers
-        self.ll_op = None  # the prepared LL call, when the protocol is LL
-        self.announce = 0  # fingerprint a Simple run of it publishes in the LL segment
+        self.ll_op = None  # the op the LL runner prepared from the Program, on LL
+        self.announce = None  # header words a Simple run publishes in the LL segment
+        self.program: Program | None = None  # the Program (this rank's), with protocol
+        self.simple: Plan | None = None  # an LL plan's Simple twin (inside a group)
 
     def bind(self, spec: CallSpec, seq: int, nranks: int) -> Call:
         """The Call that runs ``spec`` (sequence number ``seq``) on this plan."""
@@ -153,6 +162,9 @@ class Planner:
         self._last: Plan | None = None
         self.ll = None                      # the communicator's LLRunner, if any
         self.proto_enabled: dict = {}       # RINGTREE_PROTO per collective
+        # the hot path: (dtype, size, ReduceOp) -> (LLOp, Reducer) of the in-place NumPy
+        # all-reduces planned on LL; read by Communicator.all_reduce (see _remember_ready)
+        self.ready: dict[tuple, tuple] = {}
 
     def relayout(self, nodes: tuple[int, ...]) -> None:
         """Plan for the node layout ``nodes`` from now on, forgetting the plans and
@@ -160,21 +172,42 @@ class Planner:
         self.nodes = nodes
         self._plans.clear()
         self._choices.clear()
+        self.ready.clear()
         self._last = None
 
-    def plan(self, spec: CallSpec) -> Plan:
-        """The plan for ``spec``'s shape: the previous call's if the shape repeats."""
+    def plan(self, spec: CallSpec, grouped: bool = False) -> Plan:
+        """The plan for ``spec``'s shape: the previous call's if the shape repeats.
+        ``grouped``: the call is inside a ``group()``, which runs on Simple."""
         last = self._last
-        if last is not None and last.key == spec[:SHAPE_FIELDS]:
+        if last is not None and last.key == spec[:SHAPE_FIELDS] and \
+                (last.ll_op is None or not grouped):
             return last
         key = spec[:SHAPE_FIELDS]
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) > 512:
                 self._plans.clear()
+                self.ready.clear()
             plan = self._plans[key] = self._build(spec, key)
+            if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._plans) < 64:
+                print(f"ringtree: plan {plan.name}(count={spec.count}, {spec.dtype.value}): "
+                      f"algo={plan.algo} proto={'LL' if plan.ll_op is not None else 'Simple'}",
+                      flush=True)
         self._last = plan
+        if grouped and plan.ll_op is not None:
+            if plan.simple is None:
+                plan.simple = self._build(spec, key, simple=True)
+            return plan.simple
         return plan
+
+    def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
+        """Give :attr:`ready` an in-place NumPy all-reduce planned on LL (not bfloat16,
+        whose storage is not its dtype, nor PREMUL_SUM, whose factor is per call)."""
+        x = spec.result
+        if spec.coll is Collective.ALL_REDUCE and type(x) is np.ndarray and spec.in_place \
+                and spec.dtype is not DType.BFLOAT16 and type(spec.op) is ReduceOp \
+                and spec.op is not ReduceOp.PREMUL_SUM:
+            self.ready[(x.dtype, x.size, spec.op)] = (plan.ll_op, spec.reducer)
 
     def choose(self, coll: Collective, nbytes: int, algo: str | None = None,
                spec: CallSpec | None = None) -> str:
@@ -194,7 +227,7 @@ class Planner:
             model = self.model()
             enabled = self.algo_enabled.get(coll)
             if self.collnet is None:  # CollNet only where a switch was set up, as NCCL
-                enabled = {a for a in (enabled or algorithms(coll))
+                enabled = {a for a in (enabled or tuned(coll))
                            if not needs_switch(coll, a)}
             first = choose(coll, nbytes, self.size, enabled, model, opts)
             if self.collnet is not None and needs_switch(coll, first):
@@ -297,13 +330,13 @@ class Planner:
             raise ValueError(f"{algo}: {why}")
         coll = spec.coll
         assert coll is not None
-        host = {a for a in (self.algo_enabled.get(coll) or algorithms(coll))
+        host = {a for a in (self.algo_enabled.get(coll) or tuned(coll))
                 if not needs_switch(coll, a)}
         return choose(coll, nbytes, self.size, host, self.model(), self._base())
 
     # ---- building -------------------------------------------------------------------------
 
-    def _build(self, spec: CallSpec, key: tuple) -> Plan:
+    def _build(self, spec: CallSpec, key: tuple, simple: bool = False) -> Plan:
         if spec.coll is None:
             return self._p2p(spec, key)
         coll, count, itemsize = spec.coll, spec.count, spec.dtype.itemsize
@@ -316,7 +349,9 @@ class Planner:
         algo = self.choose(coll, nbytes, spec.algo, spec)
         if needs_switch(coll, algo):
             algo = self._collnet_algo(spec, algo, nbytes)
-        protocol = self._protocol(spec, nbytes)
+        protocol = SIMPLE if simple else self._protocol(spec, nbytes)
+        if protocol == LL:
+            return self._build_ll(spec, key, nbytes)
         prog = self.program(coll, algo, spec.root, nbytes)
         stage, in_place = 0, spec.in_place
         if spec.op is ReduceOp.PREMUL_SUM and spec.inp is not None:
@@ -329,23 +364,44 @@ class Planner:
                                            or self.rank == spec.root)
         plan = Plan(key, algo, steps, name=coll.value, coll_code=coll.code, root=spec.root,
                     stage=stage, scratch_len=prog.blocks(Buf.SCRATCH) * count if prog.scratch
-                    else 0, scratch_fill=1 if coll is Collective.BARRIER else None, avg=avg,
-                    protocol=protocol)
+                    else 0, scratch_fill=1 if coll is Collective.BARRIER else None, avg=avg)
+        plan.program = prog
         if self.ll is not None:
             code = spec.reducer.code if spec.reducer is not None else 0
-            plan.announce = self.ll.simple_fingerprint(coll, spec.dtype, count, code, spec.root)
-            if protocol == LL:
-                plan.ll_op = self.ll.op(coll, spec.dtype, count, code, spec.root)
+            plan.announce = WireHeader(0, count, 0, algo_code(algo), coll.code,
+                                       spec.dtype.code, code, PROTO_SIMPLE,
+                                       spec.root).call_words()
+        return plan
+
+    def _build_ll(self, spec: CallSpec, key: tuple, nbytes: int) -> Plan:
+        """The LL plan: the Program the LL runner serves for the collective (one channel)
+        and the op it prepares from it."""
+        coll = spec.coll
+        assert coll is not None
+        algo = protocols.algorithm(LL, coll)
+        assert algo is not None
+        prog = build(coll, algo, self.size, self.rank, nbytes,
+                     Options(root=max(spec.root, 0), channels=1, nodes=self.nodes))
+        code = spec.reducer.code if spec.reducer is not None else 0
+        plan = Plan(key, algo, [], name=coll.value, coll_code=coll.code, root=spec.root,
+                    protocol=LL)
+        plan.program = prog
+        plan.ll_op = self.ll.prepare(prog, spec.dtype, spec.count, code, spec.root)
+        self._remember_ready(spec, plan)
         return plan
 
     def _protocol(self, spec: CallSpec, nbytes: int) -> str:
-        """LL or Simple for a call of ``nbytes`` (:func:`ringtree.tuning.proto.choose_protocol`):
-        LL only on a single-host communicator, for calls that name no algorithm."""
-        ll = self.ll
-        if ll is None or spec.coll is None or spec.algo is not None or spec.blocks is not None:
+        """LL or Simple for a call of ``nbytes``: the cheaper (algorithm, protocol) pair
+        (:func:`ringtree.tuning.proto.choose_protocol`); LL only on a single-host
+        communicator, for calls that name no algorithm, where LL serves the collective."""
+        ll, coll = self.ll, spec.coll
+        if ll is None or coll is None or spec.algo is not None or spec.blocks is not None \
+                or protocols.algorithm(LL, coll) is None:
             return SIMPLE
-        return choose_protocol(spec.coll, nbytes, self.size, self.proto_enabled.get(spec.coll),
-                               ll.fits(spec.coll, spec.count, spec.dtype.itemsize))
+        proto = choose_protocol(coll, nbytes, self.size, self.proto_enabled.get(coll),
+                                ll.fits(coll, spec.count, spec.dtype.itemsize), self.model(),
+                                self.algo_enabled.get(coll))
+        return proto
 
     def _p2p(self, spec: CallSpec, key: tuple) -> Plan:
         sending, n = spec.algo == "send", spec.count

@@ -15,6 +15,17 @@ Costs, p ranks, n bytes:
   2α + 2(p−1)/p·n·β + (p−1)/p·n·γ.
 - all-gather, ``direct``: α + (p−1)/p·n·β (n = gathered bytes).
 - reduce-scatter, ``direct``: α + (p−1)/p·n·β + (p−1)/p·n·γ (n = input bytes).
+- reduce, ``direct``: every rank sends its input to the root, which reduces the p inputs
+  in rank order: α + (p−1)·n·β + (p−1)·n·γ at the root.
+- broadcast, ``direct``: the root sends to every rank: α + (p−1)·n·β at the root.
+- barrier, ``direct``: every rank signals every rank: α (with p−1 messages a rank).
+
+These one-round schedules are the semantics of the LL protocol too
+(:mod:`ringtree.runtime.protocols.ll`), which runs them through one shared segment: a
+rank's "send to every rank" is one write to its area, a "receive from q" a read of q's.
+Reduce, broadcast and barrier were added for it and are ``tuned=False``: Simple runs
+them where named, as their costs over messages were never measured.
+
 The β terms assume a rank can drive all its p − 1 connections at full rate; over one link
 per rank they become (p−1) times the per-message cost.
 """
@@ -104,3 +115,39 @@ def reduce_scatter(n: int, r: int, opts: Options) -> Program:
         steps += _reduce_in_rank_order(n, r, inp(r * k + c), scr(c), out(c))
         channels.append(tuple(steps))
     return Program(Collective.REDUCE_SCATTER, "direct", n, r, k, tuple(channels), scratch=k)
+
+
+@register(Collective.REDUCE, "direct", cost="α + (p−1)·n·β + (p−1)·n·γ at the root",
+          tuned=False)
+def reduce(n: int, r: int, opts: Options) -> Program:
+    """Every rank sends its input to the root; the root reduces in rank order."""
+    root = opts.root
+    if r != root:
+        steps = [ir.send(root, inp(0))]
+    elif n == 1:
+        steps = [copy(inp(0), out(0))]
+    else:
+        steps = _reduce_in_rank_order(n, r, inp(0), scr(0), out(0))
+    return Program(Collective.REDUCE, "direct", n, r, 1, (tuple(steps),), root=root, scratch=1)
+
+
+@register(Collective.BROADCAST, "direct", cost="α + (p−1)·n·β at the root", tuned=False)
+def broadcast(n: int, r: int, opts: Options) -> Program:
+    """The root sends its buffer to every rank at once."""
+    root = opts.root
+    if r == root:
+        step = Step(src=inp(0), dst=out(0), send_to=tuple(_others(n, r)))
+    else:
+        step = ir.recv(root, out(0))
+    return Program(Collective.BROADCAST, "direct", n, r, 1, ((step,),), root=root)
+
+
+@register(Collective.BARRIER, "direct", cost="α (p−1 messages a rank)", tuned=False)
+def barrier(n: int, r: int, opts: Options) -> Program:
+    """Every rank signals every rank, then waits for every rank's signal."""
+    if n == 1:
+        return Program(Collective.BARRIER, "direct", n, r, 1, ((),), scratch=1)
+    others = tuple(_others(n, r))
+    steps = (Step(src=scr(0), send_to=others),
+             Step(src=scr(0), dst=scr(0), recv_from=others, reduce=True))
+    return Program(Collective.BARRIER, "direct", n, r, 1, (steps,), scratch=1)

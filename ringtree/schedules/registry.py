@@ -82,6 +82,7 @@ class Algorithm:
     sized: Sized | None = None
     fill: Fill | None = None
     switch: bool = False
+    tuned: bool = True  # the tuner offers it unasked (False: it runs where named)
 
     def options(self, nbytes: int, opts: Options) -> Options:
         """The options a call of ``nbytes`` runs with: ``opts`` refined by ``sized``."""
@@ -99,7 +100,7 @@ _REGISTRY: dict[tuple[Collective, str], Generator] = {}
 
 def register(collective: Collective | str, algo: str, *, cost: str = "",
              sized: Sized | None = None, fill: Fill | None = None,
-             switch: bool = False) -> Callable[[Generator], Generator]:
+             switch: bool = False, tuned: bool = True) -> Callable[[Generator], Generator]:
     """Decorator: make ``gen`` the ``algo`` schedule of ``collective``, with the other
     fields of its :class:`Algorithm` record. Adding an algorithm is its module and one
     import line in ``ringtree/schedules/__init__.py``: nothing outside ``schedules/``
@@ -110,7 +111,7 @@ def register(collective: Collective | str, algo: str, *, cost: str = "",
         key = (coll, algo.lower())
         if key in _RECORDS:
             raise ValueError(f"algorithm {algo!r} registered twice for {coll.value}")
-        _RECORDS[key] = Algorithm(coll, key[1], gen, cost, sized, fill, switch)
+        _RECORDS[key] = Algorithm(coll, key[1], gen, cost, sized, fill, switch, tuned)
         _REGISTRY[key] = gen
         algo_code(key[1])  # so a mismatch names it
         return gen

@@ -1,26 +1,30 @@
-"""LL: small collectives through one shared segment per communicator on one host.
+"""LL's shared segment: one per communicator whose ranks share a host.
 
 The model is MPICH's release/gather, Open MPI's coll/xhc and NCCL's LL protocol
-(Jain et al., SC'18; ``ompi/mca/coll/xhc``; ``nccl/src/device/prims_ll.h``). A call is
-one publication and one wait, with no messages, rings or executor:
+(Jain et al., SC'18; ``ompi/mca/coll/xhc``; ``nccl/src/device/prims_ll.h``). This module
+is the segment's mechanics only — layout, publish, wait / sleep / doorbell, liveness,
+close; what a collective writes and reads is :mod:`ringtree.runtime.protocols.ll`.
+One synchronisation is one publication and one wait, with no messages:
 
-- The segment holds, per rank, two 64-byte *lines* (one per sequence parity) and a state
-  line, then per rank two *cells* of ``cell_bytes`` (again one per parity).
-- A line is ``[seq, fingerprint, 48 bytes of inline payload]``. ``seq`` is the rank's
-  LL call counter: a uint64 that only grows, so nothing is ever reset. The fingerprint
-  packs (collective, dtype, op, root, count) — with ``seq`` that is the call's identity.
-- Call ``s`` of a rank: write its contribution into parity ``s & 1`` (inline if it fits
-  the line, else its cell), then the fingerprint, then ``seq = s`` (x86-64 keeps stores in
-  order; elsewhere a fence). Then wait until every rank's parity-``s & 1`` line shows
-  ``seq >= s``, compare fingerprints (a difference is :class:`MismatchError` naming both
-  ranks and the field, raised on every rank, since every rank reads every line), and
-  read the contributions straight out of the segment.
+- The segment holds, per rank, two 128-byte *lines* (one per sequence parity) and a
+  state line, then per rank two *cells* of ``cell_bytes`` (again one per parity).
+- A line is ``[seq, header, 96 bytes of inline payload]``. ``seq`` is the rank's LL
+  call counter: a uint64 that only grows, so nothing is ever reset. The header is the
+  call part of the message header every Simple message carries
+  (:meth:`ringtree.ir.wire.WireHeader.call_words`: count, sequence number, algorithm,
+  collective, dtype, op, protocol, root) — one encoding of a call's identity for both
+  protocols. The line is two cache lines so that the header costs no inline payload
+  (one line of 64 bytes held 48 inline bytes behind an 8-byte fingerprint).
+- Publication ``s`` of a rank: its contribution is in parity ``s & 1`` (inline if it
+  fits the line, else its cell); write the header, then ``seq = s`` (x86-64 keeps stores
+  in order; elsewhere a fence). Then wait until every rank's parity-``s & 1`` line shows
+  ``seq >= s``, compare headers (a difference is :class:`MismatchError` naming both ranks
+  and the field, :meth:`~ringtree.ir.wire.WireHeader.describe_difference`, raised on
+  every rank, since every rank reads every line).
 - Why two parities suffice: a rank posts ``s + 1`` only after finishing call ``s``, so
   when anyone writes parity ``s & 1`` again (call ``s + 2``) it has seen every rank post
   ``s + 1``, i.e. every rank has finished reading call ``s`` (Open MPI coll/sm's two
   buffer sets; MPICH's monotonic flags).
-- Reductions run in rank order on every rank, from the same bytes, so every rank gets
-  the same bits (:mod:`ringtree.transports.shm_ll_coll`).
 
 Waiting (``wait=``): poll the peers' lines; with a core per rank spin first
 (``spin_us``); then poll with ``os.sched_yield`` between looks (vLLM's shm queue, Open
@@ -47,38 +51,23 @@ import time
 import numpy as np
 
 from ringtree.errors import CollectiveTimeout, MismatchError, PeerError
+from ringtree.ir.wire import PROTO_SIMPLE, WireHeader
 from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm_segment import PeerInfo
 
-MAGIC = 0x52544E47_4C4C5631
-LINE = 64                  # one cache line
-INLINE = LINE - 16         # payload bytes that ride in the line itself
+MAGIC = 0x52544E47_4C4C5632
+LINE = 128                 # two cache lines: seq and header in the first
+HEAD = 32                  # seq (8 bytes) and the call's header (24)
+INLINE = LINE - HEAD       # payload bytes that ride in the line itself
 RANK_STRIDE = 3 * LINE     # per rank: line of parity 0, line of parity 1, state line
 LINES_OFF = 4096           # header page first: magic, nranks, cell bytes
 # state-line words: "ring my bell", "I closed", and the last call this rank runs on
-# Simple (its sequence number and fingerprint: see LL.announce)
-SLEEP, CLOSED, ANN_SEQ, ANN_FP = 0, 1, 2, 3
+# Simple (its sequence number and header, three words: see LL.announce)
+SLEEP, CLOSED, ANN_SEQ, ANN_HEAD = 0, 1, 2, 3
+SEQ_MASK = 0xFFFFFFFF      # the header's sequence number: the low half of its 2nd word
 LIVENESS_PERIOD = 0.1
 IDLE_PERIOD = 1.0
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-
-def fingerprint(coll: int, dtype: int, op: int, root: int, count: int,
-                simple: bool = False) -> int:
-    """The 64-bit call identity in a line: collective, dtype, op codes (8 bits each),
-    root + 1 (16 bits), count (23 bits, saturating), and whether the call runs on Simple
-    (it only announces itself: see :meth:`LL.announce`)."""
-    return ((coll & 0xFF) | (dtype & 0xFF) << 8 | (op & 0xFF) << 16
-            | ((root + 1) & 0xFFFF) << 24 | min(count, 0x7FFFFF) << 40 | int(simple) << 63)
-
-
-FIELDS = ("collective", "dtype", "op", "root", "count", "protocol")
-
-
-def unpack_fingerprint(fp: int) -> tuple[int, int, int, int, int, int]:
-    """(coll, dtype, op, root, count, simple) of :func:`fingerprint`."""
-    return (fp & 0xFF, fp >> 8 & 0xFF, fp >> 16 & 0xFF, (fp >> 24 & 0xFFFF) - 1,
-            fp >> 40 & 0x7FFFFF, fp >> 63)
 
 
 def segment_size(nranks: int, cell_bytes: int) -> int:
@@ -116,12 +105,14 @@ class LL:
         self.my_seq = (self.seq_word(rank, 0), self.seq_word(rank, 1))
         self.peer_seq = tuple(tuple((r, self.seq_word(r, p)) for r in range(self.n)
                                     if r != rank) for p in (0, 1))
-        self.peer_sleep = tuple((r, base + r * stride + 16 + SLEEP) for r in range(self.n)
+        state = 2 * LINE // 8  # the state line's first word, from a rank's first
+        self.peer_sleep = tuple((r, base + r * stride + state + SLEEP) for r in range(self.n)
                                 if r != rank)
-        self.my_state = base + rank * stride + 16
-        self.peer_state = tuple((r, base + r * stride + 16) for r in range(self.n)
+        self.my_state = base + rank * stride + state
+        self.peer_state = tuple((r, base + r * stride + state) for r in range(self.n)
                                 if r != rank)
         self.synced = self.seq  # every peer has posted at least this call
+        self.written: list = [None, None]  # the header whose constant words each line holds
 
     # ---- layout ---------------------------------------------------------------------
 
@@ -132,7 +123,7 @@ class LL:
     def area(self, rank: int, parity: int, nbytes: int) -> tuple[int, int]:
         """(byte offset, stride between ranks) of a contribution of ``nbytes``."""
         if nbytes <= INLINE:
-            return LINES_OFF + rank * RANK_STRIDE + parity * LINE + 16, RANK_STRIDE
+            return LINES_OFF + rank * RANK_STRIDE + parity * LINE + HEAD, RANK_STRIDE
         if nbytes > self.cell_bytes:
             raise ValueError(f"LL: {nbytes} bytes exceed the cell size {self.cell_bytes}")
         return self.cells_off + (rank * 2 + parity) * self.cell_bytes, 2 * self.cell_bytes
@@ -174,15 +165,26 @@ class LL:
     def _idx(self, r: int) -> int:
         return r if r < self.rank else r - 1
 
-    def sync(self, fp: int, timeout: float, what) -> int:
+    @staticmethod
+    def _state(rank: int) -> int:
+        """The first word of ``rank``'s state line."""
+        return (LINES_OFF + rank * RANK_STRIDE + 2 * LINE) // 8
+
+    def sync(self, head: tuple[int, int, int], timeout: float, what) -> int:
         """Publish this rank's call (its data is already in parity ``seq+1 & 1``, see
-        :meth:`parity`), wait for every rank's, check their fingerprints. Returns the
-        parity to read."""
+        :meth:`parity`) with ``head`` (:meth:`WireHeader.call_words` with sequence number
+        0: the line's carries ``seq``), wait for every rank's, compare their headers.
+        Returns the parity to read."""
         W = self.W
         s = self.seq + 1
         p = s & 1
         i = self.my_seq[p]
-        W[i + 1] = fp
+        h0, h1, h2 = head[0], head[1] | (s & SEQ_MASK), head[2]
+        if self.written[p] is not head:  # the same call's header stays in the line
+            W[i + 1] = h0
+            W[i + 3] = h2
+            self.written[p] = head
+        W[i + 2] = h1
         if not _TSO:
             seg.fence()
         W[i] = s
@@ -194,20 +196,21 @@ class LL:
                     seg.ring_bell(self.peer_bells[r])
         for r, j in self.peer_seq[p]:
             if W[j] < s:
-                self._wait(r, lambda j=j: W[j] >= s, s, timeout, what, (j, fp))
-            if W[j + 1] != fp or W[j] != s:
-                raise MismatchError(self._mismatch(r, fp, int(W[j + 1]), s, int(W[j]), what))
+                self._wait(r, lambda j=j: W[j] >= s, s, timeout, what, (h0, h1, h2))
+            if W[j + 1] != h0 or W[j + 2] != h1 or W[j + 3] != h2:
+                raise MismatchError(self._mismatch(r, (h0, h1, h2), W[j + 1:j + 4], s, what))
         self.synced = s
         return p
 
-    def announce(self, fp: int) -> None:
+    def announce(self, head: tuple[int, int, int]) -> None:
         """A call that runs on Simple takes its sequence number too and shows it in the
         state line (not in the parity lines, which only LL calls write), so a rank that
         chose LL for the same call — it disagrees on the size — gets a MismatchError
         instead of waiting forever; see also :meth:`check_announced`."""
         W = self.W
         s = self.seq + 1
-        W[self.my_state + ANN_FP] = fp
+        k = self.my_state + ANN_HEAD
+        W[k], W[k + 1], W[k + 2] = head[0], head[1] | (s & SEQ_MASK), head[2]
         if not _TSO:
             seg.fence()
         W[self.my_state + ANN_SEQ] = s
@@ -223,32 +226,16 @@ class LL:
         W, s = self.W, self.seq
         if s == 0 or W[self.my_state + ANN_SEQ] != s:
             return
-        fp = W[self.my_state + ANN_FP]
+        k = self.my_state + ANN_HEAD
+        mine = W[k:k + 3]
         for r, j in self.peer_seq[s & 1]:
-            if W[j] == s and W[j + 1] != fp:
-                raise MismatchError(self._mismatch(r, int(fp), int(W[j + 1]), s, s, what))
+            if W[j] == s and W[j + 1:j + 4] != mine:
+                raise MismatchError(self._mismatch(r, mine, W[j + 1:j + 4], s, what))
 
-    def _mismatch(self, peer: int, mine: int, theirs: int, s: int, their_seq: int,
-                  what) -> str:
-        from ringtree.dtypes import DType
-        from ringtree.ir.program import Collective
-        from ringtree.ops import ReduceOp
-
-        tables = ([c.value for c in Collective], [d.value for d in DType],
-                  [o.value for o in ReduceOp], None, None, ["LL", "Simple"])
-
-        def show(k: int, v: int) -> object:
-            t = tables[k]
-            if k == 2 and v == 255:
-                return "user op"
-            return t[v] if t is not None and v < len(t) else v
-
-        a, b = unpack_fingerprint(mine), unpack_fingerprint(theirs)
-        diffs = [f"{FIELDS[k]}: rank {peer} has {show(k, b[k])}, rank {self.rank} has "
-                 f"{show(k, a[k])}" for k in range(len(FIELDS)) if a[k] != b[k]]
-        if their_seq != s:
-            diffs.append(f"sequence: rank {peer} is at call {their_seq}, rank {self.rank} "
-                         f"at call {s}")
+    def _mismatch(self, peer: int, mine, theirs, s: int, what) -> str:
+        """The MismatchError text for two headers (call words) that differ."""
+        a, b = WireHeader.from_call_words(mine), WireHeader.from_call_words(theirs)
+        diffs = a.describe_difference(b, self.rank, peer)
         return (f"rank {self.rank} and rank {peer} disagree on {what()} (call {s}): "
                 + "; ".join(diffs) + " (ranks must call the same collectives in the same "
                 "order with matching count, dtype, op and root)")
@@ -257,8 +244,8 @@ class LL:
 
     def _wait(self, peer: int, done, s: int, timeout: float, what, mine) -> None:
         """Until ``done()`` (``peer`` has reached call ``s``): spin, yield, then sleep.
-        ``mine``: (peer's line word, our fingerprint) when ``s`` is an LL call — a peer
-        that announced ``s`` or later on Simple runs another call (MismatchError)."""
+        ``mine``: our header words when ``s`` is an LL call — a peer that announced ``s``
+        or later on Simple runs another call (MismatchError)."""
         clock = time.perf_counter
         start = clock()
         if self.spin > 0:
@@ -280,12 +267,14 @@ class LL:
         deadline = time.monotonic() + timeout
         next_idle = time.monotonic() + IDLE_PERIOD
         W = self.W
-        state = LINES_OFF // 8 + peer * RANK_STRIDE // 8 + 16
+        state = self._state(peer)
         while not done():
             if mine is not None and W[state + ANN_SEQ] >= s:
                 ann = int(W[state + ANN_SEQ])
-                theirs = int(W[state + ANN_FP]) if ann == s else mine[1] | 1 << 63
-                raise MismatchError(self._mismatch(peer, mine[1], theirs, s, ann, what))
+                theirs = W[state + ANN_HEAD:state + ANN_HEAD + 3] if ann == s else \
+                    WireHeader.from_call_words(mine)._replace(
+                        seq=ann & SEQ_MASK, flags=PROTO_SIMPLE).call_words()
+                raise MismatchError(self._mismatch(peer, mine, theirs, s, what))
             self._check(peer, done, s, what)
             now = time.monotonic()
             if now > deadline:
@@ -317,7 +306,7 @@ class LL:
         """Raise PeerError if ``peer`` (not yet at ``s``) closed or died."""
         if self.closed:
             raise PeerError(peer, f"rank {self.rank}: LL closed during {what()}")
-        state = LINES_OFF // 8 + peer * RANK_STRIDE // 8 + 16
+        state = self._state(peer)
         info = self.peers[peer]
         how = None
         if self.W[state + CLOSED]:

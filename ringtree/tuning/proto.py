@@ -12,13 +12,23 @@ rank of the communicator is on one host and the shared-memory transport is in us
 forced ``LL`` falls back to Simple where LL cannot run (other collectives, send/recv,
 contributions larger than a cell — except all_reduce, which streams through the cells).
 
-The default choice (:func:`choose_protocol`) is a size threshold per collective and
-rank count, measured with ``benchmarks/ll_threshold.py`` on the development host (see the
-table's comments). Every input to the choice is the same on every rank, so all ranks pick
+The default choice (:func:`choose_protocol`) is the tuner's, over (algorithm, protocol)
+pairs as NCCL's one cost table (``src/graph/tuning.cc``, ``ncclTopoTuneModel``):
+:func:`rank_pairs` prices every enabled Simple algorithm with the tuner's model
+(:func:`ringtree.tuning.tuner.ranking`) and the one-round Program LL runs with LL's
+coefficients (:func:`ll_cost`: a latency per call, one synchronisation, and a cost per
+byte). The per-byte cost is calibrated on the crossovers measured with
+``benchmarks/ll_threshold.py`` (:data:`THRESHOLDS`): it puts LL's cost equal to the best
+Simple estimate half a byte above each measured threshold, so the priced choice is the
+measured one at every size (LL's cost is a line below Simple's at zero bytes, Simple's
+estimate the minimum of lines — concave — so they cross once). Every input to the choice is the same on every rank, so all ranks pick
 the same protocol for the same call.
 """
 
 from __future__ import annotations
+
+import math
+from functools import lru_cache
 
 from ringtree.ir.collectives import parse_list
 from ringtree.ir.program import Collective
@@ -29,8 +39,16 @@ LL_COLLECTIVES = frozenset({Collective.ALL_REDUCE, Collective.REDUCE,
                             Collective.REDUCE_SCATTER, Collective.BROADCAST,
                             Collective.ALL_GATHER, Collective.BARRIER})
 
+# LL's latency: one call that publishes and waits, through Communicator.all_reduce of 8
+# bytes on the 2-core development host (benchmarks/allreduce_peers.py): 0.9 us on one
+# rank, 2.4-4 us on two; LL_RANK per further rank is this module's estimate from the
+# polling (a look at every peer's line), not a fit.
+LL_CALL = 1.0e-6
+LL_RANK = 2.0e-6
+
 # Largest call (bytes of the whole buffer: input for reductions and broadcast, output for
-# all_gather) that LL carries by default, per collective: (2 ranks, more ranks). Measured
+# all_gather) that LL carried in the measurements, per collective: (2 ranks, more ranks);
+# ll_cost's per-byte term is calibrated on them. Measured
 # with benchmarks/ll_threshold.py on the 2-core development host (LL against the
 # executor's best schedule, same run): with 4 ranks LL wins all_reduce and reduce up to
 # 16 KiB (0.5-0.7x at 64 KiB), reduce_scatter up to 64 KiB, broadcast and all_gather at
@@ -63,9 +81,58 @@ def parse_proto_spec(spec: str) -> dict[Collective, set[str]]:
     return enabled
 
 
+def ll_latency(nranks: int) -> float:
+    """Seconds of one LL call that moves nothing (a publication and a wait)."""
+    return LL_CALL + LL_RANK * (max(nranks, 2) - 1)
+
+
+def ll_cost(coll: Collective, nbytes: int, nranks: int, model) -> float:
+    """Predicted seconds of LL's one-round Program for ``coll`` on ``nbytes``, next to
+    ``model`` (the tuner's :class:`~ringtree.tuning.tuner.LinkModel` the Simple
+    estimates come from): latency + bytes × the calibrated per-byte cost. One rank is
+    priced as two (the model's Simple estimate is 0 there). The simulator may call this
+    to price an LL call."""
+    return ll_latency(nranks) + _ll_beta(coll, max(nranks, 2), model) * nbytes
+
+
+@lru_cache(maxsize=1024)
+def _ll_beta(coll: Collective, nranks: int, model) -> float:
+    """Seconds per byte that make LL and the best Simple estimate cross half a byte above
+    the measured threshold (none: LL was measured faster at every size)."""
+    two, more = THRESHOLDS[coll]
+    limit = two if nranks <= 2 else more
+    if limit >= 1 << 62:
+        return 0.0
+    x = limit + 0.5
+    return max(0.0, (_simple_best(coll, x, nranks, None, model) - ll_latency(nranks)) / x)
+
+
+def _simple_best(coll: Collective, nbytes: float, nranks: int, enabled, model) -> float:
+    from ringtree.tuning.tuner import ranking
+
+    ranked = ranking(coll, int(nbytes), max(nranks, 2), enabled, model)
+    return ranked[0][1] if ranked else math.inf
+
+
+def rank_pairs(coll: Collective, nbytes: int, nranks: int, enabled_algos: set[str] | None,
+               model, ll_algo: str | None) -> list[tuple[tuple[str, str], float]]:
+    """Every (algorithm, protocol) pair that can run a call of ``nbytes``, with its
+    predicted seconds, best first: the enabled Simple algorithms, and ``ll_algo`` on LL
+    when it is not None (LL serves the call here and it fits the cells)."""
+    from ringtree.tuning.tuner import ranking
+
+    pairs = [((a, SIMPLE), t) for a, t in ranking(coll, nbytes, max(nranks, 2),
+                                                   enabled_algos, model)]
+    if ll_algo is not None:
+        pairs.append(((ll_algo, LL), ll_cost(coll, nbytes, nranks, model)))
+    return sorted(pairs, key=lambda p: p[1])
+
+
 def choose_protocol(coll: Collective | None, nbytes: int, nranks: int,
-                    enabled: set[str] | None, ll_ok: bool) -> str:
-    """LL or Simple for a call moving ``nbytes`` (see :data:`THRESHOLDS`).
+                    enabled: set[str] | None, ll_ok: bool, model=None,
+                    enabled_algos: set[str] | None = None) -> str:
+    """LL or Simple for a call moving ``nbytes``: the protocol of the cheapest pair
+    (:func:`rank_pairs`) under ``model`` (default: the shared-memory one).
 
     ``ll_ok``: LL can run this call here (one host, shm, fits the cells). ``enabled``:
     the protocols RINGTREE_PROTO leaves for the collective (None: both)."""
@@ -75,5 +142,9 @@ def choose_protocol(coll: Collective | None, nbytes: int, nranks: int,
         return LL
     if enabled is not None and LL not in enabled:
         return SIMPLE
-    two, more = THRESHOLDS[coll]
-    return LL if nbytes <= (two if nranks <= 2 else more) else SIMPLE
+    if model is None:
+        from ringtree.tuning.tuner import MODELS
+
+        model = MODELS["shm"]
+    simple = _simple_best(coll, nbytes, nranks, enabled_algos, model)
+    return LL if ll_cost(coll, nbytes, nranks, model) < simple else SIMPLE

@@ -20,11 +20,16 @@ from ringtree.transports.base import LinkModel
 
 # The default algorithm of each collective, used when the cost model has no opinion.
 DEFAULTS: dict[Collective, str] = {c: c.spec.default_algo for c in Collective}
+def tuned(coll: Collective) -> set[str]:
+    """The algorithms the tuner chooses among for ``coll`` unless told otherwise: those
+    whose record is ``tuned`` (LL's one-round reduce, broadcast and barrier run on Simple
+    only when named: their costs over messages were never measured)."""
+    return {a for a in algorithms(coll) if record(coll, a).tuned}
 
 
 def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:
     """Enabled algorithms per collective after applying ``spec`` (all enabled initially)."""
-    enabled = {c: set(algorithms(c)) for c in Collective}
+    enabled = {c: tuned(c) for c in Collective}
     for colls, negate, listed, prefixed in parse_list(spec, "RINGTREE_ALGO"):
         names = set(listed)
         known = set(algorithms())
@@ -35,7 +40,7 @@ def parse_algo_spec(spec: str) -> dict[Collective, set[str]]:
         for c in colls:
             avail = set(algorithms(c))
             if negate:
-                enabled[c] = avail - names
+                enabled[c] = tuned(c) - names
             elif prefixed or avail & names:
                 # A prefix-less list only constrains collectives it names an algorithm of,
                 # so "ring" does not disable gather's only algorithm.
@@ -244,7 +249,7 @@ def ranking(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
             model: LinkModel | HostModel = NETWORK, opts: Options | None = None
             ) -> list[tuple[str, float]]:
     """Every enabled algorithm that can run here with its predicted seconds, best first."""
-    cands = set(algorithms(coll)) if enabled is None else set(enabled)
+    cands = tuned(coll) if enabled is None else set(enabled)
     est = _estimates(coll, cands, nbytes, n, model, opts)
     return sorted([(a, est[a]) for a in sorted(cands) if not math.isinf(est[a])],
                   key=lambda x: x[1])
@@ -269,7 +274,7 @@ def choose(coll: Collective, nbytes: int, n: int, enabled: set[str] | None,
     same bytes over every link and were predicted 0.1% apart), and the default ring, which
     keeps each rank on the same two sockets, measured as fast or faster
     (``benchmarks/multihost.py``)."""
-    cands = set(algorithms(coll)) if enabled is None else set(enabled)
+    cands = tuned(coll) if enabled is None else set(enabled)
     if not cands:
         raise ValueError(f"RINGTREE_ALGO leaves no algorithm enabled for {coll.value}")
     default = DEFAULTS.get(coll)

@@ -1,17 +1,17 @@
 """Running planned calls on the LL protocol: the communicator's side of
-:mod:`ringtree.transports.shm_ll`.
+:mod:`ringtree.transports.shm_ll` and :mod:`ringtree.runtime.protocols.ll`.
 
 A communicator whose ranks all share one host opens one LL segment at creation (a
 collective through the store, like the shm transport's setup). From then on:
 
 - a call the planner gives to LL runs here, on the calling thread, without the executor:
-  write, publish, wait, read (:class:`~ringtree.transports.shm_ll_coll.LLOp`); an async
+  write, publish, wait, read (:class:`~ringtree.runtime.protocols.ll.LLOp`); an async
   call is queued for the LL thread, and a thread that waits for its Work first runs the
   queue up to that call itself (it would only sleep until the LL thread had: this saves
   two thread hand-offs per call, which is most of a small call's time when ranks
   outnumber cores);
 - a call that runs on Simple *announces* itself in the segment (its sequence number and
-  fingerprint), so a rank that chose LL for what should be the same call — it disagrees
+  header), so a rank that chose LL for what should be the same call — it disagrees
   on the size — gets a MismatchError instead of waiting, and the Simple rank finds out
   too when its executor is idle (:meth:`LLRunner.check`);
 - memory order with Simple work still in flight (async calls) is kept: an LL call whose
@@ -20,19 +20,19 @@ collective through the store, like the shm transport's setup). From then on:
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
-from ringtree.ir.program import Collective
+from ringtree.ir.program import Collective, Program
 from ringtree.runtime import at_exit
-from ringtree.transports.shm_ll import LL, fingerprint, open_ll
-from ringtree.transports.shm_ll_coll import LLOp, fits
+from ringtree.runtime.plan import DescAt
+from ringtree.runtime.protocols.ll import LLOp, fits
+from ringtree.transports.shm_ll import LL, open_ll
 from ringtree.work import Work
 
-MAX_RANKS = 255          # the fingerprint's root field and the cost of polling every line
+MAX_RANKS = 255          # the cost of polling every line
 CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
 SMALL_CELL = 64 << 10    # with many ranks: the segment is nranks x 2 cells
 
@@ -43,30 +43,12 @@ def default_cell(nranks: int) -> int:
     return CELL if nranks <= 8 else SMALL_CELL
 
 
-class LLDesc:
-    """What the flight recorder and error messages show of an LL call (the fields of
-    :class:`~ringtree.runtime.plan.Desc` they read)."""
-
-    __slots__ = ("name", "count", "dtype", "op", "root", "seq")
-    algo = "LL"
-
-    def __init__(self, label: tuple, seq: int):
-        self.name, self.count, self.dtype, self.op, self.root = label
-        self.seq = seq
-
-    def __str__(self) -> str:
-        root = f", root={self.root}" if self.root >= 0 else ""
-        return (f"{self.name}(count={self.count}, {self.dtype}, {self.op}{root}, "
-                f"proto=LL) seq {self.seq}")
-
-
 class LLRunner:
     """One communicator's LL segment and the ops prepared on it."""
 
     def __init__(self, ll: LL):
         self.ll = ll
         self.cell = ll.cell_bytes
-        self.ops: dict[tuple, LLOp] = {}
         # async LL calls run in issue order on a thread of their own; anything else that
         # takes a sequence number (an LL call, a Simple call's announcement) drains it
         self.pending = 0
@@ -106,14 +88,9 @@ class LLRunner:
     def fits(self, coll: Collective, count: int, itemsize: int) -> bool:
         return fits(self.ll, coll, count, itemsize)
 
-    def op(self, coll: Collective, dt: DType, count: int, op_code: int, root: int) -> LLOp:
-        key = (coll, dt, count, op_code, root)
-        o = self.ops.get(key)
-        if o is None:
-            if len(self.ops) > 512:
-                self.ops.clear()
-            o = self.ops[key] = LLOp(self.ll, coll, dt, count, op_code, root)
-        return o
+    def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int) -> LLOp:
+        """The op that runs ``prog`` on this segment (ValueError: not a one-round Program)."""
+        return LLOp(self.ll, prog, dt, count, op_code, root)
 
     def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):
         """Run ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) on ``op``: now, or,
@@ -187,10 +164,11 @@ class LLRunner:
             self._cv.notify_all()
         work._finish(None if err is not None else result, err)
 
-    def announce(self, fp: int) -> None:
+    def announce(self, head: tuple[int, int, int]) -> None:
+        """A Simple call takes its sequence number: show its header (call words)."""
         if self.pending:
             self.drain()
-        self.ll.announce(fp)
+        self.ll.announce(head)
 
     # ---- one call ---------------------------------------------------------------------------
 
@@ -199,19 +177,22 @@ class LLRunner:
         """Run call ``seq`` on ``op`` now, on this thread; a failure goes through
         ``comm._on_error`` (recorded for every rank)."""
         t = comm.timeout if timeout is None else timeout
-        if comm.executor.busy:  # async Simple work in flight: keep the memory order
+        ex = comm.executor
+        if ex.busy:  # async Simple work in flight: keep the memory order
             self._order(comm, inp, out)
         fr = comm.flight
-        e = fr.begin(LLDesc(op.label, seq)) if fr is not None else None
-        obs = comm.executor.observer  # the profiler: the call's entry and exit, no steps
-        if obs.active:
+        obs = ex.observer  # the profiler: the call's entry and exit, no steps
+        active = obs.active
+        desc = DescAt(op.desc, seq) if fr is not None or active else None
+        e = fr.begin(desc) if fr is not None else None
+        if active:
             nbytes = max(0 if inp is None else inp.nbytes, 0 if out is None else out.nbytes)
-            obs.outside_begin(LLDesc(op.label, seq), op.coll.code, nbytes)
+            obs.outside_begin(desc, op.coll.code, nbytes)
         try:
             op.run(inp, out, red, t)
             if post is not None:
                 post()
-            if obs.active:
+            if active:
                 obs.outside_end(seq, op.coll.code)
         except RingtreeError as err:
             err = comm._on_error(err)
@@ -237,11 +218,6 @@ class LLRunner:
             before = comm.executor.overlapping((inp, out), (False, True))
         if before:
             progress.drive_until(lambda: all(b.done for b in before))
-
-    @staticmethod
-    def simple_fingerprint(coll: Collective, dt: DType, count: int, op_code: int,
-                           root: int) -> int:
-        return fingerprint(coll.code, dt.code, op_code, root, count, simple=True)
 
     def check(self) -> None:
         """Idle hook of a Simple call: MismatchError if a peer runs another call."""
@@ -269,10 +245,3 @@ class LLRunner:
         self.ll.close()
         self._let_go()
 
-
-def crowded(nranks: int) -> bool:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return nranks > cores

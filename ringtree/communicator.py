@@ -27,6 +27,7 @@ from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
 from ringtree.errors import CommAborted
 from ringtree.ops import OP_NAMES, ReduceOp
 from ringtree.prof import attach, detach
+from ringtree.runtime.aliasing import run_group
 from ringtree.runtime.executor import Executor
 from ringtree.runtime.owner import ThreadOwner
 from ringtree.runtime.plan import Call
@@ -35,6 +36,7 @@ from ringtree.runtime.progress import Progress
 from ringtree.runtime.protocols.ll_runner import LLRunner
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
+from ringtree.tuning.links import tune_for
 from ringtree.tuning.proto import parse_proto_spec
 from ringtree.tuning.tuner import parse_algo_spec
 from ringtree.work import Work
@@ -116,18 +118,7 @@ class Communicator:
         self.progress = Progress(self.executor, f"ringtree-rank{rank}")
         self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
         attach(self)  # flight recorder, SIGUSR1 dump, doctor watcher, RINGTREE_PROFILE
-        self.topology = None  # ringtree.tuning.links.Topology when ranks span hosts
-        if len(set(self.nodes)) > 1:
-            from ringtree.tuning.links import learn
-            from ringtree.tuning.tuner import NETWORK
-
-            self.topology = self.planner.topology = learn(self, NETWORK.overhead)
-            if self.debug in ("INFO", "TRACE") and rank == 0:
-                print(f"ringtree: topology: {self.topology.describe()}", flush=True)
-            if s.tune == "online":  # the same on every rank: one environment per job
-                from ringtree.tuning.autotune import OnlineChoice
-
-                self.planner.online = OnlineChoice(self)
+        self.topology = tune_for(self)  # measured paths when ranks span hosts, else None
 
     def _idle(self) -> None:
         """The executor waits: has another rank aborted, or does one run another call?"""
@@ -342,16 +333,7 @@ class Communicator:
             if self._group_depth == 0:
                 items, self._group = self._group or [], None
                 if ok and items:
-                    from ringtree.runtime.aliasing import order_group
-
-                    handles = []  # each batch waits for the overlapping ones before it
-                    for calls in order_group([item[0] for item in items]):
-                        part, items = items[:len(calls)], items[len(calls):]
-                        handles.append(self._submit(calls, [w for _, w, _ in part],
-                                                    [r for _, _, r in part],
-                                                    max(self.timeout, 1e-3)))
-                    for h in handles:
-                        self.progress.wait(h)
+                    run_group(items, self._submit, self.progress.wait, max(self.timeout, 1e-3))
 
     # ---- failure ------------------------------------------------------------------------
 

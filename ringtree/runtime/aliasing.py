@@ -132,3 +132,16 @@ def order_group(calls: list) -> list[list]:
             src = call.bufs[Buf.INPUT]
             call.bufs[Buf.INPUT] = src.copy()  # what it held when the group closed
     return batches
+
+
+def run_group(items: list, submit, wait, timeout: float) -> None:
+    """Issue a closed group's ``(call, work, result)`` items as the batches
+    :func:`order_group` cuts them into (each waits for the overlapping ones before it),
+    with ``submit(calls, works, results, timeout)``, and ``wait`` for every batch."""
+    handles = []
+    for calls in order_group([item[0] for item in items]):
+        part, items = items[:len(calls)], items[len(calls):]
+        handles.append(submit(calls, [w for _, w, _ in part], [r for _, _, r in part],
+                              timeout))
+    for h in handles:
+        wait(h)

@@ -238,3 +238,21 @@ def learn(comm, overhead: float) -> Topology | None:
                     float(res[3]))
     _JOB = topo
     return topo
+
+
+def tune_for(comm) -> Topology | None:
+    """A communicator's tuning across hosts, set up at creation (collective): the paths
+    between its hosts measured once (:func:`learn`) for the planner's cost model, and the
+    online choice with ``RINGTREE_TUNE=online``; None on one host."""
+    if len(set(comm.nodes)) < 2:
+        return None
+    from ringtree.tuning.tuner import NETWORK
+
+    topo = comm.planner.topology = learn(comm, NETWORK.overhead)
+    if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
+        print(f"ringtree: topology: {topo.describe()}", flush=True)
+    if comm.settings.tune == "online":  # the same on every rank: one environment per job
+        from ringtree.tuning.autotune import OnlineChoice
+
+        comm.planner.online = OnlineChoice(comm)
+    return topo

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.ir.program import Buf, walk
+from ringtree.ir.program import Buf
+from ringtree.ir.walk import walk
 from ringtree.schedules import Options, generate_all
 from ringtree.sim import place, programs_for, simulate
 from ringtree.sim.machine import presets

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtree.ir.program import Buf, Collective, Program, Ref, Step, ordered_deps, walk
+from ringtree.ir.program import Buf, Collective, Program, Ref, Step
+from ringtree.ir.walk import ordered_deps, walk
 
 
 class CheckError(AssertionError):

@@ -21,7 +21,6 @@ match in program order, like the FIFO of a NCCL connection. No tags.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import lru_cache
@@ -173,6 +172,29 @@ def recv_copy_send(prev: int, nxt: int, dst: Ref) -> Step:
     return Step(dst=dst, recv_from=(prev,), send_to=(nxt,))
 
 
+class Conflicts:
+    """The executor's memory rule, one access at a time: :meth:`touch` says which earlier
+    accesses the ``i``-th must wait for (read after write, write after read or write).
+    Read by :meth:`Program.memory_deps` and by the MSCCL exporter's dependencies."""
+
+    __slots__ = ("writer", "readers")
+
+    def __init__(self) -> None:
+        self.writer: dict = {}
+        self.readers: dict = {}
+
+    def touch(self, i: int, reads: set, writes: set) -> set[int]:
+        writer, readers = self.writer, self.readers
+        need = {writer[k] for k in reads | writes if k in writer}
+        for k in writes:
+            need |= readers.get(k, set())
+        for k in reads:
+            readers.setdefault(k, set()).add(i)
+        for k in writes:
+            writer[k], readers[k] = i, set()
+        return need
+
+
 @dataclass(frozen=True)
 class Program:
     """One rank's part of a collective.
@@ -261,24 +283,15 @@ class Program:
     def deps_by_slots(self, in_place: bool) -> list[tuple[int, ...]]:
         """:meth:`memory_deps`, one storage slot at a time."""
         key = self.storage_map(in_place)
-        last_writer: dict = {}
-        readers: dict = {}
+        touch = Conflicts().touch
         deps: list[tuple[int, ...]] = []
         for ch in self.channels:
             for s in ch:
-                gid = len(deps)
                 rk = {key(s.src.buf, j) for j in s.src.chunks()} if s.src is not None else set()
                 wk = {key(s.dst.buf, j) for j in s.dst.chunks()} if s.dst is not None else set()
                 if s.reduce and not s.recv_from:
                     rk |= wk
-                d = {last_writer[k] for k in rk | wk if k in last_writer}
-                for k in wk:
-                    d |= readers.get(k, set())
-                for k in rk:
-                    readers.setdefault(k, set()).add(gid)
-                for k in wk:
-                    last_writer[k], readers[k] = gid, set()
-                deps.append(tuple(sorted(d)))
+                deps.append(tuple(sorted(touch(len(deps), rk, wk))))
         return deps
 
     def deps_by_runs(self, in_place: bool) -> list[tuple[int, ...]]:
@@ -363,63 +376,6 @@ def split_even(total: int, parts: int, index: int) -> tuple[int, int]:
     base, extra = divmod(total, parts)
     off = index * base + min(index, extra)
     return off, base + (1 if index < extra else 0)
-
-
-def walk(programs, run, deps: dict[int, list[tuple[int, ...]]] | None = None
-         ) -> tuple[list[tuple[int, int, Step]], dict]:
-    """Execute Programs under the IR's matching rule with unbounded buffering: a step runs
-    once a message from each of its ``recv_from`` peers is queued on its channel; it is
-    called as ``run(rank, channel, index, step, received)`` with those messages (in
-    ``recv_from`` order) and returns the message it sends to each of ``send_to``.
-
-    ``deps`` (rank → :meth:`Program.memory_deps`): those ranks' steps also wait for the
-    earlier steps, of any channel, that touch the same memory, as the executor makes
-    them; the checker passes them for Programs whose channels share memory in a declared
-    order (``meta["ordered_channels"]``, :func:`ordered_deps`).
-
-    Returns the steps that never ran (rank, channel, step) — a cyclic wait — and the
-    queues of messages nobody received. The checker, the tuner's stats and the tests'
-    small executors are all this walk with a different ``run``.
-    """
-    queues: dict[tuple[int, int, int], deque] = {}
-    cursor = [[0] * len(p.channels) for p in programs]
-    deps = deps or {}
-    first = {r: [sum(len(ch) for ch in programs[r].channels[:c])
-                 for c in range(len(programs[r].channels))] for r in deps}
-    ran = {r: [False] * programs[r].steps for r in deps}
-    progress = True
-    while progress:
-        progress = False
-        for r, p in enumerate(programs):
-            waits = deps.get(r)
-            for c, ch in enumerate(p.channels):
-                while cursor[r][c] < len(ch):
-                    i = cursor[r][c]
-                    s = ch[i]
-                    if any(not queues.get((q, r, c)) for q in s.recv_from):
-                        break
-                    if waits is not None and not all(ran[r][d] for d in waits[first[r][c] + i]):
-                        break
-                    got = [queues[(q, r, c)].popleft() for q in s.recv_from]
-                    msg = run(r, c, i, s, got)
-                    for q in s.send_to:
-                        queues.setdefault((r, q, c), deque()).append(msg)
-                    cursor[r][c] += 1
-                    if waits is not None:
-                        ran[r][first[r][c] + i] = True
-                    progress = True
-    stuck = [(r, c, p.channels[c][cursor[r][c]]) for r, p in enumerate(programs)
-             for c in range(len(p.channels)) if cursor[r][c] < len(p.channels[c])]
-    return stuck, {k: q for k, q in queues.items() if q}
-
-
-def ordered_deps(programs, in_place: bool) -> dict[int, list[tuple[int, ...]]]:
-    """:meth:`Program.memory_deps` of the Programs whose channels share memory in the
-    order the channels are numbered (``meta["ordered_channels"]``: an imported MSCCL
-    algorithm whose dependencies between channels all go from a lower channel to a
-    higher one), for :func:`walk`."""
-    return {r: p.memory_deps(in_place) for r, p in enumerate(programs)
-            if p.meta.get("ordered_channels")}
 
 
 def chunk_regions(block_sizes: list[int], chunks: int) -> list[tuple[int, int]]:

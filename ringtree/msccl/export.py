@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ringtree.ir.program import Buf, Program, Ref, Step
+from ringtree.ir.program import Buf, Conflicts, Program, Ref, Step
 from ringtree.msccl.model import EXECUTOR_NAMES, Algorithm, Gpu, MStep, ThreadBlock
 
 _LETTER = {Buf.INPUT: "i", Buf.OUTPUT: "o", Buf.SCRATCH: "s"}
@@ -87,18 +87,10 @@ class _Gpu:
 
     def dependencies(self) -> None:
         """Each op waits for the earlier ops of other blocks touching its chunks."""
-        writer: dict = {}
-        readers: dict = {}
+        touch = Conflicts().touch
         for i, op in enumerate(self.ops):
             reads = _slots(op.src) | (_slots(op.dst) if op.type == "re" else set())
-            writes = _slots(op.dst)
-            need = {writer[k] for k in reads | writes if k in writer}
-            for k in writes:
-                need |= readers.get(k, set())
-            for k in reads:
-                readers.setdefault(k, set()).add(i)
-            for k in writes:
-                writer[k], readers[k] = i, set()
+            need = touch(i, reads, _slots(op.dst))
             latest: dict = {}
             for d in need:
                 if self.ops[d].block != op.block:

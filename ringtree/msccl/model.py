@@ -76,6 +76,9 @@ class MStep:
 
 @dataclass(frozen=True)
 class ThreadBlock:
+    """A ``tb``: steps run in order, sending to ``send`` and receiving from ``recv``
+    (-1: none) over NCCL channel ``chan``."""
+
     id: int
     send: int
     recv: int
@@ -85,6 +88,9 @@ class ThreadBlock:
 
 @dataclass(frozen=True)
 class Gpu:
+    """A ``gpu``: its thread blocks, and its buffers' sizes in chunks as the file gives
+    them (the executors read only ``s_chunks``; see :meth:`Algorithm.buffer_chunks`)."""
+
     id: int
     i_chunks: int
     o_chunks: int

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ringtree.ir.program import Collective, walk
+from ringtree.ir.program import Collective
+from ringtree.ir.walk import walk
 from ringtree.schedules.registry import Options, generate_all
 
 

@@ -122,6 +122,14 @@ def _leaders(nodes: tuple[int, ...]) -> list[int]:
     return [r for h, r in sorted(seen.items(), key=lambda kv: kv[1]) if h != nodes[0]]
 
 
+def _round_trip(comm, data: np.ndarray, ack: np.ndarray, peer: int) -> float:
+    """Seconds to send ``data`` to ``peer`` and receive its one-word answer."""
+    t0 = time.perf_counter()
+    comm.send(data, peer)
+    comm.recv(ack, peer)
+    return time.perf_counter() - t0
+
+
 def measure(comm, overhead: float) -> tuple[float, float, float, float]:
     """Collective over ``comm``: (alpha, bandwidth, cores, burst) rank 0 measured, on
     every rank."""
@@ -131,42 +139,22 @@ def measure(comm, overhead: float) -> tuple[float, float, float, float]:
     if comm.rank == 0:
         alphas, bws, bursts = [], [], []
         for peer in _leaders(comm.nodes):
-            rtts = []
-            for _ in range(PINGS):
-                t0 = time.perf_counter()
-                comm.send(small, peer)
-                comm.recv(small, peer)
-                rtts.append(time.perf_counter() - t0)
-            rtt = min(rtts)
+            rtt = min(_round_trip(comm, small, small, peer) for _ in range(PINGS))
             time.sleep(IDLE)
-            times = []
-            for _ in range(PROBE_REPS):
-                t0 = time.perf_counter()
-                comm.send(big, peer)
-                comm.recv(small, peer)
-                times.append(time.perf_counter() - t0)
+            times = [_round_trip(comm, big, small, peer) for _ in range(PROBE_REPS)]
             bw, burst = rate_and_burst(big.nbytes, rtt, times)
             small_times = []
             for m in BURST_SIZES:
                 time.sleep(max(IDLE, 2 * m / bw))  # the bucket fills up again
-                t0 = time.perf_counter()
-                comm.send(big[:m], peer)
-                comm.recv(small, peer)
-                small_times.append(time.perf_counter() - t0)
+                small_times.append(_round_trip(comm, big[:m], small, peer))
             burst = max(burst, burst_of(BURST_SIZES, small_times, rtt, bw))
             alphas.append(max(5e-6, rtt / 2 - overhead))
             bws.append(bw)
             bursts.append(burst)
         res[:] = (max(alphas), min(bws), os.cpu_count() or 1, min(bursts))
-    elif comm.rank in _leaders(comm.nodes):
-        for _ in range(PINGS):
-            comm.recv(small, 0)
-            comm.send(small, 0)
-        for _ in range(PROBE_REPS):
-            comm.recv(big, 0)
-            comm.send(small, 0)
-        for m in BURST_SIZES:
-            comm.recv(big[:m], 0)
+    elif comm.rank in _leaders(comm.nodes):  # the echo of every probe above, in order
+        for buf in [small] * PINGS + [big] * PROBE_REPS + [big[:m] for m in BURST_SIZES]:
+            comm.recv(buf, 0)
             comm.send(small, 0)
     comm.broadcast(res, root=0, algo="ring")
     return float(res[0]), float(res[1]), float(res[2]), float(res[3])

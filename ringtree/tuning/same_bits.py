@@ -27,7 +27,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ringtree.ir.check import CheckError, _Symbolic, _Values, with_virtual
-from ringtree.ir.program import Buf, Collective, chunk_regions, ordered_deps, walk
+from ringtree.ir.program import Buf, Collective, chunk_regions
+from ringtree.ir.walk import ordered_deps, walk
 from ringtree.schedules import Options, build_all, generate_all
 
 

@@ -337,3 +337,33 @@ def test_a_public_file_runs_on_real_ranks():
 
     path = CORPUS / "ag_hier_4_Simple.xml"
     assert run_ranks(_run_all_gather, 4, str(path)) == [True] * 4
+
+
+def _misuse(comm, in_place_only: str, ring: str) -> list[str]:
+    import numpy as np
+
+    errors = []
+    for call in (lambda: comm.all_gather(np.arange(4, dtype=np.float32),
+                                         algo=f"msccl:{in_place_only}"),
+                 lambda: comm.all_reduce(np.ones(7, np.float32), out=np.empty(7, np.float32),
+                                         algo=f"msccl:{ring}")):
+        try:
+            call()
+            errors.append("ran")
+        except ValueError as e:
+            errors.append(str(e))
+    return errors
+
+
+def test_a_call_an_imported_file_cannot_serve_is_refused_before_anything_is_sent(tmp_path):
+    """Out of place for a file that runs in place only, and a count its chunks do not
+    divide (its executors would not run it either): a ValueError on every rank."""
+    from ringtree.testing import run_ranks
+    from ringtree.tools.algo import main
+
+    f, ring = tmp_path / "ring2.xml", tmp_path / "ring.xml"
+    f.write_text(GOOD)
+    assert main(["export", "ring", "all_reduce", "-n", "2", "-o", str(ring)]) == 0
+    for errors in run_ranks(_misuse, 2, str(f), str(ring)):
+        assert "msccl:ring2 runs in place only" in errors[0]
+        assert "msccl:ring cuts each block into 2 equal chunks: 7 elements" in errors[1]

@@ -137,6 +137,17 @@ def _chain(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
     return both
 
 
+def _imported_rules(prog: Program, in_place: bool, count: int) -> None:
+    """What an imported MSCCL-IR algorithm asks of a call, as its executors run it only
+    then: chunks that divide every block, and the in-place mode its file declares."""
+    if prog.meta.get("equal_chunks") and count % prog.chunks:
+        raise ValueError(f"{prog.algo} cuts each block into {prog.chunks} equal chunks: "
+                         f"{count} elements per block is not a multiple of {prog.chunks}")
+    if prog.meta.get("in_place_only") and not in_place:
+        raise ValueError(f"{prog.algo} runs in place only (its file says inplace=\"1\" "
+                         "outofplace=\"0\"): pass the buffer as its own output")
+
+
 def link_kind(nodes: tuple[int, ...], transport: str) -> str:
     """The cost model every rank agrees on: the host's transport when the whole job is on
     one host (shm unless ``RINGTREE_TRANSPORT`` names another; crowded when ranks
@@ -353,6 +364,7 @@ class Planner:
         if protocol == LL:
             return self._build_ll(spec, key, nbytes)
         prog = self.program(coll, algo, spec.root, nbytes)
+        _imported_rules(prog, spec.in_place, count)
         stage, in_place = 0, spec.in_place
         if spec.op is ReduceOp.PREMUL_SUM and spec.inp is not None:
             stage, in_place = _PREMUL, False  # reduce a scaled copy, never the input

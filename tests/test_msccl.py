@@ -2,7 +2,7 @@
 
 The public corpus (27 files from Azure/msccl-scheduler, Azure/msccl-executor-nccl,
 ROCm/rccl and microsoft/TE-CCL, described in the project's reference material) is read
-from ``RINGTREE_MSCCL_CORPUS`` or ``../shared/reference/msccl-xml`` beside the checkout;
+from ``RINGTREE_MSCCL_CORPUS``, or from the reference material's folder beside the checkout;
 those tests skip, saying so, where it is absent. The hand-made files below each break one
 rule."""
 

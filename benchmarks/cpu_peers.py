@@ -39,13 +39,17 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+
+from allreduce_peers import show_size  # the sibling benchmark's table conventions
+
+from ringtree.perf.flags import parse_size
+from ringtree.testing import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "cpu_peers_worker.py")
@@ -54,25 +58,6 @@ ORDER = ["ringtree", "impi", "mpich", "ompi", "oneccl", "vllm", "deepspeed", "gl
 NAMES = {"ringtree": "ringtree", "impi": "Intel MPI", "mpich": "MPICH", "ompi": "Open MPI",
          "oneccl": "oneCCL", "vllm": "vLLM shm", "deepspeed": "DeepSpeed shm",
          "gloo": "torch gloo", "limit": "limit"}
-
-
-def parse_size(s: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip().upper().removesuffix("B")
-    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
-
-
-def show_size(n: int) -> str:
-    for unit, m in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= m and n % m == 0:
-            return f"{n // m} {unit}"
-    return f"{n} B"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -186,7 +171,7 @@ def launch(peer: Peer, n: int, args) -> dict:
     cpus = sorted(os.sched_getaffinity(0))
     pin = n <= len(cpus)
     out = tempfile.mkdtemp(prefix=f"rt-peers-{peer.name}-")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **peer.env)
     for k in [k for k in env if k.startswith(("RINGTREE_", "PMI_", "OMPI_"))]:
         env.pop(k)
@@ -309,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per launch")
     ap.add_argument("--json", help="also write every sample here")
     args = ap.parse_args(argv)
-    args.sizes = [parse_size(s) for s in args.sizes]
+    args.sizes = [parse_size(s, "--sizes") for s in args.sizes]
     args.colls = args.colls.split(",")
     args.libs = args.libs.split(",")
     print(f"# {len(os.sched_getaffinity(0))} CPUs, load {os.getloadavg()[0]:.2f} at start; "

@@ -17,12 +17,13 @@ executor's reader accepts.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ringtree.ir.check import CheckError, CheckReport, check_programs
 from ringtree.ir.program import Program
 from ringtree.msccl.model import COLLECTIVES, Algorithm, Gpu, MStep, ThreadBlock, from_tree
-from ringtree.msccl.program import ImportError_, to_programs
+from ringtree.msccl.program import MscclImportError, to_programs
 from ringtree.msccl.write import to_text
 from ringtree.msccl.xml import Finding, MscclSyntaxError, parse
 
@@ -76,13 +77,11 @@ def load(path: str, name: str | None = None, strict: bool = False) -> Imported:
     and prove them: the collective's result on every rank, the same bits on every rank,
     no cyclic wait, no read of unwritten memory. Raises :class:`MscclError` naming the
     file and what fails."""
-    import os
-
     algo, findings = read(path, strict)
     name = name or "msccl:" + os.path.splitext(os.path.basename(path))[0]
     try:
         programs = to_programs(algo, name)
-    except ImportError_ as e:
+    except MscclImportError as e:
         raise MscclError(path, [Finding("error", path, str(e))]) from None
     modes = [m for m, ok in ((False, algo.outofplace or algo.outofplace is None and
                               not algo.inplace), (True, algo.inplace)) if ok]

@@ -48,7 +48,7 @@ from ringtree.msccl.model import STEP_TYPES, Algorithm, MStep, ThreadBlock
 _BUF = {"i": Buf.INPUT, "o": Buf.OUTPUT, "s": Buf.SCRATCH}
 
 
-class ImportError_(ValueError):
+class MscclImportError(ValueError):
     """The file cannot become ringtree Programs (it deadlocks, or uses what ringtree
     does not run); the message names the file, GPU, block and step."""
 
@@ -64,7 +64,7 @@ class Schedule:
 
 def schedule(algo: Algorithm, merged: bool = False) -> Schedule:
     """Run ``algo`` with MSCCL's rules (see the module docstring). ``merged``: one FIFO
-    per pair of GPUs instead of one per channel. Raises :class:`ImportError_` naming
+    per pair of GPUs instead of one per channel. Raises :class:`MscclImportError` naming
     the steps that wait forever."""
     gpus = algo.gpus
     pc = [[0] * len(g.tbs) for g in gpus]
@@ -90,7 +90,7 @@ def schedule(algo: Algorithm, merged: bool = False) -> Schedule:
     stuck = [(g, t, pc[g][t]) for g, gpu in enumerate(gpus) for t, tb in enumerate(gpu.tbs)
              if pc[g][t] < len(tb.steps)]
     if stuck:
-        raise ImportError_("the algorithm deadlocks: " + "; ".join(
+        raise MscclImportError("the algorithm deadlocks: " + "; ".join(
             f"gpu {g} tb {t} waits at step {s} ({gpus[g].tbs[t].steps[s].type})"
             for g, t, s in stuck[:6]) + (f" and {len(stuck) - 6} more" if len(stuck) > 6
                                          else ""))
@@ -128,7 +128,7 @@ def step_of(st: MStep, tb: ThreadBlock) -> Step | None:
     if st.type == "nop":
         return None
     if st.type == "ra":
-        raise ImportError_("type 'ra' (residual add) has no ringtree step")
+        raise MscclImportError("type 'ra' (residual add) has no ringtree step")
     reads, writes, sends, recvs = STEP_TYPES[st.type]
     src = Ref(_BUF[st.srcbuf], st.srcoff, st.cnt) if reads else None
     dst = Ref(_BUF[st.dstbuf], st.dstoff, st.cnt) if writes else None
@@ -159,10 +159,10 @@ def to_programs(algo: Algorithm, name: str, merged: bool | None = None) -> list[
         merged = bool(back)
     try:
         sched = schedule(algo, merged)
-    except ImportError_ as e:
+    except MscclImportError as e:
         if not back:
             raise
-        raise ImportError_(
+        raise MscclImportError(
             f"dependencies go from channel {back[0][0]} to channel {back[0][1]} and back, "
             "which ringtree's channels cannot order; with all of a GPU's blocks in one "
             f"channel (one message order per pair of GPUs) {e}") from None
@@ -170,7 +170,7 @@ def to_programs(algo: Algorithm, name: str, merged: bool | None = None) -> list[
     in_blocks, out_blocks = coll.blocks(n)
     blocks = max(in_blocks, out_blocks, 1)
     if algo.nchunksperloop % blocks:
-        raise ImportError_(f"nchunksperloop={algo.nchunksperloop} is not a multiple of the "
+        raise MscclImportError(f"nchunksperloop={algo.nchunksperloop} is not a multiple of the "
                            f"{blocks} blocks of {coll.value} on {n} GPUs")
     chunks = algo.nchunksperloop // blocks
     nchan = 1 if merged else algo.nchannels

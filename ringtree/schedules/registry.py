@@ -94,8 +94,6 @@ class Algorithm:
 
 
 _RECORDS: dict[tuple[Collective, str], Algorithm] = {}
-# the generators alone, by key (the simulator's templates call them with a symbolic rank)
-_REGISTRY: dict[tuple[Collective, str], Generator] = {}
 
 
 def register(collective: Collective | str, algo: str, *, cost: str = "",
@@ -112,7 +110,6 @@ def register(collective: Collective | str, algo: str, *, cost: str = "",
         if key in _RECORDS:
             raise ValueError(f"algorithm {algo!r} registered twice for {coll.value}")
         _RECORDS[key] = Algorithm(coll, key[1], gen, cost, sized, fill, switch, tuned)
-        _REGISTRY[key] = gen
         algo_code(key[1])  # so a mismatch names it
         return gen
 
@@ -139,7 +136,6 @@ def unregister(collective: Collective | str, algo: str) -> None:
     """Forget ``algo`` (an algorithm registered at run time: an MSCCL-IR file)."""
     key = (parse_collective(collective), algo.lower())
     _RECORDS.pop(key, None)
-    _REGISTRY.pop(key, None)
     _generate.cache_clear()
 
 

@@ -101,18 +101,19 @@ class _Gpu:
         order: dict[tuple, int] = {}
         for op in self.ops:
             order.setdefault(op.block, len(order))
-        steps: dict[tuple, list] = {b: [] for b in order}
+        members: dict[tuple, list[int]] = {b: [] for b in order}
+        length = dict.fromkeys(order, 0)
         published: set[int] = {d for op in self.ops for d in op.deps}
-        for i, op in enumerate(self.ops):  # positions first: nops count
-            op.position = len(steps[op.block]) + max(0, len(op.deps) - 1)
-            steps[op.block].extend([None] * max(0, len(op.deps) - 1) + [i])
+        for i, op in enumerate(self.ops):  # positions first: the nops before a step count
+            length[op.block] += max(0, len(op.deps) - 1)
+            op.position = length[op.block]
+            length[op.block] += 1
+            members[op.block].append(i)
         out = []
         for b, tb_id in order.items():
             role, peer, chan = b
             mine: list[MStep] = []
-            for entry in steps[b]:
-                if entry is None:
-                    continue
+            for entry in members[b]:
                 op = self.ops[entry]
                 for d in op.deps[:-1]:  # the extra dependencies, one nop each
                     t = self.ops[d]

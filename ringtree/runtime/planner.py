@@ -34,7 +34,7 @@ from ringtree.dtypes import DType
 from ringtree.ir.program import Buf, Collective, Program, Step, inp, out, split_even
 from ringtree.ir.wire import P2P_CODE, PROTO_SIMPLE, WireHeader, algo_code
 from ringtree.ops import ReduceOp, Reducer
-from ringtree.runtime import protocols
+from ringtree.runtime import imported, protocols
 from ringtree.runtime.plan import Call, CStep, Desc, Region, compile_program
 from ringtree.schedules import Options, algorithms, build, needs_switch, options_for
 from ringtree.transports import registry as transport_registry
@@ -135,17 +135,6 @@ def _chain(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
         a()
         b()
     return both
-
-
-def _imported_rules(prog: Program, in_place: bool, count: int) -> None:
-    """What an imported MSCCL-IR algorithm asks of a call, as its executors run it only
-    then: chunks that divide every block, and the in-place mode its file declares."""
-    if prog.meta.get("equal_chunks") and count % prog.chunks:
-        raise ValueError(f"{prog.algo} cuts each block into {prog.chunks} equal chunks: "
-                         f"{count} elements per block is not a multiple of {prog.chunks}")
-    if prog.meta.get("in_place_only") and not in_place:
-        raise ValueError(f"{prog.algo} runs in place only (its file says inplace=\"1\" "
-                         "outofplace=\"0\"): pass the buffer as its own output")
 
 
 def link_kind(nodes: tuple[int, ...], transport: str) -> str:
@@ -357,14 +346,20 @@ class Planner:
             nin, nout = coll.blocks(self.size)
             in_blocks, out_blocks = (count,) * nin, (count,) * nout
         nbytes = count * itemsize * max(len(in_blocks), len(out_blocks), 1)
-        algo = self.choose(coll, nbytes, spec.algo, spec)
+        algo = imported.from_folders(spec, self.size, nbytes) if spec.algo is None else None
+        algo = algo or self.choose(coll, nbytes, spec.algo, spec)
         if needs_switch(coll, algo):
             algo = self._collnet_algo(spec, algo, nbytes)
-        protocol = SIMPLE if simple else self._protocol(spec, nbytes)
+        msccl = algo.startswith(imported.PREFIX)
+        protocol = SIMPLE if simple or msccl else self._protocol(spec, nbytes)
         if protocol == LL:
             return self._build_ll(spec, key, nbytes)
         prog = self.program(coll, algo, spec.root, nbytes)
-        _imported_rules(prog, spec.in_place, count)
+        imported.rules(prog, spec.in_place, count)
+        if msccl and not simple:
+            rounds = self._build_rounds(spec, key, prog, nbytes)
+            if rounds is not None:
+                return rounds
         stage, in_place = 0, spec.in_place
         if spec.op is ReduceOp.PREMUL_SUM and spec.inp is not None:
             stage, in_place = _PREMUL, False  # reduce a scaled copy, never the input
@@ -400,6 +395,18 @@ class Planner:
         plan.program = prog
         plan.ll_op = self.ll.prepare(prog, spec.dtype, spec.count, code, spec.root)
         self._remember_ready(spec, plan)
+        return plan
+
+    def _build_rounds(self, spec: CallSpec, key: tuple, prog: Program, nbytes: int
+                      ) -> Plan | None:
+        """An imported file written for LL on LL (:func:`imported.rounds_op`), or None."""
+        op = imported.rounds_op(self, spec, prog, nbytes)
+        if op is None:
+            return None
+        assert spec.coll is not None
+        plan = Plan(key, prog.algo, [], name=spec.coll.value, coll_code=spec.coll.code,
+                    root=spec.root, protocol=LL)
+        plan.program, plan.ll_op = prog, op
         return plan
 
     def _protocol(self, spec: CallSpec, nbytes: int) -> str:

@@ -253,3 +253,66 @@ class RankPool(Closing):
                 p.kill()
                 p.join(timeout=5)
 
+
+
+def run_msccl_files(comm, paths: list[str], chunks_per_block: int = 2) -> list[str]:
+    """Run each MSCCL-IR file (``algo="msccl:PATH"``) on ``comm`` in every mode it
+    declares (in place, out of place), with inputs whose sums are exact, and say per
+    file ``"exact"`` (every element of this rank's result as it must be, its input
+    untouched) or what differs. Each block is ``chunks_per_block`` chunks of the file.
+    The protocol used (``Simple``/``LL``) is appended: ``"exact (LL)"``."""
+    import numpy as np
+
+    from ringtree import msccl
+
+    verdicts = []
+    for path in paths:
+        algo, _ = msccl.read(path)
+        c = algo.nchunksperloop // max(algo.collective.blocks(comm.size)) * chunks_per_block
+        modes = [m for m, ok in ((True, algo.inplace), (False, algo.outofplace or
+                                  algo.outofplace is None and not algo.inplace)) if ok]
+        bad, protos = [], set()
+        for in_place in modes:
+            got, want = _run_file(comm, f"msccl:{path}", algo.collective.value, c, in_place)
+            protos.add(comm.planner._last.protocol)
+            if not np.array_equal(got, want):
+                k = int(np.flatnonzero(got != want)[0])
+                bad.append(f"{'in place' if in_place else 'out of place'}: element {k} is "
+                           f"{got[k]}, not {want[k]}")
+        proto = "/".join(sorted("LL" if p == "ll" else "Simple" for p in protos))
+        verdicts.append("; ".join(bad) if bad else f"exact ({proto})")
+    return verdicts
+
+
+def _run_file(comm, algo: str, coll: str, c: int, in_place: bool):
+    """(result, expected) of one call of ``coll`` with ``c`` elements per block."""
+    import numpy as np
+
+    n, r = comm.size, comm.rank
+
+    def x_of(q: int, blocks: int) -> np.ndarray:  # integers below 2^24: exact sums
+        return (np.arange(blocks * c, dtype=np.float32) % 251) + 1000 * q
+
+    if coll == "all_reduce":
+        x = x_of(r, 1)
+        y = x if in_place else np.empty_like(x)
+        comm.all_reduce(x, out=y, algo=algo)
+        return y, sum(x_of(q, 1) for q in range(n))
+    if coll == "all_gather":
+        y = np.empty(n * c, np.float32)
+        x = y[r * c:(r + 1) * c] if in_place else np.empty(c, np.float32)
+        x[...] = x_of(r, 1)
+        comm.all_gather(x, out=y, algo=algo)
+        return y, np.concatenate([x_of(q, 1) for q in range(n)])
+    if coll == "reduce_scatter":
+        x = x_of(r, n)
+        y = x[r * c:(r + 1) * c] if in_place else np.empty(c, np.float32)
+        comm.reduce_scatter(x, out=y, algo=algo)
+        return y.copy(), sum(x_of(q, n) for q in range(n))[r * c:(r + 1) * c]
+    if coll == "all_to_all":
+        x = x_of(r, n) + 100000 * np.repeat(np.arange(n, dtype=np.float32), c)
+        y = x if in_place else np.empty_like(x)
+        comm.all_to_all(x, out=y, algo=algo)
+        want = [x_of(q, n)[r * c:(r + 1) * c] + 100000 * r for q in range(n)]
+        return y, np.concatenate(want)
+    raise ValueError(f"{algo}: no test inputs for {coll}")

@@ -276,7 +276,9 @@ def test_a_file_is_an_algorithm_by_path_or_by_name_in_the_folder(tmp_path, monke
     with pytest.raises(ValueError, match="is an MSCCL-IR all_gather, not all_reduce"):
         generate(Collective.ALL_REDUCE, f"msccl:{f}", 2, 0)
     monkeypatch.delenv("RINGTREE_MSCCL_ALGOS", raising=False)
-    with pytest.raises(ValueError, match="RINGTREE_MSCCL_ALGOS names no folder"):
+    monkeypatch.delenv("MSCCL_ALGO_DIR", raising=False)
+    with pytest.raises(ValueError, match="neither MSCCL_ALGO_DIR nor RINGTREE_MSCCL_ALGOS "
+                                         "names a folder"):
         generate(Collective.ALL_GATHER, "msccl:elsewhere", 2, 0)
     # a folder: selected as the executors select (collective, ranks, mode, size window)
     d = tmp_path / "algos"

@@ -23,7 +23,12 @@ from ringtree.ir.walk import ordered_deps, walk
 
 
 class CheckError(AssertionError):
-    """A schedule violates its collective's postcondition or the IR's rules."""
+    """A schedule violates its collective's postcondition or the IR's rules. ``where``:
+    (rank, channel, step index) of the step at fault, where one is."""
+
+    def __init__(self, what: str, where: tuple[int, int, int] | None = None) -> None:
+        super().__init__(what)
+        self.where = where
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,14 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
     _check_ranks(programs, n)
     coll, algo = programs[0].collective, programs[0].algo
     ex = _Symbolic(programs, n, in_place)
-    stuck, queues = walk(programs, ex.run, ordered_deps(programs, in_place))
+
+    def run(r: int, c: int, i: int, s: Step, received: list) -> tuple:
+        try:
+            return ex.run(r, c, i, s, received)
+        except CheckError as e:
+            raise CheckError(f"rank {r} channel {c} step {i} ({s}): {e}", (r, c, i)) from None
+
+    stuck, queues = walk(programs, run, ordered_deps(programs, in_place))
     if stuck:
         desc = "; ".join(f"rank {r} ch {c} waits at '{s}'" for r, c, s in stuck[:6])
         raise CheckError(f"{algo} {coll.value} n={n} deadlocks: {desc}")
@@ -121,7 +133,7 @@ def check_programs(programs: list[Program], in_place: bool = False) -> CheckRepo
     if left:
         raise CheckError(f"{algo} {coll.value} n={n}: unreceived messages {left}")
 
-    _postcondition(coll, programs[:n], ex.mem, ex.keys, ex.vals)
+    _postcondition(coll, programs[:n], ex.mem, ex.keys, ex.vals, ex.last)
     return CheckReport(coll, algo, n, ex.messages, max(p.steps for p in programs[:n]),
                        ex.depth, in_place)
 
@@ -160,6 +172,7 @@ class _Symbolic:
             self.mem.append(m)
             if not p.meta.get("ordered_channels"):
                 _channel_conflicts(p, self.keys[r])
+        self.last: list[dict] = [{} for _ in programs]  # slot -> (channel, step) writing it
         self.clock = [[0] * len(p.channels) for p in programs]
         self.messages = self.depth = 0
 
@@ -197,12 +210,14 @@ class _Symbolic:
         self.depth = max(self.depth, t)
         if s.dst is not None:
             for j, v in zip(s.dst.chunks(), value):
-                self.mem[r][self.keys[r](s.dst.buf, j)] = v
+                key = self.keys[r](s.dst.buf, j)
+                self.mem[r][key] = v
+                self.last[r][key] = (c, _i)
         self.messages += len(s.send_to)
         return tuple(value), sig, t
 
 
-def _postcondition(coll, programs, mem, keys, vals: _Values) -> None:
+def _postcondition(coll, programs, mem, keys, vals: _Values, last=None) -> None:
     n = len(programs)
     p0 = programs[0]
     c, root = p0.chunks, p0.root
@@ -210,16 +225,20 @@ def _postcondition(coll, programs, mem, keys, vals: _Values) -> None:
     def got(r: int, j: int) -> int | None:
         return mem[r].get(keys[r](Buf.OUTPUT, j))
 
+    def fail(r: int, j: int, what: str) -> CheckError:
+        at = last[r].get(keys[r](Buf.OUTPUT, j)) if last is not None else None
+        return CheckError(f"{p0.algo} {coll.value} n={n}: rank {r} output[{j}] {what}",
+                          (r, *at) if at is not None else None)
+
     def expect(r: int, j: int, want: set, same_as: int | None = None) -> int:
         v = got(r, j)
         if v is None:
-            raise CheckError(f"{p0.algo} {coll.value} n={n}: rank {r} output[{j}] never written")
+            raise fail(r, j, "never written")
         if vals.contrib[v] != want:
-            raise CheckError(f"{p0.algo} {coll.value} n={n}: rank {r} output[{j}] holds "
-                             f"{sorted(vals.contrib[v])}, expected {sorted(want)}")
+            raise fail(r, j, f"holds {sorted(vals.contrib[v])}, expected {sorted(want)}")
         if same_as is not None and v != same_as:
-            raise CheckError(f"{p0.algo} {coll.value} n={n}: rank {r} output[{j}] reduced in "
-                             f"a different order than rank 0's (results would differ in bits)")
+            raise fail(r, j, "reduced in a different order than rank 0's (results would "
+                       "differ in bits)")
         return v
 
     spec = coll.spec

@@ -90,6 +90,16 @@ def load(path: str, name: str | None = None, strict: bool = False) -> Imported:
         try:
             reports.append(check_programs(programs, in_place=in_place))
         except CheckError as e:
-            where = "in place" if in_place else "out of place"
-            raise MscclError(path, [Finding("error", path, f"run {where}: {e}")]) from None
+            mode = "in place" if in_place else "out of place"
+            raise MscclError(path, [Finding("error", path, f"run {mode}: {_step_of(e, algo, programs)}"
+                                            )]) from None
     return Imported(path, algo, findings, programs, reports)
+
+
+def _step_of(e: CheckError, algo: Algorithm, programs: list[Program]) -> str:
+    """The checker's message, with the MSCCL step at fault named (gpu, block, step)."""
+    if e.where is None:
+        return str(e)
+    r, c, i = e.where
+    tb, s = programs[r].meta["msccl_steps"][c][i]
+    return f"gpu {r} tb {tb} step {s} ({algo.gpus[r].tbs[tb].steps[s].type}): {e}"

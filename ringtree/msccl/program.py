@@ -90,11 +90,39 @@ def schedule(algo: Algorithm, merged: bool = False) -> Schedule:
     stuck = [(g, t, pc[g][t]) for g, gpu in enumerate(gpus) for t, tb in enumerate(gpu.tbs)
              if pc[g][t] < len(tb.steps)]
     if stuck:
-        raise MscclImportError("the algorithm deadlocks: " + "; ".join(
-            f"gpu {g} tb {t} waits at step {s} ({gpus[g].tbs[t].steps[s].type})"
-            for g, t, s in stuck[:6]) + (f" and {len(stuck) - 6} more" if len(stuck) > 6
-                                         else ""))
+        raise MscclImportError("the algorithm deadlocks: " + _why(algo, pc, published,
+                                                                  merged, stuck[0][:2]))
     return Schedule(order, most)
+
+
+def _why(algo: Algorithm, pc, published, merged: bool, start: tuple[int, int]) -> str:
+    """What the blocked step of block ``start`` waits for, followed from block to block
+    until a block that will never act (a receive with no send) or a cycle of waits."""
+    gpus = algo.gpus
+    seen: list[tuple[int, int]] = []
+    said: list[str] = []
+    g, t = start
+    while (g, t) not in seen:
+        seen.append((g, t))
+        tb = gpus[g].tbs[t]
+        st = tb.steps[pc[g][t]]
+        here = f"gpu {g} tb {tb.id} step {st.s} ({st.type})"
+        if st.depid >= 0 and published[g][st.depid] <= st.deps:
+            said.append(f"{here} waits for tb {st.depid} step {st.deps}")
+            g, t = g, st.depid
+            continue
+        q, key = tb.recv, _key(tb, merged)
+        senders = [u for u, b in enumerate(gpus[q].tbs) if b.send == g and _key(b, merged) == key
+                   and any(STEP_TYPES[x.type][2] for x in b.steps[pc[q][u]:])]
+        if not senders:
+            return (f"{here} receives from GPU {q} on channel {key}, which sends it nothing "
+                    "more: a receive with no send")
+        said.append(f"{here} waits for a message from gpu {q} tb {senders[0]}")
+        g, t = q, senders[0]
+    cycle = said[seen.index((g, t)):]
+    kind = "a dependency cycle" if all(" message " not in x for x in cycle) else \
+        "a cycle of waits"
+    return f"{kind}: " + "; ".join(cycle)
 
 
 def _key(tb: ThreadBlock, merged: bool) -> int:
@@ -178,11 +206,13 @@ def to_programs(algo: Algorithm, name: str, merged: bool | None = None) -> list[
     for g, gpu in enumerate(algo.gpus):
         tbs = {tb.id: tb for tb in gpu.tbs}
         chans: list[list[Step]] = [[] for _ in range(nchan)]
+        origin: list[list[tuple[int, int]]] = [[] for _ in range(nchan)]
         for t, s in sched.order[g]:
             tb = tbs[t]
             step = step_of(tb.steps[s], tb)
             if step is not None:
                 chans[0 if merged else tb.chan].append(step)
+                origin[0 if merged else tb.chan].append((t, s))
         programs.append(Program(coll, name, n, g, chunks, tuple(tuple(c) for c in chans),
                                 scratch=gpu.s_chunks, in_place_ok=algo.inplace,
                                 meta={"msccl": algo.name, "proto": algo.proto,
@@ -191,5 +221,6 @@ def to_programs(algo: Algorithm, name: str, merged: bool | None = None) -> list[
                                       "in_place_only": not (algo.outofplace or
                                                             algo.outofplace is None and
                                                             not algo.inplace),
-                                      "max_in_flight": sched.max_in_flight}))
+                                      "max_in_flight": sched.max_in_flight,
+                                      "msccl_steps": origin}))  # (tb, s) of each step
     return programs

@@ -163,6 +163,7 @@ def _element(tag: str, line: int, path: str, note) -> tuple[Node, bool]:
     i = 0
     while i < len(rest):
         space = len(rest) - i - len(rest[i:].lstrip())
+        before = rest[i:i + space]
         i += space
         if i >= len(rest):
             break
@@ -174,7 +175,10 @@ def _element(tag: str, line: int, path: str, note) -> tuple[Node, bool]:
         if key in attrs:
             raise MscclSyntaxError(f"{path}:{line}: <{name}>: attribute {key!r} given twice")
         attrs[key] = a.group(4) if a.group(4) is not None else a.group(5)
-        if a.group(5) is not None or a.group(2) or a.group(3) or space != 1:
+        if "\t" in before:
+            note(line, f"<{name}>: a tab before attribute {key!r} (the executors' reader "
+                       "separates attributes by single spaces)")
+        elif a.group(5) is not None or a.group(2) or a.group(3) or space != 1:
             note(line, f"<{name}> attribute {key!r}: the executors' reader needs one space "
                        "before it and key=\"value\" with double quotes")
         i = a.end()

@@ -149,7 +149,11 @@ class _Call:
     engine: str | None
 
     def count(self, nbytes: int) -> int:
-        return count_for(self.coll, nbytes, self.topo.nranks, self.itemsize)
+        """Elements per block; for an imported MSCCL-IR file rounded up to a multiple of
+        its chunks, the only counts its executors run it on (less than a chunk more)."""
+        c = count_for(self.coll, nbytes, self.topo.nranks, self.itemsize)
+        k = _equal_chunks(self.coll, self.algo, self.topo.nranks)
+        return -(-c // k) * k
 
     def options(self, nbytes: int) -> Options:
         """The options the runtime would generate this size's Programs with."""
@@ -187,6 +191,16 @@ class _Call:
             declined: tuple = ()) -> SimRun:
         return SimRun(self.coll, self.algo, self.topo.nranks, nbytes, t, res, events,
                       simulated, engine, declined)
+
+
+def _equal_chunks(coll: Collective, algo: str, nranks: int) -> int:
+    """The chunks per block an algorithm's count must be a multiple of (1: any count)."""
+    if not algo.startswith("msccl:"):
+        return 1
+    from ringtree.schedules import generate
+
+    p = generate(coll, algo, nranks, 0, Options())
+    return p.chunks if p.meta.get("equal_chunks") else 1
 
 
 def _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes, in_place,

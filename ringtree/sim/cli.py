@@ -92,6 +92,23 @@ def _row(run: SimRun, count: int, dtype: str, root: int, best: bool) -> str:
             f"{us:9.2f}  {run.algbw:7.2f}  {run.busbw:7.2f}{'  *' if best else ''}")
 
 
+def _imported(algo: str, coll: Collective) -> str:
+    """``algo`` as registered: an MSCCL-IR file (``msccl:PATH``, ``msccl:NAME``) is read,
+    proven and registered under ``msccl:<stem>`` (:mod:`ringtree.msccl.catalog`)."""
+    if not algo.lower().startswith("msccl:"):
+        return algo.lower()
+    from ringtree.msccl import MscclError, MscclSyntaxError
+    from ringtree.msccl.catalog import resolve
+
+    try:
+        entry = resolve(algo)
+    except (MscclError, MscclSyntaxError, OSError) as e:
+        raise ValueError(str(e)) from None
+    if entry.collective is not coll:
+        raise ValueError(f"{algo} is an MSCCL-IR {entry.collective.value}, not {coll.value}")
+    return entry.name
+
+
 def _setup(args) -> tuple | str:
     """(collective, topology, algorithms) of the command line, or what is wrong with it."""
     try:
@@ -99,8 +116,12 @@ def _setup(args) -> tuple | str:
         topo = presets.get(args.topology, args.nodes)
     except ValueError as e:
         return str(e)
+    try:
+        algos = algorithms(coll) if args.algo == "all" else \
+            [_imported(a.strip(), coll) for a in args.algo.split(",")]
+    except ValueError as e:
+        return str(e)
     known = algorithms(coll)
-    algos = known if args.algo == "all" else [a.strip().lower() for a in args.algo.split(",")]
     bad = [a for a in algos if a not in known]
     if bad:
         return f"no algorithm {', '.join(bad)} for {coll.value} (known: {', '.join(known)})"

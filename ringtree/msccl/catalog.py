@@ -88,7 +88,6 @@ def _path_of(spec: str) -> str:
 def resolve(spec: str) -> Entry:
     """Read, import, prove and register the file ``spec`` names (once per name)."""
     from ringtree import msccl
-    from ringtree.schedules.registry import register
 
     path = _path_of(spec)
     name = PREFIX + os.path.splitext(os.path.basename(path))[0].lower()
@@ -97,8 +96,15 @@ def resolve(spec: str) -> Entry:
         if os.path.realpath(known.path) != os.path.realpath(path):
             raise ValueError(f"{spec}: {name} is already {known.path}")
         return known
-    imp = msccl.load(path, name)
-    a = imp.algo
+    return add(msccl.load(path, name))
+
+
+def add(imp) -> Entry:
+    """Register an imported file (:class:`ringtree.msccl.Imported`, named
+    ``msccl:<stem>``) as an algorithm."""
+    from ringtree.schedules.registry import register
+
+    a, path, name = imp.algo, imp.path, imp.programs[0].algo
     programs = tuple(imp.programs)
 
     def generate(nranks: int, rank: int, opts) -> Program:

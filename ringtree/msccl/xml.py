@@ -24,6 +24,9 @@ MAX_CHILDREN = 1024
 
 _NAME = re.compile(r"[A-Za-z_][\w.-]*")
 _ATTR = re.compile(r'([A-Za-z_][\w.-]*)(\s*)=(\s*)(?:"([^"]*)"|\'([^\']*)\')')
+# a tag as every executor's reader wants it: one space before each key="value"
+_PLAIN = re.compile(r'([A-Za-z_][\w.-]*)((?: [A-Za-z_][\w.-]*="[^"\n\t]*")*) ?(/?)')
+_PAIR = re.compile(r' ([A-Za-z_][\w.-]*)="([^"]*)"')
 
 
 class MscclSyntaxError(ValueError):
@@ -150,6 +153,12 @@ class _Parser:
 
 def _element(tag: str, line: int, path: str, note) -> tuple[Node, bool]:
     """One start tag's name and attributes, noting what the executors' reader refuses."""
+    m = _PLAIN.fullmatch(tag)
+    if m is not None:  # the common case, at once
+        pairs = _PAIR.findall(m.group(2))
+        attrs = dict(pairs)
+        if len(attrs) == len(pairs) and len(attrs) <= MAX_ATTRIBUTES:
+            return Node(m.group(1), attrs, line), bool(m.group(3))
     empty = tag.endswith("/")
     body = tag[:-1] if empty else tag
     m = _NAME.match(body)

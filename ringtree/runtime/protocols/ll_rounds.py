@@ -90,23 +90,19 @@ def _messages(programs: list[Program]) -> list[dict[int, list[tuple[int, int]]]]
     return inbox
 
 
-def rounds(programs: list[Program], in_place: bool) -> Rounds:
-    """Each step's round (the module docstring); ValueError if the Programs wait in a
-    cycle or their messages do not match."""
-    n = len(programs)
-    inbox = _messages(programs)
-    nodes = [len(_flat(p)) for p in programs]
+def _longest(programs: list[Program], in_place: bool, inbox) -> dict[tuple[int, int], int]:
+    """Each step's round: the longest path to it (memory dependencies weigh 0, messages
+    1); ValueError on a cycle."""
     succ: dict[tuple[int, int], list[tuple[tuple[int, int], int]]] = {}
-    indeg = {(r, i): 0 for r in range(n) for i in range(nodes[r])}
+    indeg: dict[tuple[int, int], int] = {}
     for r, p in enumerate(programs):
         for i, ds in enumerate(p.memory_deps(in_place)):
+            indeg[(r, i)] = len(ds) + len(inbox[r].get(i, ()))
             for d in ds:
                 succ.setdefault((r, d), []).append(((r, i), 0))
-                indeg[(r, i)] += 1
         for i, got in inbox[r].items():
             for q, i_s in got:
                 succ.setdefault((q, i_s), []).append(((r, i), 1))
-                indeg[(r, i)] += 1
     rnd = dict.fromkeys(indeg, 0)
     ready = [v for v, k in indeg.items() if k == 0]
     done = 0
@@ -121,28 +117,36 @@ def rounds(programs: list[Program], in_place: bool) -> Rounds:
     if done != len(indeg):
         r, i = next(v for v, k in indeg.items() if k)
         raise ValueError(f"LL: the steps wait in a cycle (rank {r} step {i} among them)")
+    return rnd
+
+
+def rounds(programs: list[Program], in_place: bool) -> Rounds:
+    """Each step's round (the module docstring), where each message is written, and
+    what is kept aside; ValueError if the Programs wait in a cycle or their messages do
+    not match."""
+    n = len(programs)
+    inbox = _messages(programs)
+    rnd = _longest(programs, in_place, inbox)
     count = max(rnd.values(), default=0) + 1
-    order = [[[] for _ in range(count)] for _ in range(n)]
+    order: list[list[list[int]]] = [[[] for _ in range(count)] for _ in range(n)]
     slot: list[dict[int, tuple[int, int]]] = [{} for _ in range(n)]
     area = [[0] * count for _ in range(n)]
-    for r, p in enumerate(programs):
-        for i, (_, s) in enumerate(_flat(p)):
-            t = rnd[(r, i)]
-            order[r][t].append(i)
-            if s.send_to:
-                slot[r][i] = (t, area[r][t])
-                area[r][t] += s.ref.count
     stash: list[list[list[tuple[int, int, int]]]] = [[[] for _ in range(count)]
                                                      for _ in range(n)]
     stash_chunks = [0] * n
     for r, p in enumerate(programs):
         steps = _flat(p)
-        for i, got in inbox[r].items():
-            for q, i_s in got:
+        for i, (_, s) in enumerate(steps):
+            t = rnd[(r, i)]
+            order[r][t].append(i)
+            if s.send_to:
+                slot[r][i] = (t, area[r][t])
+                area[r][t] += s.ref.count
+            for q, i_s in inbox[r].get(i, ()):
                 t_send = rnd[(q, i_s)]
-                if rnd[(r, i)] > t_send + 1:   # kept aside when it arrives
+                if t > t_send + 1:   # read later than it arrives: kept aside then
                     stash[r][t_send + 1].append((q, i_s, stash_chunks[r]))
-                    stash_chunks[r] += steps[i][1].ref.count
+                    stash_chunks[r] += s.ref.count
     return Rounds(count, order, slot, area, inbox, stash, stash_chunks)
 
 

@@ -101,7 +101,9 @@ def row(path: str) -> tuple[list[str], float, object]:
         why = why.replace(f"{imp_name(path).lower()} ", "")
         chans = "1 (merged)" if any(a > b for a, b in channel_edges(algo)) else \
             str(algo.nchannels)
-        return head + [chans, f"**refused**: {why[:260]}", "—", "—", "—", "—"], \
+        if len(why) > 300:  # a long chain of waits: its first links
+            why = why[:300].rsplit("; ", 1)[0] + "; …"
+        return head + [chans, f"**refused**: {why}", "—", "—", "—", "—"], \
             time.perf_counter() - t0, None
     p0 = imp.programs[0]
     chans = f"{len(p0.channels)}" + (" ordered" if p0.meta.get("ordered_channels") else "")

@@ -197,7 +197,9 @@ declare("RINGTREE_LL_SPIN_US", number, None,
 declare("RINGTREE_LL_YIELD_US", number, 2000.0,
         "µs an LL wait polls with `sched_yield` before sleeping on its doorbell")
 declare("RINGTREE_MSCCL_ALGOS", text, None,
-        "a folder of MSCCL-IR files: `algo=\"msccl:NAME\"` runs NAME.xml from it")
+        "a folder of MSCCL-IR files, searched after `MSCCL_ALGO_DIR`'s: a call that names "
+        "no algorithm runs the first file that fits it, as MSCCL's executors choose; "
+        "`algo=\"msccl:NAME\"` runs NAME.xml")
 declare("RINGTREE_PROFILE", text, None,
         "directory for per-rank profiler events (then `ringtree trace DIR`)")
 declare("RINGTREE_PROFILE_EVENTS", integer, 1 << 20, "profiler events kept per communicator")

@@ -42,6 +42,30 @@ def test_every_proven_public_file_gives_exact_results_on_real_ranks(n):
         assert dict(zip(files, got)) == dict(zip(files, want)), f"rank {r}"
 
 
+def _ll_and_simple(comm, path: str) -> tuple:
+    """An LL file on random floats, on LL and (inside a group) on Simple: the bits of
+    both, and of rank 0's LL result."""
+    import numpy as np
+
+    rng = np.random.default_rng(comm.rank)
+    x = rng.standard_normal(2 * 24 * 3).astype(np.float32)
+    on_ll, on_simple = x.copy(), x.copy()      # the file runs in place
+    comm.all_reduce(on_ll, algo=f"msccl:{path}")
+    proto = comm.planner._last.protocol
+    with comm.group():
+        comm.all_reduce(on_simple, algo=f"msccl:{path}")
+    first = comm.broadcast(on_ll.copy(), root=0)
+    return proto, on_ll.tobytes() == on_simple.tobytes(), on_ll.tobytes() == first.tobytes()
+
+
+@corpus
+def test_ll_gives_the_bits_simple_gives():
+    """Random float32 inputs (sums that round): the LL rounds of a file written for LL
+    and the same file on Simple give the same bits, on every rank."""
+    got = run_ranks(_ll_and_simple, 4, str(CORPUS / "ar_tree_12_LL.xml"), timeout=120)
+    assert got == [("ll", True, True)] * 4
+
+
 def _calls(comm) -> list[tuple]:
     """(algorithm, protocol, exact) of calls that name no algorithm."""
     import numpy as np

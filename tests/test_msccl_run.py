@@ -155,6 +155,12 @@ def test_sim_runs_imported_files_on_the_presets(capsys):
     assert main(["all_gather", "-t", "dgx_a100", "-N", "1", "--algo", f"msccl:{f8}",
                  "-b", "8K", "-e", "8K"]) == 0
     assert "# algo: msccl:allgather-8n-0-8kb" in capsys.readouterr().out
+    from ringtree.tools.algo import main as algo_main
+
+    assert algo_main(["show", f"msccl:{CORPUS / 'ag_hier_4_LL.xml'}", "all_gather",
+                      "-n", "4"]) == 0                # drawn like a native schedule
+    drawn = capsys.readouterr().out
+    assert "msccl:ag_hier_4_ll all_gather  n=4" in drawn and "-- channel 3" in drawn
     # a file for other ranks or another collective is refused by name
     assert main(["all_reduce", "-t", "ring", "-N", "4", "--algo", f"msccl:{f8}"]) == 2
     assert "is an MSCCL-IR all_gather, not all_reduce" in capsys.readouterr().err

@@ -208,7 +208,11 @@ def candidates(coll: Collective, nranks: int, nbytes: int, in_place: bool,
             if not f.endswith(".xml") or not os.path.isfile(path) or path in _REFUSED:
                 continue
             h = head(path)
-            if h is None or not _fits(h, coll, nranks, nbytes, nbytes // itemsize, in_place):
+            if h is None:
+                _REFUSED[path] = "no <algo> tag with coll, ngpus and nchunksperloop"
+                warnings.warn(f"ringtree: not using {path}: {_REFUSED[path]}", stacklevel=2)
+                continue
+            if not _fits(h, coll, nranks, nbytes, nbytes // itemsize, in_place):
                 continue
             try:
                 e = resolve(PREFIX + path)

@@ -41,7 +41,8 @@ def _algos(coll: str) -> list[str]:
     from ringtree.schedules.registry import algorithms
 
     names = {"sendrecv": None, "barrier": "barrier"}.get(coll, coll)
-    return algorithms(names) if names else []
+    # NVLS reduces inside an NVLink switch: only the simulator runs it
+    return [a for a in algorithms(names) if not a.startswith("nvls")] if names else []
 
 
 def _data(seed: int, rank: int, n: int, dtype: str) -> np.ndarray:

@@ -226,7 +226,7 @@ EXPRESSIBLE = [c for c in Collective if c is not Collective.BARRIER]
 
 
 @pytest.mark.parametrize("coll,algo", [(c, a) for c in EXPRESSIBLE for a in algorithms(c)
-                                       if not a.startswith("collnet")])
+                                       if not a.startswith(("collnet", "nvls"))])
 def test_export_then_import_computes_the_same_bits(coll, algo):
     """import(export(P)) leaves every output chunk of every rank with the same reduction
     tree as P, on 2..8 ranks and 1..4 channels (the checker's proof, not a text diff)."""

@@ -136,7 +136,7 @@ def _model_view(comm, coll: Collective, nbytes: int, root: int):
 
     p = comm.planner
     first, chosen = p._choices[(coll, nbytes)]
-    enabled = {a for a in (p.algo_enabled.get(coll) or ()) if not a.startswith("collnet")}
+    enabled = {a for a in (p.algo_enabled.get(coll) or ()) if not a.startswith(("collnet", "nvls"))}
     near = [a for a, _ in candidates(ranking(coll, nbytes, comm.size, enabled, p.model(),
                                              p._options(coll, nbytes)), first)]
     if coll in REDUCTIONS:
@@ -284,7 +284,7 @@ def tune_one_octave(comm, per_rank: tuple[int, ...]):
     from ringtree.tuning.tuner import ranking
 
     p, c, rows = comm.planner, Collective.ALL_GATHER, []
-    enabled = {a for a in p.algo_enabled[c] if not a.startswith("collnet")}
+    enabled = {a for a in p.algo_enabled[c] if not a.startswith(("collnet", "nvls"))}
     for elems in per_rank:
         x = np.arange(elems, dtype=np.float32) + 1000 * comm.rank
         seq = comm.seq
@@ -408,7 +408,7 @@ def model_only(comm, sizes):
         comm.all_gather(x)
         nb = x.nbytes * comm.size
         enabled = {a for a in p.algo_enabled[Collective.ALL_GATHER]
-                   if not a.startswith("collnet")}
+                   if not a.startswith(("collnet", "nvls"))}
         model = choose(Collective.ALL_GATHER, nb, comm.size, enabled, p.model(),
                        p._options(Collective.ALL_GATHER, nb))
         rows.append((comm.seq - seq, p._choices[(Collective.ALL_GATHER, nb)], model,

@@ -99,7 +99,7 @@ def test_every_record_has_its_cost_formula_and_switch_flag():
         rec = record(coll, algo)
         assert rec.cost, (coll, algo)
         assert (rec.collective, rec.name) == (coll, algo)
-        assert rec.switch == algo.startswith("collnet"), (coll, algo)
+        assert bool(rec.switch) == algo.startswith(("collnet", "nvls")), (coll, algo)
     with pytest.raises(ValueError, match="no algorithm 'nope' for all_reduce"):
         record(Collective.ALL_REDUCE, "nope")
 

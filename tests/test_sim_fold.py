@@ -227,7 +227,7 @@ def test_folds_other_collectives_exactly():
     topo = presets.get("dgx_h100", 8, leaf_ports=2)
     for coll in ("all_gather", "reduce_scatter"):
         for algo in algorithms(coll):
-            if algo.startswith("collnet"):
+            if algo.startswith(("collnet", "nvls")):
                 continue
             _exact(algo, topo, 3 * MiB, coll=coll)
     for algo in ("ring", "tree", "hierarchical", "direct"):

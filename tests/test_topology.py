@@ -68,7 +68,7 @@ def _testbed(hosts: int, ppn: int, rate_bps: float, cpus: int = 2, alpha: float 
 
 
 ALL_REDUCE_FLAT = {a for a in algorithms(Collective.ALL_REDUCE)
-                   if not a.startswith("collnet")}
+                   if not a.startswith(("collnet", "nvls"))}
 
 
 @pytest.mark.parametrize("layout,want", [
@@ -181,7 +181,7 @@ def test_large_calls_move_the_fewest_bytes_over_host_links(layout, rate, coll):
     """At 16 MiB the choice moves no more over a host's link than any other algorithm
     and has no incast (the testbed's bound is the bytes a host's link carries)."""
     hm, opts, n = _testbed(*layout, rate)
-    cands = {a for a in algorithms(coll) if not a.startswith("collnet")}
+    cands = {a for a in algorithms(coll) if not a.startswith(("collnet", "nvls"))}
     algo = choose(coll, 16 << 20, n, cands, hm, opts)
     st = host_stats(coll, algo, n, opts)
     least = min(max(host_stats(coll, a, n, opts).host_out,
@@ -362,7 +362,7 @@ def test_small_calls_on_two_hosts_of_two_take_the_flat_exchange(rate, alpha):
         floor = {x: hm.cpu * st.msgs_total + hm.cpu_remote * st.remote_ranks
                  for x, st in ((flat, a), ("hierarchical", b))}
         assert floor["hierarchical"] < floor[flat]  # fewer ranks on the network
-        cands = {x for x in algorithms(coll) if not x.startswith("collnet")}
+        cands = {x for x in algorithms(coll) if not x.startswith(("collnet", "nvls"))}
         for nbytes in (8, 256):
             assert choose(coll, nbytes, n, cands, hm, opts) == flat, (coll, nbytes)
             # the flat exchange at (or within 10% of) its CPU floor, hierarchical well above

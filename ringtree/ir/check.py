@@ -81,19 +81,23 @@ def _signature(p: Program, ref: Ref) -> tuple[int, ...]:
 
 
 def _channel_conflicts(p: Program, key) -> None:
-    touched: list[tuple[set, set]] = []
-    for ch in p.channels:
-        reads, writes = set(), set()
+    """Two channels must not touch a chunk one of them writes (they run concurrently).
+    One pass over the slots (a Program of k channels costs its steps, not k²)."""
+    readers: dict = {}
+    writers: dict = {}
+    for c, ch in enumerate(p.channels):
         for s in ch:
             if s.src is not None:
-                reads.update(key(s.src.buf, j) for j in s.src.chunks())
+                for j in s.src.chunks():
+                    readers.setdefault(key(s.src.buf, j), set()).add(c)
             if s.dst is not None:
-                writes.update(key(s.dst.buf, j) for j in s.dst.chunks())
-        touched.append((reads, writes))
-    for a, (ra, wa) in enumerate(touched):
-        for b, (rb, wb) in enumerate(touched):
-            if a < b and (wa & (rb | wb) or wb & ra):
-                raise CheckError(f"rank {p.rank}: channels {a} and {b} touch the same chunks")
+                for j in s.dst.chunks():
+                    writers.setdefault(key(s.dst.buf, j), set()).add(c)
+    pairs = [(min(w, o), max(w, o)) for slot, ws in writers.items()
+             for w in ws for o in ws | readers.get(slot, set()) if o != w]
+    if pairs:
+        a, b = min(pairs)
+        raise CheckError(f"rank {p.rank}: channels {a} and {b} touch the same chunks")
 
 
 def with_virtual(programs: list[Program]) -> list[Program]:

@@ -36,7 +36,7 @@ from ringtree.ir.wire import P2P_CODE, PROTO_SIMPLE, WireHeader, algo_code
 from ringtree.ops import ReduceOp, Reducer
 from ringtree.runtime import imported, protocols
 from ringtree.runtime.plan import Call, CStep, Desc, Region, compile_program
-from ringtree.schedules import Options, algorithms, build, needs_switch, options_for
+from ringtree.schedules import Options, algorithms, build, needs_switch, options_for, record
 from ringtree.transports import registry as transport_registry
 from ringtree.tuning.proto import LL, SIMPLE, choose_protocol
 from ringtree.tuning.tuner import MODELS, choose, tuned
@@ -310,6 +310,9 @@ class Planner:
         reduces SUM, MIN and MAX on SHARP's dtypes only: never a wrong answer)."""
         from ringtree.switch.wire import check_call
 
+        if record(spec.coll, algo).switch == "nvlink":
+            raise ValueError(f"{algo} reduces inside an NVLink switch (NVLS): ringtree "
+                             "sim models it, the executor cannot run it")
         nnodes = len(set(self.nodes))
         if nnodes < 2:
             return algo  # one host: the schedule never reaches a switch

@@ -8,6 +8,7 @@ from ringtree.schedules import (  # noqa: F401  (registration side effects)
     direct,
     halving_doubling,
     hierarchical,
+    nvls,
     ring,
     tree,
 )

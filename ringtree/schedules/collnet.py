@@ -57,7 +57,7 @@ def _vrank(n: int, part: int, group: int, ngroups: int) -> int:
     return n + part * (ngroups + 1) + group
 
 
-def _switch_tree(n: int, heads: list[int], part: int, parts: int, fanin: int
+def switch_tree(n: int, heads: list[int], part: int, parts: int, fanin: int
                  ) -> tuple[list[int], list]:
     """For one part: the up-peer of every head, and the switch Programs' step lists."""
     nnodes = len(heads)
@@ -83,6 +83,20 @@ def _switch_tree(n: int, heads: list[int], part: int, parts: int, fanin: int
     return up, progs
 
 
+def switch_programs(algo: str, n: int, base: int, heads: list[int], part: int, parts: int,
+                    fanin: int) -> tuple[dict[int, int], list[Program]]:
+    """One part's aggregation tree over ``heads`` (one rank per node), its switches
+    numbered from ``base``: every head's up-peer, and the switches' Programs."""
+    ups, progs = switch_tree(base, heads, part, parts, fanin)
+    out = []
+    for v, steps, members in progs:
+        chans = tuple(() for _ in range(part)) + (tuple(steps),)
+        out.append(Program(Collective.ALL_REDUCE, algo, n, v, parts, chans,
+                           scratch=2 * parts,
+                           meta={"virtual": "switch", "members": members, "tree": part}))
+    return dict(zip(heads, ups)), out
+
+
 @lru_cache(maxsize=64)
 def _plan(algo: str, n: int, opts: Options) -> tuple[list[list[int]], int, tuple, dict]:
     """Node groups, parts, virtual Programs and each head's up-peer for every part."""
@@ -100,15 +114,9 @@ def _plan(algo: str, n: int, opts: Options) -> tuple[list[list[int]], int, tuple
         fanin = _fanin(opts, len(groups))
         for p in range(parts):
             heads = [_head(algo, g, p, heads_per_node) for g in groups]
-            ups, progs = _switch_tree(n, heads, p, parts, fanin)
-            for hd, u in zip(heads, ups):
-                up[(hd, p)] = u
-            for v, steps, members in progs:
-                chans = tuple(() for _ in range(p)) + (tuple(steps),)
-                virtual.append(Program(Collective.ALL_REDUCE, algo, n, v, parts, chans,
-                                       scratch=2 * parts,
-                                       meta={"virtual": "switch", "members": members,
-                                             "tree": p}))
+            ups, progs = switch_programs(algo, n, n, heads, p, parts, fanin)
+            up.update({(hd, p): u for hd, u in ups.items()})
+            virtual += progs
     virtual.sort(key=lambda q: q.rank)
     where = {q: g for g in groups for q in g}
     return groups, parts, tuple(virtual), {"up": up, "hpn": heads_per_node, "where": where}

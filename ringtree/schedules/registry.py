@@ -69,7 +69,8 @@ class Algorithm:
       overlap the longer (1: one after the other; None: always 1);
     - ``switch``: it runs on an in-network aggregation switch (CollNet), so it is
       eligible only where a switch was set up, is never timed by the online choice,
-      and yields to a host algorithm for calls the switch cannot reduce;
+      and yields to a host algorithm for calls the switch cannot reduce; ``"nvlink"``:
+      on an NVSwitch (NVLS), which only the simulator models;
     - ``cost``: its α-β-γ cost as ``ringtree algo list`` prints it (p ranks, n bytes,
       s slices), for people: the tuner reads the Programs instead
       (:mod:`ringtree.schedules.stats`).
@@ -81,7 +82,7 @@ class Algorithm:
     cost: str = ""
     sized: Sized | None = None
     fill: Fill | None = None
-    switch: bool = False
+    switch: bool | str = False
     tuned: bool = True  # the tuner offers it unasked (False: it runs where named)
 
     def options(self, nbytes: int, opts: Options) -> Options:
@@ -98,7 +99,8 @@ _RECORDS: dict[tuple[Collective, str], Algorithm] = {}
 
 def register(collective: Collective | str, algo: str, *, cost: str = "",
              sized: Sized | None = None, fill: Fill | None = None,
-             switch: bool = False, tuned: bool = True) -> Callable[[Generator], Generator]:
+             switch: bool | str = False, tuned: bool = True
+             ) -> Callable[[Generator], Generator]:
     """Decorator: make ``gen`` the ``algo`` schedule of ``collective``, with the other
     fields of its :class:`Algorithm` record. Adding an algorithm is its module and one
     import line in ``ringtree/schedules/__init__.py``: nothing outside ``schedules/``
@@ -161,7 +163,7 @@ def options_for(collective: Collective | str, algo: str, nbytes: int,
 def needs_switch(collective: Collective | str, algo: str) -> bool:
     """Does ``algo`` run on an in-network aggregation switch (``Algorithm.switch``)?"""
     rec = _lookup(collective, algo)
-    return rec is not None and rec.switch
+    return rec is not None and bool(rec.switch)
 
 
 def generator(collective: Collective | str, algo: str) -> Generator | None:

@@ -42,9 +42,14 @@ run whose rank 0 has more steps and slices sent, times the ranks simulated, than
 :class:`~ringtree.sim.budget.TooLarge`, and ``ringtree sim`` says so at once and goes
 on (``--max-work 0`` lifts the limit).
 
-CollNet Programs bring *virtual ranks* (in-network reduction switches, see
-``ringtree.schedules.collnet``) which are placed on the topology's reduction-capable
-switches (:func:`.machine.placement.place`). ``tests/test_sim_conformance.py`` runs
+CollNet and NVLS Programs bring *virtual ranks* (in-network reduction switches, see
+``ringtree.schedules.collnet`` and ``ringtree.schedules.nvls``) which are placed on the
+topology's reduction-capable switches (:func:`.machine.placement.place`).
+
+``proto`` prices NCCL's GPU protocols (:mod:`.machine.protocols`): ``"LL"``, ``"LL128"``,
+``"Simple"``, any ``NCCL_PROTO`` string, or ``"auto"`` (the fastest of those the
+algorithm runs with, per size, as NCCL's tuner picks); :attr:`SimRun.proto` names the
+one that answered. ``None`` (the default) keeps the topology's own costs. ``tests/test_sim_conformance.py`` runs
 every engine against the reference on every registered schedule.
 """
 
@@ -54,7 +59,7 @@ import gc
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ringtree.ir.program import Collective, Program, parse_collective
 from ringtree.schedules import Options, options_for
@@ -65,7 +70,7 @@ from ringtree.sim.compile.structure import Sweep
 from ringtree.sim.engines import batched, dispatch
 from ringtree.sim.engines.contract import Job, Result
 from ringtree.sim.fold import choice
-from ringtree.sim.machine import presets
+from ringtree.sim.machine import presets, protocols
 from ringtree.sim.machine.cluster import Topology
 from ringtree.sim.machine.model import Aware, Rules, Unaware
 from ringtree.sim.machine.placement import place
@@ -111,6 +116,7 @@ class SimRun:
     simulated: int = 0         # ranks actually simulated (fewer when folded)
     engine: str = ""
     declined: tuple[tuple[str, str], ...] = ()
+    proto: str = ""            # NCCL protocol priced (:mod:`.machine.protocols`); '' none
 
     @property
     def algbw(self) -> float:
@@ -204,8 +210,10 @@ def _equal_chunks(coll: Collective, algo: str, nranks: int) -> int:
 
 
 def _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes, in_place,
-          engine) -> _Call:
-    return _Call(parse_collective(coll), algo.lower(), topo, Rules.of(model, topo), itemsize,
+          engine, proto: str | None = None) -> _Call:
+    coll = parse_collective(coll)
+    topo = protocols.priced(topo, coll.value, algo.lower(), proto)
+    return _Call(coll, algo.lower(), topo, Rules.of(model, topo), itemsize,
                  choice.options(topo, root, channels, params), slice_bytes, in_place,
                  dispatch.forced(engine))
 
@@ -216,7 +224,7 @@ def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
              in_place: bool = False, trace: bool = False, params: tuple = (),
              symmetry: bool = True, programs: list[Program] | None = None,
              sweep: Sweep | None = None, max_work: int = budget.MAX_WORK,
-             engine: str | None = None) -> SimRun:
+             engine: str | None = None, proto: str | None = None) -> SimRun:
     """Simulate ``coll`` with ``algo`` moving ``nbytes`` (nccl-tests size) on ``topo``.
 
     ``model``: ``aware`` / ``unaware`` or ``fast`` (the α-β engine: the unaware model's
@@ -229,14 +237,29 @@ def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
     this once folded (0: no limit). ``engine``: run on this engine only
     (:mod:`.engines.dispatch`; default ``RINGTREE_SIM_ENGINE``, else the first that
     accepts). The Programs are generated with the options the runtime would use for a
-    call of this size (:func:`ringtree.schedules.options_for`).
+    call of this size (:func:`ringtree.schedules.options_for`). ``proto``: NCCL's
+    protocol(s) to price (:mod:`.machine.protocols`; several: the fastest answers).
     """
-    call = _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes,
-                 in_place, engine)
-    with _no_gc():
-        plan = call.plan(nbytes, symmetry and not trace, programs, not trace, sweep,
-                         max_work)
-        return call.finish(plan, nbytes, trace)
+    runs = []
+    for p in _protos(coll, algo, proto):
+        call = _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes,
+                     in_place, engine, p)
+        with _no_gc():
+            plan = call.plan(nbytes, symmetry and not trace, programs, not trace,
+                             sweep if p is None else None, max_work)
+            runs.append(_named(call.finish(plan, nbytes, trace), p))
+    return min(runs, key=lambda r: r.time_ns)
+
+
+def _protos(coll: Collective | str, algo: str, proto: str | None) -> tuple[str | None, ...]:
+    """The protocols a call prices: none (the topology's own costs), or NCCL's."""
+    if proto is None:
+        return (None,)
+    return protocols.choices(proto, parse_collective(coll).value, algo.lower())
+
+
+def _named(run: SimRun, proto: str | None) -> SimRun:
+    return run if proto is None else replace(run, proto=protocols.NAMES[proto])
 
 
 # progress callback ``f(events)`` of the running simulation (set by the CLI)
@@ -269,7 +292,7 @@ def simulate_sizes(coll: Collective | str, algo: str, topo: Topology, sizes: Seq
                    params: tuple = (), symmetry: bool = True, sweep: Sweep | None = None,
                    max_work: int = budget.MAX_WORK,
                    each: Callable[[int, SimRun], None] | None = None,
-                   engine: str | None = None) -> list[SimRun]:
+                   engine: str | None = None, proto: str | None = None) -> list[SimRun]:
     """:func:`simulate` of every size of a sweep, in order: the same answers, bit for bit.
 
     Consecutive sizes whose runs read one shared template of one structure (a ring's
@@ -278,13 +301,26 @@ def simulate_sizes(coll: Collective | str, algo: str, topo: Topology, sizes: Seq
     size, so a level's Python is paid once for all of them instead of once per size. A
     copy that breaks the batch's order is taken out and simulated alone (the dispatcher's
     next engines), and the others stacked again. ``each(i, run)`` is called as the run of
-    ``sizes[i]`` is known (the stacked ones when their batch ends)."""
+    ``sizes[i]`` is known (the stacked ones when their batch ends). ``proto`` as for
+    :func:`simulate`: with several protocols each size's fastest is kept."""
+    protos = _protos(coll, algo, proto)
+    if len(protos) > 1:
+        per = [simulate_sizes(coll, algo, topo, sizes, model=model, itemsize=itemsize,
+                              root=root, channels=channels, slice_bytes=slice_bytes,
+                              in_place=in_place, params=params, symmetry=symmetry,
+                              sweep=None if sweep is None else Sweep(), max_work=max_work,
+                              engine=engine, proto=p) for p in protos]
+        best = [min(row, key=lambda r: r.time_ns) for row in zip(*per)]
+        for i, run in enumerate(best):
+            if each is not None:
+                each(i, run)
+        return best
     call = _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes,
-                 in_place, engine)
+                 in_place, engine, protos[0])
     runs: list[SimRun | None] = [None] * len(sizes)
 
     def done(i: int, run: SimRun) -> None:
-        runs[i] = run
+        run = runs[i] = _named(run, protos[0])
         if each is not None:
             each(i, run)
 

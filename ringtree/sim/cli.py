@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--channels", "-c", type=int, default=None,
                    help="channels per schedule (default: the topology's, e.g. its NICs)")
     p.add_argument("--model", "-m", default="aware", choices=["aware", "unaware", "fast"])
+    p.add_argument("--proto", "-p", default=None,
+                   help="NCCL protocols, NCCL_PROTO's syntax (LL,LL128 / ^LL128 / "
+                        "allreduce:LL); each row shows the fastest enabled one. Default: "
+                        "auto (all) on GPU presets, none (the topology's own costs) "
+                        "elsewhere")
     p.add_argument("--slice", default="1M", help="executor slice size (default 1M)")
     p.add_argument("--plot", help="write busbw vs size to this PNG (needs matplotlib)")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the largest size")
@@ -88,8 +93,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _row(run: SimRun, count: int, dtype: str, root: int, best: bool) -> str:
     us = run.time_ns / 1e3
+    proto = f"  {run.proto:>6}" if run.proto else ""
     return (f"{run.nbytes:12d}  {count:12d}  {dtype:>8}  {'sum':>6}  {root:6d}  "
-            f"{us:9.2f}  {run.algbw:7.2f}  {run.busbw:7.2f}{'  *' if best else ''}")
+            f"{us:9.2f}  {run.algbw:7.2f}  {run.busbw:7.2f}{proto}{'  *' if best else ''}")
 
 
 def _imported(algo: str, coll: Collective) -> str:
@@ -141,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtree sim: {got}", file=sys.stderr)
         return 2
     coll, topo, algos = got
+    proto = args.proto if args.proto is not None else ("auto" if topo.arch else None)
     itemsize = DTYPES[args.datatype]
     todo = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
                  parse_size(args.stepbytes))
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                                  Collective.SCATTER) else -1
     print(f"# ringtree sim {coll.value} on {topo.name}: {topo.nranks} ranks, "
           f"model {args.model}, channels {args.channels or topo.channels}, "
-          f"slice {parse_size(args.slice)} B")
+          f"slice {parse_size(args.slice)} B{f', protocols {proto}' if proto else ''}")
     results: dict[str, dict[int, SimRun]] = {}
     walls: dict[str, float] = {}
     t_all = time.perf_counter()
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 root=max(root, 0), channels=args.channels,
                 slice_bytes=parse_size(args.slice), symmetry=not args.no_fold,
                 sweep=None if args.no_fold else Sweep(), max_work=int(args.max_work),
-                each=done, engine=args.engine)
+                each=done, engine=args.engine, proto=proto)
         except (ValueError, RuntimeError) as e:
             return ("skipped", str(e), finished[0])
         # the tables need times, not every step's (nor sent back from a worker)
@@ -206,7 +213,9 @@ def _tables(results: dict[str, dict[int, SimRun]], todo: list[int], coll: Collec
         if results else {}
     for algo, runs in results.items():
         print(f"#\n# algo: {algo}")
-        print("#       size         count      type   redop    root      time   algbw   busbw")
+        pr = "   proto" if any(r.proto for r in runs.values()) else ""
+        print("#       size         count      type   redop    root      time   algbw   busbw"
+              + pr)
         print("#        (B)    (elements)                                (us)  (GB/s)  (GB/s)")
         for s in todo:
             print(_row(runs[s], count_for(coll, s, nranks, itemsize), datatype, root,
@@ -282,9 +291,11 @@ def _trace(path: str, results: dict, coll: Collective, topo, size: int, args,
         out = Path(path)
         if len(results) > 1:
             out = out.with_name(f"{out.stem}.{algo}{out.suffix or '.json'}")
+        proto = results[algo][size].proto or None
         run = simulate(coll, algo, topo, size, model="aware" if args.model == "fast" else
                        args.model, itemsize=itemsize, root=max(args.root, 0),
-                       channels=args.channels, slice_bytes=parse_size(args.slice), trace=True)
+                       channels=args.channels, slice_bytes=parse_size(args.slice), trace=True,
+                       proto=proto)
         res = run.result
         assert res is not None and res.compiled is not None and res.devices is not None
         trace.write(out, res, res.compiled, topo, res.devices)

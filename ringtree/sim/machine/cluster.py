@@ -71,7 +71,9 @@ class Topology:
     channels for schedules run on it; ``dims`` describes ``dor`` networks as
     ``(kind, size, bandwidth, latency)`` per dimension; ``launch_ns`` a fixed cost per
     collective call (NCCL's ``baseLat``; the Python API's call overhead on ``local``);
-    ``uplinks`` how network switches choose among uplinks (:mod:`.routing`)."""
+    ``uplinks`` how network switches choose among uplinks (:mod:`.routing`); ``arch`` the
+    GPUs' generation (``volta``, ``ampere``, ``hopper``, ``blackwell``; '' unknown), which
+    picks the row of NCCL's per-generation protocol tables (:mod:`.protocols`)."""
 
     name: str
     devices: tuple[Device, ...]
@@ -85,6 +87,7 @@ class Topology:
     params: tuple[tuple[str, object], ...] = field(default=())
     launch_ns: float = 0.0
     uplinks: str = "dmodk"
+    arch: str = ""
 
     @property
     def nranks(self) -> int:
@@ -200,7 +203,8 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
              leaf_ports: int = 32, levels: int = 2, pod_leaves: int = 8,
              oversubscription: float = 1.0, rail_optimized: bool = True,
              sharp: bool = False, gpu_reduce_gbps: float = 0.0, overhead_ns: float = 0.0,
-             channels: int = 0, name: str = "fat_tree", uplinks: str = "dmodk") -> Topology:
+             channels: int = 0, name: str = "fat_tree", uplinks: str = "dmodk",
+             nvls: bool = False, arch: str = "") -> Topology:
     """Hosts of GPUs on an NVSwitch, NICs, and a two- or three-level fat-tree.
 
     Per node: GPUs ↔ NVSwitch (``nvlink_gbps`` each way per GPU), NVSwitch ↔ each NIC
@@ -212,6 +216,8 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
     with ``pod_leaves / oversubscription`` core uplinks. ``sharp`` makes every network
     switch an in-network reduction switch. Switch latency is ``switch_ns`` per hop.
     ``uplinks``: ``dmodk`` (InfiniBand's destination-mod-k) or ``hash`` (ECMP).
+    ``nvls`` makes every NVSwitch a reduction switch (NVLink SHARP, Hopper on); ``arch``
+    names the GPUs' generation (:attr:`Topology.arch`).
     """
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError("need at least one node with one GPU")
@@ -219,7 +225,7 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
     links: list[Link] = []
     ranks: list[int] = []
     nics = [_node(devices, links, ranks, n, gpus_per_node, nics_per_node if nodes > 1 else 0,
-                  nvlink_gbps, nvlink_ns, pcie_gbps, pcie_ns, gpu_reduce_gbps)
+                  nvlink_gbps, nvlink_ns, pcie_gbps, pcie_ns, gpu_reduce_gbps, nvls)
             for n in range(nodes)]
     if nodes > 1 and nics_per_node > 0:
         up = max(1, round(leaf_ports / oversubscription))
@@ -241,18 +247,18 @@ def fat_tree(nodes: int, *, gpus_per_node: int = 8, nics_per_node: int = 8,
     fanin = leaf_ports if rail_optimized else max(1, leaf_ports // max(1, nics_per_node))
     return Topology(name, tuple(devices), tuple(links), tuple(ranks), "updown", GB,
                     overhead_ns, channels or max(1, nics_per_node),
-                    params=(("collnet_fanin", fanin),), uplinks=uplinks)
+                    params=(("collnet_fanin", fanin),), uplinks=uplinks, arch=arch)
 
 
 def _node(devices: list[Device], links: list[Link], ranks: list[int], n: int, gpus: int,
           nics: int, nvlink_gbps: float, nvlink_ns: float, pcie_gbps: float, pcie_ns: float,
-          reduce_gbps: float) -> list[int]:
+          reduce_gbps: float, nvls: bool = False) -> list[int]:
     """One host: GPUs on an NVSwitch, NICs behind it; returns the NICs' devices."""
     first = len(devices)
     for g in range(gpus):
         devices.append(Device(f"n{n}.gpu{g}", "gpu", n, 0, False, reduce_gbps))
     ranks += range(first, first + gpus)
-    devices.append(Device(f"n{n}.nvswitch", "nvswitch", n, 1))
+    devices.append(Device(f"n{n}.nvswitch", "nvswitch", n, 1, nvls))
     nvs = len(devices) - 1
     for g in range(first, first + gpus):
         _both(links, g, nvs, nvlink_gbps, nvlink_ns)
@@ -311,7 +317,7 @@ def to_dict(t: Topology) -> dict:
         "params": [list(p) for p in t.params],
         "devices": [asdict(d) for d in t.devices],
         "links": [[lk.src, lk.dst, lk.bandwidth, lk.latency] for lk in t.links],
-        "ranks": list(t.ranks), "uplinks": t.uplinks,
+        "ranks": list(t.ranks), "uplinks": t.uplinks, "arch": t.arch,
     }
 
 
@@ -342,6 +348,7 @@ def from_dict(d: dict) -> Topology:
         params=tuple((str(k), v) for k, v in d.get("params", ())),
         launch_ns=float(d.get("launch_ns", 0.0)),
         uplinks=str(d.get("uplinks", "dmodk")),
+        arch=str(d.get("arch", "")),
     )
 
 

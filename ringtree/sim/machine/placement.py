@@ -14,12 +14,22 @@ __all__ = ["place"]
 def place(programs: Sequence[Program], topo: Topology) -> list[int]:
     """Device of every rank: real ranks where the topology puts them; a virtual rank on
     the reduction-capable switch closest to its members (lowest common ancestor for
-    hierarchical networks; ties broken by the virtual rank's ``meta['tree']``)."""
+    hierarchical networks; ties broken by the virtual rank's ``meta['tree']``). A virtual
+    rank of ``meta['domain'] == 'nvlink'`` (NVLS) goes on an NVSwitch, the others on
+    network switches."""
     n = topo.nranks
     devices = list(topo.ranks)
-    cands = [i for i, d in enumerate(topo.devices) if d.reduce]
+    kinds = {True: [], False: []}  # type: dict[bool, list[int]]
+    for i, d in enumerate(topo.devices):
+        if d.reduce:
+            kinds[d.kind == "nvswitch"].append(i)
     for p in programs[n:]:
+        nvlink = p.meta.get("domain") == "nvlink"
+        cands = kinds[nvlink]
         if not cands:
+            if nvlink:
+                raise ValueError(f"{topo.name} has no NVLink SHARP switch (algorithm "
+                                 f"{p.algo} needs an NVSwitch that reduces, as dgx_h100's)")
             raise ValueError(f"{topo.name} has no in-network reduction switch "
                              f"(algorithm {p.algo} needs one; try a *_sharp preset)")
         members = [devices[m] for m in p.meta.get("members", ())]

@@ -47,14 +47,17 @@ def dgx_a100(nodes: int = 1, sharp: bool = False, **kw: Any) -> Topology:
     """DGX-A100: 8 A100 (NVLink3, 600 GB/s bidirectional per GPU) on NVSwitch, 8× HDR
     200 Gb/s NICs (PCIe Gen4), SuperPOD-style rail-optimized leaves of 20 nodes."""
     return _dgx(nodes, sharp, kw, "dgx_a100", nvlink_gbps=235.0, pcie_gbps=25.6,
-                nic_gbps=20.0, leaf_ports=20, gpu_reduce_gbps=650.0)
+                nic_gbps=20.0, leaf_ports=20, gpu_reduce_gbps=650.0, arch="ampere")
 
 
 def dgx_h100(nodes: int = 1, sharp: bool = False, **kw: Any) -> Topology:
     """DGX-H100: 8 H100 (NVLink4, 900 GB/s bidirectional per GPU) on NVSwitch, 8× NDR
-    400 Gb/s NICs (PCIe Gen5), SuperPOD-style rail-optimized leaves of 32 nodes."""
+    400 Gb/s NICs (PCIe Gen5), SuperPOD-style rail-optimized leaves of 32 nodes. The
+    third-generation NVSwitch reduces in the switch (NVLink SHARP, the ``nvls``
+    schedules)."""
     return _dgx(nodes, sharp, kw, "dgx_h100", nvlink_gbps=360.0, pcie_gbps=51.2,
-                nic_gbps=48.5, leaf_ports=32, gpu_reduce_gbps=1100.0)
+                nic_gbps=48.5, leaf_ports=32, gpu_reduce_gbps=1100.0, nvls=True,
+                arch="hopper")
 
 
 def nvswitch(nodes: int = 8, **kw) -> Topology:

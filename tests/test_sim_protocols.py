@@ -1,0 +1,98 @@
+"""NCCL's protocols in the simulator: each reduces to its closed form on two ranks and one
+link, NCCL_PROTO's syntax, the caps of tuning.cc, and the fastest one per size."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringtree.sim import presets, simulate, simulate_sizes
+from ringtree.sim.cli import main
+from ringtree.sim.machine import cluster as T
+from ringtree.sim.machine import protocols as P
+
+BW, LAT, O = 50.0, 700.0, 1000.0        # GB/s = bytes/ns, ns per link, ns per transfer
+
+
+def _closed_form(proto: str, nbytes: int, algo: str = "ring") -> float:
+    """Two ranks, one link each way: a ring all-reduce is two transfers of n/2 bytes
+    (reduce-scatter, all-gather), each o + latency + (n/2)/B, plus NCCL's base latency;
+    LL and LL128 scale B by 8/16 and 120/128 and the latencies by tuning.cc's hwLat
+    ratios (the link joins two hosts: NET; o: NVLink's)."""
+    i = P.PROTOCOLS.index(proto)
+    r_nvl = P.HW_LAT["nvlink"][algo][i] / P.HW_LAT["nvlink"]["ring"][2]
+    r_net = P.HW_LAT["net"][algo][i] / P.HW_LAT["net"]["ring"][2]
+    eff = {"ll": 0.5, "ll128": 120 / 128, "simple": 1.0}[proto]
+    return (P.BASE_LAT[algo][i] * 1e3 + 2 * (O * r_nvl + LAT * r_net)
+            + nbytes / (BW * eff))
+
+
+@pytest.mark.parametrize("proto", ["ll", "ll128", "simple"])
+@pytest.mark.parametrize("model", ["unaware", "aware"])
+def test_each_protocol_is_its_closed_form_on_two_ranks(proto, model):
+    topo = T.fully_connected(2, BW, LAT, overhead_ns=O)
+    for nbytes in (8, 4096, 1 << 20):       # one loop of the ring: two transfers
+        run = simulate("all_reduce", "ring", topo, nbytes, model=model, proto=proto)
+        assert run.time_ns == pytest.approx(_closed_form(proto, nbytes), rel=1e-12)
+        assert run.proto == P.NAMES[proto]
+
+
+def test_no_protocol_keeps_the_topology_s_own_costs():
+    topo = T.fully_connected(2, BW, LAT, overhead_ns=O)
+    run = simulate("all_reduce", "ring", topo, 1 << 20)
+    assert run.proto == "" and run.time_ns == pytest.approx(2 * (O + LAT) + (1 << 20) / BW)
+
+
+def test_nccl_proto_syntax():
+    assert P.parse("LL,LL128", "all_reduce") == ("ll", "ll128")
+    assert P.parse("^LL128", "all_gather") == ("ll", "simple")
+    assert P.parse("simple;allreduce:^LL", "all_reduce") == ("ll128", "simple")
+    assert P.parse("simple;allreduce:^LL", "broadcast") == ("simple",)
+    assert P.parse("^LL128;allreduce:LL128", "all_reduce") == ("ll128",)
+    with pytest.raises(ValueError, match="unrecognized element token 'll64'"):
+        P.parse("LL64", "all_reduce")
+    with pytest.raises(ValueError, match="must have a prefix"):
+        P.parse("LL;Simple", "all_reduce")
+    with pytest.raises(ValueError, match="unrecognized prefix token 'alltoall'"):
+        P.parse("alltoall:LL", "all_reduce")
+    with pytest.raises(ValueError, match="Simple only"):
+        P.choices("LL", "all_reduce", "collnet_direct")
+    assert P.choices("auto", "all_reduce", "nvls") == ("simple",)
+
+
+def test_caps_follow_tuning_cc():
+    """LL is capped at llMaxBws (Hopper one node: 141 GB/s), LL128 at channels ×
+    perChMaxRingLL128Bws (36.7 GB/s a channel on Hopper), on a GPU's outgoing links."""
+    h = presets.get("dgx_h100", 1)
+    ll = P.priced(h, "all_reduce", "ring", "ll")
+    ll128 = P.priced(h, "all_reduce", "ring", "ll128")
+    gpu_out = [i for i, lk in enumerate(h.links) if h.devices[lk.src].kind == "gpu"]
+    assert {ll.links[i].bandwidth for i in gpu_out} == {141.0}
+    assert {ll128.links[i].bandwidth for i in gpu_out} == {
+        min(360.0 * 120 / 128, h.channels * 36.7)}
+    # across nodes LL's row is the host CPU's: DGX H100 (Intel) 2 nodes 39 GB/s
+    two = P.priced(presets.get("dgx_h100", 2), "all_reduce", "ring", "ll")
+    assert max(lk.bandwidth for lk in two.links if two.devices[lk.src].kind == "gpu") == 39.0
+    assert P.priced(h, "all_reduce", "ring", "ll") is ll      # kept for a sweep
+
+
+def test_auto_picks_the_fastest_per_size_like_nccl():
+    """LL for tiny messages, Simple for large ones (NCCL's tuner does the same)."""
+    topo = presets.get("dgx_h100", 1)
+    sizes = [8, 1 << 12, 1 << 27]
+    runs = simulate_sizes("all_reduce", "ring", topo, sizes, proto="auto")
+    assert [r.proto for r in runs] == ["LL", "LL", "Simple"]
+    for s, r in zip(sizes, runs):
+        each = [simulate("all_reduce", "ring", topo, s, proto=p).time_ns for p in P.PROTOCOLS]
+        assert r.time_ns == min(each)
+
+
+def test_cli_proto(capsys):
+    assert main(["all_reduce", "-t", "dgx_h100", "-N", "1", "--algo", "ring,collnet_direct",
+                 "-b", "8", "-e", "8", "--proto", "LL", "-j", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "protocols LL" in out and "collnet_direct: skipped (no protocol" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("8 "))
+    assert row.split()[-1] == "LL"
+    assert main(["all_reduce", "-t", "dgx_h100", "-N", "1", "-a", "ring", "-b", "8",
+                 "-e", "8", "--proto", "LL9", "-j", "1"]) == 0
+    assert "unrecognized element token" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from ringtree.sim.cli import main
 from ringtree.sim.machine import cluster as T
 from ringtree.sim.machine import protocols as P
 
-BW, LAT, O = 50.0, 700.0, 1000.0        # GB/s = bytes/ns, ns per link, ns per transfer
+BW, LAT, OVER = 50.0, 700.0, 1000.0        # GB/s = bytes/ns, ns per link, ns per transfer
 
 
 def _closed_form(proto: str, nbytes: int, algo: str = "ring") -> float:
@@ -22,14 +22,14 @@ def _closed_form(proto: str, nbytes: int, algo: str = "ring") -> float:
     r_nvl = P.HW_LAT["nvlink"][algo][i] / P.HW_LAT["nvlink"]["ring"][2]
     r_net = P.HW_LAT["net"][algo][i] / P.HW_LAT["net"]["ring"][2]
     eff = {"ll": 0.5, "ll128": 120 / 128, "simple": 1.0}[proto]
-    return (P.BASE_LAT[algo][i] * 1e3 + 2 * (O * r_nvl + LAT * r_net)
+    return (P.BASE_LAT[algo][i] * 1e3 + 2 * (OVER * r_nvl + LAT * r_net)
             + nbytes / (BW * eff))
 
 
 @pytest.mark.parametrize("proto", ["ll", "ll128", "simple"])
 @pytest.mark.parametrize("model", ["unaware", "aware"])
 def test_each_protocol_is_its_closed_form_on_two_ranks(proto, model):
-    topo = T.fully_connected(2, BW, LAT, overhead_ns=O)
+    topo = T.fully_connected(2, BW, LAT, overhead_ns=OVER)
     for nbytes in (8, 4096, 1 << 20):       # one loop of the ring: two transfers
         run = simulate("all_reduce", "ring", topo, nbytes, model=model, proto=proto)
         assert run.time_ns == pytest.approx(_closed_form(proto, nbytes), rel=1e-12)
@@ -37,9 +37,9 @@ def test_each_protocol_is_its_closed_form_on_two_ranks(proto, model):
 
 
 def test_no_protocol_keeps_the_topology_s_own_costs():
-    topo = T.fully_connected(2, BW, LAT, overhead_ns=O)
+    topo = T.fully_connected(2, BW, LAT, overhead_ns=OVER)
     run = simulate("all_reduce", "ring", topo, 1 << 20)
-    assert run.proto == "" and run.time_ns == pytest.approx(2 * (O + LAT) + (1 << 20) / BW)
+    assert run.proto == "" and run.time_ns == pytest.approx(2 * (OVER + LAT) + (1 << 20) / BW)
 
 
 def test_nccl_proto_syntax():

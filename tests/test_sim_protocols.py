@@ -13,17 +13,16 @@ from ringtree.sim.machine import protocols as P
 BW, LAT, OVER = 50.0, 700.0, 1000.0        # GB/s = bytes/ns, ns per link, ns per transfer
 
 
-def _closed_form(proto: str, nbytes: int, algo: str = "ring") -> float:
+def _closed_form(proto: str, nbytes: int) -> float:
     """Two ranks, one link each way: a ring all-reduce is two transfers of n/2 bytes
-    (reduce-scatter, all-gather), each o + latency + (n/2)/B, plus NCCL's base latency;
-    LL and LL128 scale B by 8/16 and 120/128 and the latencies by tuning.cc's hwLat
-    ratios (the link joins two hosts: NET; o: NVLink's)."""
+    (reduce-scatter, all-gather), each costing one step's latency and (n/2)/B, plus
+    NCCL's base latency (``baseLatencies``). A step between hosts of one GPU costs
+    tuning.cc's ``hwLat[NET][Tree]`` for LL and LL128 (NCCL's ppn = 1 rule) and the
+    topology's own o + latency for Simple; LL and LL128 carry 8/16 and 120/128 of B."""
     i = P.PROTOCOLS.index(proto)
-    r_nvl = P.HW_LAT["nvlink"][algo][i] / P.HW_LAT["nvlink"]["ring"][2]
-    r_net = P.HW_LAT["net"][algo][i] / P.HW_LAT["net"]["ring"][2]
+    step = OVER + LAT if proto == "simple" else P.HW_LAT["net"]["tree"][i] * 1e3
     eff = {"ll": 0.5, "ll128": 120 / 128, "simple": 1.0}[proto]
-    return (P.BASE_LAT[algo][i] * 1e3 + 2 * (OVER * r_nvl + LAT * r_net)
-            + nbytes / (BW * eff))
+    return P.BASE_LAT["ring"][i] * 1e3 + 2 * step + nbytes / (BW * eff)
 
 
 @pytest.mark.parametrize("proto", ["ll", "ll128", "simple"])

@@ -66,9 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", "-m", default="aware", choices=["aware", "unaware", "fast"])
     p.add_argument("--proto", "-p", default=None,
                    help="NCCL protocols, NCCL_PROTO's syntax (LL,LL128 / ^LL128 / "
-                        "allreduce:LL); each row shows the fastest enabled one. Default: "
-                        "auto (all) on GPU presets, none (the topology's own costs) "
-                        "elsewhere")
+                        "allreduce:LL); each row shows the fastest enabled one; none: "
+                        "the topology's own costs. Default: auto (all three) on GPU "
+                        "presets, none elsewhere")
     p.add_argument("--slice", default="1M", help="executor slice size (default 1M)")
     p.add_argument("--plot", help="write busbw vs size to this PNG (needs matplotlib)")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the largest size")
@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringtree sim: {got}", file=sys.stderr)
         return 2
     coll, topo, algos = got
-    proto = args.proto if args.proto is not None else ("auto" if topo.arch else None)
+    proto = args.proto if args.proto is not None else ("auto" if topo.arch else "none")
+    proto = None if proto.lower() == "none" else proto
     itemsize = DTYPES[args.datatype]
     todo = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
                  parse_size(args.stepbytes))

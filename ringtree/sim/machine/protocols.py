@@ -8,11 +8,12 @@ engine runs it unchanged (NCCL 2.30.7 ``src/graph/tuning.cc``, ``src/include/dev
   (``union ncclLLFifoLine``): every link carries data at 8/16 of its rate; LL128 sends
   128-byte lines of 120 data bytes and one 8-byte flag (``NCCL_LL128_LINESIZE``,
   ``DATAELEMS 15`` of 16): 120/128; Simple 1;
-- **per-step latency** — NCCL's ``hwLatencies[link][algo][proto]``: for Ring and Tree
-  every link's latency is scaled by ``hwLat[class][algo][proto] / hwLat[class][Ring]
-  [Simple]``, class NVLINK for links inside a node and NET for the others, and the
-  per-transfer overhead o by the NVLINK ratio (a GPU's cost per step), so Ring/Simple
-  keeps the topology's own costs (what the presets calibrate);
+- **per-step latency** — NCCL's ``hwLatencies[link][algo][proto]``. LL and LL128: the
+  per-transfer overhead o and the latencies of links inside a node are scaled so that a
+  step between two GPUs of a node costs ``hwLat[NVLINK]``, and the links between nodes so
+  that a step between nodes costs ``hwLat[NET]`` (:func:`_scales`). Simple keeps the
+  topology's own costs (what the presets calibrate, as Ring/Simple), Tree's scaled by
+  NCCL's Tree/Ring Simple ratio;
 - **base latency** — ``baseLatencies[algo][proto]`` once per call (``launch_ns``), plus,
   for the algorithms NCCL prices per call rather than per step (CollNet, NVLS), their
   ``hwLat`` terms as its formulas combine them (:func:`_per_call`); the schedule's own
@@ -134,11 +135,52 @@ def _caps(topo: Topology, algo: str, proto: str) -> float | None:
 
 
 def _ratio(cls: str, algo: str, proto: str) -> float:
-    """Per-step latency of NCCL's row against Ring/Simple's, which the topology's own
-    costs stand for; 1 for the rows NCCL prices per call (:func:`_per_call`)."""
+    """Simple's per-step latency of NCCL's row against Ring/Simple's, which the topology's
+    own costs stand for; 1 for the rows NCCL prices per call (:func:`_per_call`)."""
     if row(algo) not in ("ring", "tree"):
         return 1.0
     return HW_LAT[cls][row(algo)][PROTOCOLS.index(proto)] / HW_LAT[cls]["ring"][2]
+
+
+def _route_latency(topo: Topology, a: int, b: int) -> tuple[float, float]:
+    """(Σ latency of the links inside nodes, Σ of the others) from rank a to rank b."""
+    intra = net = 0.0
+    for i in topo.route(topo.ranks[a], topo.ranks[b]):
+        if _intra(topo, topo.links[i]):
+            intra += topo.links[i].latency
+        else:
+            net += topo.links[i].latency
+    return intra, net
+
+
+def _scales(topo: Topology, algo: str, proto: str) -> tuple[float, float]:
+    """Factors for (the overhead and links inside nodes, links between nodes).
+
+    Simple: NCCL's Simple ratios (:func:`_ratio`). LL and LL128: a step costs what
+    ``tuning.cc`` tabulates, ``hwLat[NVLINK]`` between two GPUs of a node and
+    ``hwLat[NET]`` between nodes (the Tree row when nodes hold one GPU: NCCL's
+    ``ppn == 1`` rule; at least ``netOverhead``, 1 µs on Intel / 2 µs on AMD hosts, inside
+    a node for multi-node rings), measured on the routes from rank 0."""
+    if proto == "simple" or row(algo) not in ("ring", "tree"):
+        return _ratio("nvlink", algo, proto), _ratio("net", algo, proto)
+    i, r = PROTOCOLS.index(proto), row(algo)
+    node = [topo.devices[d].node for d in topo.ranks]
+    mate = next((q for q in range(1, topo.nranks) if node[q] == node[0]), None)
+    far = next((q for q in range(1, topo.nranks) if node[q] != node[0]), None)
+    want_intra = HW_LAT["nvlink"][r][i] * 1e3
+    if far is not None and r == "ring":
+        want_intra = max(want_intra, 2e3 if topo.arch in AMD_HOSTS else 1e3)
+    if mate is None:
+        k_in = _ratio("nvlink", algo, proto)
+    else:
+        k_in = want_intra / max(1e-9, topo.overhead_ns + sum(_route_latency(topo, 0, mate)))
+    if far is None:
+        return k_in, k_in
+    want_net = HW_LAT["net"]["tree" if mate is None else r][i] * 1e3
+    intra, net = _route_latency(topo, 0, far)
+    if net <= 0:
+        return k_in, k_in
+    return k_in, max(0.0, want_net - (topo.overhead_ns + intra) * k_in) / net
 
 
 def _per_call(topo: Topology, algo: str) -> float:
@@ -194,7 +236,7 @@ def priced(topo: Topology, collective: str, algo: str, proto: str | None) -> Top
         raise ValueError(f"{algo} runs with the Simple protocol only (NCCL has no "
                          f"{NAMES[p]} kernel for it)")
     eff, cap = EFFICIENCY[p], _caps(topo, algo, p)
-    r_nvl, r_net = _ratio("nvlink", algo, p), _ratio("net", algo, p)
+    r_nvl, r_net = _scales(topo, algo, p)
     links = []
     for lk in topo.links:
         intra = _intra(topo, lk)

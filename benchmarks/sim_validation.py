@@ -50,8 +50,12 @@ ROWS = [
     ("DGX A100 + SHArP, 16 nodes", "bw", "all_reduce", "dgx_a100_sharp", 16, {},
      ("collnet_direct",), GiB, (210.0, 230.0),
      "sjeaugey in NVIDIA/nccl#320: CollNet with 8 NICs is NVLink-bound at ~110 GB/s algbw, "
-     "~220 GB/s busbw", "maintainer's estimate. miss, not explained yet: the simulated "
-     "CollNetDirect reaches about half of its NIC-bound algbw (81 of 160 GB/s)"),
+     "~220 GB/s busbw", "maintainer's estimate. miss: each GPU's NVLink carries 15/8 of "
+     "the buffer (scatter to the heads, the heads' multicast back, a head's share to its "
+     "NIC), so ≤ 125 GB/s algbw; the simulator issues sends without back-pressure, so a "
+     "GPU's whole scatter is queued on its NVLink ahead of the multicast it heads and the "
+     "two do not overlap as NCCL's chunked pipeline makes them (81 GB/s algbw; traced at "
+     "256 MiB on 2 nodes: every NVLink busy 2.14 of 3.46 ms)"),
     ("DGX H100, 1 node, ring", "bw", "all_reduce", "dgx_h100", 1, {}, ("ring",), 2 * GiB,
      (365.0, 370.0), "NVIDIA/nccl#1455 (NCCL_ALGO=RING, 2–4 GiB); sjeaugey in "
      "NVIDIA/nccl-tests#212 (~370 GB/s)", ""),
@@ -230,6 +234,14 @@ LL128's enable rules are not modeled; a protocol's bandwidth caps use the topolo
 channels (8 on the DGX presets; NCCL often runs 16 or more on H100, which lifts LL128's
 per-channel cap). NVLS and CollNet add NCCL's per-call hardware latency on top of the
 schedule's own hops, so their small-message latency is slightly counted twice.
+
+A limit of the engines, not of the protocols: sends are issued without back-pressure
+(NCCL's 8-slot FIFO credits are not modeled), so where a GPU's link carries two phases
+of a schedule — CollNetDirect's scatter and multicast, NVLS's `ld_reduce` and `st` — the
+first phase is queued whole ahead of the second and they do not overlap. CollNetDirect's
+row misses for this reason; NVLS's single-node schedule merges the two phases in the
+switch and charges the head's round trip as a bandwidth factor instead
+(`ringtree/schedules/nvls.py`).
 
 ## Protocol crossovers on the DGX presets
 

@@ -95,3 +95,7 @@ def test_cli_proto(capsys):
     assert main(["all_reduce", "-t", "dgx_h100", "-N", "1", "-a", "ring", "-b", "8",
                  "-e", "8", "--proto", "LL9", "-j", "1"]) == 0
     assert "unrecognized element token" in capsys.readouterr().out
+    assert main(["all_reduce", "-t", "dgx_h100", "-N", "1", "-a", "ring", "-b", "8",
+                 "-e", "8", "--proto", "none", "-j", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "protocols" not in out and "proto" not in out

@@ -99,3 +99,17 @@ def test_cli_proto(capsys):
                  "-e", "8", "--proto", "none", "-j", "1"]) == 0
     out = capsys.readouterr().out
     assert "protocols" not in out and "proto" not in out
+
+
+def test_an_msccl_file_runs_on_the_protocol_it_was_written_for(tmp_path):
+    """MSCCL's executors run a file on its ``proto``: ``auto`` prices that one only."""
+    from ringtree.tools.algo import main as algo_main
+
+    out = tmp_path / "ringll.xml"
+    assert algo_main(["export", "ring", "all_reduce", "-n", "8", "--proto", "LL",
+                      "-o", str(out)]) == 0
+    topo = presets.get("dgx_h100", 1)
+    run = simulate("all_reduce", f"msccl:{out}", topo, 1 << 27, proto="auto")
+    assert run.proto == "LL"
+    with pytest.raises(ValueError, match="runs with LL only"):
+        simulate("all_reduce", f"msccl:{out}", topo, 8, proto="Simple")

@@ -62,7 +62,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
 from ringtree.ir.program import Collective, Program, parse_collective
-from ringtree.schedules import Options, options_for
+from ringtree.schedules import Options, generate, options_for
 from ringtree.sim import budget
 from ringtree.sim.compile import template
 from ringtree.sim.compile.compiled import DEFAULT_SLICE_BYTES
@@ -241,7 +241,7 @@ def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
     protocol(s) to price (:mod:`.machine.protocols`; several: the fastest answers).
     """
     runs = []
-    for p in _protos(coll, algo, proto):
+    for p in _protos(coll, algo, proto, topo.nranks):
         call = _call(coll, algo, topo, model, itemsize, root, channels, params, slice_bytes,
                      in_place, engine, p)
         with _no_gc():
@@ -251,11 +251,24 @@ def simulate(coll: Collective | str, algo: str, topo: Topology, nbytes: int, *,
     return min(runs, key=lambda r: r.time_ns)
 
 
-def _protos(coll: Collective | str, algo: str, proto: str | None) -> tuple[str | None, ...]:
+def _protos(coll: Collective | str, algo: str, proto: str | None, nranks: int
+            ) -> tuple[str | None, ...]:
     """The protocols a call prices: none (the topology's own costs), or NCCL's."""
     if proto is None:
         return (None,)
-    return protocols.choices(proto, parse_collective(coll).value, algo.lower())
+    return protocols.choices(proto, parse_collective(coll).value, algo.lower(),
+                             _declared(coll, algo, nranks))
+
+
+def _declared(coll: Collective | str, algo: str, nranks: int) -> str | None:
+    """The protocol an MSCCL-IR file was written for (its executors run that one)."""
+    if not algo.lower().startswith("msccl:"):
+        return None
+    try:
+        p = generate(coll, algo, nranks, 0).meta.get("proto")
+    except ValueError:
+        return None                      # simulate() says what is wrong with it
+    return p.lower() if isinstance(p, str) and p.lower() in protocols.PROTOCOLS else None
 
 
 def _named(run: SimRun, proto: str | None) -> SimRun:
@@ -303,7 +316,7 @@ def simulate_sizes(coll: Collective | str, algo: str, topo: Topology, sizes: Seq
     next engines), and the others stacked again. ``each(i, run)`` is called as the run of
     ``sizes[i]`` is known (the stacked ones when their batch ends). ``proto`` as for
     :func:`simulate`: with several protocols each size's fastest is kept."""
-    protos = _protos(coll, algo, proto)
+    protos = _protos(coll, algo, proto, topo.nranks)
     if len(protos) > 1:
         per = [simulate_sizes(coll, algo, topo, sizes, model=model, itemsize=itemsize,
                               root=root, channels=channels, slice_bytes=slice_bytes,

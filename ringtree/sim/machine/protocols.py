@@ -257,14 +257,17 @@ def priced(topo: Topology, collective: str, algo: str, proto: str | None) -> Top
     return out
 
 
-def choices(spec: str, collective: str, algo: str) -> tuple[str, ...]:
+def choices(spec: str, collective: str, algo: str, declared: str | None = None
+            ) -> tuple[str, ...]:
     """The protocols to try for ``algo``: ``auto`` (every one it runs with, the fastest
-    wins, as NCCL's tuner picks) or an ``NCCL_PROTO`` string, within :func:`allowed`."""
+    wins, as NCCL's tuner picks) or an ``NCCL_PROTO`` string, within :func:`allowed`, or
+    only ``declared`` (an MSCCL-IR file's protocol, the one its executors run)."""
     wanted = PROTOCOLS if spec.strip().lower() == "auto" else parse(spec, collective)
-    got = tuple(p for p in wanted if p in allowed(algo))
+    runs = allowed(algo) if declared is None else (declared,)
+    got = tuple(p for p in wanted if p in runs)
     if not got:
         raise ValueError(f"no protocol for {algo}: NCCL_PROTO={spec!r} enables "
                          f"{', '.join(NAMES[p] for p in wanted) or 'none'} for "
                          f"{collective}, and {algo} runs with "
-                         f"{', '.join(NAMES[p] for p in allowed(algo))} only")
+                         f"{', '.join(NAMES[p] for p in runs)} only")
     return got

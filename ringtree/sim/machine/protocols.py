@@ -31,7 +31,7 @@ NCCL's algorithm rows: ``ring`` and ``tree`` are NCCL's; ``collnet_*`` and ``nvl
 exist in NCCL with Simple only (``src/device/generate.py``: "LL and LL128 exist only for
 Ring and Tree"), so only Simple is offered for them; ringtree's own algorithms
 (halving-doubling, Bruck, direct, hierarchical, …) may run every protocol with the Ring
-row's latencies. Not modeled: NCCL's Tree-specific factors (``busBw/3.8`` for Tree LL,
+row's latencies; an MSCCL-IR file runs the protocol it declares (:func:`choices`). Not modeled: NCCL's Tree-specific factors (``busBw/3.8`` for Tree LL,
 ``7/9`` for single-node Tree LL128, ``treeCorrectionFactor``), LL128's enable rules
 (assumed on: NVLink systems of one GPU generation), channel and thread reduction for
 small messages.

@@ -216,6 +216,8 @@ How to read it:
   construction; LL/LL128 efficiencies, per-step and base latencies, bandwidth caps and
   NVLS's efficiency from NCCL's `src/graph/tuning.cc` and `src/include/device.h`
   (`ringtree/sim/machine/protocols.py`). No constant was fitted to a row.
+- The seconds after each simulated case are the simulator's wall time for it, on a
+  shared two-core machine.
 - The small-message rows measure how close the simulator's per-step costs are to
   NCCL's: LL and LL128 steps cost what `tuning.cc` tabulates, so the rows of NCCL's
   model agree by construction where the schedule takes NCCL's number of steps.

@@ -113,3 +113,17 @@ def test_an_msccl_file_runs_on_the_protocol_it_was_written_for(tmp_path):
     assert run.proto == "LL"
     with pytest.raises(ValueError, match="runs with LL only"):
         simulate("all_reduce", f"msccl:{out}", topo, 8, proto="Simple")
+
+
+def test_nccl_tuner_model_gives_tuning_cc_s_latencies():
+    """NCCL's formulas at 0 bytes (Hopper, NVLink, Intel): the table NCCL's tuning model
+    gives for 8 ranks on one node and 64 on eight (µs; LL, LL128, Simple)."""
+    from ringtree.sim.machine.nccl_tuner import nccl_model_time
+
+    want = {(1, "ring"): (15.0, 40.6, 56.0), (1, "tree"): (15.2, 31.5, 64.4),
+            (8, "ring"): (156.4, 282.8, 585.2), (8, "tree"): (45.2, 82.5, 148.4)}
+    for (nodes, algo), times in want.items():
+        topo = presets.get("dgx_h100", nodes)
+        got = tuple(round(nccl_model_time(topo, algo, p, 0), 1) for p in ("LL", "LL128",
+                                                                         "Simple"))
+        assert got == times, (nodes, algo)

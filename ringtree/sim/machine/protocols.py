@@ -7,7 +7,8 @@ engine runs it unchanged (NCCL 2.30.7 ``src/graph/tuning.cc``, ``src/include/dev
 - **wire efficiency** — LL sends 16-byte lines of 8 data and 8 flag bytes
   (``union ncclLLFifoLine``): every link carries data at 8/16 of its rate; LL128 sends
   128-byte lines of 120 data bytes and one 8-byte flag (``NCCL_LL128_LINESIZE``,
-  ``DATAELEMS 15`` of 16): 120/128; Simple 1;
+  ``DATAELEMS 15`` of 16): 120/128; Simple 1 (a maintainer: "LL maximum bandwidth 50%
+  of the peak … LL128 can achieve 95% peak", NVIDIA/nccl#281);
 - **per-step latency** — NCCL's ``hwLatencies[link][algo][proto]``. LL and LL128: the
   per-transfer overhead o and the latencies of links inside a node are scaled so that a
   step between two GPUs of a node costs ``hwLat[NVLINK]``, and the links between nodes so

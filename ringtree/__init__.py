@@ -16,8 +16,10 @@ from ringtree.dtypes import DType
 from ringtree.errors import (
     CollectiveTimeout,
     CommAborted,
+    CommRevoked,
     MismatchError,
     PeerError,
+    RecoveryError,
     RingtreeError,
 )
 from ringtree.ops import PremulSum, ReduceOp, UserOp, premul_sum
@@ -31,8 +33,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "CollectiveTimeout", "CommAborted", "Communicator", "DType", "MismatchError", "PeerError",
-    "PremulSum", "ReduceOp", "RingtreeError", "UserOp", "Work", "dump_flight_recorder", "init",
+    "CollectiveTimeout", "CommAborted", "CommRevoked", "Communicator", "DType", "MismatchError",
+    "PeerError", "PremulSum", "RecoveryError", "ReduceOp", "RingtreeError", "UserOp", "Work", "dump_flight_recorder", "init",
     "premul_sum", "profile", "world",
 ]
 

@@ -24,9 +24,10 @@ import numpy as np
 from ringtree import api, failure
 from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
-from ringtree.errors import CommAborted
+from ringtree.errors import CommAborted, CommRevoked
 from ringtree.ops import OP_NAMES, ReduceOp
 from ringtree.prof import attach, detach
+from ringtree.resilience.methods import Resilient
 from ringtree.runtime.aliasing import run_group
 from ringtree.runtime.executor import Executor
 from ringtree.runtime.owner import ThreadOwner
@@ -42,7 +43,7 @@ from ringtree.tuning.tuner import parse_algo_spec
 from ringtree.work import Work
 
 
-class Communicator:
+class Communicator(Resilient):
     """A group of ranks that run collectives together (``ncclComm_t``).
 
     Collectives take ``torch.distributed`` names and semantics. With ``async_op=True``
@@ -370,8 +371,8 @@ class Communicator:
             raise CommAborted(f"rank {self.rank}: communicator is closed")
         broken = self.health.broken
         if broken is not None:
-            raise CommAborted(f"rank {self.rank}: communicator is unusable after an earlier "
-                              f"error: {broken}")
+            raise (CommRevoked if isinstance(broken, CommRevoked) else CommAborted)(
+                f"rank {self.rank}: communicator is unusable after an earlier error: {broken}")
 
     # ---- split / close ------------------------------------------------------------------
 

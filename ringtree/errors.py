@@ -39,3 +39,14 @@ class CommAborted(RingtreeError):
 class RendezvousError(RingtreeError):
     """The ranks could not form the communicator: a duplicate rank, disagreeing world
     sizes, or ranks that never arrived within ``RINGTREE_INIT_TIMEOUT``."""
+
+
+class CommRevoked(CommAborted):
+    """The communicator was revoked (``comm.revoke()`` on some rank, ULFM's
+    ``MPIX_ERR_REVOKED``): every call on it raises this; ``agree`` and ``shrink`` still
+    work, through the store."""
+
+
+class RecoveryError(RingtreeError):
+    """Recovery could not reach one membership: the store is gone, this rank was declared
+    failed by the others, or fewer ranks survive than the caller requires."""

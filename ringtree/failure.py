@@ -11,7 +11,7 @@ and the only writers of it.
 
 from __future__ import annotations
 
-from ringtree.errors import CollectiveTimeout, CommAborted, MismatchError, PeerError
+from ringtree.errors import CollectiveTimeout, CommAborted, CommRevoked, MismatchError, PeerError
 
 
 class Health:
@@ -42,7 +42,8 @@ def check_abort(comm) -> None:
         return
     if why:
         kind = comm.store.try_get(abort_key(comm) + "_kind")
-        raise (MismatchError if kind == b"mismatch" else CommAborted)(why.decode())
+        raise (MismatchError if kind == b"mismatch" else CommRevoked if kind == b"revoked"
+               else CommAborted)(why.decode())
     from ringtree.runtime.fingerprint import check_stalled
 
     check_stalled(comm)
@@ -75,8 +76,8 @@ def fail(comm, e: BaseException) -> BaseException:
     memory) names that cause, never the peer that merely closed on its way out."""
     comm.health.failing = True  # the doctor: this rank is reporting, not stuck
     if isinstance(e, CommAborted):
-        err: BaseException = CommAborted(f"rank {comm.rank}: communicator aborted by "
-                                         f"another rank: {e}")
+        cls = CommRevoked if isinstance(e, CommRevoked) else CommAborted
+        err: BaseException = cls(f"rank {comm.rank}: communicator aborted by another rank: {e}")
         return broken_by(comm, err, str(e))
     reason = str(e)
     if isinstance(e, PeerError):
@@ -92,8 +93,9 @@ def fail(comm, e: BaseException) -> BaseException:
             comm.fabric.close(first)
             return err
         if first:
-            err = CommAborted(f"rank {comm.rank}: lost the connection to rank {e.peer}; "
-                              f"the communicator was aborted because {first}")
+            cls = CommRevoked if abort_kind(comm) == b"revoked" else CommAborted
+            err = cls(f"rank {comm.rank}: lost the connection to rank {e.peer}; "
+                      f"the communicator was aborted because {first}")
             err.peer = e.peer
             record_abort(comm, first)
             return broken_by(comm, err, first)
@@ -163,4 +165,19 @@ def aborted_here(comm, why: str) -> BaseException:
     record_abort(comm, why)
     health = comm.health
     health.broken = health.broken or CommAborted(f"rank {comm.rank} aborted")
+    return health.broken
+
+
+def revoked_here(comm, why: str) -> BaseException:
+    """This rank revokes the communicator (``comm.revoke()``): the store says so for
+    every rank (the kind first, so a rank that reads the line reads the kind), and every
+    later call here raises :class:`~ringtree.errors.CommRevoked`."""
+    try:
+        comm.store.set(abort_key(comm) + "_kind", b"revoked")
+    except Exception:  # noqa: BLE001 - the store may be gone; the hang-up still works
+        pass
+    record_abort(comm, why)
+    health = comm.health
+    if not isinstance(health.broken, CommRevoked):
+        health.broken = CommRevoked(f"rank {comm.rank}: the communicator was revoked: {why}")
     return health.broken

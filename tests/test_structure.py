@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("ringtree.runtime", "ringtree.switch.collnet")),
     ("prof", ("ringtree.prof",)),
     ("api", ("ringtree", "ringtree.communicator", "ringtree.api", "ringtree.failure",
-             "ringtree.testing")),
+             "ringtree.testing", "ringtree.resilience")),
     ("tools", ("ringtree.cli", "ringtree.tools", "ringtree.perf", "ringtree.sim",
                "ringtree.torch", "ringtree.ray", "ringtree.switch", "ringtree.testbed")),
     ("apps", ("ringtree.apps",)),

@@ -338,13 +338,14 @@ class _Job:
                 if r.code is not None:
                     exited.append(r)
                     r.exit = Exit(r.rank, r.proc.pid, r.code, now - self.start, running - 1,
-                                  stopped=failure is not None)
+                                  stopped=failure is not None and not o.enable_recovery)
             alive = self._alive()
             bad = [r for r in exited if r.code != 0]
             if bad and failure is None and got_signal is None and timed_out is None:
-                failure = (bad[0], len(alive))
-                self._stop(alive, signal.SIGTERM)
-                kill_at = now + o.grace
+                failure = (bad[0], 0 if o.enable_recovery else len(alive))
+                if not o.enable_recovery:  # else the survivors go on (they shrink)
+                    self._stop(alive, signal.SIGTERM)
+                    kill_at = now + o.grace
             if not alive:
                 break
 
@@ -406,7 +407,7 @@ class _Job:
                     x.exit.lines = x.lines
             exits = [x.exit for x in self.ranks if x.exit is not None]
             return code, report(exits, r.exit or Exit(r.rank, r.proc.pid, rc, 0.0, 0), stopped,
-                                self._abort_line(), self.tag_err)
+                                self._abort_line(), self.tag_err, every=o.enable_recovery)
         if timed_out is not None:
             names = ", ".join(str(r.rank) for r in timed_out)
             return 124, f"timed out after {o.timeout:g}s; stopped the ranks still running: {names}"

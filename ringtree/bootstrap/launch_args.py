@@ -32,14 +32,15 @@ _VALUED = {
     "--master_port": True, "--timeout": True, "--grace": True, "--bind-to": True,
     "-x": True, "--tag-output": False, "--standalone": False, "--oversubscribe": False,
     "--allow-run-as-root": False, "-h": False, "--help": False, "--check-net": False,
-    "-H": True, "--host": True, "--hostfile": True,
+    "-H": True, "--host": True, "--hostfile": True, "--enable-recovery": False,
 }
 _REFUSED = {
     "--rdzv-backend": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
     "--rdzv-endpoint": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
     "--rdzv-id": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
     "--rdzv-conf": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
-    "--max-restarts": "ringtree run does not restart ranks; a failed rank stops the job",
+    "--max-restarts": "ringtree run does not restart ranks; --enable-recovery keeps the "
+                      "survivors running (they shrink the communicator)",
     "--no-python": "give the program itself as the command (only *.py runs with Python)",
     "-m": "give the program as `python -m MODULE ...` after the options",
     "--module": "give the program as `python -m MODULE ...` after the options",
@@ -66,6 +67,7 @@ class Options:
     export: dict[str, str | None] = field(default_factory=dict)  # -x: None = inherit
     check_net: bool = False
     hosts: list[tuple[str, int]] | None = None  # -H / --hostfile: start them over ssh
+    enable_recovery: bool = False  # a rank that fails does not stop the others
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -117,7 +119,8 @@ def parse(argv: list[str]) -> Options:
     if command[0].endswith(".py"):
         command = [sys.executable, *command]  # torchrun runs scripts with Python too
     return Options(nproc, nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
-                   ns.grace, command, ns.bind_to, _exports(ns.export), ns.check_net, hosts)
+                   ns.grace, command, ns.bind_to, _exports(ns.export), ns.check_net, hosts,
+                   ns.enable_recovery)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,6 +158,10 @@ def _parser() -> argparse.ArgumentParser:
                              "$RINGTREE_SSH is the ssh command)")
     parser.add_argument("--hostfile", metavar="FILE",
                         help="hosts in Open MPI's hostfile format (host slots=N)")
+    parser.add_argument("--enable-recovery", action="store_true",
+                        help="a rank that dies does not stop the others (they can revoke, "
+                             "agree and shrink); the exit status and summary still report "
+                             "every failure (Open MPI's name)")
     parser.add_argument("--standalone", action="store_true", help="torchrun's: one node")
     parser.add_argument("--oversubscribe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allow-run-as-root", action="store_true", help=argparse.SUPPRESS)

@@ -72,8 +72,9 @@ def root_cause(exits: list[Exit], abort_line: str | None) -> Exit | None:
 
 
 def report(exits: list[Exit], first_bad: Exit, stopped: int, abort_line: str | None,
-           captured: bool) -> str:
-    """The summary: one ``ringtree run:`` line, then the root-cause block."""
+           captured: bool, every: bool = False) -> str:
+    """The summary: one ``ringtree run:`` line, then the root-cause block; ``every``
+    (``--enable-recovery``: the others ran on) adds how every rank ended."""
     root = root_cause(exits, abort_line) or first_bad
     tail = f"; stopped the other {stopped} rank{'s' if stopped != 1 else ''}" if stopped else ""
     head = f"rank {first_bad.rank} (pid {first_bad.pid}) {how(first_bad.code)}{tail}"
@@ -91,6 +92,12 @@ def report(exits: list[Exit], first_bad: Exit, stopped: int, abort_line: str | N
     if abort_line:
         first = abort_line.strip().splitlines()[0]
         lines.append(f"  the ranks recorded: {first[:400]}")
+    if every:
+        bad = [e for e in sorted(exits, key=lambda e: e.rank) if e.code != 0]
+        ok = len(exits) - len(bad)
+        lines.append(f"  with --enable-recovery the others ran on: {ok} rank(s) exited with "
+                     f"code 0; failed: " + "; ".join(f"rank {e.rank} {how(e.code)} at "
+                                                     f"+{e.at:.2f}s" for e in bad))
     if captured:
         for e in ([root, first_bad] if root is not first_bad else [root]):
             if e.lines:

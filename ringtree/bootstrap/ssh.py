@@ -110,6 +110,8 @@ def remote_argv(opts, hosts: list[tuple[str, int]], i: int, master: tuple[str, i
         argv += ["--bind-to", opts.bind_to]
     if getattr(opts, "check_net", False):
         argv.append("--check-net")
+    if getattr(opts, "enable_recovery", False):
+        argv.append("--enable-recovery")
     return [*argv, "--", *opts.command]
 
 
@@ -166,10 +168,11 @@ def launch(opts, prog: str) -> int:
         while not stop.is_set():
             codes = [p.poll() for p in procs]
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                first = bad[0]
+            done = all(c is not None for c in codes)
+            if bad and (done or not getattr(opts, "enable_recovery", False)):
+                first = bad[0]  # with recovery, the other hosts' ranks ran on until now
                 break
-            if all(c == 0 for c in codes):
+            if done:
                 return 0
             stop.wait(0.1)
         _stop(procs, opts.grace)

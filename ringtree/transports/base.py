@@ -172,6 +172,12 @@ class Transport(ABC):
         """Before closing because of an abort: leave its first cause where peers read it."""
         return None
 
+    def hang_up(self) -> None:
+        """Make every peer's requests to us fail now, as if we had closed, without
+        releasing anything a thread of ours may still be using (a revoke from any
+        thread); :meth:`close` follows later, on the thread that fails."""
+        return None
+
     def peer_name(self, peer: int) -> str:
         """How errors name ``peer`` (a virtual rank's transport names what plays it)."""
         return f"rank {peer}"

@@ -125,6 +125,13 @@ class Fabric:
         except (BlockingIOError, OSError):
             pass
 
+    def hang_up(self, reason: str) -> None:
+        """Every peer's requests to us fail now (each transport's ``hang_up``), naming
+        ``reason``; nothing is released, so any thread may call it."""
+        for t in self.transports:
+            t.leave_reason(reason)
+            t.hang_up()
+
     def close(self, reason: str | None = None) -> None:
         """Close every transport; ``reason``: the first cause of an abort, left where the
         peers can read it (shared memory) so they name that cause, not us."""

@@ -417,13 +417,7 @@ class ShmTransport(Transport):
         _LIVE.discard(self)
         if os.getpid() != self.me.pid:
             return  # a forked child (a data loader, say): the communicator is not its own
-        try:
-            self.my_words[CLOSED] = 1
-            for p in self.peer_words:
-                self._wake_always(p)
-            seg.ring_bell(self.bell.fd)  # a thread sleeping in this transport: wake up
-        except (ValueError, OSError):
-            pass
+        self.hang_up()
         for r in list(self.active):  # what was still in flight can never finish now
             self._die(r, self._closed_error(r.peer))
         seg.close_fds(self.peer_bells.values())
@@ -431,6 +425,16 @@ class ShmTransport(Transport):
         self.bell.close()
         self.doorbell.unlink()
         seg.remove_names(self.tag, self.me.pid)
+
+    def hang_up(self) -> None:
+        """Show the peers we closed (their waits fail at once) and release nothing."""
+        try:
+            self.my_words[CLOSED] = 1
+            for p in self.peer_words:
+                self._wake_always(p)
+            seg.ring_bell(self.bell.fd)  # a thread sleeping in this transport: wake up
+        except (ValueError, OSError):
+            pass
 
     def _closed_error(self, peer: int) -> PeerError:
         return PeerError(peer, f"rank {self.rank} closed its shared-memory transport "

@@ -319,13 +319,11 @@ class LL:
 
     # ---- shutdown ---------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Tell the peers (a rank waiting for us fails at once) and drop our names."""
-        if self.closed:
+    def hang_up(self) -> None:
+        """Show the peers we closed (a rank waiting for us fails at once); release
+        nothing, so any thread may call it."""
+        if self.closed or os.getpid() != self.peers[self.rank].pid:
             return
-        self.closed = True
-        if os.getpid() != self.peers[self.rank].pid:
-            return  # a forked child: not its communicator
         try:
             self.W[self.my_state + CLOSED] = 1
             seg.fence()
@@ -334,6 +332,16 @@ class LL:
             seg.ring_bell(self.bell.fd)
         except (ValueError, OSError):
             pass
+
+    def close(self) -> None:
+        """Tell the peers (a rank waiting for us fails at once) and drop our names."""
+        if self.closed:
+            return
+        if os.getpid() != self.peers[self.rank].pid:
+            self.closed = True
+            return  # a forked child: not its communicator
+        self.hang_up()
+        self.closed = True
         seg.close_fds(self.peer_bells.values())
         self.peer_bells = {}
         self.bell.close()

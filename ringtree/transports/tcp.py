@@ -37,7 +37,7 @@ import numpy as np
 
 from ringtree.errors import PeerError
 from ringtree.transports.base import HEADER_BYTES, HeaderMismatch, Request, Transport
-from ringtree.transports.tcp_socket import STRIPE_MIN, STRIPE_SHIFT, sockets_per_peer, tune
+from ringtree.transports.tcp_socket import STRIPE_MIN, STRIPE_SHIFT, hang_up, sockets_per_peer, tune
 
 _MAGIC = b"RTc1"
 _HELLO = struct.Struct("<4s16sII16s")
@@ -75,6 +75,7 @@ class _Conn:
 
 class TcpTransport(Transport):
     name = "tcp"
+    hang_up = hang_up
 
     def __init__(self, rank: int, addresses: list[tuple[str, int]], listener: socket.socket,
                  comm_id: bytes, secret: bytes, connect_timeout: float = 60.0):

@@ -161,3 +161,15 @@ def open_tcp(setup: Setup, peers: list[int], listener: socket.socket) -> Transpo
 TCP = TransportKind("tcp", priority=1, open=open_tcp, listens=True,
                     model=LinkModel(alpha=40e-6, overhead=25e-6, beta=1 / 1.5e9,
                                     gamma=1 / 3e9))
+
+
+def hang_up(transport) -> None:
+    """:meth:`Transport.hang_up` of TCP: shut every connection down (each peer reads EOF
+    at once); the sockets stay open, so a thread polling them is not disturbed (any
+    thread may call it)."""
+    for conn in list(transport.conns.values()):
+        if conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

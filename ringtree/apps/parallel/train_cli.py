@@ -18,6 +18,7 @@ import gc
 import json
 import statistics
 import sys
+import time
 from datetime import timedelta
 
 from ringtree.apps.models.data import VOCAB_SIZE
@@ -58,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     a("--resume", help="continue from a checkpoint written by --save on the same grid")
     a("--record-comm", help="write the last step's collectives and p2p as a JSON workload")
     a("--no-progress", action="store_true", help="no progress bar")
+    a("--elastic", action="store_true",
+      help="survive a dead rank: shrink and re-run the step, bitwise as an unbroken run "
+           "(data parallel only; see ringtree.apps.parallel.elastic)")
+    a("--kill", metavar="RANK:STEP[:PHASE]", action="append", default=[],
+      help="drill: that rank SIGKILLs itself in that step (compute, allreduce, optimizer; "
+           "random if omitted); repeatable")
     return p
 
 
@@ -101,11 +108,31 @@ def _check(args, world: int) -> None:
                             f"this run is {want}")
 
 
+def _check_elastic(args, world: int) -> None:
+    if args.kill and not args.elastic:
+        raise GridError("--kill is a drill of --elastic runs")
+    if not args.elastic:
+        return
+    from ringtree.apps.parallel.elastic import parse_kill
+
+    if args.tp != 1 or args.pp != 1 or args.dp != world:
+        raise GridError(f"--elastic runs data parallel only: --dp {world} (the world size) "
+                        f"with --tp 1 --pp 1, got dp={args.dp} tp={args.tp} pp={args.pp}")
+    for flag, bad in (("--zero 1", args.zero), ("--save", args.save),
+                      ("--resume", args.resume), ("--backend gloo", args.backend != "ringtree"),
+                      ("--record-comm", args.record_comm)):
+        if bad:
+            raise GridError(f"--elastic does not support {flag}")
+    for k in args.kill:
+        parse_kill(k)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     rank, world = _world_from_env()
     try:
         _check(args, world)
+        _check_elastic(args, world)
     except (GridError, FileNotFoundError, ValueError) as e:
         if rank == 0:
             print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -114,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     torch.set_num_threads(args.threads)
+    if args.elastic:
+        return _elastic(args)
     dist.init_process_group(args.backend, timeout=timedelta(seconds=300))
     try:
         return _train(args, rank)
@@ -125,6 +154,32 @@ def main(argv: list[str] | None = None) -> int:
         # SIGABRT) in about one run of 8.
         gc.collect()
         dist.destroy_process_group()
+
+
+def _elastic(args) -> int:
+    """The ``--elastic`` run: ringtree's communicator directly (it shrinks), no torch
+    process group; ``--json`` adds ``param_sha256``, ``samples`` and ``failures``."""
+    import ringtree
+    from ringtree.apps.parallel.elastic import ElasticTrainer, parse_kill
+
+    comm = ringtree.init()
+    kills = [parse_kill(k, args.seed + i) for i, k in enumerate(args.kill)]
+    trainer = ElasticTrainer(_spec(args), comm, kills)
+    t0 = time.perf_counter()
+    trainer.run()
+    out = trainer.report()
+    out["seconds"] = time.perf_counter() - t0
+    if trainer.comm.rank == 0:
+        print(f"{PROG}: elastic dp={out['logical_ranks']} on {out['ranks_at_end']} process(es): "
+              f"loss {out['losses'][0]:.4f} -> {out['losses'][-1]:.4f}, "
+              f"{len(out['failures'])} failure(s) recovered, params sha256 "
+              f"{out['param_sha256'][:16]}", file=sys.stderr)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+                f.write("\n")
+    trainer.comm.close()
+    return 0
 
 
 def _train(args, rank: int) -> int:

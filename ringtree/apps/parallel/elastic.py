@@ -1,0 +1,225 @@
+"""``ringtree train --elastic``: data-parallel training that loses nothing when a rank dies.
+
+The run has ``L`` *logical* ranks, the world size at start, for its whole life. Logical
+rank ``l`` owns rows ``[l·B/L, (l+1)·B/L)`` of global batch ``k``
+(:func:`ringtree.apps.models.data.global_batch`) and one place in the reduction order.
+A step is:
+
+1. every process computes the gradient of each logical rank it plays (forward and
+   backward on that shard, micro-batch by micro-batch, into a flat float32 vector);
+2. one ``all_gather`` over the processes brings every logical rank's gradient, tagged
+   with its logical rank, to every process;
+3. every process sums them *in logical order* ``g_0 + g_1 + … + g_{L-1}`` and divides by
+   ``L``, then takes an AdamW step on its replica of the flat parameters.
+
+The sum's order depends on logical ranks only, never on which process computed what, and
+a logical rank's gradient is the same bits on any process (the same weights, the same
+rows, one torch thread). So when a process dies, the survivors revoke, agree and shrink
+(:mod:`ringtree.resilience`), hand the dead process's logical ranks to survivors
+(round-robin in world-rank order), bring every survivor to the newest committed step
+(a survivor that had not finished step ``k`` when another had receives its parameters,
+Adam moments and sample counts by broadcast), and re-execute the step: the final
+parameters are bitwise those of a run without the failure, and every sample is used
+exactly once. The cost: the gradient exchange moves ``L`` gradients to every process
+(an all-gather, ``(L-1)/L·L·P`` bytes in), where a ring all-reduce moves ``2(L-1)/L·P``
+— the price of a reduction order that no failure can change. tp and pp are refused.
+
+Failure drills: ``--kill RANK:STEP[:PHASE]`` (repeatable) makes world rank ``RANK`` SIGKILL itself in
+step ``STEP``: during ``compute`` (after its first forward), during ``allreduce`` (with
+its contribution to the exchange issued and the others inside it) or in ``optimizer``
+(after the exchange, before its update); a random phase when omitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ringtree.apps.models import data
+from ringtree.apps.models.gpt import GPT, init_state_dict
+
+PHASES = ("compute", "allreduce", "optimizer")
+BETAS, EPS = (0.9, 0.95), 1e-8
+
+
+@dataclass(frozen=True)
+class Kill:
+    rank: int
+    step: int
+    phase: str
+
+
+def parse_kill(text: str, seed: int | None = None) -> Kill:
+    """``RANK:STEP[:PHASE]`` (PHASE one of :data:`PHASES`; random when omitted)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts[:2]):
+        raise ValueError(f"--kill {text!r}: expected RANK:STEP[:PHASE], e.g. 2:5:allreduce")
+    phase = parts[2] if len(parts) == 3 else random.Random(seed).choice(PHASES)
+    if phase not in PHASES:
+        raise ValueError(f"--kill {text!r}: phase must be one of {', '.join(PHASES)}")
+    return Kill(int(parts[0]), int(parts[1]), phase)
+
+
+class ElasticTrainer:
+    """One process of an elastic data-parallel run (see the module docstring)."""
+
+    def __init__(self, spec, comm, kills: list[Kill] | None = None):
+        cfg = spec.model
+        self.spec, self.comm, self.kills = spec, comm, list(kills or ())
+        self.L = comm.size
+        if spec.batch_size % (self.L * spec.micro_batches):
+            raise ValueError(f"--batch-size {spec.batch_size} does not split into "
+                             f"{self.L} ranks x {spec.micro_batches} micro-batches")
+        self.me = comm.world_ranks[comm.rank]
+        self.model = GPT(cfg)
+        self.model.load_state_dict(init_state_dict(cfg, spec.seed))
+        params = list(self.model.parameters())
+        self.flat = torch.cat([p.detach().reshape(-1) for p in params])
+        self.grad = torch.zeros_like(self.flat)
+        off = 0
+        for p in params:  # parameters and gradients become views of two flat vectors
+            n = p.numel()
+            p.data = self.flat[off:off + n].view_as(p)
+            p.grad = self.grad[off:off + n].view_as(p)
+            off += n
+        self.m, self.v = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
+        self.step = 0
+        self.owner = list(comm.world_ranks)          # logical rank -> world rank playing it
+        self.counts = np.zeros(spec.steps * spec.batch_size, np.int32)  # uses per sample
+        self.losses: list[float] = []
+        self.failures: list[dict] = []
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def mine(self) -> list[int]:
+        return [lg for lg, w in enumerate(self.owner) if w == self.me]
+
+    def _due(self, phase: str) -> bool:
+        return any(k.rank == self.me and k.step == self.step and k.phase == phase
+                   for k in self.kills)
+
+    def _fire(self, phase: str) -> None:
+        if self._due(phase):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _shard_grad(self, lg: int) -> float:
+        """Gradient of logical rank ``lg`` for this step into ``self.grad``; its loss."""
+        s = self.spec
+        x, y = data.global_batch("train", self.step, s.batch_size, s.model.block_size, s.seed)
+        x, y = data.shard_rows(x, lg, self.L), data.shard_rows(y, lg, self.L)
+        mb = s.batch_size // (self.L * s.micro_batches)
+        self.grad.zero_()
+        total = 0.0
+        for xm, ym in zip(x.split(mb), y.split(mb)):
+            logits = self.model(xm)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ym.reshape(-1))
+            self._fire("compute")
+            (loss / s.micro_batches).backward()
+            total += float(loss.detach()) / s.micro_batches
+        return total
+
+    def train_step(self) -> None:
+        """Compute, exchange, sum in logical order, update (raises on a failure)."""
+        mine = self.mine()
+        slots = max(self.owner.count(w) for w in set(self.owner))
+        P = self.flat.numel()
+        grads = np.zeros((slots, P), np.float32)
+        meta = np.full((slots, 2), -1.0, np.float64)  # (logical rank, its loss)
+        for i, lg in enumerate(mine):
+            meta[i] = (lg, self._shard_grad(lg))
+            grads[i] = self.grad.numpy()
+        if self._due("allreduce"):  # issue our part, then die inside the exchange
+            work = self.comm.all_gather(grads, async_op=True)
+            self._fire("allreduce")
+            work.wait()
+            every = work.result()
+        else:
+            every = self.comm.all_gather(grads)
+        metas = self.comm.all_gather(meta).reshape(-1, 2)
+        every = every.reshape(-1, P)
+        held = [int(lg) for lg in metas[:, 0] if lg >= 0]
+        where = {lg: i for i, lg in enumerate(metas[:, 0].astype(int)) if lg >= 0}
+        if sorted(held) != list(range(self.L)):
+            raise RuntimeError(f"step {self.step}: the exchange holds logical ranks "
+                               f"{sorted(held)}, not each of 0..{self.L - 1} once")
+        total = np.zeros(P, np.float32)
+        for lg in range(self.L):  # the reduction order: logical ranks, always
+            total += every[where[lg]]
+        total /= np.float32(self.L)
+        self._fire("optimizer")
+        self._adamw(torch.from_numpy(total))
+        B = self.spec.batch_size
+        for lg in where:
+            lo = self.step * B + lg * (B // self.L)
+            self.counts[lo:lo + B // self.L] += 1
+        self.losses.append(float(sum(metas[where[lg], 1] for lg in range(self.L)) / self.L))
+        self.step += 1
+
+    def _adamw(self, g: torch.Tensor) -> None:
+        """AdamW without weight decay (Loshchilov & Hutter, ICLR 2019), elementwise on the
+        flat vectors; the learning rate warms up linearly as the trainer's does."""
+        s, t = self.spec, self.step + 1
+        lr = s.lr * min(1.0, t / max(1, s.warmup))
+        b1, b2 = BETAS
+        self.m.mul_(b1).add_(g, alpha=1 - b1)
+        self.v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (self.v.sqrt() / math.sqrt(1 - b2 ** t)).add_(EPS)
+        self.flat.addcdiv_(self.m, denom, value=-lr / (1 - b1 ** t))
+
+    # ---- recovery --------------------------------------------------------------------------
+
+    def recover(self, err: BaseException) -> None:
+        """Revoke, agree, shrink; give the dead's logical ranks to survivors; bring every
+        survivor to the newest committed step."""
+        t0 = time.monotonic()
+        old = self.comm
+        old.revoke()
+        child = old.shrink()
+        alive = list(child.world_ranks)
+        dead = sorted(w for w in set(self.owner) if w not in alive)
+        orphans = [lg for lg, w in enumerate(self.owner) if w not in alive]
+        for i, lg in enumerate(orphans):
+            self.owner[lg] = alive[i % len(alive)]
+        self.comm = child
+        steps = child.all_gather(np.array([self.step], np.int64)).reshape(-1)
+        newest = int(steps.max())
+        if int(steps.min()) != newest:  # someone committed a step the others did not
+            src = int(np.argmax(steps))
+            for a in (self.flat.numpy(), self.m.numpy(), self.v.numpy(), self.counts):
+                child.broadcast(a, root=src)
+            self.losses = child.broadcast_object(self.losses, root=src)
+            self.step = newest
+        self.failures.append({"step": self.step, "dead": dead, "survivors": alive,
+                              "error": type(err).__name__,
+                              "recovery_s": round(time.monotonic() - t0, 4)})
+
+    def run(self) -> None:
+        from ringtree.errors import RecoveryError, RingtreeError
+
+        while self.step < self.spec.steps:
+            try:
+                self.train_step()
+            except RecoveryError:
+                raise
+            except RingtreeError as e:
+                self.recover(e)
+
+    def report(self) -> dict:
+        """``param_sha256``: digest of the final parameters; ``samples``: how often each
+        sample id (step·batch + row) was used, as a digest and its extremes."""
+        c = self.counts
+        return {"param_sha256": hashlib.sha256(self.flat.numpy().tobytes()).hexdigest(),
+                "samples": {"sha256": hashlib.sha256(c.tobytes()).hexdigest(),
+                            "ids": int(c.size), "min_uses": int(c.min()),
+                            "max_uses": int(c.max())},
+                "losses": self.losses, "failures": self.failures, "logical_ranks": self.L,
+                "ranks_at_end": self.comm.size, "steps": self.step}

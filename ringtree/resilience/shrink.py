@@ -1,0 +1,91 @@
+"""Shrink (ULFM's ``MPIX_Comm_shrink``; NCCL's ``ncclCommShrink`` with an exclude list).
+
+Survivors call ``comm.shrink()``; it revokes ``comm`` (NCCL's ``NCCL_SHRINK_ABORT``:
+work in flight is cut, and the dead rank's peers stop waiting), agrees on the failed set
+(:func:`~ringtree.resilience.agree.agree`, so nobody names the dead), and builds the
+child over the ranks that remain, in their old order (ULFM: "comm_split with the same
+colour and key = old rank"). No new rendezvous: the child meets through the parent's
+store under the prefix ``<parent>/k<n>``, as :meth:`Communicator.split` does, with the
+parent's secret and addresses; its links, segments and communicator id are new, so no
+message of the parent can reach it. ``exclude=`` names the ranks to drop instead
+(NCCL's ``excludeRanksList``: then no agreement runs, and the caller must pass the same
+list on every rank that stays).
+
+A rank that dies during the agreement is decided there (the agreement is uniform); one
+that dies while the child is being set up makes the setup fail on the others (its links
+fail, or the rendezvous times out), and :func:`shrink` then agrees again, up to
+``retries`` times, which is how a second failure during recovery still ends in one
+membership. ``min_ranks``: fewer survivors than this raise
+:class:`~ringtree.errors.RecoveryError` (``"majority"``: more than half of the parent).
+"""
+
+from __future__ import annotations
+
+from ringtree.errors import RecoveryError, RingtreeError
+from ringtree.resilience.agree import agree
+from ringtree.resilience.revoke import revoke
+from ringtree.resilience.state import state
+
+
+def _bound(comm, min_ranks: int | str) -> int:
+    if min_ranks == "majority":
+        return comm.size // 2 + 1
+    if not isinstance(min_ranks, int) or min_ranks < 1:
+        raise ValueError(f"shrink: min_ranks must be a positive int or 'majority', "
+                         f"got {min_ranks!r}")
+    return min_ranks
+
+
+def _excluded(comm, exclude) -> set[int]:
+    gone = {int(r) for r in exclude}
+    bad = [r for r in gone if not 0 <= r < comm.size]
+    if bad:
+        raise ValueError(f"shrink: exclude names ranks {sorted(bad)} outside 0..{comm.size - 1}")
+    if comm.rank in gone:
+        raise ValueError(f"shrink: rank {comm.rank} is in its own exclude list; excluded "
+                         "ranks must not call shrink (as with ncclCommShrink)")
+    return gone
+
+
+def shrink(comm, exclude=None, *, min_ranks: int | str = 1, retries: int = 2):
+    """A new communicator over the survivors of ``comm`` (see the module docstring)."""
+    need = _bound(comm, min_ranks)
+    gone = None if exclude is None else _excluded(comm, exclude)
+    revoke(comm, f"rank {comm.rank} shrinks the communicator")
+    st = state(comm)
+    for attempt in range(retries + 1):
+        if gone is None or attempt:
+            agree(comm, 1)
+            gone = (gone or set()) | set(st.failed)
+        ranks = [r for r in range(comm.size) if r not in gone]
+        if len(ranks) < need:
+            raise RecoveryError(f"rank {comm.rank}: shrink: only {len(ranks)} of {comm.size} "
+                                f"ranks survive ({sorted(gone)} failed); at least {need} "
+                                f"are required")
+        st.shrinks += 1
+        try:
+            child = type(comm)(rank=ranks.index(comm.rank), size=len(ranks), store=comm.store,
+                               prefix=f"{comm.prefix}/k{st.shrinks}", secret=comm.secret,
+                               timeout=comm.timeout, master_addr=comm.peers[comm.rank].host,
+                               world_ranks=tuple(comm.world_ranks[r] for r in ranks))
+        except RingtreeError:
+            if attempt == retries:
+                raise
+            continue
+        child.store_host_rank = comm.store_host_rank
+        _release(comm)
+        return child
+    raise AssertionError("unreachable")
+
+
+def _release(comm) -> None:
+    """Free the parent's links and threads (it is revoked; its store stays the child's)."""
+    if comm._closed:
+        return
+    comm._fail_pending(comm.health.broken)
+    comm.fabric.close()
+    comm._closed = True
+    comm.progress.stop()
+    from ringtree.prof import detach
+
+    detach(comm)

@@ -1,0 +1,158 @@
+"""Revoke, agree and shrink (ringtree.resilience) with real processes and SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ringtree
+from ringtree.testing import run_ranks
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def revoke_while_blocked(comm, count: int):
+    """Rank 0 stays out of the call and revokes; a thread of rank 1 revokes too while
+    rank 1's own call is blocked: every call must end in CommRevoked, on every rank."""
+    x = np.ones(count, np.float32)
+    comm.all_reduce(x)
+    if comm.rank == 0:
+        time.sleep(0.3)
+        comm.revoke()
+    elif comm.rank == 1:
+        threading.Timer(0.5, comm.revoke).start()
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x, timeout=120)
+    except ringtree.RingtreeError as e:
+        first = type(e).__name__
+    else:
+        first = None
+    try:
+        comm.all_reduce(x, timeout=120)
+        later = None
+    except ringtree.RingtreeError as e:
+        later = type(e).__name__
+    return first, later, comm.is_revoked(), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("count", [8, 1 << 20], ids=["LL", "Simple"])
+def test_revoke_reaches_every_rank(count):
+    res = run_ranks(revoke_while_blocked, 3, count, timeout=90)
+    for r, v in enumerate(res):
+        assert not isinstance(v, BaseException), f"rank {r}: {v!r}"
+        first, later, revoked, _ = v
+        assert later == "CommRevoked" and revoked, f"rank {r}: {v}"
+        assert first == "CommRevoked", f"rank {r}: {v}"
+
+
+def kill_then_recover(comm):
+    """Rank 2 dies inside an all-reduce, rank 3 during the recovery's agreement; the
+    survivors agree on one value and one failed set and carry on, shrunk."""
+    x = np.ones(1024, np.float32)
+    comm.all_reduce(x)
+    if comm.rank == 2:
+        _die()
+    try:
+        comm.all_reduce(x, timeout=120)
+        err = None
+    except ringtree.RingtreeError as e:
+        err = (type(e).__name__, getattr(e, "peer", None), str(e))
+    comm.revoke()
+    if comm.rank == 3:
+        time.sleep(0.2)
+        _die()
+    value = comm.agree(0xF & ~(1 << comm.rank))
+    failed = comm.failed_ranks()
+    acked = comm.ack_failed()
+    child = comm.shrink()
+    y = np.full(1 << 18, child.rank + 1, np.float32)  # Simple at this size
+    child.all_reduce(y)
+    z = np.full(8, 2.0, np.float64)
+    child.all_reduce(z)  # LL
+    out = (err, value, failed, acked, child.rank, child.size, child.world_ranks,
+           float(y[0]), float(z[0]), comm.failed_ranks())
+    child.close()
+    return out
+
+
+def test_agree_and_shrink_survive_two_deaths():
+    res = run_ranks(kill_then_recover, 4, timeout=120)
+    assert isinstance(res[2], BaseException) and isinstance(res[3], BaseException)
+    for r in (0, 1):
+        err, value, failed, acked, crank, csize, world, y, z, failed_after = res[r]
+        assert err is not None and "rank 2" in err[2], f"rank {r}: {err}"
+        assert err[0] != "CollectiveTimeout", f"rank {r} noticed only by timeout: {err}"
+        # flags of the contributors 0 and 1 (and 3 if it posted before dying)
+        assert value in (0xF & ~0b0011, 0xF & ~0b1011), value
+        assert sorted(failed) in ([2], [2, 3]), failed
+        assert sorted(failed_after) == [2, 3]
+        assert acked == len(failed)
+        assert (crank, csize, world) == (r, 2, (0, 1))
+        assert (y, z) == (3.0, 4.0)
+    assert res[0][1:4] == res[1][1:4]  # uniform: the same value and failed set
+
+
+def sub_group_shrink(comm):
+    sub = comm.new_group([0, 1, 3])
+    if comm.rank == 2:
+        return None
+    x = np.ones(64, np.float32)
+    sub.all_reduce(x)
+    if comm.rank == 3:
+        _die()
+    try:
+        sub.all_reduce(x, timeout=120)
+    except ringtree.RingtreeError:
+        pass
+    child = sub.shrink()
+    x = np.full(64, comm.rank + 1.0, np.float32)
+    child.all_reduce(x)
+    out = (child.size, child.world_ranks, float(x[0]))
+    child.close()
+    return out
+
+
+def test_shrink_a_sub_communicator():
+    res = run_ranks(sub_group_shrink, 4, timeout=120)
+    assert res[2] is None and isinstance(res[3], BaseException)
+    assert res[0] == res[1] == (2, (0, 1), 3.0)
+
+
+def shrink_excluding(comm):
+    if comm.rank == 2:
+        return "excluded"
+    with pytest.raises(ValueError, match="own exclude list"):
+        comm.shrink(exclude=[comm.rank])
+    child = comm.shrink(exclude=[2])
+    x = np.ones(16, np.int64)
+    child.all_reduce(x)
+    out = (child.rank, child.size, int(x[0]))
+    child.close()
+    return out
+
+
+def test_shrink_with_an_exclude_list():
+    res = run_ranks(shrink_excluding, 3, timeout=90)
+    assert res == [(0, 2, 2), (1, 2, 2), "excluded"]
+
+
+def lone_survivor(comm):
+    if comm.rank == 1:
+        _die()
+    time.sleep(0.2)
+    with pytest.raises(ringtree.RecoveryError, match="at least 2"):
+        comm.shrink(min_ranks="majority")
+    return "refused"
+
+
+def test_shrink_refuses_below_the_required_size():
+    res = run_ranks(lone_survivor, 2, timeout=60)
+    assert res[0] == "refused"

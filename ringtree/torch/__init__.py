@@ -26,10 +26,12 @@ from ringtree.torch.backend import BACKEND, RingtreeProcessGroup, create_backend
 from ringtree.torch.hook import allreduce_hook
 from ringtree.torch.launcher_env import fill_torch_env
 from ringtree.torch.monitored import install as install_monitored_barrier
+from ringtree.torch.shrink import install as install_shrink_group
 from ringtree.torch.work import RingtreeWork
 
 register()
 install_monitored_barrier()  # dist.monitored_barrier accepts ringtree groups too
+install_shrink_group()  # dist.shrink_group too
 fill_torch_env()  # mpirun / srun: give env:// its RANK, WORLD_SIZE, MASTER_ADDR/PORT
 
 __all__ = ["BACKEND", "RingtreeProcessGroup", "RingtreeWork", "allreduce_hook", "create_backend",

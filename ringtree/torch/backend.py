@@ -231,6 +231,35 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
         self.comm.abort()
         self._release()
 
+    # ---- failures: torch's get_error, and shrink_group (see ringtree.torch.shrink) ---------
+
+    def get_error(self):
+        """torch's ``ErrorType`` of this group's first failure (``SUCCESS``: none)."""
+        from ringtree.torch.shrink import error_type
+
+        return error_type(self.comm)
+
+    @property
+    def supports_shrinking(self) -> bool:
+        return True
+
+    def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0,
+               opts: Any = None) -> RingtreeProcessGroup:
+        """The group without ``ranks_to_exclude`` (``ncclCommShrink``'s contract: only the
+        ranks that stay call it; ``SHRINK_ABORT`` fails this group's pending work first).
+        ringtree revokes this group in every case, so a rank blocked on a dead one is
+        released; this group is unusable afterwards."""
+        with self._lock:
+            if self._closed:
+                raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
+            self._closed = True
+        if shrink_flags:
+            self.engine.abort(CommAborted(f"rank {self.rank()}: process group "
+                                          f"{self._group_name!r} shrinks (SHRINK_ABORT)"))
+        child = self.comm.shrink(exclude=list(ranks_to_exclude))
+        self._completer.shutdown(wait=False)  # the store is the child's now: keep it open
+        return type(self)(child, self.timeout)
+
     def _wait_for_pending_works(self) -> None:
         self.engine.drain(self.timeout)
 

@@ -20,6 +20,7 @@ from ringtree.errors import (
     MismatchError,
     PeerError,
     RecoveryError,
+    RendezvousError,
     RingtreeError,
 )
 from ringtree.ops import PremulSum, ReduceOp, UserOp, premul_sum
@@ -73,10 +74,13 @@ def init(rank: int | None = None, world_size: int | None = None,
     store, tok = _connect_store(env, connect, port, tok, token_file, wait, init_wait)
     secret = hashlib.sha256(tok.encode()).digest()
     try:
-        comm = Communicator(rank=env.rank, size=env.world_size, store=store,
-                            prefix="rt/world", secret=secret, master_addr=env.master_addr,
-                            timeout=timeout, server=server, local_rank=env.local_rank,
-                            owns_store=True)
+        if _joining(env):  # a replacement: take the seat the survivors offer
+            comm = _join(env, store, secret, timeout, init_wait)
+        else:
+            comm = Communicator(rank=env.rank, size=env.world_size, store=store,
+                                prefix="rt/world", secret=secret, master_addr=env.master_addr,
+                                timeout=timeout, server=server, local_rank=env.local_rank,
+                                owns_store=True)
     except BaseException as e:
         from ringtree.errors import CommAborted, RendezvousError
 
@@ -96,6 +100,29 @@ def init(rank: int | None = None, world_size: int | None = None,
 
         atexit.register(_linger, comm, server)
     _WORLD = comm
+    return comm
+
+
+def _joining(env: JobEnv) -> bool:
+    from ringtree.bootstrap import environ
+
+    return environ.get("RINGTREE_JOIN") == "1" and env.world_size > 1
+
+
+def _join(env: JobEnv, store, secret: bytes, timeout, init_wait: float) -> Communicator:
+    """``RINGTREE_JOIN=1`` (``ringtree run --max-restarts`` restarting a dead rank): join
+    the running job in that rank's place (:mod:`ringtree.resilience.replace`)."""
+    from ringtree.resilience.replace import join_seat
+    from ringtree.resilience.state import state
+
+    if not env.store_external:
+        raise RendezvousError("RINGTREE_JOIN=1 needs the launcher's store (ringtree run): "
+                              "the store of a job whose rank 0 hosts it may be gone")
+    prefix, rank, size, world = join_seat(store, "rt/world", env.rank, init_wait)
+    comm = Communicator(rank=rank, size=size, store=store, prefix=prefix, secret=secret,
+                        master_addr=env.master_addr, timeout=timeout, world_ranks=world,
+                        local_rank=env.local_rank)
+    state(comm).root = "rt/world"
     return comm
 
 

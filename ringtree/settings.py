@@ -225,6 +225,11 @@ declare("RINGTREE_TOKEN", text, None,
         "shared secret of the job's store (`ringtree run` exports a random one)", "job")
 declare("RINGTREE_STORE_EXTERNAL", flag, False,
         "the launcher hosts the store (rank 0 must not)", "job")
+declare("RINGTREE_JOIN", flag, False,
+        "a replacement: `ringtree.init` takes a dead rank's seat in the running job", "job")
+declare("RINGTREE_RESTART", integer, None, "which replacement this process is", "job")
+declare("RINGTREE_MAX_RESTARTS", integer, 0,
+        "replacements `ringtree run --max-restarts` may start in all", "job")
 declare("RINGTREE_HOST_ID", text, None,
         "override the host identity (tests fake several hosts on one machine)", "job")
 declare("RINGTREE_SSH", text, None,

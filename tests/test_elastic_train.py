@@ -40,33 +40,60 @@ def test_kill_spec():
     assert parse_kill("0:3", seed=7).phase in ("compute", "allreduce", "optimizer")
 
 
-def _run(tmp_path, name: str, kills: list[str]) -> tuple[subprocess.CompletedProcess, dict]:
+def _run(tmp_path, name: str, kills: list[str], launcher: tuple = (), train: tuple = ()
+         ) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / f"{name}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", "4", "--enable-recovery",
-           sys.executable, "-m", "ringtree.cli", "train", "--elastic", "--dp", "4",
-           "--json", str(out), *TINY, *(w for k in kills for w in ("--kill", k))]
+    cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", "4", *launcher, sys.executable,
+           "-m", "ringtree.cli", "train", "--elastic", "--dp", "4", "--json", str(out), *TINY,
+           *train, *(w for k in kills for w in ("--kill", k))]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.exists(), p.stderr[-3000:]
     return p, json.loads(out.read_text())
 
 
-def test_killed_ranks_change_no_bit(tmp_path):
-    """The same seed with no failure, and with rank 1 killed inside step 1's gradient
-    exchange, rank 2 in step 2's forward and rank 3 between its exchange and its update
-    in step 3 (three shrinks, one process left): the same parameters and losses, bit for
-    bit, every sample used once, and the launcher reports every death."""
-    p, clean = _run(tmp_path, "clean", [])
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    p, res = _run(tmp_path_factory.mktemp("clean"), "clean", [])
     assert p.returncode == 0, p.stderr[-3000:]
-    assert clean["failures"] == [] and clean["ranks_at_end"] == 4
-    samples = clean["samples"]
+    assert res["failures"] == [] and res["ranks_at_end"] == 4
+    samples = res["samples"]
     assert samples["ids"] == 5 * 8 and samples["min_uses"] == samples["max_uses"] == 1
-    p, got = _run(tmp_path, "killed", ["1:1:allreduce", "2:2:compute", "3:3:optimizer"])
+    return res
+
+
+def _same_run(got: dict, clean: dict) -> None:
+    assert got["param_sha256"] == clean["param_sha256"]
+    assert got["samples"] == clean["samples"]  # every sample id used exactly once
+    assert got["losses"] == clean["losses"]
+
+
+def test_shrinking_changes_no_bit(tmp_path, clean):
+    """Rank 1 killed inside step 1's gradient exchange, rank 2 in step 2's forward, rank 3
+    between its exchange and its update in step 3 (three shrinks, one process left): the
+    same parameters and losses as the unbroken run, bit for bit, every sample used once,
+    and the launcher reports every death."""
+    p, got = _run(tmp_path, "shrunk", ["1:1:allreduce", "2:2:compute", "3:3:optimizer"],
+                  launcher=("--enable-recovery",))
     assert p.returncode == 137, p.stderr[-3000:]
     for r in (1, 2, 3):
         assert f"rank {r} was killed by signal 9" in p.stderr, p.stderr[-3000:]
-    dead = [f["dead"] for f in got["failures"]]
-    assert sorted(sum(dead, [])) == [1, 2, 3] and got["ranks_at_end"] == 1, got["failures"]
-    assert got["param_sha256"] == clean["param_sha256"]
-    assert got["samples"] == samples
-    assert got["losses"] == clean["losses"]
+    assert sorted(sum((f["dead"] for f in got["failures"]), [])) == [1, 2, 3]
+    assert {f["how"] for f in got["failures"]} == {"shrink"} and got["ranks_at_end"] == 1
+    _same_run(got, clean)
+
+
+def test_replacing_changes_no_bit(tmp_path, clean):
+    """``--max-restarts 2``: ranks 1 and 3 killed and replaced by newcomers that receive
+    the state from the three survivors (one chunk damaged in flight and fetched again):
+    the same bits as the unbroken run."""
+    p, got = _run(tmp_path, "replaced", ["1:1:allreduce", "3:3:compute"],
+                  launcher=("--max-restarts", "2"), train=("--corrupt-chunk", "1"))
+    assert p.returncode == 137, p.stderr[-3000:]
+    assert "starting a replacement (restart 2 of 2)" in p.stderr, p.stderr[-3000:]
+    fails = got["failures"]
+    assert [f["dead"] for f in fails] == [[1], [3]] and got["ranks_at_end"] == 4, fails
+    assert [f["how"] for f in fails] == ["replace", "replace"]
+    assert [f["transfer"]["sources"] for f in fails] == [3, 3]
+    assert fails[0]["transfer"]["refetched"] == 1
+    _same_run(got, clean)

@@ -100,7 +100,7 @@ def test_ranks_are_bound_by_default_when_they_fit_the_cpus():
 
 @pytest.mark.parametrize("args,message", [
     (("--rdzv-backend", "c10d"), "--rdzv-backend is not supported"),
-    (("--max-restarts", "3"), "--max-restarts is not supported"),
+    (("--max-restarts", "-1"), "--max-restarts must be >= 0"),
     (("--hostfile", "/nonexistent/h"), "--hostfile /nonexistent/h: No such file"),
     (("-H", "a:2,b:x"), "'b:x': slots must be a positive integer"),
     (("--frobnicate",), "unknown option '--frobnicate'"),

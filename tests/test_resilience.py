@@ -156,3 +156,27 @@ def lone_survivor(comm):
 def test_shrink_refuses_below_the_required_size():
     res = run_ranks(lone_survivor, 2, timeout=60)
     assert res[0] == "refused"
+
+
+def stream_with_damage(comm):
+    """Ranks 0 and 1 hold the state, rank 2 is new; chunk 1 is damaged on its first trip
+    (by rank 1, its first sender) and must come again, from rank 0."""
+    from ringtree.resilience.transfer import stream
+
+    n = 50_000
+    a = np.arange(n, dtype=np.float32) if comm.rank < 2 else np.zeros(n, np.float32)
+    b = np.arange(7, dtype=np.int64) * 3 if comm.rank < 2 else np.zeros(7, np.int64)
+
+    def damage(i, chunk):
+        return chunk if i != 1 else np.bitwise_xor(chunk, np.uint8(0x40))
+
+    stats = stream(comm, [a, b], [0, 1], [2], chunk_bytes=64 << 10,
+                   corrupt=damage if comm.rank == 1 else None)
+    return stats, bool((a == np.arange(n, dtype=np.float32)).all()), b.tolist()
+
+
+def test_state_stream_refetches_a_damaged_chunk():
+    res = run_ranks(stream_with_damage, 3, timeout=60)
+    for r, (stats, same, b) in enumerate(res):
+        assert same and b == [0, 3, 6, 9, 12, 15, 18], f"rank {r}"
+        assert stats == {"chunks": 5, "bytes": 50_000 * 4 + 56, "refetched": 1}

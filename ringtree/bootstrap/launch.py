@@ -31,7 +31,8 @@ Process handling follows mpirun/torchrun:
   launcher itself dies, Linux kills the ranks (``PR_SET_PDEATHSIG``);
 - the first rank to fail (non-zero exit or killed by a signal) stops the job: the others get
   SIGTERM, then SIGKILL after ``--grace`` seconds, and the launcher exits with that rank's code
-  (128+signal for a signal) after one summary line on stderr;
+  (128+signal for a signal) after one summary line on stderr; with ``--enable-recovery`` the
+  others run on (``--max-restarts K``: and dead ranks are replaced), the code and summary the same;
 - ``--timeout S`` stops the job after S seconds and exits with 124, naming the ranks that were
   still running;
 - ``--tag-output`` prefixes every line with ``[rank]`` (and sets ``PYTHONUNBUFFERED=1`` unless
@@ -57,7 +58,8 @@ from typing import IO
 from ringtree.bootstrap import environ
 from ringtree.bootstrap.jobtoken import bind_address
 from ringtree.bootstrap.launch_args import PROG, Options, UsageError, parse
-from ringtree.bootstrap.launch_report import LAST_LINES, Exit, report
+from ringtree.bootstrap.launch_bind import cpu_for, say_binding
+from ringtree.bootstrap.launch_report import LAST_LINES, Exit, how, report
 from ringtree.bootstrap.procs import child_setup, routed_signals, signal_groups, sleep_on
 from ringtree.bootstrap.store import StoreError, StoreServer
 
@@ -172,6 +174,8 @@ class _Job:
         self.pending_signals: list[int] = []
         self.out_lock = threading.Lock()
         self.start = time.monotonic()
+        self.restarts = 0  # replacements started (--max-restarts)
+        self.cpus: list[int | None] = []
 
     def env_for(self, local_rank: int) -> dict[str, str]:
         o = self.opts
@@ -185,7 +189,7 @@ class _Job:
             "RINGTREE_MASTER_ADDR": self.addr,
             "RINGTREE_MASTER_PORT": str(self.port),
             "RINGTREE_TOKEN": self.token,
-            "RINGTREE_STORE_EXTERNAL": "1",
+            "RINGTREE_STORE_EXTERNAL": "1", "RINGTREE_MAX_RESTARTS": str(o.max_restarts),
             "RANK": str(rank),
             "WORLD_SIZE": str(world),
             "LOCAL_RANK": str(local_rank),
@@ -232,61 +236,54 @@ class _Job:
     # -- starting ------------------------------------------------------------------------
 
     def _spawn_all(self) -> None:
+        cpus = [cpu_for(self.opts, local) for local in range(self.opts.nproc)]
+        say_binding(self.opts, cpus)
+        self.cpus = cpus
+        for local in range(self.opts.nproc):
+            self._spawn(local)
+
+    def _spawn(self, local: int, extra: dict[str, str] | None = None) -> None:
         # ranks run unbuffered whenever we pump stderr, so stdout is pumped too: an
         # unbuffered print() writes its text and its newline separately, and ranks
         # sharing one stdout would interleave mid-line
         pipe_out = subprocess.PIPE if self.opts.tag_output or self.tag_err else None
         pipe_err = subprocess.PIPE if self.tag_err else None
-        cpus = [self._cpu_for(local) for local in range(self.opts.nproc)]
-        self._say_binding(cpus)
-        for local in range(self.opts.nproc):
-            env = self.env_for(local)
-            proc = subprocess.Popen(
-                self.opts.command,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=pipe_out,
-                stderr=pipe_err,
-                preexec_fn=child_setup(os.getpid(), cpus[local]),  # see there
-            )
-            r = _Rank(self.opts.node_rank * self.opts.nproc + local, local, proc)
-            self.ranks.append(r)
-            prefix = f"[{r.rank}] ".encode()
-            out_prefix = prefix if self.opts.tag_output else b""
-            for src, dst, pre, keep in ((proc.stdout, sys.stdout, out_prefix, None),
-                                        (proc.stderr, sys.stderr, prefix, r.lines)):
-                if src is None:
-                    continue
-                t = threading.Thread(target=self._pump, args=(src, dst, pre, keep),
-                                     daemon=True)
-                t.start()
-                r.readers.append(t)
+        env = {**self.env_for(local), **(extra or {})}
+        proc = subprocess.Popen(
+            self.opts.command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=pipe_out,
+            stderr=pipe_err,
+            preexec_fn=child_setup(os.getpid(), self.cpus[local]),  # see there
+        )
+        r = _Rank(self.opts.node_rank * self.opts.nproc + local, local, proc)
+        self.ranks.append(r)
+        prefix = f"[{r.rank}] ".encode()
+        out_prefix = prefix if self.opts.tag_output else b""
+        for src, dst, pre, keep in ((proc.stdout, sys.stdout, out_prefix, None),
+                                    (proc.stderr, sys.stderr, prefix, r.lines)):
+            if src is None:
+                continue
+            t = threading.Thread(target=self._pump, args=(src, dst, pre, keep),
+                                 daemon=True)
+            t.start()
+            r.readers.append(t)
 
-    def _cpu_for(self, local: int) -> int | None:
-        """The CPU this local rank is bound to (None: not bound). ``--bind-to auto`` binds
-        rank *i* to the *i*-th CPU the launcher may use when every rank of this node gets
-        one of its own (Open MPI's default ``--bind-to core`` for np ≤ 2, and the
-        pinning every polling library needs on a small machine: unpinned, two ranks that
-        wait by spinning lose a scheduler tick of 4 ms per call whenever the kernel puts
-        them on one CPU); with more ranks than CPUs it leaves placement to the kernel."""
-        mode = self.opts.bind_to
-        cpus = sorted(os.sched_getaffinity(0))
-        if mode == "none" or (mode == "auto" and self.opts.nproc > len(cpus)):
-            return None
-        return cpus[local % len(cpus)]
-
-    def _say_binding(self, cpus: list[int | None]) -> None:
-        """With ``RINGTREE_DEBUG=INFO``: where each local rank runs."""
-        from ringtree.settings import current
-
-        if current().debug not in ("INFO", "TRACE"):
-            return
-        base = self.opts.node_rank * self.opts.nproc
-        where = ", ".join(f"rank {base + i} on CPU {c}" for i, c in enumerate(cpus)
-                          if c is not None) or \
-            f"not bound ({self.opts.nproc} ranks, {len(os.sched_getaffinity(0))} CPUs; " \
-            f"--bind-to {self.opts.bind_to})"
-        print(f"{PROG}: binding: {where}", file=sys.stderr, flush=True)
+    def _restart(self, dead: list[_Rank]) -> None:
+        """``--max-restarts``: start a replacement for each dead rank while the budget
+        lasts; it joins the running job (``RINGTREE_JOIN=1``: ``ringtree.init`` takes
+        the seat the survivors offer, :mod:`ringtree.resilience.replace`)."""
+        for r in dead:
+            if self.restarts >= self.opts.max_restarts:
+                return
+            self.restarts += 1
+            with self.out_lock:
+                print(f"{PROG}: rank {r.rank} (pid {r.proc.pid}) {how(r.code)}; starting a "
+                      f"replacement (restart {self.restarts} of {self.opts.max_restarts})",
+                      file=sys.stderr, flush=True)
+            self._spawn(r.local_rank, {"RINGTREE_JOIN": "1",
+                                       "RINGTREE_RESTART": str(self.restarts)})
 
     def _pump(self, src: IO[bytes], dst: IO[str], prefix: bytes,
               keep: deque | None = None) -> None:
@@ -346,6 +343,9 @@ class _Job:
                 if not o.enable_recovery:  # else the survivors go on (they shrink)
                     self._stop(alive, signal.SIGTERM)
                     kill_at = now + o.grace
+            if bad and o.enable_recovery and got_signal is None and timed_out is None:
+                self._restart(bad)
+                alive = self._alive()
             if not alive:
                 break
 

@@ -33,14 +33,13 @@ _VALUED = {
     "-x": True, "--tag-output": False, "--standalone": False, "--oversubscribe": False,
     "--allow-run-as-root": False, "-h": False, "--help": False, "--check-net": False,
     "-H": True, "--host": True, "--hostfile": True, "--enable-recovery": False,
+    "--max-restarts": True, "--max_restarts": True,
 }
 _REFUSED = {
     "--rdzv-backend": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
     "--rdzv-endpoint": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
     "--rdzv-id": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
     "--rdzv-conf": "ringtree run has no elastic rendezvous; give --master HOST:PORT",
-    "--max-restarts": "ringtree run does not restart ranks; --enable-recovery keeps the "
-                      "survivors running (they shrink the communicator)",
     "--no-python": "give the program itself as the command (only *.py runs with Python)",
     "-m": "give the program as `python -m MODULE ...` after the options",
     "--module": "give the program as `python -m MODULE ...` after the options",
@@ -68,6 +67,7 @@ class Options:
     check_net: bool = False
     hosts: list[tuple[str, int]] | None = None  # -H / --hostfile: start them over ssh
     enable_recovery: bool = False  # a rank that fails does not stop the others
+    max_restarts: int = 0  # replacements for dead ranks, in all (implies enable_recovery)
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -113,6 +113,8 @@ def parse(argv: list[str]) -> Options:
     nnodes = _nodes(ns, nproc, nnodes_text)
     if ns.timeout is not None and not ns.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds, got {ns.timeout}")
+    if ns.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {ns.max_restarts}")
     if not ns.grace >= 0:
         raise UsageError(f"--grace must be >= 0 seconds, got {ns.grace}")
     master = _master(ns, nnodes, hosts)
@@ -120,7 +122,7 @@ def parse(argv: list[str]) -> Options:
         command = [sys.executable, *command]  # torchrun runs scripts with Python too
     return Options(nproc, nnodes, ns.node_rank, master, ns.tag_output, ns.timeout,
                    ns.grace, command, ns.bind_to, _exports(ns.export), ns.check_net, hosts,
-                   ns.enable_recovery)
+                   ns.enable_recovery or ns.max_restarts > 0, ns.max_restarts)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -162,6 +164,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="a rank that dies does not stop the others (they can revoke, "
                              "agree and shrink); the exit status and summary still report "
                              "every failure (Open MPI's name)")
+    parser.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int,
+                        default=0, metavar="K",
+                        help="restart a rank that dies, as a replacement that joins the running "
+                             "job (at most K restarts in all; implies --enable-recovery)")
     parser.add_argument("--standalone", action="store_true", help="torchrun's: one node")
     parser.add_argument("--oversubscribe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allow-run-as-root", action="store_true", help=argparse.SUPPRESS)

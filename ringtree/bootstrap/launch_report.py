@@ -59,7 +59,10 @@ def blamed_rank(abort_line: str | None) -> int | None:
 
 def root_cause(exits: list[Exit], abort_line: str | None) -> Exit | None:
     """The exit to blame (see the module docstring); None if nothing failed."""
-    by_rank = {e.rank: e for e in exits}
+    by_rank: dict[int, Exit] = {}
+    for e in exits:  # a replaced rank (--max-restarts): its failed incarnation
+        if e.rank not in by_rank or by_rank[e.rank].code == 0:
+            by_rank[e.rank] = e
     failed = [e for e in exits if e.code != 0]
     if not failed:
         return None

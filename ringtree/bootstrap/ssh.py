@@ -112,6 +112,8 @@ def remote_argv(opts, hosts: list[tuple[str, int]], i: int, master: tuple[str, i
         argv.append("--check-net")
     if getattr(opts, "enable_recovery", False):
         argv.append("--enable-recovery")
+    if getattr(opts, "max_restarts", 0):
+        argv += ["--max-restarts", str(opts.max_restarts)]
     return [*argv, "--", *opts.command]
 
 

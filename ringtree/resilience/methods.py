@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ringtree.resilience.agree import ack_failed, agree, failed_ranks
+from ringtree.resilience.replace import replace
 from ringtree.resilience.revoke import is_revoked, revoke
 from ringtree.resilience.shrink import shrink
 
@@ -36,3 +37,9 @@ class Resilient:
         """The survivors' communicator (``MPIX_Comm_shrink``, ``ncclCommShrink``);
         ``exclude``: ranks to drop, named by the caller (then no agreement runs)."""
         return shrink(self, exclude, min_ranks=min_ranks)
+
+    def replace(self, *, limit: int | None = None, timeout: float | None = None):
+        """The survivors' communicator with a newcomer in each failed rank's place (a
+        process started with that world rank and ``RINGTREE_JOIN=1``); see
+        :mod:`ringtree.resilience.replace`."""
+        return replace(self, limit=limit, timeout=timeout)

@@ -62,20 +62,28 @@ def shrink(comm, exclude=None, *, min_ranks: int | str = 1, retries: int = 2):
             raise RecoveryError(f"rank {comm.rank}: shrink: only {len(ranks)} of {comm.size} "
                                 f"ranks survive ({sorted(gone)} failed); at least {need} "
                                 f"are required")
-        st.shrinks += 1
         try:
-            child = type(comm)(rank=ranks.index(comm.rank), size=len(ranks), store=comm.store,
-                               prefix=f"{comm.prefix}/k{st.shrinks}", secret=comm.secret,
-                               timeout=comm.timeout, master_addr=comm.peers[comm.rank].host,
-                               world_ranks=tuple(comm.world_ranks[r] for r in ranks))
+            return build_child(comm, [comm.world_ranks[r] for r in ranks])
         except RingtreeError:
             if attempt == retries:
                 raise
-            continue
-        child.store_host_rank = comm.store_host_rank
-        _release(comm)
-        return child
     raise AssertionError("unreachable")
+
+
+def build_child(comm, world_ranks: list[int]):
+    """The next child of ``comm`` (prefix ``<parent>/k<n>``) over ``world_ranks`` (this
+    rank where its world rank stands); the parent is released once the child stands."""
+    st = state(comm)
+    st.shrinks += 1
+    me = comm.world_ranks[comm.rank]
+    child = type(comm)(rank=world_ranks.index(me), size=len(world_ranks), store=comm.store,
+                       prefix=f"{comm.prefix}/k{st.shrinks}", secret=comm.secret,
+                       timeout=comm.timeout, master_addr=comm.peers[comm.rank].host,
+                       world_ranks=tuple(world_ranks))
+    child.store_host_rank = comm.store_host_rank
+    state(child).root = st.root or comm.prefix
+    _release(comm)
+    return child
 
 
 def _release(comm) -> None:

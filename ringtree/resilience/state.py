@@ -19,6 +19,7 @@ class FtState:
     failed: list[int] = field(default_factory=list)  # agreed failures, in decision order
     acked: int = 0                          # ack_failed(): the first ``acked`` of failed
     revoked: bool = False
+    root: str = ""                          # the first ancestor's prefix (replace's keys)
     pids: dict[int, tuple[int, int | None] | None] = field(default_factory=dict)
 
 

@@ -72,10 +72,13 @@ def parse_kill(text: str, seed: int | None = None) -> Kill:
 class ElasticTrainer:
     """One process of an elastic data-parallel run (see the module docstring)."""
 
-    def __init__(self, spec, comm, kills: list[Kill] | None = None):
+    def __init__(self, spec, comm, kills: list[Kill] | None = None, *,
+                 logical: int | None = None, max_restarts: int = 0, corrupt: int = -1):
         cfg = spec.model
         self.spec, self.comm, self.kills = spec, comm, list(kills or ())
-        self.L = comm.size
+        self.L = logical or comm.size
+        self.max_restarts = max_restarts  # the launcher's replacements, in all
+        self.corrupt = corrupt  # drill: the first state transfer damages this chunk
         if spec.batch_size % (self.L * spec.micro_batches):
             raise ValueError(f"--batch-size {spec.batch_size} does not split into "
                              f"{self.L} ranks x {spec.micro_batches} micro-batches")
@@ -178,40 +181,81 @@ class ElasticTrainer:
     # ---- recovery --------------------------------------------------------------------------
 
     def recover(self, err: BaseException) -> None:
-        """Revoke, agree, shrink; give the dead's logical ranks to survivors; bring every
-        survivor to the newest committed step."""
+        """Revoke and agree; replace the dead (while the launcher has restarts left) or
+        shrink and give their logical ranks to survivors; bring everyone to the newest
+        committed step."""
+        from ringtree.resilience.state import state
+
         t0 = time.monotonic()
         old = self.comm
         old.revoke()
-        child = old.shrink()
+        left = self.max_restarts - sum(len(f["dead"]) for f in self.failures)
+        child = old.replace(limit=left) if left > 0 else old.shrink()
         alive = list(child.world_ranks)
-        dead = sorted(w for w in set(self.owner) if w not in alive)
+        dead = sorted(old.world_ranks[r] for r in state(old).failed)
         orphans = [lg for lg, w in enumerate(self.owner) if w not in alive]
         for i, lg in enumerate(orphans):
             self.owner[lg] = alive[i % len(alive)]
         self.comm = child
-        steps = child.all_gather(np.array([self.step], np.int64)).reshape(-1)
+        self.failures.append({"step": self.step, "dead": dead, "ranks": alive,
+                              "how": "replace" if len(alive) == old.size else "shrink",
+                              "error": type(err).__name__})
+        self._sync(fresh=False, t0=t0)
+
+    def join(self) -> None:
+        """A replacement (``RINGTREE_JOIN=1``): receive the state from the survivors."""
+        self._sync(fresh=True, t0=time.monotonic())
+
+    def _sync(self, fresh: bool, t0: float) -> None:
+        """Collective over the new communicator: whoever is behind the newest committed
+        step (a newcomer; a survivor that had not finished the step another finished)
+        receives parameters, Adam moments and sample counts, streamed from every rank at
+        that step with checksums (:func:`ringtree.resilience.transfer.stream`), and the
+        run's bookkeeping from the first of them."""
+        from ringtree.resilience.transfer import stream
+
+        comm = self.comm
+        steps = comm.all_gather(np.array([-1 if fresh else self.step], np.int64)).reshape(-1)
         newest = int(steps.max())
-        if int(steps.min()) != newest:  # someone committed a step the others did not
-            src = int(np.argmax(steps))
-            for a in (self.flat.numpy(), self.m.numpy(), self.v.numpy(), self.counts):
-                child.broadcast(a, root=src)
-            self.losses = child.broadcast_object(self.losses, root=src)
-            self.step = newest
-        self.failures.append({"step": self.step, "dead": dead, "survivors": alive,
-                              "error": type(err).__name__,
-                              "recovery_s": round(time.monotonic() - t0, 4)})
+        sources = [r for r in range(comm.size) if steps[r] == newest]
+        dests = [r for r in range(comm.size) if steps[r] != newest]
+        moved = None
+        if dests:
+            t1 = time.monotonic()
+            bad = self.corrupt
+            self.corrupt = -1
+
+            def damage(i: int, chunk: np.ndarray) -> np.ndarray:
+                return chunk if i != bad else np.bitwise_xor(chunk, np.uint8(1))
+
+            moved = stream(comm, [self.flat.numpy(), self.m.numpy(), self.v.numpy(),
+                                  self.counts], sources, dests, chunk_bytes=1 << 18,
+                           corrupt=damage if bad >= 0 else None)
+            moved["seconds"] = round(time.monotonic() - t1, 4)
+            moved["sources"] = len(sources)
+            book = (self.step, self.owner, self.losses, self.failures)
+            book = comm.broadcast_object(book, root=sources[0])
+            self.step, self.owner, self.losses, self.failures = \
+                book[0], list(book[1]), list(book[2]), [dict(f) for f in book[3]]
+        if self.failures:
+            self.failures[-1]["transfer"] = moved
+            self.failures[-1]["recovery_s"] = round(time.monotonic() - t0, 4)
 
     def run(self) -> None:
         from ringtree.errors import RecoveryError, RingtreeError
 
-        while self.step < self.spec.steps:
+        pending: BaseException | None = None
+        while self.step < self.spec.steps or pending is not None:
             try:
-                self.train_step()
+                if pending is not None:  # again if another rank dies during recovery
+                    err, pending = pending, None
+                    self.recover(err)
+                else:
+                    self.train_step()
             except RecoveryError:
                 raise
             except RingtreeError as e:
-                self.recover(e)
+                pending = e
 
     def report(self) -> dict:
         """``param_sha256``: digest of the final parameters; ``samples``: how often each

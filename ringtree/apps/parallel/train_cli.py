@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     a("--kill", metavar="RANK:STEP[:PHASE]", action="append", default=[],
       help="drill: that rank SIGKILLs itself in that step (compute, allreduce, optimizer; "
            "random if omitted); repeatable")
+    a("--corrupt-chunk", type=int, default=-1, metavar="N",
+      help="drill: the first state transfer damages chunk N in flight (it is fetched again)")
     return p
 
 
@@ -163,9 +165,13 @@ def _elastic(args) -> int:
     from ringtree.apps.parallel.elastic import ElasticTrainer, parse_kill
 
     comm = ringtree.init()
-    kills = [parse_kill(k, args.seed + i) for i, k in enumerate(args.kill)]
-    trainer = ElasticTrainer(_spec(args), comm, kills)
+    joining = environ.get("RINGTREE_JOIN") == "1"  # a replacement: its --kill is spent
+    kills = [] if joining else [parse_kill(k, args.seed + i) for i, k in enumerate(args.kill)]
+    trainer = ElasticTrainer(_spec(args), comm, kills, logical=args.dp, corrupt=args.corrupt_chunk,
+                             max_restarts=int(environ.get("RINGTREE_MAX_RESTARTS") or 0))
     t0 = time.perf_counter()
+    if joining:
+        trainer.join()
     trainer.run()
     out = trainer.report()
     out["seconds"] = time.perf_counter() - t0

@@ -160,7 +160,8 @@ def test_shrink_refuses_below_the_required_size():
 
 def stream_with_damage(comm):
     """Ranks 0 and 1 hold the state, rank 2 is new; chunk 1 is damaged on its first trip
-    (by rank 1, its first sender) and must come again, from rank 0."""
+    (by rank 0, its first sender: chunks 0-1 of the first array are rank 0's, 2-3 rank
+    1's) and must come again, from rank 1."""
     from ringtree.resilience.transfer import stream
 
     n = 50_000
@@ -171,7 +172,7 @@ def stream_with_damage(comm):
         return chunk if i != 1 else np.bitwise_xor(chunk, np.uint8(0x40))
 
     stats = stream(comm, [a, b], [0, 1], [2], chunk_bytes=64 << 10,
-                   corrupt=damage if comm.rank == 1 else None)
+                   corrupt=damage if comm.rank == 0 else None)
     return stats, bool((a == np.arange(n, dtype=np.float32)).all()), b.tolist()
 
 

@@ -55,9 +55,11 @@ def test_revoke_reaches_every_rank(count):
 
 def kill_then_recover(comm):
     """Rank 2 dies inside an all-reduce, rank 3 during the recovery's agreement; the
-    survivors agree on one value and one failed set and carry on, shrunk."""
+    survivors agree on one value and one failed set and carry on, shrunk, and no thread
+    of the old communicator or the new one is left once the new one is closed."""
     x = np.ones(1024, np.float32)
-    comm.all_reduce(x)
+    comm.all_reduce(x, async_op=True).wait()  # starts this rank's worker threads
+    comm.all_reduce(np.ones(1 << 18, np.float32), async_op=True).wait()
     if comm.rank == 2:
         _die()
     try:
@@ -80,14 +82,23 @@ def kill_then_recover(comm):
     out = (err, value, failed, acked, child.rank, child.size, child.world_ranks,
            float(y[0]), float(z[0]), comm.failed_ranks())
     child.close()
-    return out
+    deadline = time.monotonic() + 10  # the workers let go exit at their next wake-up
+    while _workers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return (*out, _workers())
+
+
+def _workers() -> list[str]:
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith(("ringtree-rank", "ringtree-ll"))]
 
 
 def test_agree_and_shrink_survive_two_deaths():
     res = run_ranks(kill_then_recover, 4, timeout=120)
     assert isinstance(res[2], BaseException) and isinstance(res[3], BaseException)
     for r in (0, 1):
-        err, value, failed, acked, crank, csize, world, y, z, failed_after = res[r]
+        err, value, failed, acked, crank, csize, world, y, z, failed_after, left = res[r]
+        assert left == [], f"rank {r}: threads left behind: {left}"
         assert err is not None and "rank 2" in err[2], f"rank {r}: {err}"
         assert err[0] != "CollectiveTimeout", f"rank {r} noticed only by timeout: {err}"
         # flags of the contributors 0 and 1 (and 3 if it posted before dying)

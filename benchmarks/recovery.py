@@ -5,7 +5,7 @@
 Each *kill trial* starts N fresh ranks (:func:`ringtree.testing.run_ranks`, one host) that
 all-reduce in a loop (8 B on LL or 1 MiB on Simple, chosen per trial); a thread of the
 last rank SIGKILLs it at a random moment (uniform in 20–120 ms into the loop), after
-writing the time to the store. From that moment each survivor records:
+writing the time to the store. From that moment each survivor records (a trial counts the last survivor's time):
 
 - ``detect``: its blocked call returned an error that names the dead rank;
 - ``agree``: ``comm.agree`` returned (every survivor holds the same failed set);
@@ -14,6 +14,11 @@ writing the time to the store. From that moment each survivor records:
 Each *revoke trial* kills nobody: rank 0 calls ``comm.revoke()`` at a random moment while
 the others are blocked in an all-reduce it never joins; ``revoke`` is when the last
 blocked call returned :class:`~ringtree.errors.CommRevoked`, from the revoke.
+
+``train_shrink`` / ``train_replace`` (``--train-trials K``): ``ringtree train --elastic``
+runs whose last rank SIGKILLs itself in step 2 (``--kill``), under ``--enable-recovery``
+or ``--max-restarts 1``: the seconds from the kill to the next committed step
+(``resumed_s``; the replace path includes starting the new process and importing torch).
 
 ``transfer``: :func:`ringtree.resilience.transfer.stream` of ``--transfer-mib`` from N-1
 sources to one newcomer over shared memory, CRC-32 per chunk included; GB/s at the
@@ -112,6 +117,32 @@ def transfer_run(comm, mib: int, reps: int):
     return statistics.median(rates) if comm.rank == 0 else None
 
 
+def train_trials(n: int, trials: int, launcher: list[str]) -> list[float]:
+    """``resumed_s`` of ``ringtree train --elastic`` runs whose last rank is killed in step
+    2 (a random phase): from the kill to the next committed step."""
+    import subprocess
+    import sys
+    import tempfile
+
+    out = []
+    for t in range(trials):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "run.json")
+            cmd = [sys.executable, "-m", "ringtree.cli", "run", "-n", str(n), *launcher,
+                   sys.executable, "-m", "ringtree.cli", "train", "--elastic", "--dp", str(n),
+                   "--layers", "1", "--heads", "2", "--embd", "32", "--block-size", "16",
+                   "--batch-size", str(2 * n), "--steps", "4", "--seed", str(t),
+                   "--no-progress", "--kill", f"{n - 1}:2", "--json", path]
+            subprocess.run(cmd, capture_output=True, timeout=600,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+            if os.path.exists(path):
+                with open(path) as f:
+                    fails = json.load(f)["failures"]
+                if fails and fails[0].get("resumed_s") is not None:
+                    out.append(fails[0]["resumed_s"])
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     v = sorted(values)
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
@@ -122,6 +153,8 @@ def main() -> None:
     ap.add_argument("--ranks", default="2,4,8")
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--transfer-mib", type=int, default=256)
+    ap.add_argument("--train-trials", type=int, default=0,
+                    help="also time ringtree train --elastic (shrink and replace) per N")
     ap.add_argument("--json")
     args = ap.parse_args()
     out: dict = {}
@@ -130,12 +163,11 @@ def main() -> None:
         odd: list[str] = []
         for t in range(args.trials):
             size = 8 if t % 2 == 0 else 1 << 20
-            for r in run_ranks(kill_trial, n, size, t, timeout=180)[:-1]:
-                if isinstance(r, dict):
-                    for k, v in r.items():
-                        got[k].append(v)
-                else:
-                    odd.append(repr(r)[:200])
+            res = run_ranks(kill_trial, n, size, t, timeout=180)[:-1]
+            odd += [repr(r)[:200] for r in res if not isinstance(r, dict)]
+            if all(isinstance(r, dict) for r in res):  # the last survivor's time counts
+                for k in ("detect", "agree", "shrink"):
+                    got[k].append(max(r[k] for r in res))
             res = run_ranks(revoke_trial, n, size, t, timeout=180)[1:]
             if all(isinstance(v, float) for v in res):
                 got["revoke"].append(max(res))
@@ -145,6 +177,12 @@ def main() -> None:
                          timeout=600)[0] if n > 1 else None
         out[n] = {k: {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "trials": len(v)}
                   for k, v in got.items() if v}
+        for name, launcher in (("train_shrink", ["--enable-recovery"]),
+                               ("train_replace", ["--max-restarts", "1"])):
+            if args.train_trials and n > 1:
+                v = train_trials(n, args.train_trials, launcher)
+                if v:
+                    out[n][name] = {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "trials": len(v)}
         out[n]["transfer_GBps"] = rate
         out[n]["anomalies"] = odd
         print(f"N={n}: " + ", ".join(f"{k} p50 {d['p50'] * 1e3:.1f} ms p99 {d['p99'] * 1e3:.1f} "

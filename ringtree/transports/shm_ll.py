@@ -65,6 +65,7 @@ LINES_OFF = 4096           # header page first: magic, nranks, cell bytes
 # Simple (its sequence number and header, three words: see LL.announce)
 SLEEP, CLOSED, ANN_SEQ, ANN_HEAD = 0, 1, 2, 3
 SEQ_MASK = 0xFFFFFFFF      # the header's sequence number: the low half of its 2nd word
+POISON = (1 << 64) - 1     # seq and first header word of a closed rank's lines
 LIVENESS_PERIOD = 0.1
 IDLE_PERIOD = 1.0
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -198,6 +199,8 @@ class LL:
             if W[j] < s:
                 self._wait(r, lambda j=j: W[j] >= s, s, timeout, what, (h0, h1, h2))
             if W[j + 1] != h0 or W[j + 2] != h1 or W[j + 3] != h2:
+                if W[j] == POISON:
+                    self._check_closed(r, s, what)
                 raise MismatchError(self._mismatch(r, (h0, h1, h2), W[j + 1:j + 4], s, what))
         self.synced = s
         return p
@@ -303,9 +306,14 @@ class LL:
             W[self.my_state + SLEEP] = 0
 
     def _check(self, peer: int, done, s: int, what) -> None:
-        """Raise PeerError if ``peer`` (not yet at ``s``) closed or died."""
-        if self.closed:
+        """Raise PeerError if ``peer`` (not yet at ``s``) closed or died, or if this rank
+        or any other closed (hung up: a revoke), since every rank's part is needed."""
+        if self.closed or self.W[self.my_state + CLOSED]:
             raise PeerError(peer, f"rank {self.rank}: LL closed during {what()}")
+        for r, k in self.peer_state:  # one that closed without posting call s
+            if r != peer and self.W[k + CLOSED] and not \
+                    s <= self.W[self.seq_word(r, s & 1)] < POISON:
+                self._check_closed(r, s, what)
         state = self._state(peer)
         info = self.peers[peer]
         how = None
@@ -317,13 +325,29 @@ class LL:
             raise PeerError(peer, f"rank {peer} {how} while rank {self.rank} waited for it "
                                   f"in {what()} (LL call {s})")
 
+    def _check_closed(self, peer: int, s: int, what) -> None:
+        """``peer`` closed (a revoke poisons its lines) without its part of call ``s``."""
+        raise PeerError(peer, f"rank {peer} closed its communicator while rank {self.rank} "
+                              f"ran {what()} (LL call {s})")
+
     # ---- shutdown ---------------------------------------------------------------------
 
     def hang_up(self) -> None:
-        """Show the peers we closed (a rank waiting for us fails at once); release
-        nothing, so any thread may call it."""
+        """A revoke: show the peers we closed (a rank waiting for us fails at once) and
+        poison our lines, so a peer that reads them later sees none of our calls
+        complete (its header check fails, then :meth:`_check_closed` names us); release
+        nothing, so any thread may call it. Not done by :meth:`close`: a peer may still
+        be reading our last call's line then."""
         if self.closed or os.getpid() != self.peers[self.rank].pid:
             return
+        W = self.W
+        for i in self.my_seq:
+            W[i + 1] = POISON
+            seg.fence()
+            W[i] = POISON
+        self._say_closed()
+
+    def _say_closed(self) -> None:
         try:
             self.W[self.my_state + CLOSED] = 1
             seg.fence()
@@ -340,7 +364,7 @@ class LL:
         if os.getpid() != self.peers[self.rank].pid:
             self.closed = True
             return  # a forked child: not its communicator
-        self.hang_up()
+        self._say_closed()
         self.closed = True
         seg.close_fds(self.peer_bells.values())
         self.peer_bells = {}

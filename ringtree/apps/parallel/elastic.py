@@ -48,6 +48,7 @@ from ringtree.apps.models import data
 from ringtree.apps.models.gpt import GPT, init_state_dict
 
 PHASES = ("compute", "allreduce", "optimizer")
+KILLED = "elastic/killed"  # store key of a drill's time of death, per world rank
 BETAS, EPS = (0.9, 0.95), 1e-8
 
 
@@ -111,7 +112,8 @@ class ElasticTrainer:
                    for k in self.kills)
 
     def _fire(self, phase: str) -> None:
-        if self._due(phase):
+        if self._due(phase):  # the time goes to the store: "resumed_s" is measured from it
+            self.comm.store.set(f"{KILLED}/{self.me}", repr(time.time()).encode())
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _shard_grad(self, lg: int) -> float:
@@ -166,6 +168,16 @@ class ElasticTrainer:
             self.counts[lo:lo + B // self.L] += 1
         self.losses.append(float(sum(metas[where[lg], 1] for lg in range(self.L)) / self.L))
         self.step += 1
+        if self.failures and "resumed_s" not in self.failures[-1]:
+            self._resumed(self.failures[-1])
+
+    def _resumed(self, event: dict) -> None:
+        """The first step committed after a recovery: seconds since the drill's kill."""
+        killed = [self.comm.store.try_get(f"{KILLED}/{w}") for w in event["dead"]]
+        if killed and all(killed):
+            event["resumed_s"] = round(time.time() - max(float(k) for k in killed), 4)
+        else:
+            event["resumed_s"] = None  # not a drill: no time of death
 
     def _adamw(self, g: torch.Tensor) -> None:
         """AdamW without weight decay (Loshchilov & Hutter, ICLR 2019), elementwise on the

@@ -192,3 +192,37 @@ def test_state_stream_refetches_a_damaged_chunk():
     for r, (stats, same, b) in enumerate(res):
         assert same and b == [0, 3, 6, 9, 12, 15, 18], f"rank {r}"
         assert stats == {"chunks": 5, "bytes": 50_000 * 4 + 56, "refetched": 1}
+
+
+def shrink_cycles(comm, cycles: int):
+    """Revoke and shrink (nobody failed: the same ranks) ``cycles`` times: the threads
+    and the shared-memory names of this process must not grow with the number of rounds.
+    (Descriptors do, by about 2.5 a round: every closed communicator's segments stay
+    mapped, and Python's mmap keeps a descriptor per mapping; a plain split/close cycle
+    shows the same, see docs/fault-tolerance.md.)"""
+    def held():
+        mine = f"-p{os.getpid()}-"
+        shm = [n for n in os.listdir("/dev/shm") if n.startswith("ringtree-") and mine in n]
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("ringtree-")]
+        return len(threads), len(shm)
+
+    seen = []
+    for i in range(cycles):
+        comm.all_reduce(np.ones(1 << 16, np.float32), async_op=True).wait()
+        comm.revoke()
+        comm = comm.shrink()
+        x = np.ones(1 << 16, np.float32)
+        comm.all_reduce(x)
+        if i in (1, cycles - 1):
+            time.sleep(0.6)  # a worker let go exits at its next wake-up (0.5 s)
+            seen.append(held())
+    out = (comm.size, float(x[0]), seen)
+    comm.close()
+    return out
+
+
+def test_fifty_revoke_shrink_cycles_leave_no_thread_or_segment():
+    res = run_ranks(shrink_cycles, 3, 50, timeout=300)
+    for r, (size, x, seen) in enumerate(res):
+        assert size == 3 and x == 3.0
+        assert seen[1] <= seen[0], f"rank {r}: (threads, shm names) {seen}"

@@ -90,6 +90,7 @@ def kill_trial(comm, size_bytes: int, seed: int):
 def revoke_trial(comm, size_bytes: int, seed: int):
     x = np.ones(max(1, size_bytes // 4), np.float32)
     comm.all_reduce(x)
+    comm.agree(1)  # everyone has left that call before rank 0 may revoke
     if comm.rank == 0:
         time.sleep(random.Random(seed).uniform(0.02, 0.12))
         comm.store.set(KEY, repr(time.time()).encode())

@@ -230,3 +230,34 @@ def test_fifty_revoke_shrink_cycles_hold_nothing_more():
     for r, (size, x, seen) in enumerate(res):
         assert size == 3 and x == 3.0
         assert seen[1] <= seen[0], f"rank {r}: (fds, threads, shm names) {seen}"
+
+
+def stopped_rank(comm):
+    """Rank 2 stops itself (SIGSTOP) before the agreement: alive to ``/proc``, so the
+    others wait out the agreement's deadline, declare it failed and shrink; continued,
+    it learns it is out instead of joining a view the others do not share."""
+    pids = comm.all_gather_object(os.getpid())
+    comm.agree(1)
+    if comm.rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        try:
+            comm.agree(1, timeout=60)
+        except ringtree.RecoveryError as e:
+            return "out", str(e)
+        return "in", None
+    value = comm.agree(1, timeout=1.0)
+    failed = comm.failed_ranks()
+    if comm.rank == 0:
+        os.kill(pids[2], signal.SIGCONT)
+    child = comm.shrink()
+    x = np.ones(8, np.float32)
+    child.all_reduce(x)
+    out = (value, failed, child.size, float(x[0]))
+    child.close()
+    return out
+
+
+def test_a_stopped_rank_is_declared_failed_by_the_deadline():
+    res = run_ranks(stopped_rank, 3, timeout=120)
+    assert res[0] == res[1] == (1, [2], 2, 2.0), res
+    assert res[2][0] == "out" and "declared this rank failed" in res[2][1], res[2]

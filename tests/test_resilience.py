@@ -261,3 +261,34 @@ def test_a_stopped_rank_is_declared_failed_by_the_deadline():
     res = run_ranks(stopped_rank, 3, timeout=120)
     assert res[0] == res[1] == (1, [2], 2, 2.0), res
     assert res[2][0] == "out" and "declared this rank failed" in res[2][1], res[2]
+
+
+def death_during_shrink(comm):
+    """Rank 2 dies in an all-reduce; rank 3 dies inside shrink, after the agreement and
+    before the child's rendezvous: the others' first child cannot form, and shrink ends
+    in one membership anyway, {0, 1}."""
+    import sys
+
+    shrink_module = sys.modules["ringtree.resilience.shrink"]  # (the package's
+    x = np.ones(64, np.float32)                                 # "shrink" is the function)
+    comm.all_reduce(x)
+    if comm.rank == 2:
+        _die()
+    try:
+        comm.all_reduce(x, timeout=120)
+    except ringtree.RingtreeError:
+        pass
+    if comm.rank == 3:
+        shrink_module.build_child = lambda *a, **k: _die()
+    child = comm.shrink()
+    y = np.ones(64, np.float32)
+    child.all_reduce(y)
+    out = (child.size, child.world_ranks, float(y[0]), comm.failed_ranks())
+    child.close()
+    return out
+
+
+def test_a_death_during_shrink_still_ends_in_one_membership():
+    res = run_ranks(death_during_shrink, 4, timeout=120)
+    assert isinstance(res[2], BaseException) and isinstance(res[3], BaseException)
+    assert res[0] == res[1] == (2, (0, 1), 2.0, [2, 3]), res[:2]

@@ -13,7 +13,8 @@ list on every rank that stays).
 
 A rank that dies during the agreement is decided there (the agreement is uniform); one
 that dies while the child is being set up makes the setup fail on the others (its links
-fail, or the rendezvous times out), and :func:`shrink` then agrees again, up to
+fail; or, before it published its address, a watcher writes the child's abort line,
+which the rendezvous reads within a second), and :func:`shrink` then agrees again, up to
 ``retries`` times, which is how a second failure during recovery still ends in one
 membership. ``min_ranks``: fewer survivors than this raise
 :class:`~ringtree.errors.RecoveryError` (``"majority"``: more than half of the parent).
@@ -21,10 +22,13 @@ membership. ``min_ranks``: fewer survivors than this raise
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 from ringtree.errors import RecoveryError, RingtreeError
 from ringtree.resilience.agree import agree
 from ringtree.resilience.revoke import revoke
-from ringtree.resilience.state import state
+from ringtree.resilience.state import is_dead, state
 
 
 def _bound(comm, min_ranks: int | str) -> int:
@@ -76,14 +80,46 @@ def build_child(comm, world_ranks: list[int]):
     st = state(comm)
     st.shrinks += 1
     me = comm.world_ranks[comm.rank]
-    child = type(comm)(rank=world_ranks.index(me), size=len(world_ranks), store=comm.store,
-                       prefix=f"{comm.prefix}/k{st.shrinks}", secret=comm.secret,
-                       timeout=comm.timeout, master_addr=comm.peers[comm.rank].host,
-                       world_ranks=tuple(world_ranks))
+    prefix = f"{comm.prefix}/k{st.shrinks}"
+    others = [r for r, w in enumerate(comm.world_ranks) if w in world_ranks and w != me]
+    with _watching(comm, others, prefix):
+        child = type(comm)(rank=world_ranks.index(me), size=len(world_ranks),
+                           store=comm.store, prefix=prefix, secret=comm.secret,
+                           timeout=comm.timeout, master_addr=comm.peers[comm.rank].host,
+                           world_ranks=tuple(world_ranks))
     child.store_host_rank = comm.store_host_rank
     state(child).root = st.root or comm.prefix
     _release(comm)
     return child
+
+
+@contextmanager
+def _watching(comm, ranks: list[int], prefix: str):
+    """While the child forms: a rank of ``ranks`` whose process dies (it never publishes
+    its address, so the rendezvous would wait out ``RINGTREE_INIT_TIMEOUT``) gets the
+    child's abort line written, which the rendezvous reads within a second; the failed
+    construction makes :func:`shrink` agree again. One short-lived thread."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.1):
+            dead = [r for r in ranks if is_dead(comm, r)]
+            if dead:
+                try:
+                    comm.store.compare_set(f"{prefix}/abort", None,
+                                           f"rank {dead[0]} died while the communicator "
+                                           f"was being formed".encode())
+                except Exception:  # noqa: BLE001 - the store is gone: the wait says so
+                    pass
+                return
+
+    t = threading.Thread(target=watch, daemon=True, name="ringtree-shrink-watch")
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def _release(comm) -> None:

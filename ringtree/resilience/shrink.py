@@ -81,7 +81,8 @@ def build_child(comm, world_ranks: list[int]):
     st.shrinks += 1
     me = comm.world_ranks[comm.rank]
     prefix = f"{comm.prefix}/k{st.shrinks}"
-    others = [r for r, w in enumerate(comm.world_ranks) if w in world_ranks and w != me]
+    others = [r for r, w in enumerate(comm.world_ranks)  # (a replaced rank's seat
+              if w in world_ranks and w != me and r not in st.failed]  # is a newcomer's)
     with _watching(comm, others, prefix):
         child = type(comm)(rank=world_ranks.index(me), size=len(world_ranks),
                            store=comm.store, prefix=prefix, secret=comm.secret,

@@ -1,13 +1,22 @@
-"""The one part of ringtree that is compiled: the simulator's event heap
-(``ringtree/sim/engines/_heapc.c``, see ``ringtree/sim/engines/native.py``). Optional:
-without a C compiler the package installs anyway and the simulator runs the same loop in
-Python.
+"""The parts of ringtree that are compiled, both optional: without a C compiler the
+package installs anyway and runs the same steps in Python, to the same bits.
+
+- the simulator's event heap (``ringtree/sim/engines/_heapc.c``, see
+  ``ringtree/sim/engines/native.py``);
+- LL's data path (``ringtree/transports/_llc.c``, see ``ringtree/transports/shm_native.py``):
+  publish, wait with the GIL released, and the rank-order fold in one call.
+
 Everything else about the package is in ``pyproject.toml``."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(
-    "ringtree.sim.engines._heapc", ["ringtree/sim/engines/_heapc.c"],
-    # IEEE doubles rounded as Python rounds them: no contraction into fused multiply-adds
-    extra_compile_args=["-O2", "-ffp-contract=off", "-fno-fast-math"],
-    optional=True)])
+# IEEE arithmetic rounded as NumPy and Python round it: no contraction into fused
+# multiply-adds, no fast-math reassociation
+STRICT_FP = ["-ffp-contract=off", "-fno-fast-math"]
+
+setup(ext_modules=[
+    Extension("ringtree.sim.engines._heapc", ["ringtree/sim/engines/_heapc.c"],
+              extra_compile_args=["-O2", *STRICT_FP], optional=True),
+    Extension("ringtree.transports._llc", ["ringtree/transports/_llc.c"],
+              extra_compile_args=["-O3", *STRICT_FP], optional=True),
+])

@@ -196,6 +196,9 @@ declare("RINGTREE_LL_SPIN_US", number, None,
         "its cores)")
 declare("RINGTREE_LL_YIELD_US", number, 2000.0,
         "µs an LL wait polls with `sched_yield` before sleeping on its doorbell")
+declare("RINGTREE_LL_NATIVE", flag, True,
+        "run LL's publish, wait and fold in the compiled kernel where the package built it "
+        "(0 = the same steps in Python, the same bits)")
 declare("RINGTREE_MSCCL_ALGOS", text, None,
         "a folder of MSCCL-IR files, searched after `MSCCL_ALGO_DIR`'s: a call that names "
         "no algorithm runs the first file that fits it, as MSCCL's executors choose; "

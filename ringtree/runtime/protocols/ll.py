@@ -52,6 +52,7 @@ from ringtree.runtime.plan import Desc
 from ringtree.runtime.protocols import LL as LL_PROTO
 from ringtree.runtime.protocols import register
 from ringtree.schedules import Options, generate
+from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import INLINE, LL
 
 ALGO = "direct"
@@ -158,7 +159,7 @@ class LLOp:
 
     __slots__ = ("ll", "coll", "count", "root", "head", "mine", "rows", "rowlist", "scratch",
                  "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "src", "chunk",
-                 "desc", "order", "placed", "writes", "gathers", "own")
+                 "desc", "order", "placed", "writes", "gathers", "own", "k")
 
     def __init__(self, ll: LL, prog: Program, dt: DType, count: int, op_code: int,
                  root: int, name: str = ""):
@@ -202,14 +203,20 @@ class LLOp:
         folds = bool(shape.order)
         self.gathers = len(shape.placed) > 1             # several output blocks
         self.own = shape.placed == (me,)                 # its own block, as it is
+        self.k = None if n == 1 or op_code == USER_OP or not native.enabled() else \
+            native.round_for(ll, shape.order, shape.block, dt.code, storage.itemsize, op_code,
+                             count, per, size)
         if folds and n == 1:
             self.run = self._alone
+        elif folds and self.k is not None:
+            self.run = self._streamed_native if self.chunk else \
+                self._fold_native if self.premul or self.avg else self._sum_native
         elif folds:
             self.run = self._streamed if self.chunk else self._fold_round
         elif shape.placed:
-            self.run = self._place_round
+            self.run = self._place_native if self.k is not None else self._place_round
         else:
-            self.run = self._write_round
+            self.run = self._write_native if self.k is not None else self._write_round
 
     def describe(self) -> str:
         root = f", root={self.root}" if self.root >= 0 else ""
@@ -304,7 +311,9 @@ class LLOp:
             self._put(x, None, timeout)
         else:
             ll.parity(timeout, self.describe)
-        p = ll.sync(self.head, timeout, self.describe)
+        self._place(ll.sync(self.head, timeout, self.describe), x, out)
+
+    def _place(self, p: int, x, out) -> None:
         if self.gathers:
             rows = self.rows[p] if self.placed is None else self.rows[p][self.placed]
             out.reshape(len(rows), self.count)[...] = rows
@@ -321,6 +330,54 @@ class LLOp:
         else:
             self.ll.parity(timeout, self.describe)
         self.ll.sync(self.head, timeout, self.describe)
+
+
+    # ---- the same rounds through the compiled kernel (shm_native) ---------------------
+
+    def _native_x(self, x, red, timeout, folds: bool = True):
+        """What the kernel copies in: ``x``, or None when this rank sends nothing (and
+        does not fold its own contribution) or its contribution is already written
+        (PREMUL_SUM's pre-scaled copy, a strided input)."""
+        if not (folds or self.writes):
+            return None
+        if self.premul and red is not None or not x.flags.c_contiguous:
+            mine = self.mine[self.ll.parity(timeout, self.describe)]
+            mine = mine if mine.size == x.size else mine[:x.size]  # a streamed part
+            if self.premul and red is not None:
+                red.premultiply(x, mine)
+            else:
+                mine[...] = x
+            return None
+        return x
+
+    def _sum_native(self, x, out, red, timeout) -> None:
+        """A fold round in one kernel call (the hot path: no pre- or post-op)."""
+        self.ll.run_round(self.k, x, out, self.head, timeout, self.describe)
+
+    def _fold_native(self, x, out, red, timeout) -> None:
+        self.ll.run_round(self.k, self._native_x(x, red, timeout), out, self.head, timeout,
+                          self.describe)
+        if self.avg:
+            red.postdivide(out, len(self.rowlist[0]))
+
+    def _streamed_native(self, x, out, red, timeout) -> None:
+        """:meth:`_streamed`, each cell-sized part one kernel call."""
+        ll, C, n = self.ll, self.chunk, len(self.rowlist[0])
+        for lo in range(0, x.size, C):
+            part, o = x[lo:lo + C], out[lo:lo + C]
+            ll.run_round(self.k, self._native_x(part, red, timeout), o, self.head, timeout,
+                         self.describe)
+            if self.avg:
+                red.postdivide(o, n)
+
+    def _place_native(self, x, out, red, timeout) -> None:
+        p = self.ll.run_round(self.k, self._native_x(x, None, timeout, False), None,
+                              self.head, timeout, self.describe)
+        self._place(p, x, out)
+
+    def _write_native(self, x, out, red, timeout) -> None:
+        self.ll.run_round(self.k, self._native_x(x, red, timeout, False), None, self.head,
+                          timeout, self.describe)
 
 
 class LLCollectives:

@@ -1,0 +1,490 @@
+/* LL's data path compiled: one round of a one-shot collective on the LL segment
+ * (ringtree/transports/shm_ll.py has the layout and the protocol, shm_native.py the
+ * Python side).
+ *
+ * A Round is prepared once per call shape with the segment and every word index and
+ * byte offset it uses, so a call is one C entry: copy the contribution into this
+ * rank's area, write the header and then the sequence word (x86-64 keeps stores in
+ * order; a release store elsewhere), a full fence, look at the peers' sleep flags
+ * (Dekker with the sleeper: a sleeping peer makes the call return to Python, which
+ * rings its doorbell), wait for every peer's line with the GIL released (spin with
+ * `pause`, then sched_yield, for at most the budgets given: the sleep, the liveness
+ * checks and the timeout stay in Python), compare headers, fold the contributions in
+ * the Program's order into the output.
+ *
+ * Folding is bitwise the rank-order fold NumPy does: every element is
+ * ((c0 op c1) op c2) ..., each op one IEEE operation in the dtype (float16 is not
+ * handled here; bfloat16 is computed in float32 and rounded to nearest-even, NaNs
+ * quietened, as ringtree.dtypes.f32_to_bf16), built with -ffp-contract=off and no
+ * fast-math, so no FMA and no reassociation. Integers wrap (unsigned arithmetic).
+ * MIN/MAX follow NumPy: a NaN operand is returned as it is (the first if both), equal
+ * operands give the second. The fold walks the output in blocks that stay in L1, so
+ * with many contributions the output is written once per block, not once per rank.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#define TSO 1
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#define TSO 0
+#else
+#define CPU_RELAX() ((void)0)
+#define TSO 0
+#endif
+
+enum { D_INT8, D_UINT8, D_INT32, D_UINT32, D_INT64, D_UINT64, D_FLOAT16, D_BFLOAT16,
+       D_FLOAT32, D_FLOAT64, D_COUNT };
+enum { O_SUM, O_PROD, O_MIN, O_MAX, O_AVG, O_PREMUL, O_BAND, O_BOR, O_BXOR, O_COUNT };
+static const int ITEMSIZE[D_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+#define BLOCK 2048 /* elements per block of the fold: 16 KiB of float64 */
+#define MAXR 256
+
+/* ---- the fold ------------------------------------------------------------------------ */
+
+typedef void (*fold_fn)(char *out, char *const *rows, int nr, Py_ssize_t m);
+
+#define ADD(x, y) ((x) + (y))
+#define MUL(x, y) ((x) * (y))
+#define AND(x, y) ((x) & (y))
+#define OR(x, y) ((x) | (y))
+#define XOR(x, y) ((x) ^ (y))
+#define IMIN(x, y) ((x) < (y) ? (x) : (y))
+#define IMAX(x, y) ((x) > (y) ? (x) : (y))
+/* floats: when an operand is a NaN the result is that NaN, quietened (the first if both),
+ * as x86's addss/mulss give NumPy: written out, because the compiler may swap the
+ * operands of a commutative op (x + x quietens x and keeps its payload) */
+#define FADD(x, y) (isnan(x) ? (x) + (x) : isnan(y) ? (y) + (y) : (x) + (y))
+#define FMUL(x, y) (isnan(x) ? (x) + (x) : isnan(y) ? (y) + (y) : (x) * (y))
+#define FMIN(x, y) (isnan(x) ? (x) : isnan(y) ? (y) : (x) < (y) ? (x) : (y))
+#define FMAX(x, y) (isnan(x) ? (x) : isnan(y) ? (y) : (x) > (y) ? (x) : (y))
+
+/* T: the storage type, A: the type the op computes in (unsigned for wrapping integers) */
+#define FOLD(NAME, T, A, OP)                                                              \
+    static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {                \
+        T *restrict o = (T *)out;                                                          \
+        for (Py_ssize_t lo = 0; lo < m; lo += BLOCK) {                                     \
+            Py_ssize_t hi = lo + BLOCK < m ? lo + BLOCK : m;                               \
+            const T *restrict a = (const T *)rows[0], *restrict b = (const T *)rows[1];    \
+            for (Py_ssize_t i = lo; i < hi; i++)                                           \
+                o[i] = (T)OP((A)a[i], (A)b[i]);                                            \
+            for (int r = 2; r < nr; r++) {                                                 \
+                const T *restrict c = (const T *)rows[r];                                  \
+                for (Py_ssize_t i = lo; i < hi; i++)                                       \
+                    o[i] = (T)OP((A)o[i], (A)c[i]);                                        \
+            }                                                                              \
+        }                                                                                  \
+    }
+
+#define INTS(OPN, OP)                                                                      \
+    FOLD(OPN##_i8, int8_t, uint8_t, OP) FOLD(OPN##_u8, uint8_t, uint8_t, OP)               \
+    FOLD(OPN##_i32, int32_t, uint32_t, OP) FOLD(OPN##_u32, uint32_t, uint32_t, OP)         \
+    FOLD(OPN##_i64, int64_t, uint64_t, OP) FOLD(OPN##_u64, uint64_t, uint64_t, OP)
+INTS(add, ADD)
+INTS(mul, MUL)
+INTS(and, AND)
+INTS(or, OR)
+INTS(xor, XOR)
+/* comparisons in the signed types themselves */
+FOLD(min_i8, int8_t, int8_t, IMIN) FOLD(min_u8, uint8_t, uint8_t, IMIN)
+FOLD(min_i32, int32_t, int32_t, IMIN) FOLD(min_u32, uint32_t, uint32_t, IMIN)
+FOLD(min_i64, int64_t, int64_t, IMIN) FOLD(min_u64, uint64_t, uint64_t, IMIN)
+FOLD(max_i8, int8_t, int8_t, IMAX) FOLD(max_u8, uint8_t, uint8_t, IMAX)
+FOLD(max_i32, int32_t, int32_t, IMAX) FOLD(max_u32, uint32_t, uint32_t, IMAX)
+FOLD(max_i64, int64_t, int64_t, IMAX) FOLD(max_u64, uint64_t, uint64_t, IMAX)
+FOLD(add_f32, float, float, FADD) FOLD(mul_f32, float, float, FMUL)
+FOLD(min_f32, float, float, FMIN) FOLD(max_f32, float, float, FMAX)
+FOLD(add_f64, double, double, FADD) FOLD(mul_f64, double, double, FMUL)
+FOLD(min_f64, double, double, FMIN) FOLD(max_f64, double, double, FMAX)
+
+static inline float bf16_in(uint16_t u) {
+    uint32_t w = (uint32_t)u << 16;
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+}
+
+static inline uint16_t bf16_out(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (isnan(f))
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* bfloat16: each op in float32, rounded back after every op (the Reducer's combine) */
+#define FOLD_BF16(NAME, OP)                                                               \
+    static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {                \
+        uint16_t *restrict o = (uint16_t *)out;                                            \
+        const uint16_t *a = (const uint16_t *)rows[0], *b = (const uint16_t *)rows[1];     \
+        for (Py_ssize_t i = 0; i < m; i++) {                                               \
+            float x = bf16_in(a[i]), y = bf16_in(b[i]);                                    \
+            o[i] = bf16_out(OP(x, y));                                                     \
+        }                                                                                  \
+        for (int r = 2; r < nr; r++) {                                                     \
+            const uint16_t *c = (const uint16_t *)rows[r];                                 \
+            for (Py_ssize_t i = 0; i < m; i++) {                                           \
+                float x = bf16_in(o[i]), y = bf16_in(c[i]);                                \
+                o[i] = bf16_out(OP(x, y));                                                 \
+            }                                                                              \
+        }                                                                                  \
+    }
+FOLD_BF16(add_bf16, FADD)
+FOLD_BF16(mul_bf16, FMUL)
+FOLD_BF16(min_bf16, FMIN)
+FOLD_BF16(max_bf16, FMAX)
+
+static fold_fn pick(int dtype, int op) {
+    static const fold_fn sum[D_COUNT] = {add_i8, add_u8, add_i32, add_u32, add_i64,
+                                         add_u64, NULL, add_bf16, add_f32, add_f64};
+    static const fold_fn prod[D_COUNT] = {mul_i8, mul_u8, mul_i32, mul_u32, mul_i64,
+                                          mul_u64, NULL, mul_bf16, mul_f32, mul_f64};
+    static const fold_fn mn[D_COUNT] = {min_i8, min_u8, min_i32, min_u32, min_i64,
+                                        min_u64, NULL, min_bf16, min_f32, min_f64};
+    static const fold_fn mx[D_COUNT] = {max_i8, max_u8, max_i32, max_u32, max_i64,
+                                        max_u64, NULL, max_bf16, max_f32, max_f64};
+    static const fold_fn band[D_COUNT] = {and_i8, and_u8, and_i32, and_u32, and_i64, and_u64};
+    static const fold_fn bor[D_COUNT] = {or_i8, or_u8, or_i32, or_u32, or_i64, or_u64};
+    static const fold_fn bxor[D_COUNT] = {xor_i8, xor_u8, xor_i32, xor_u32, xor_i64, xor_u64};
+    if (dtype < 0 || dtype >= D_COUNT)
+        return NULL;
+    switch (op) {
+    case O_SUM: case O_AVG: case O_PREMUL: return sum[dtype];
+    case O_PROD: return prod[dtype];
+    case O_MIN: return mn[dtype];
+    case O_MAX: return mx[dtype];
+    case O_BAND: return band[dtype];
+    case O_BOR: return bor[dtype];
+    case O_BXOR: return bxor[dtype];
+    default: return NULL;
+    }
+}
+
+/* ---- the Round object -------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer seg;
+    char *base;
+    int npeers, nrows, dtype, op;
+    fold_fn fold;                      /* NULL: no fold (nothing to combine) */
+    Py_ssize_t my_word[2];             /* this rank's seq word, by parity */
+    Py_ssize_t mine_off[2];            /* byte offset of this rank's contribution */
+    Py_ssize_t *peer_word[2];          /* the peers' seq words, by parity */
+    Py_ssize_t *peer_sleep;            /* the peers' sleep-flag words */
+    Py_ssize_t *row_off[2];            /* the rows to fold, in the Program's order */
+    int64_t spin_ns, yield_ns;
+    Py_ssize_t nbytes, row_bytes;      /* the largest contribution; a row's bytes */
+} Round;
+
+static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
+    return (volatile uint64_t *)(k->base + 8 * i);
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void Round_dealloc(Round *k) {
+    if (k->base != NULL)
+        PyBuffer_Release(&k->seg);
+    PyMem_Free(k->peer_word[0]);
+    PyObject_Free(k);
+}
+
+static int read_index_list(PyObject *seq, Py_ssize_t n, Py_ssize_t *dst, const char *what) {
+    PyObject *f = PySequence_Fast(seq, what);
+    if (f == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(f) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd entries", what, n);
+        Py_DECREF(f);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        dst[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(f, i));
+        if (dst[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(f);
+            return -1;
+        }
+    }
+    Py_DECREF(f);
+    return 0;
+}
+
+/* Round(segment, my_words, mine_offs, peer_words0, peer_words1, peer_sleep, rows0, rows1,
+ *       dtype, op, spin_ns, yield_ns, nbytes, row_bytes) */
+static PyObject *Round_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *seg, *mw, *mo, *pw0, *pw1, *ps, *r0, *r1;
+    int dtype, op;
+    long long spin, yld;
+    Py_ssize_t nbytes, row_bytes;
+    if (kw != NULL && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Round takes positional arguments only");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOOOOiiLLnn", &seg, &mw, &mo, &pw0, &pw1, &ps, &r0,
+                          &r1, &dtype, &op, &spin, &yld, &nbytes, &row_bytes))
+        return NULL;
+    Py_ssize_t np_ = PySequence_Size(pw0), nr = PySequence_Size(r0);
+    if (np_ < 0 || nr < 0)
+        return NULL;
+    if (np_ >= MAXR || nr > MAXR || (nr > 0 && nr < 2) || dtype < 0 || dtype >= D_COUNT) {
+        PyErr_SetString(PyExc_ValueError, "Round: bad ranks, rows or dtype");
+        return NULL;
+    }
+    fold_fn fold = NULL;
+    if (nr > 0 && (fold = pick(dtype, op)) == NULL) {
+        PyErr_Format(PyExc_ValueError, "Round: no fold for dtype %d op %d", dtype, op);
+        return NULL;
+    }
+    Round *k = (Round *)type->tp_alloc(type, 0);
+    if (k == NULL)
+        return NULL;
+    k->npeers = (int)np_, k->nrows = (int)nr, k->dtype = dtype, k->op = op, k->fold = fold;
+    k->spin_ns = spin, k->yield_ns = yld, k->nbytes = nbytes, k->row_bytes = row_bytes;
+    Py_ssize_t *mem = PyMem_Calloc(3 * np_ + 2 * nr + 1, sizeof(Py_ssize_t));
+    if (mem == NULL) {
+        Py_DECREF(k);
+        return PyErr_NoMemory();
+    }
+    k->peer_word[0] = mem, k->peer_word[1] = mem + np_, k->peer_sleep = mem + 2 * np_;
+    k->row_off[0] = mem + 3 * np_, k->row_off[1] = mem + 3 * np_ + nr;
+    if (read_index_list(mw, 2, k->my_word, "my_words") < 0 ||
+        read_index_list(mo, 2, k->mine_off, "mine_offs") < 0 ||
+        read_index_list(pw0, np_, k->peer_word[0], "peer_words0") < 0 ||
+        read_index_list(pw1, np_, k->peer_word[1], "peer_words1") < 0 ||
+        read_index_list(ps, np_, k->peer_sleep, "peer_sleep") < 0 ||
+        read_index_list(r0, nr, k->row_off[0], "rows0") < 0 ||
+        read_index_list(r1, nr, k->row_off[1], "rows1") < 0) {
+        Py_DECREF(k);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(seg, &k->seg, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0) {
+        Py_DECREF(k);
+        return NULL;
+    }
+    k->base = k->seg.buf;
+    return (PyObject *)k;
+}
+
+/* wait for every peer's parity-p line to show s, then compare its header with ours:
+ * -1 all there and equal; i >= 0 peer i has not arrived within the budgets; -2 - i
+ * peer i's header differs. The GIL is released by the caller. */
+static int wait_peers(Round *k, int p, uint64_t s, int first) {
+    Py_ssize_t me = k->my_word[p];
+    uint64_t h0 = *word(k, me + 1), h1 = *word(k, me + 2), h2 = *word(k, me + 3);
+    int64_t start = 0, spin_end = 0, end = 0;
+    for (int i = first; i < k->npeers; i++) {
+        Py_ssize_t j = k->peer_word[p][i];
+        volatile uint64_t *w = word(k, j);
+        if (__atomic_load_n(w, __ATOMIC_ACQUIRE) < s) {
+            if (start == 0) {
+                start = now_ns();
+                spin_end = start + k->spin_ns, end = start + k->yield_ns;
+                if (end < spin_end)
+                    end = spin_end;
+            }
+            unsigned n = 0;
+            while (__atomic_load_n(w, __ATOMIC_ACQUIRE) < s) {
+                if ((++n & 63) == 0) {
+                    int64_t t = now_ns();
+                    if (t >= end)
+                        return i;
+                    if (t >= spin_end) {
+                        sched_yield();
+                        continue;
+                    }
+                }
+                CPU_RELAX();
+            }
+        }
+        if (*word(k, j + 1) != h0 || *word(k, j + 2) != h1 || *word(k, j + 3) != h2)
+            return -2 - i;
+    }
+    return -1;
+}
+
+/* run(x, out, s, h0, h1, h2) -> int
+ * x: the contribution (None: already in place, or nothing to send); out: where the
+ * fold goes (None: no fold). Returns -1 when the call is complete (folded),
+ * -2 - i on a header mismatch with peer i, i >= 0 when peer i had not arrived within
+ * the budgets (Python waits on, then calls fold), RING (a large value) when a peer
+ * sleeps: Python rings, then calls wait. */
+#define RING 1000000
+static PyObject *Round_run(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "run(x, out, s, h0, h1, h2)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
+    uint64_t h0 = PyLong_AsUnsignedLongLong(args[3]);
+    uint64_t h1 = PyLong_AsUnsignedLongLong(args[4]);
+    uint64_t h2 = PyLong_AsUnsignedLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    int p = (int)(s & 1);
+    Py_buffer xb, ob;
+    int have_x = args[0] != Py_None, have_o = args[1] != Py_None;
+    if (have_x && PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (have_o && PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        if (have_x)
+            PyBuffer_Release(&xb);
+        return NULL;
+    }
+    if ((have_x && xb.len > k->nbytes) ||
+        (have_o && k->fold != NULL && (ob.len > k->row_bytes || ob.len % ITEMSIZE[k->dtype]))) {
+        PyErr_SetString(PyExc_ValueError, "run: the contribution or the output does not fit");
+        if (have_x)
+            PyBuffer_Release(&xb);
+        if (have_o)
+            PyBuffer_Release(&ob);
+        return NULL;
+    }
+    Py_ssize_t me = k->my_word[p];
+    int r = -1;
+    Py_BEGIN_ALLOW_THREADS
+    if (have_x)
+        memcpy(k->base + k->mine_off[p], xb.buf, xb.len);
+    *word(k, me + 1) = h0;
+    *word(k, me + 2) = h1;
+    *word(k, me + 3) = h2;
+    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
+    for (int i = 0; i < k->npeers; i++)
+        if (*word(k, k->peer_sleep[i])) {
+            r = RING;
+            break;
+        }
+    if (r == -1)
+        r = wait_peers(k, p, s, 0);
+    if (r == -1 && have_o && k->fold != NULL) {
+        char *rows[MAXR];
+        for (int i = 0; i < k->nrows; i++)
+            rows[i] = k->base + k->row_off[p][i];
+        k->fold(ob.buf, rows, k->nrows, ob.len / ITEMSIZE[k->dtype]);
+    }
+    Py_END_ALLOW_THREADS
+    if (have_x)
+        PyBuffer_Release(&xb);
+    if (have_o)
+        PyBuffer_Release(&ob);
+    return PyLong_FromLong(r);
+}
+
+/* wait(s, first) -> int: wait_peers from peer index `first` on (after a ring, or after
+ * Python slept for one peer) */
+static PyObject *Round_wait(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "wait(s, first)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[0]);
+    long first = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (first < 0 || first > k->npeers) {
+        PyErr_SetString(PyExc_ValueError, "wait: bad peer index");
+        return NULL;
+    }
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = wait_peers(k, (int)(s & 1), s, (int)first);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r);
+}
+
+/* fold(out, parity[, skip_bytes]) -> None: out = the rows of `parity` folded, starting
+ * skip_bytes into each row (one part of a streamed call) */
+static PyObject *Round_fold(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "fold(out, parity[, skip_bytes])");
+        return NULL;
+    }
+    long p = PyLong_AsLong(args[1]);
+    Py_ssize_t skip = nargs == 3 ? PyLong_AsSsize_t(args[2]) : 0;
+    if (PyErr_Occurred())
+        return NULL;
+    if (k->fold == NULL || p < 0 || p > 1 || skip < 0) {
+        PyErr_SetString(PyExc_ValueError, "fold: nothing to fold, or a bad parity");
+        return NULL;
+    }
+    Py_buffer ob;
+    if (PyObject_GetBuffer(args[0], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (skip + ob.len > k->row_bytes || ob.len % ITEMSIZE[k->dtype]) {
+        PyErr_SetString(PyExc_ValueError, "fold: the output does not fit the rows");
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    char *rows[MAXR];
+    for (int i = 0; i < k->nrows; i++)
+        rows[i] = k->base + k->row_off[p][i] + skip;
+    k->fold(ob.buf, rows, k->nrows, ob.len / ITEMSIZE[k->dtype]);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ob);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Round_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Round_run, METH_FASTCALL,
+     "run(x, out, s, h0, h1, h2): contribute, publish, wait, fold"},
+    {"wait", (PyCFunction)(void (*)(void))Round_wait, METH_FASTCALL,
+     "wait(s, first): wait for the peers from index first on"},
+    {"fold", (PyCFunction)(void (*)(void))Round_fold, METH_FASTCALL,
+     "fold(out, parity[, skip_bytes]): fold the rows into out"},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject RoundType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ringtree.transports._llc.Round",
+    .tp_basicsize = sizeof(Round),
+    .tp_dealloc = (destructor)Round_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One prepared LL round on a segment (see the module's source).",
+    .tp_methods = Round_methods,
+    .tp_new = Round_new,
+};
+
+/* folds(dtype, op) -> bool: does the kernel fold this pair? */
+static PyObject *folds(PyObject *self, PyObject *args) {
+    int dtype, op;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "ii", &dtype, &op))
+        return NULL;
+    return PyBool_FromLong(pick(dtype, op) != NULL);
+}
+
+static PyMethodDef module_methods[] = {
+    {"folds", folds, METH_VARARGS, "folds(dtype, op): whether the kernel folds the pair"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_llc",
+                                    "LL's data path compiled (see ringtree.transports.shm_native).",
+                                    -1, module_methods};
+
+PyMODINIT_FUNC PyInit__llc(void) {
+    if (PyType_Ready(&RoundType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RoundType);
+    if (PyModule_AddObject(m, "Round", (PyObject *)&RoundType) < 0 ||
+        PyModule_AddIntConstant(m, "RING", RING) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,121 @@
+"""LL's data path compiled (``_llc.c``): one round in one C call, where Python was the
+bottleneck of a small collective.
+
+Profile of a 2-rank, 8-byte in-place all-reduce before the kernel (cProfile on rank 0,
+pinned, 20,000 calls; about 8.4 µs per call without the profiler, 3.3 µs with one rank):
+the call's Python was the communicator's hot path and flight recorder (~1.3 µs), copying
+the contribution in with NumPy (~0.5 µs), :meth:`LL.sync`'s publication, bell check and
+per-peer header compare (~1.5 µs), the wait's Python spin loop (``clock()`` and a lambda
+per look) and ``ufunc(a, b, out=)`` with its error state (~1 µs). Each rank's Python
+sits on the critical path twice per call (it publishes late and sees the peer late).
+
+:class:`Round` (prepared once per call shape, with every word index and byte offset)
+does copy → header → sequence word → fence → look at the peers' sleep flags → wait for
+every peer (spin with ``pause``, then ``sched_yield``, within the LL wait's budgets,
+``RINGTREE_LL_SPIN_US`` and ``RINGTREE_LL_YIELD_US``) → compare headers → fold, with
+the GIL released throughout. What it does not do stays in Python, unchanged: ringing a
+sleeping peer's doorbell, sleeping on our own, the liveness checks that name a dead
+peer, the abort check and the timeout (:func:`finish`). So a killed peer, a signal or a
+closed communicator during a wait behave as before, at most one yield budget later.
+
+The fold is the rank-order fold bit for bit (see the C file): every dtype and op
+ringtree has except float16 and user ops, which keep NumPy's fold on the same
+synchronisation (:func:`folds`). ``RINGTREE_LL_NATIVE=0``, or a package built without
+a C compiler, runs every step in Python; ``tests/test_ll_native.py`` checks both give
+the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ringtree import settings
+from ringtree.errors import MismatchError
+
+try:
+    from ringtree.transports import _llc
+except ImportError:                      # built without a C compiler
+    _llc = None
+
+__all__ = ["available", "enabled", "finish", "folds", "make_round", "round_for"]
+
+RING = _llc.RING if _llc is not None else -1
+
+
+def available() -> bool:
+    """Whether the kernel was built with the package."""
+    return _llc is not None
+
+
+def enabled() -> bool:
+    """Built and not switched off (``RINGTREE_LL_NATIVE=0``)."""
+    return _llc is not None and bool(settings.current().ll_native)
+
+
+def folds(dtype_code: int, op_code: int) -> bool:
+    """Does the kernel fold ``dtype_code`` (:attr:`DType.code`) with ``op_code``
+    (:attr:`ReduceOp.code`)?"""
+    return _llc is not None and _llc.folds(dtype_code, op_code)
+
+
+def make_round(ll, mine: tuple[int, int], nbytes: int, rows: Sequence[Sequence[int]],
+               row_bytes: int, dtype_code: int, op_code: int):
+    """A prepared round on ``ll`` (:class:`ringtree.transports.shm_ll.LL`): this rank's
+    contribution at byte offsets ``mine`` (by parity) of at most ``nbytes``, and the
+    rows to fold at byte offsets ``rows[parity]`` in the Program's order (empty: the
+    round folds nothing), each ``row_bytes`` long."""
+    words = tuple(tuple(j for _, j in ll.peer_seq[p]) for p in (0, 1))
+    sleep = tuple(j for _, j in ll.peer_sleep)
+    if rows[0]:
+        last = max(max(r) for r in rows) + row_bytes
+        if last > ll.seg.size:
+            raise ValueError(f"LL rows end at byte {last}, past the segment")
+    if max(mine) + nbytes > ll.seg.size:
+        raise ValueError("LL contribution past the segment")
+    return _llc.Round(ll.seg.mm, ll.my_seq, mine, words[0], words[1], sleep,
+                      tuple(rows[0]), tuple(rows[1]), dtype_code, op_code,
+                      int(ll.spin * 1e9), int(ll.yield_s * 1e9), nbytes, row_bytes)
+
+
+def round_for(ll, order: Sequence[int], block: int, dtype_code: int, itemsize: int,
+              op_code: int, count: int, per: int, size: int):
+    """The compiled round of an LL op (None: a fold the kernel does not do): this rank
+    contributes ``per`` elements; it folds (if ``order`` is not empty) the ranks in
+    ``order``, ``count`` elements of each from block ``block`` of contributions of
+    ``size`` bytes."""
+    if order and not folds(dtype_code, op_code):
+        return None
+    mine = tuple(ll.area(ll.rank, p, per * itemsize)[0] for p in (0, 1))
+    rows: list[list[int]] = [[], []]
+    if order:
+        for p in (0, 1):
+            off, stride = ll.area(0, p, size)
+            rows[p] = [off + block * count * itemsize + q * stride for q in order]
+    return make_round(ll, mine, per * itemsize, rows, count * itemsize, dtype_code,
+                      op_code if order else 0)
+
+
+def finish(ll, k, r: int, s: int, timeout: float, what: Callable[[], str]) -> None:
+    """Complete call ``s``'s wait after :meth:`Round.run` returned ``r`` (not -1): ring
+    sleeping peers (``RING``), raise on a header mismatch, sleep in Python for a peer that
+    did not arrive within the budgets (liveness, abort and timeout checks), then let the
+    kernel look at the rest."""
+    W = ll.W
+    p = s & 1
+    mine = None
+    while r != -1:
+        if r == RING:
+            for peer, j in ll.peer_sleep:
+                if W[j]:
+                    ll.ring(peer)
+            r = k.wait(s, 0)
+            continue
+        if mine is None:
+            i = ll.my_seq[p]
+            mine = (W[i + 1], W[i + 2], W[i + 3])
+        if r <= -2:
+            peer, j = ll.peer_seq[p][-2 - r]
+            raise MismatchError(ll._mismatch(peer, mine, W[j + 1:j + 4], s, what))
+        peer, j = ll.peer_seq[p][r]
+        ll._wait(peer, lambda j=j: W[j] >= s, s, timeout, what, mine, busy=False)
+        r = k.wait(s, r)

@@ -17,7 +17,6 @@ import hashlib
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
-from threading import get_ident
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from ringtree import api, failure
 from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
 from ringtree.errors import CommAborted, CommRevoked
-from ringtree.ops import OP_NAMES, ReduceOp
+from ringtree.ops import ReduceOp
 from ringtree.prof import attach, detach
 from ringtree.resilience.methods import Resilient
 from ringtree.runtime.aliasing import run_group
@@ -34,7 +33,7 @@ from ringtree.runtime.owner import ThreadOwner
 from ringtree.runtime.plan import Call
 from ringtree.runtime.planner import CallSpec, Planner, link_kind
 from ringtree.runtime.progress import Progress
-from ringtree.runtime.protocols.ll_runner import LLRunner
+from ringtree.runtime.protocols.ll_runner import MISS, LLRunner
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
 from ringtree.tuning.links import tune_for
@@ -132,23 +131,11 @@ class Communicator(Resilient):
     def all_reduce(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
                    algo: str | None = None, timeout: float | None = None):
         """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
-        if algo is None and type(x) is np.ndarray and (out is None or out is x):
-            # the hot path: an in-place NumPy all-reduce whose shape the planner planned on
-            # LL (the op as a ReduceOp or its name: "sum" missed it and planned every call,
-            # 4x). Every check of _run, each O(1): the issuing thread, closed or broken,
-            # group, async; memory order with async work is the runner's.
-            hit = self.planner.ready.get((x.dtype, x.size, OP_NAMES.get(op.lower())
-                                          if type(op) is str else op))
-            if hit is not None and not async_op and self._group is None and \
-                    self.health.broken is None and not self.ll.pending:
-                f = x.flags
-                if f.c_contiguous and f.writeable and not self._closed:
-                    if self._owner.ident != get_ident() and not self.background:
-                        self._owner.check(self.rank)
-                    xa = x if x.ndim == 1 else x.reshape(-1)
-                    self.seq += 1
-                    return self.ll.run_arrays(self, hit[0], xa, xa, hit[1], x, None,
-                                              self.seq, False, timeout)
+        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None \
+                and (out is None or type(out) is np.ndarray):
+            done = self.ll.all_reduce_now(self, x, op, out, timeout)  # the hot path
+            if done is not MISS:
+                return done
         return self._run(api.for_all_reduce(self, x, op, out, algo), async_op, timeout)
 
     def broadcast(self, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,

@@ -227,3 +227,31 @@ def crowd(comm, calls: int) -> int:
 @needs_kernel
 def test_eight_ranks_on_two_cores_in_the_kernel():
     assert run_ranks(crowd, 8, 2000, timeout=120) == [0] * 8
+
+
+def out_of_place(comm) -> list[str]:
+    """The communicator's hot path takes out-of-place all-reduces too (the second call of
+    a shape); an ``out`` that may share memory with the input goes the general way."""
+    n, r = comm.size, comm.rank
+    bad = []
+    for _ in range(3):
+        x = np.arange(4, dtype=np.float32) + r
+        y = np.full(4, -1, np.float32)
+        got = comm.all_reduce(x, out=y)
+        bad += [] if got is y and (y == n * np.arange(4) + n * (n - 1) / 2).all() \
+            and (x == np.arange(4) + r).all() else ["out-of-place"]
+    if not any(key[3] is False for key in comm.planner.ready):
+        bad.append("out-of-place calls are not on the hot path")
+    buf = np.ones(8, np.float32)
+    comm.all_reduce(buf[:4], out=buf[:4])                 # the same memory: in place
+    bad += [] if (buf[:4] == n).all() and (buf[4:] == 1).all() else ["view in place"]
+    try:
+        comm.all_reduce(buf[:4], out=buf[2:6])
+        bad.append("partial overlap accepted")
+    except ValueError:
+        pass
+    return bad
+
+
+def test_out_of_place_all_reduce_on_the_hot_path():
+    assert run_ranks(out_of_place, 2, timeout=60) == [[], []]

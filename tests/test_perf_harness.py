@@ -128,3 +128,34 @@ def test_blocking_modes_and_aggregation(pool3):
                                                 "4", "-n", "2"] + extra))[0]
         assert rc == 0, (extra, text)
         assert len(_rows(text)) == (4 if "-N" in extra else 2)
+
+
+def _issued(comm, issue_async: bool) -> tuple[int, set]:
+    """The ``async_op`` values the harness's all-reduces were issued with."""
+    seen: set = set()
+    real = comm.all_reduce
+
+    def spy(*args, **kw):
+        seen.add(bool(kw.get("async_op")))
+        return real(*args, **kw)
+
+    comm.all_reduce = spy
+    try:
+        be = RingtreeBackend(comm=comm)
+        be.issue_async = issue_async
+        rc = Harness(parse_args(["all_reduce", "-b", "8", "-e", "64K", "-f", "64", "-n", "3"]),
+                     be, io.StringIO(), io.StringIO()).run()
+    finally:
+        del comm.all_reduce
+    return rc, seen
+
+
+def test_z0_issues_blocking_calls_unless_async(pool3):
+    """``-z 0`` times back-to-back calls that each complete on the calling thread (a
+    user's blocking call); ``--async`` issues them with ``async_op=True``."""
+    assert parse_args(["all_reduce", "--async"]).issue_async
+    assert not parse_args(["all_reduce"]).issue_async
+    for rc, seen in raise_first(pool3.run(_issued, False)):
+        assert rc == 0 and seen == {False}
+    for rc, seen in raise_first(pool3.run(_issued, True)):
+        assert rc == 0 and True in seen

@@ -81,7 +81,7 @@ class GlooBackend(Backend):
         return torch.from_numpy(a)
 
     def run(self, o: Operands, blocking: bool) -> None:
-        d, asy = self.dist, not blocking
+        d, asy = self.dist, not blocking and self.issue_async
         send = self._t(o.send) if o.send is not None else None
         recv = self._t(o.recv) if o.recv is not None else None
         op = self._ops.get(o.op or "sum")
@@ -132,7 +132,7 @@ class GlooBackend(Backend):
             return
         ops = [d.P2POp(d.isend, send, (r + 1) % n), d.P2POp(d.irecv, recv, (r - 1) % n)]
         works = d.batch_isend_irecv(ops)
-        if blocking:
+        if blocking or not self.issue_async:
             for w in works:
                 w.wait()
         else:

@@ -12,7 +12,7 @@ in-place means ``send`` is a view into ``recv`` exactly as nccl-tests lays it ou
 =========== =============================== ============================== ===============
 test        ringtree                        gloo (torch.distributed)        mpi4py
 =========== =============================== ============================== ===============
-all_reduce  all_reduce(send, out=recv)      copy, all_reduce(recv) [#]_     Allreduce
+all_reduce  all_reduce(send, out=recv) [#]_ copy, all_reduce(recv) [#]_     Allreduce
 all_gather  all_gather(send, out=recv)      all_gather_single               Allgather
 red._scat.  reduce_scatter(send, out=recv)  reduce_scatter_single           Reduce_scatter_block
 broadcast   root copies, broadcast(recv)    root copies, broadcast(recv)    root copies, Bcast
@@ -23,6 +23,7 @@ scatter     scatter(send, out=recv)         scatter(recv, chunks of send)   Scat
 sendrecv    group(isend next, irecv prev)   batch_isend_irecv               Sendrecv
 =========== =============================== ============================== ===============
 
+.. [#] in place: ``all_reduce(recv)``, as a user writes it (``send`` is the same memory).
 .. [#] "copy" = the library has no out-of-place form, so the out-of-place column pays a
    local copy of ``send`` into ``recv`` first, as its users would.
 .. [#] torch's ``all_to_all_single`` gives wrong results when input and output alias, so
@@ -31,8 +32,18 @@ sendrecv    group(isend next, irecv prev)   batch_isend_irecv               Send
 In-place MPI calls use ``MPI_IN_PLACE``; MPI's in-place ``Reduce_scatter_block`` leaves the
 result in block 0, so it is copied to block r, where nccl-tests (and ringtree) put it.
 
-Non-blocking issue (``-z 0``) uses ``async_op=True`` for ringtree and gloo (waited for in
-:meth:`Backend.wait`); MPI calls are blocking (the usual way MPI is measured, e.g. OSU).
+What ``-z`` means on CPUs. nccl-tests' ``-z 0`` launches calls on a stream without
+waiting between them and times the whole train up to the completion of the last: the
+time per call is the throughput of back-to-back calls that complete in issue order. On a
+CPU library the call itself does the work, so by default (``-z 0``) every call runs to
+completion on the calling thread, exactly the path a user's ``comm.all_reduce(x)`` takes,
+and the time is still that of the train ÷ its length (the calls of one communicator
+complete in issue order either way). ``--async`` issues them with ``async_op=True``
+instead (ringtree and gloo; waited for in :meth:`Backend.wait`): that measures the
+asynchronous machinery too (a queue and a hand-off per call, 100-200 µs at 8 bytes on 2
+cores before this default changed). ``-z 1`` and ``-z 2`` wait after every call (and ``-z 1``
+adds a barrier) as in nccl-tests, and ``-m`` > 1 groups calls (``comm.group()``) in every
+mode but blocking ones. MPI calls are blocking (the usual way MPI is measured, e.g. OSU).
 """
 
 from __future__ import annotations
@@ -115,6 +126,9 @@ class Backend:
     local_size = 1
     #: whether a non-root rank's receive buffer is left untouched by reduce/gather
     nonroot_untouched = True
+    #: ``--async``: a non-blocking run issues calls with ``async_op=True`` (default: each
+    #: call completes on the calling thread, the path a user's blocking call takes)
+    issue_async = False
 
     # ---- identity ----------------------------------------------------------------------
 
@@ -263,12 +277,13 @@ class RingtreeBackend(Backend):
                         recv=None if o.recv is None else wrap(o.recv))
         c, kw = self.comm, {"timeout": self.timeout}
         algo = {"algo": self.algo} if self.algo else {}
-        asy = not blocking and c._group is None
+        asy = not blocking and self.issue_async and c._group is None
         if o.coll == "sendrecv":
             self._sendrecv(o)
             return
-        if o.coll == "all_reduce":
-            w = c.all_reduce(o.send, self._op(o), out=o.recv, async_op=asy, **algo, **kw)
+        if o.coll == "all_reduce":  # in place as users write it: no out=
+            w = c.all_reduce(o.recv if o.in_place else o.send, self._op(o),
+                             out=None if o.in_place else o.recv, async_op=asy, **algo, **kw)
         elif o.coll == "all_gather":
             w = c.all_gather(o.send, out=o.recv, async_op=asy, **algo, **kw)
         elif o.coll == "reduce_scatter":
@@ -337,17 +352,22 @@ BACKENDS = ("ringtree", "gloo", "mpi")
 
 
 def make_backend(name: str, *, algo: str | None = None, transport: str | None = None,
-                 timeout: float | None = None) -> Backend:
-    """Start this rank of backend ``name`` (raises :class:`BackendUnavailable`)."""
+                 timeout: float | None = None, issue_async: bool = False) -> Backend:
+    """Start this rank of backend ``name`` (raises :class:`BackendUnavailable`);
+    ``issue_async``: ``--async`` (see :attr:`Backend.issue_async`)."""
     name = name.lower()
     if name == "ringtree":
-        return RingtreeBackend(algo=algo, transport=transport, timeout=timeout)
+        be: Backend = RingtreeBackend(algo=algo, transport=transport, timeout=timeout)
+        be.issue_async = issue_async
+        return be
     if algo or transport:
         raise BackendUnavailable(f"--algo/--transport apply to --backend ringtree, not {name}")
     from ringtree.perf.backend_peers import GlooBackend, MpiBackend
 
     if name in ("gloo", "torch"):
-        return GlooBackend(timeout=timeout)
+        be = GlooBackend(timeout=timeout)
+        be.issue_async = issue_async
+        return be
     if name == "mpi":
         return MpiBackend()
     raise BackendUnavailable(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")

@@ -27,7 +27,8 @@ def run_rank(o: Options, backend: Backend | None = None, out=None, err=None) -> 
     owns = backend is None
     try:
         be = backend or make_backend(o.backend, algo=o.algo, transport=o.transport,
-                                     timeout=float(o.timeout) if o.timeout else None)
+                                     timeout=float(o.timeout) if o.timeout else None,
+                                     issue_async=o.issue_async)
     except BackendUnavailable as e:
         print(f"{PROG}: {e}", file=err)
         return 2

@@ -63,6 +63,7 @@ class Options:
     nranks: int = 0
     plot: str | None = None
     progress: bool | None = None
+    issue_async: bool = False
     argv: list[str] = field(default_factory=list)
 
 
@@ -126,7 +127,8 @@ _FLAGS = [  # short, long, dest, help
     ("o", "op", "ops", "<sum/prod/min/max/avg/mulsum/all> (default sum)"),
     ("d", "datatype", "dtypes", "<nccltype/all> (default float)"),
     ("r", "root", "root", "<root/all> (default 0)"),
-    ("z", "blocking", "blocking", "<0/1/2/3> blocking mode (default 0)"),
+    ("z", "blocking", "blocking", "<0/1/2/3> blocking mode (default 0: no wait between "
+     "calls; each call completes on the calling thread unless --async)"),
     ("y", "stream_null", "stream_null", "<0/1> (accepted, no effect)"),
     ("T", "timeout", "timeout", "<time in seconds> per wait (default: disabled)"),
     ("G", "cudagraph", "graph", "<num graph launches> (0 only: no CUDA graphs on CPUs)"),
@@ -151,6 +153,9 @@ def usage(coll: str = "COLLECTIVE") -> str:
         "\t[--nranks N] start N local ranks of this command (ringtree run / mpirun)",
         "\t[--plot FILE.png] plot busbw and time against size (needs matplotlib)",
         "\t[--progress | --no-progress] progress bar on stderr (default: if a terminal)",
+        "\t[--async] with -z 0, issue ringtree and gloo calls with async_op=True and wait for "
+        "them at the end (default: every call runs to completion as a user's blocking call "
+        "does)",
         "\t[-h,--help]",
         f"collectives: {', '.join(COLLECTIVES)};  also: {PROG} plot A.json B.json -o OUT.png",
     ]
@@ -171,6 +176,7 @@ def parse_args(argv: list[str]) -> Options:
     p.add_argument("--plot")
     p.add_argument("--progress", dest="progress", action="store_const", const=True)
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False)
+    p.add_argument("--async", dest="issue_async", action="store_true")
     try:
         ns, extra = p.parse_known_args(argv)
     except SystemExit as e:
@@ -204,6 +210,7 @@ def parse_args(argv: list[str]) -> Options:
         o.root = parse_root(ns.root)
     o.json, o.plot, o.progress = ns.json, ns.plot, ns.progress
     o.algo, o.transport, o.backend = ns.algo, ns.transport, ns.backend.lower()
+    o.issue_async = ns.issue_async
     if ns.nranks is not None:
         o.nranks = _int(ns.nranks, "--nranks")
     _validate(o)

@@ -201,13 +201,14 @@ class Planner:
         return plan
 
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
-        """Give :attr:`ready` an in-place NumPy all-reduce planned on LL (not bfloat16,
-        whose storage is not its dtype, nor PREMUL_SUM, whose factor is per call)."""
+        """Give :attr:`ready` a NumPy all-reduce planned on LL, in place or not (not
+        bfloat16, whose storage is not its dtype, nor PREMUL_SUM, whose factor is per
+        call)."""
         x = spec.result
-        if spec.coll is Collective.ALL_REDUCE and type(x) is np.ndarray and spec.in_place \
+        if spec.coll is Collective.ALL_REDUCE and type(x) is np.ndarray \
                 and spec.dtype is not DType.BFLOAT16 and type(spec.op) is ReduceOp \
                 and spec.op is not ReduceOp.PREMUL_SUM:
-            self.ready[(x.dtype, x.size, spec.op)] = (plan.ll_op, spec.reducer)
+            self.ready[(x.dtype, x.size, spec.op, spec.in_place)] = (plan.ll_op, spec.reducer)
 
     def choose(self, coll: Collective, nbytes: int, algo: str | None = None,
                spec: CallSpec | None = None) -> str:

@@ -22,16 +22,21 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from threading import get_ident
+
+import numpy as np
 
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
 from ringtree.ir.program import Collective, Program
+from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
 from ringtree.runtime.protocols.ll import LLOp, fits
 from ringtree.transports.shm_ll import LL, open_ll
 from ringtree.work import Work
 
+MISS = object()          # all_reduce_now: the call takes the general path
 MAX_RANKS = 255          # the cost of polling every line
 CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
 SMALL_CELL = 64 << 10    # with many ranks: the segment is nranks x 2 cells
@@ -171,6 +176,39 @@ class LLRunner:
         self.ll.announce(head)
 
     # ---- one call ---------------------------------------------------------------------------
+
+    def all_reduce_now(self, comm, x: np.ndarray, op, out: np.ndarray | None,
+                       timeout: float | None):
+        """The communicator's hot path: a NumPy all-reduce, in place or into a separate
+        ``out`` of the same shape, whose shape the planner planned on LL (the op as a
+        ReduceOp or its name: "sum" missed it and planned every call, 4x). Every check
+        of ``_run``, each O(1): the issuing thread, closed or broken, group, memory
+        (contiguous, writeable, an ``out`` that may share memory with ``x`` goes the
+        general way, which tells in place from a partial overlap); memory order with
+        async work is :meth:`run_arrays`'. :data:`MISS` when the call needs the
+        general path."""
+        in_place = out is None or out is x
+        hit = comm.planner.ready.get((x.dtype, x.size, OP_NAMES.get(op.lower())
+                                      if type(op) is str else op, in_place))
+        if hit is None or comm._group is not None or comm.health.broken is not None or \
+                self.pending or comm._closed or not x.flags.c_contiguous:
+            return MISS
+        if in_place:
+            if not x.flags.writeable:
+                return MISS
+            out = x
+        else:
+            f = out.flags
+            if out.dtype != x.dtype or out.shape != x.shape or not f.c_contiguous or \
+                    not f.writeable or np.may_share_memory(x, out):
+                return MISS
+        if comm._owner.ident != get_ident() and not comm.background:
+            comm._owner.check(comm.rank)
+        flat = x.ndim == 1
+        comm.seq += 1
+        return self.run_arrays(comm, hit[0], x if flat else x.reshape(-1),
+                               out if flat else out.reshape(-1), hit[1], out, None,
+                               comm.seq, False, timeout)
 
     def run_arrays(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
                    async_op: bool, timeout: float | None):

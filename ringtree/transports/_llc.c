@@ -61,15 +61,45 @@ typedef void (*fold_fn)(char *out, char *const *rows, int nr, Py_ssize_t m);
 #define IMAX(x, y) ((x) > (y) ? (x) : (y))
 /* floats: when an operand is a NaN the result is that NaN, quietened (the first if both),
  * as x86's addss/mulss give NumPy: written out, because the compiler may swap the
- * operands of a commutative op (x + x quietens x and keeps its payload) */
-#define FADD(x, y) (isnan(x) ? (x) + (x) : isnan(y) ? (y) + (y) : (x) + (y))
-#define FMUL(x, y) (isnan(x) ? (x) + (x) : isnan(y) ? (y) + (y) : (x) * (y))
-#define FMIN(x, y) (isnan(x) ? (x) : isnan(y) ? (y) : (x) < (y) ? (x) : (y))
-#define FMAX(x, y) (isnan(x) ? (x) : isnan(y) ? (y) : (x) > (y) ? (x) : (y))
+ * operands of a commutative op (x + x quietens x and keeps its payload). MIN/MAX as
+ * NumPy: a NaN operand as it is (the first if both), of equal operands the second.
+ * Every candidate is computed, then selected, so the loops vectorise (with
+ * -fno-trapping-math: no FP exception is ever unmasked here). */
+#define FLOAT_OPS(T, S)                                                                    \
+    static inline T fadd_##S(T x, T y) {                                                   \
+        T r = x + y, qx = x + x, qy = y + y;                                               \
+        r = y != y ? qy : r;                                                               \
+        return x != x ? qx : r;                                                            \
+    }                                                                                      \
+    static inline T fmul_##S(T x, T y) {                                                   \
+        T r = x * y, qx = x + x, qy = y + y;                                               \
+        r = y != y ? qy : r;                                                               \
+        return x != x ? qx : r;                                                            \
+    }                                                                                      \
+    static inline T fmin_##S(T x, T y) {                                                   \
+        T r = x < y ? x : y;                                                               \
+        r = y != y ? y : r;                                                                \
+        return x != x ? x : r;                                                             \
+    }                                                                                      \
+    static inline T fmax_##S(T x, T y) {                                                   \
+        T r = x > y ? x : y;                                                               \
+        r = y != y ? y : r;                                                                \
+        return x != x ? x : r;                                                             \
+    }
+FLOAT_OPS(float, f32)
+FLOAT_OPS(double, f64)
+
+/* the fold loops in two builds chosen at load time where the compiler can (AVX2 and the
+ * baseline): the same operations in the same order, only wider */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define WIDE __attribute__((target_clones("avx2", "default")))
+#else
+#define WIDE
+#endif
 
 /* T: the storage type, A: the type the op computes in (unsigned for wrapping integers) */
 #define FOLD(NAME, T, A, OP)                                                              \
-    static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {                \
+    WIDE static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {                \
         T *restrict o = (T *)out;                                                          \
         for (Py_ssize_t lo = 0; lo < m; lo += BLOCK) {                                     \
             Py_ssize_t hi = lo + BLOCK < m ? lo + BLOCK : m;                               \
@@ -100,10 +130,10 @@ FOLD(min_i64, int64_t, int64_t, IMIN) FOLD(min_u64, uint64_t, uint64_t, IMIN)
 FOLD(max_i8, int8_t, int8_t, IMAX) FOLD(max_u8, uint8_t, uint8_t, IMAX)
 FOLD(max_i32, int32_t, int32_t, IMAX) FOLD(max_u32, uint32_t, uint32_t, IMAX)
 FOLD(max_i64, int64_t, int64_t, IMAX) FOLD(max_u64, uint64_t, uint64_t, IMAX)
-FOLD(add_f32, float, float, FADD) FOLD(mul_f32, float, float, FMUL)
-FOLD(min_f32, float, float, FMIN) FOLD(max_f32, float, float, FMAX)
-FOLD(add_f64, double, double, FADD) FOLD(mul_f64, double, double, FMUL)
-FOLD(min_f64, double, double, FMIN) FOLD(max_f64, double, double, FMAX)
+FOLD(add_f32, float, float, fadd_f32) FOLD(mul_f32, float, float, fmul_f32)
+FOLD(min_f32, float, float, fmin_f32) FOLD(max_f32, float, float, fmax_f32)
+FOLD(add_f64, double, double, fadd_f64) FOLD(mul_f64, double, double, fmul_f64)
+FOLD(min_f64, double, double, fmin_f64) FOLD(max_f64, double, double, fmax_f64)
 
 static inline float bf16_in(uint16_t u) {
     uint32_t w = (uint32_t)u << 16;
@@ -122,7 +152,7 @@ static inline uint16_t bf16_out(float f) {
 
 /* bfloat16: each op in float32, rounded back after every op (the Reducer's combine) */
 #define FOLD_BF16(NAME, OP)                                                               \
-    static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {                \
+    WIDE static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {                \
         uint16_t *restrict o = (uint16_t *)out;                                            \
         const uint16_t *a = (const uint16_t *)rows[0], *b = (const uint16_t *)rows[1];     \
         for (Py_ssize_t i = 0; i < m; i++) {                                               \
@@ -137,10 +167,10 @@ static inline uint16_t bf16_out(float f) {
             }                                                                              \
         }                                                                                  \
     }
-FOLD_BF16(add_bf16, FADD)
-FOLD_BF16(mul_bf16, FMUL)
-FOLD_BF16(min_bf16, FMIN)
-FOLD_BF16(max_bf16, FMAX)
+FOLD_BF16(add_bf16, fadd_f32)
+FOLD_BF16(mul_bf16, fmul_f32)
+FOLD_BF16(min_bf16, fmin_f32)
+FOLD_BF16(max_bf16, fmax_f32)
 
 static fold_fn pick(int dtype, int op) {
     static const fold_fn sum[D_COUNT] = {add_i8, add_u8, add_i32, add_u32, add_i64,

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ringtree.runtime.planner import P2P_CHANNEL_BASE
 from ringtree.torch.monitored import monitored_barrier
 from ringtree.torch.sparse import all_reduce_coo, check_sparse
-from ringtree.torch.tensors import Staged, for_move, for_reduce, run_all
+from ringtree.torch.tensors import Staged, as_numpy, for_move, for_reduce, run_all
 from ringtree.torch.work import RingtreeWork
 
 
@@ -60,9 +60,10 @@ class CollectiveOps:
         if t.is_sparse:
             return self._sparse_allreduce(t, opts.reduceOp, tmo, tensors)
         st, op = for_reduce(t, opts.reduceOp)
-        if self._blocking(opts):
+        if self._blocking(opts):  # as a NumPy array: the communicator's hot path
+            x = as_numpy(st.obj)
             return self._now("allreduce", tensors, lambda: self.comm.all_reduce(
-                st.obj, op, timeout=tmo), [st.finish], timeout=tmo)
+                x, op, timeout=tmo), [st.finish], timeout=tmo)
         return self._launch("allreduce", tensors, lambda: [
             self.comm.all_reduce(st.obj, op, async_op=True, timeout=tmo)], [st.finish],
             timeout=tmo)

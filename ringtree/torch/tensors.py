@@ -130,10 +130,19 @@ def for_reduce(t: torch.Tensor, op, writes: bool = True) -> tuple[Staged, object
     return Staged(w, back if writes else None), rop
 
 
+def as_numpy(t: torch.Tensor):
+    """A staged tensor as the NumPy array over its memory (zero-copy) where NumPy has
+    its dtype, so a blocking all-reduce takes the communicator's hot path; else ``t``."""
+    return t.numpy() if t.dtype in _NUMPY else t
+
+
+_NUMPY = _NATIVE - {torch.bfloat16}
+
+
 def run_all(finishes: list[Finish | None]) -> None:
     for f in finishes:
         if f is not None:
             f()
 
 
-__all__ = ["Staged", "for_move", "for_reduce", "reduce_op", "run_all"]
+__all__ = ["Staged", "as_numpy", "for_move", "for_reduce", "reduce_op", "run_all"]

@@ -325,18 +325,25 @@ static int wait_peers(Round *k, int p, uint64_t s, int first) {
                 if (end < spin_end)
                     end = spin_end;
             }
+            /* spin (a look per `pause`, the clock every 64) until spin_end, then give
+             * the CPU away between looks (sched_yield) until end: with more ranks than
+             * cores the peer we wait for may need this very core */
             unsigned n = 0;
+            int yielding = now_ns() >= spin_end;
             while (__atomic_load_n(w, __ATOMIC_ACQUIRE) < s) {
+                if (yielding) {
+                    sched_yield();
+                    if (now_ns() >= end)
+                        return i;
+                    continue;
+                }
+                CPU_RELAX();
                 if ((++n & 63) == 0) {
                     int64_t t = now_ns();
                     if (t >= end)
                         return i;
-                    if (t >= spin_end) {
-                        sched_yield();
-                        continue;
-                    }
+                    yielding = t >= spin_end;
                 }
-                CPU_RELAX();
             }
         }
         if (*word(k, j + 1) != h0 || *word(k, j + 2) != h1 || *word(k, j + 3) != h2)

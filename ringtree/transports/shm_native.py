@@ -1,13 +1,14 @@
 """LL's data path compiled (``_llc.c``): one round in one C call, where Python was the
 bottleneck of a small collective.
 
-Profile of a 2-rank, 8-byte in-place all-reduce before the kernel (cProfile on rank 0,
-pinned, 20,000 calls; about 8.4 µs per call without the profiler, 3.3 µs with one rank):
-the call's Python was the communicator's hot path and flight recorder (~1.3 µs), copying
-the contribution in with NumPy (~0.5 µs), :meth:`LL.sync`'s publication, bell check and
-per-peer header compare (~1.5 µs), the wait's Python spin loop (``clock()`` and a lambda
-per look) and ``ufunc(a, b, out=)`` with its error state (~1 µs). Each rank's Python
-sits on the critical path twice per call (it publishes late and sees the peer late).
+Why: profiled (cProfile, rank 0 of 2 pinned ranks, 8-byte in-place all-reduce), a call
+in Python made 58-85 Python-level function calls — the communicator's hot path and
+flight recorder, :meth:`LL.parity`, the NumPy copy of the contribution, :meth:`LL.sync`
+(header and sequence words, a fence, the sleep flags, a spin loop with a ``clock()``
+and a lambda per look, a header compare per peer) and ``ufunc(a, b, out=)`` — and each
+rank's Python sits on the critical path twice per call (it publishes late and sees the
+peer late). With the kernel a call makes 18, none of them in LL
+(``docs/design-notes.md``, "LL's round compiled", has the measurements).
 
 :class:`Round` (prepared once per call shape, with every word index and byte offset)
 does copy → header → sequence word → fence → look at the peers' sleep flags → wait for
@@ -19,8 +20,8 @@ peer, the abort check and the timeout (:func:`finish`). So a killed peer, a sign
 closed communicator during a wait behave as before, at most one yield budget later.
 
 The fold is the rank-order fold bit for bit (see the C file): every dtype and op
-ringtree has except float16 and user ops, which keep NumPy's fold on the same
-synchronisation (:func:`folds`). ``RINGTREE_LL_NATIVE=0``, or a package built without
+ringtree has except float16 and user ops, whose ops keep LL's Python steps
+(:func:`folds`). ``RINGTREE_LL_NATIVE=0``, or a package built without
 a C compiler, runs every step in Python; ``tests/test_ll_native.py`` checks both give
 the same bits.
 """

@@ -4,8 +4,8 @@
  *
  * A Round is prepared once per call shape with the segment and every word index and
  * byte offset it uses, so a call is one C entry: copy the contribution into this
- * rank's area, write the header and then the sequence word (x86-64 keeps stores in
- * order; a release store elsewhere), a full fence, look at the peers' sleep flags
+ * rank's area, write the header and then the sequence word (a release store), a full
+ * fence, look at the peers' sleep flags
  * (Dekker with the sleeper: a sleeping peer makes the call return to Python, which
  * rings its doorbell), wait for every peer's line with the GIL released (spin with
  * `pause`, then sched_yield, for at most the budgets given: the sleep, the liveness
@@ -16,10 +16,10 @@
  * ((c0 op c1) op c2) ..., each op one IEEE operation in the dtype (float16 is not
  * handled here; bfloat16 is computed in float32 and rounded to nearest-even, NaNs
  * quietened, as ringtree.dtypes.f32_to_bf16), built with -ffp-contract=off and no
- * fast-math, so no FMA and no reassociation. Integers wrap (unsigned arithmetic).
- * MIN/MAX follow NumPy: a NaN operand is returned as it is (the first if both), equal
- * operands give the second. The fold walks the output in blocks that stay in L1, so
- * with many contributions the output is written once per block, not once per rank.
+ * fast-math, so no FMA and no reassociation (-fno-trapping-math only lets the NaN
+ * selects below vectorise). Integers wrap (unsigned arithmetic). NaNs and MIN/MAX: see
+ * FLOAT_OPS. The fold walks the output in blocks that stay in L1, so with many
+ * contributions the output is written once per block, not once per rank.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,13 +32,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
-#define TSO 1
 #elif defined(__aarch64__)
 #define CPU_RELAX() __asm__ __volatile__("yield")
-#define TSO 0
 #else
 #define CPU_RELAX() ((void)0)
-#define TSO 0
 #endif
 
 enum { D_INT8, D_UINT8, D_INT32, D_UINT32, D_INT64, D_UINT64, D_FLOAT16, D_BFLOAT16,
@@ -99,7 +96,7 @@ FLOAT_OPS(double, f64)
 
 /* T: the storage type, A: the type the op computes in (unsigned for wrapping integers) */
 #define FOLD(NAME, T, A, OP)                                                              \
-    WIDE static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {                \
+    WIDE static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {           \
         T *restrict o = (T *)out;                                                          \
         for (Py_ssize_t lo = 0; lo < m; lo += BLOCK) {                                     \
             Py_ssize_t hi = lo + BLOCK < m ? lo + BLOCK : m;                               \
@@ -152,7 +149,7 @@ static inline uint16_t bf16_out(float f) {
 
 /* bfloat16: each op in float32, rounded back after every op (the Reducer's combine) */
 #define FOLD_BF16(NAME, OP)                                                               \
-    WIDE static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {                \
+    WIDE static void NAME(char *out, char *const *rows, int nr, Py_ssize_t m) {           \
         uint16_t *restrict o = (uint16_t *)out;                                            \
         const uint16_t *a = (const uint16_t *)rows[0], *b = (const uint16_t *)rows[1];     \
         for (Py_ssize_t i = 0; i < m; i++) {                                               \

@@ -331,7 +331,6 @@ class LLOp:
             self.ll.parity(timeout, self.describe)
         self.ll.sync(self.head, timeout, self.describe)
 
-
     # ---- the same rounds through the compiled kernel (shm_native) ---------------------
 
     def _native_x(self, x, red, timeout, folds: bool = True):

@@ -2,12 +2,12 @@
 bottleneck of a small collective.
 
 Why: profiled (cProfile, rank 0 of 2 pinned ranks, 8-byte in-place all-reduce), a call
-in Python made 58-85 Python-level function calls — the communicator's hot path and
-flight recorder, :meth:`LL.parity`, the NumPy copy of the contribution, :meth:`LL.sync`
-(header and sequence words, a fence, the sleep flags, a spin loop with a ``clock()``
-and a lambda per look, a header compare per peer) and ``ufunc(a, b, out=)`` — and each
-rank's Python sits on the critical path twice per call (it publishes late and sees the
-peer late). With the kernel a call makes 18, none of them in LL
+in Python made 31 Python-level function calls (58-85 when its wait loops) — the
+communicator's hot path and flight recorder, :meth:`LL.parity`, the NumPy copy of the
+contribution, :meth:`LL.sync` (header and sequence words, a fence, the sleep flags, a
+spin loop with a ``clock()`` and a lambda per look, a header compare per peer) and
+``ufunc(a, b, out=)`` — and each rank's Python sits on the critical path twice per call
+(it publishes late and sees the peer late). With the kernel a call makes 18, none of them in LL
 (``docs/design-notes.md``, "LL's round compiled", has the measurements).
 
 :class:`Round` (prepared once per call shape, with every word index and byte offset)

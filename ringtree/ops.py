@@ -32,6 +32,10 @@ class ReduceOp(Enum):
     BOR = "bor"
     BXOR = "bxor"
 
+    # members are singletons compared by identity: hash them so too, in C (Enum's
+    # __hash__ is a Python call, and every hot-path lookup hashes the op)
+    __hash__ = object.__hash__
+
     @property
     def code(self) -> int:
         return _OP_CODES[self]

@@ -255,3 +255,36 @@ def out_of_place(comm) -> list[str]:
 
 def test_out_of_place_all_reduce_on_the_hot_path():
     assert run_ranks(out_of_place, 2, timeout=60) == [[], []]
+
+
+def mixed(comm) -> list[str]:
+    """Rank 0 runs the kernel, the others LL's Python steps (a process without the
+    extension, or with RINGTREE_LL_NATIVE=0): the protocol is the same, so are the bits."""
+    os.environ["RINGTREE_LL_NATIVE"] = "1" if comm.rank == 0 else "0"
+    c = _ll(comm, "mixed", cell=CELL)
+    n, r = comm.size, comm.rank
+    bad = []
+    try:
+        for dt, count in ((DType.FLOAT32, 3), (DType.INT64, 700), (DType.FLOAT64, 4 * CELL)):
+            red = resolve("sum", dt)
+            x = _input(r, count, dt, "sum")
+            got = c.all_reduce(x.copy(), dt, red)
+            want = _input(0, count, dt, "sum").copy()
+            for q in range(1, n):
+                want = np.add(want, _input(q, count, dt, "sum"))
+            if got.tobytes() != want.tobytes():
+                bad.append(f"{dt.value} count={count}")
+            if (c.ops[(Collective.ALL_REDUCE, dt, count, red.code, -1)].k is not None) != \
+                    (r == 0):
+                bad.append("kernel where not meant")
+        g = c.all_gather(np.array([r], np.int64), DType.INT64)
+        bad += [] if g.tolist() == list(range(n)) else ["all_gather"]
+    finally:
+        os.environ.pop("RINGTREE_LL_NATIVE", None)
+        c.ll.close()
+    return bad
+
+
+@needs_kernel
+def test_kernel_and_python_ranks_in_one_job():
+    assert run_ranks(mixed, 3, timeout=60) == [[], [], []]

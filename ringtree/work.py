@@ -7,6 +7,37 @@ from collections.abc import Callable
 from typing import Any
 
 
+class Latch:
+    """``threading.Event``'s ``set``/``is_set``/``wait`` for a flag set once, on a lock
+    taken at creation and given back by :meth:`set` (a waiter takes it and hands it on):
+    creating an Event builds a Condition, which cost more than the rest of a small
+    call's Work (9 µs against 0.3 µs on a loaded 2-core host). ``set`` is called once,
+    under its owner's lock."""
+
+    __slots__ = ("_gate", "_set")
+
+    def __init__(self) -> None:
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._gate.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if not self._gate.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return self._set
+        self._gate.release()
+        return True
+
+
 class Work:
     """Completes when its operation has finished on this rank.
 
@@ -17,7 +48,7 @@ class Work:
 
     def __init__(self, name: str = "op"):
         self.name = name
-        self._event = threading.Event()
+        self._event = Latch()
         self._error: BaseException | None = None
         self._result: Any = None
         self._callbacks: list[Callable[[Work], None]] = []

@@ -44,12 +44,20 @@ _BOOL_OPS: dict[object, ReduceOp] = {
     ReduceOp.BXOR: ReduceOp.BXOR,
 }
 
+# the same by RedOpType value (an int): reading a pybind enum's name costs several µs
+_KINDS = getattr(getattr(torch.distributed, "ReduceOp", None), "RedOpType", None)
+_BY_VALUE = {int(getattr(_KINDS, name).value): rop for name, rop in _OPS.items()
+             if _KINDS is not None and hasattr(getattr(_KINDS, name, None), "value")}
+
 Finish = Callable[[], None]
 
 
 def reduce_op(op) -> ReduceOp | ringtree.PremulSum:
     """ringtree's operator for a ``torch.distributed.ReduceOp`` (or its ``RedOpType``)."""
     kind = getattr(op, "op", op)  # a ReduceOp object carries .op; RedOpType is the kind
+    fast = _BY_VALUE.get(getattr(kind, "value", None)) if type(kind) is _KINDS else None
+    if fast is not None:
+        return fast
     name = getattr(kind, "name", None) or str(kind).rsplit(".", 1)[-1]
     if name == "PREMUL_SUM":
         factor = getattr(op, "factor", None)
@@ -106,7 +114,7 @@ def for_reduce(t: torch.Tensor, op, writes: bool = True) -> tuple[Staged, object
     """``t`` and the ringtree operator for a reduction of ``op`` over ``t``'s dtype."""
     rop = reduce_op(op)
     c, finish = _contiguous(t, writes)
-    c = c.detach()
+    c = c.detach() if c.requires_grad else c
     if c.dtype in _NATIVE:
         return Staged(c, finish), rop
     if c.is_complex():

@@ -193,7 +193,8 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
                 run_all(finishes)
             except BaseException as e:  # noqa: BLE001
                 err = e
-        work._mark(for_torch(err, self.rank(), work.name, work._timeout_s or self.timeout))
+        work._mark(None if err is None else
+                   for_torch(err, self.rank(), work.name, work._timeout_s or self.timeout))
 
     def _dispatch(self, fn: Callable[[], None]) -> None:
         """Run a future's completion (and so its callbacks) on the completion pool."""

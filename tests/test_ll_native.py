@@ -148,7 +148,8 @@ def test_the_package_builds_and_imports_without_a_compiler(tmp_path):
     assert not list((tmp_path / "lib").rglob("_llc*")), "built with CC=/bin/false?"
     probe = ("import sys; sys.modules['ringtree.transports._llc'] = None\n"
              "from ringtree.transports import shm_native as n\n"
-             "assert not n.available() and not n.enabled() and not n.folds(8, 0)\n")
+             "assert not n.available() and not n.enabled() and not n.folds(8, 0)\n"
+             "assert 'not built' in n.describe()\n")
     run = subprocess.run([sys.executable, "-c", probe], env={**os.environ,
                          "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -38,7 +38,8 @@ try:
 except ImportError:                      # built without a C compiler
     _llc = None
 
-__all__ = ["available", "enabled", "finish", "folds", "make_round", "round_for"]
+__all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
+           "round_for"]
 
 RING = _llc.RING if _llc is not None else -1
 
@@ -51,6 +52,15 @@ def available() -> bool:
 def enabled() -> bool:
     """Built and not switched off (``RINGTREE_LL_NATIVE=0``)."""
     return _llc is not None and bool(settings.current().ll_native)
+
+
+def describe() -> str:
+    """How LL's rounds run here, for ``RINGTREE_DEBUG=INFO``."""
+    if _llc is None:
+        return "in Python (the compiled kernel was not built: no C compiler at install)"
+    if not enabled():
+        return "in Python (RINGTREE_LL_NATIVE=0)"
+    return "compiled (ringtree.transports._llc)"
 
 
 def folds(dtype_code: int, op_code: int) -> bool:

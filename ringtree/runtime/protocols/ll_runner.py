@@ -33,6 +33,7 @@ from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
 from ringtree.runtime.protocols.ll import LLOp, fits
+from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL, open_ll
 from ringtree.work import Work
 
@@ -80,6 +81,8 @@ class LLRunner:
                           spin_us=s.ll_spin_us if s.ll_spin_us is not None else
                           0.0 if crowded(comm.size) else 5.0, yield_us=s.ll_yield_us)
         comm.fabric.closers.append(runner.close)
+        if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
+            print(f"ringtree: LL rounds {native.describe()}", flush=True)
         return runner
 
     @classmethod

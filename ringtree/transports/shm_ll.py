@@ -52,7 +52,6 @@ import numpy as np
 
 from ringtree.errors import CollectiveTimeout, MismatchError, PeerError
 from ringtree.ir.wire import PROTO_SIMPLE, WireHeader
-from ringtree.transports import shm_native as native
 from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm_segment import PeerInfo
 
@@ -205,28 +204,6 @@ class LL:
                 raise MismatchError(self._mismatch(r, (h0, h1, h2), W[j + 1:j + 4], s, what))
         self.synced = s
         return p
-
-    def run_round(self, k, x, out, head: tuple[int, int, int], timeout: float, what) -> int:
-        """:meth:`parity`, then the whole round in the compiled kernel ``k`` (a
-        :func:`ringtree.transports.shm_native.make_round`): ``x`` (None: already in
-        place, or nothing to send) written, published, waited for, folded into ``out``
-        (None: no fold). Returns the parity read."""
-        s = self.seq + 1
-        if self.synced < s - 1:
-            self.parity(timeout, what)
-        p = s & 1
-        self.written[p] = None  # the kernel writes all three header words
-        r = k.run(x, out, s, head[0], head[1] | (s & SEQ_MASK), head[2])
-        self.seq = s
-        if r != -1:
-            native.finish(self, k, r, s, timeout, what)
-            if out is not None:
-                k.fold(out, p)
-        self.synced = s
-        return p
-
-    def ring(self, peer: int) -> None:
-        seg.ring_bell(self.peer_bells[peer])
 
     def announce(self, head: tuple[int, int, int]) -> None:
         """A call that runs on Simple takes its sequence number too and shows it in the

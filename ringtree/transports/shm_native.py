@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 
 from ringtree import settings
 from ringtree.errors import MismatchError
+from ringtree.transports import shm_segment as seg
+from ringtree.transports.shm_ll import POISON, SEQ_MASK
 
 try:
     from ringtree.transports import _llc
@@ -39,7 +41,7 @@ except ImportError:                      # built without a C compiler
     _llc = None
 
 __all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
-           "round_for"]
+           "round_for", "run_round"]
 
 RING = _llc.RING if _llc is not None else -1
 
@@ -106,6 +108,25 @@ def round_for(ll, order: Sequence[int], block: int, dtype_code: int, itemsize: i
                       op_code if order else 0)
 
 
+def run_round(ll, k, x, out, head: tuple[int, int, int], timeout: float, what) -> int:
+    """:meth:`LL.parity`, then the whole round of ``ll`` in the kernel ``k`` (a
+    :func:`make_round`): ``x`` (None: already in place, or nothing to send) written,
+    published, waited for, folded into ``out`` (None: no fold). Returns the parity read."""
+    s = ll.seq + 1
+    if ll.synced < s - 1:
+        ll.parity(timeout, what)
+    p = s & 1
+    ll.written[p] = None  # the kernel writes all three header words
+    r = k.run(x, out, s, head[0], head[1] | (s & SEQ_MASK), head[2])
+    ll.seq = s
+    if r != -1:
+        finish(ll, k, r, s, timeout, what)
+        if out is not None:
+            k.fold(out, p)
+    ll.synced = s
+    return p
+
+
 def finish(ll, k, r: int, s: int, timeout: float, what: Callable[[], str]) -> None:
     """Complete call ``s``'s wait after :meth:`Round.run` returned ``r`` (not -1): ring
     sleeping peers (``RING``), raise on a header mismatch, sleep in Python for a peer that
@@ -118,7 +139,7 @@ def finish(ll, k, r: int, s: int, timeout: float, what: Callable[[], str]) -> No
         if r == RING:
             for peer, j in ll.peer_sleep:
                 if W[j]:
-                    ll.ring(peer)
+                    seg.ring_bell(ll.peer_bells[peer])
             r = k.wait(s, 0)
             continue
         if mine is None:
@@ -126,6 +147,8 @@ def finish(ll, k, r: int, s: int, timeout: float, what: Callable[[], str]) -> No
             mine = (W[i + 1], W[i + 2], W[i + 3])
         if r <= -2:
             peer, j = ll.peer_seq[p][-2 - r]
+            if W[j] == POISON:  # it closed (a revoke) without its part of call s
+                ll._check_closed(peer, s, what)
             raise MismatchError(ll._mismatch(peer, mine, W[j + 1:j + 4], s, what))
         peer, j = ll.peer_seq[p][r]
         ll._wait(peer, lambda j=j: W[j] >= s, s, timeout, what, mine, busy=False)

@@ -349,34 +349,32 @@ class LLOp:
             return None
         return x
 
+    def _round(self, x, out, timeout) -> int:
+        return native.run_round(self.ll, self.k, x, out, self.head, timeout, self.describe)
+
     def _sum_native(self, x, out, red, timeout) -> None:
         """A fold round in one kernel call (the hot path: no pre- or post-op)."""
-        self.ll.run_round(self.k, x, out, self.head, timeout, self.describe)
+        native.run_round(self.ll, self.k, x, out, self.head, timeout, self.describe)
 
     def _fold_native(self, x, out, red, timeout) -> None:
-        self.ll.run_round(self.k, self._native_x(x, red, timeout), out, self.head, timeout,
-                          self.describe)
+        self._round(self._native_x(x, red, timeout), out, timeout)
         if self.avg:
             red.postdivide(out, len(self.rowlist[0]))
 
     def _streamed_native(self, x, out, red, timeout) -> None:
         """:meth:`_streamed`, each cell-sized part one kernel call."""
-        ll, C, n = self.ll, self.chunk, len(self.rowlist[0])
+        C, n = self.chunk, len(self.rowlist[0])
         for lo in range(0, x.size, C):
             part, o = x[lo:lo + C], out[lo:lo + C]
-            ll.run_round(self.k, self._native_x(part, red, timeout), o, self.head, timeout,
-                         self.describe)
+            self._round(self._native_x(part, red, timeout), o, timeout)
             if self.avg:
                 red.postdivide(o, n)
 
     def _place_native(self, x, out, red, timeout) -> None:
-        p = self.ll.run_round(self.k, self._native_x(x, None, timeout, False), None,
-                              self.head, timeout, self.describe)
-        self._place(p, x, out)
+        self._place(self._round(self._native_x(x, None, timeout, False), None, timeout), x, out)
 
     def _write_native(self, x, out, red, timeout) -> None:
-        self.ll.run_round(self.k, self._native_x(x, red, timeout, False), None, self.head,
-                          timeout, self.describe)
+        self._round(self._native_x(x, red, timeout, False), None, timeout)
 
 
 class LLCollectives:

@@ -16,8 +16,9 @@ every peer (spin with ``pause``, then ``sched_yield``, within the LL wait's budg
 ``RINGTREE_LL_SPIN_US`` and ``RINGTREE_LL_YIELD_US``) → compare headers → fold, with
 the GIL released throughout. What it does not do stays in Python, unchanged: ringing a
 sleeping peer's doorbell, sleeping on our own, the liveness checks that name a dead
-peer, the abort check and the timeout (:func:`finish`). So a killed peer, a signal or a
-closed communicator during a wait behave as before, at most one yield budget later.
+peer, the abort check and the timeout, and telling a revoked peer's poisoned line
+from a mismatch (:func:`finish`). So a killed peer, a signal, a revoke or a closed
+communicator during a wait behave as before, at most one yield budget later.
 
 The fold is the rank-order fold bit for bit (see the C file): every dtype and op
 ringtree has except float16 and user ops, whose ops keep LL's Python steps

@@ -120,7 +120,8 @@ def register(collective: Collective | str, algo: str, *, cost: str = "",
 
 def _lookup(collective: Collective | str, algo: str) -> Algorithm | None:
     """The record of ``algo``; an ``msccl:`` name (an MSCCL-IR file) is read, proven and
-    registered the first time (:mod:`ringtree.msccl.catalog`)."""
+    registered the first time (:mod:`ringtree.msccl.catalog`), a ``synth:`` forest file
+    read and registered (:mod:`ringtree.schedules.synth`)."""
     coll = parse_collective(collective)
     rec = _RECORDS.get((coll, algo.lower()))
     if rec is None and algo.lower().startswith("msccl:"):
@@ -131,6 +132,10 @@ def _lookup(collective: Collective | str, algo: str) -> Algorithm | None:
             raise ValueError(f"{algo} is an MSCCL-IR {entry.collective.value}, not "
                              f"{coll.value}")
         rec = _RECORDS.get((coll, entry.name))
+    elif rec is None and algo.lower().startswith("synth:"):
+        from ringtree.schedules.synth import resolve as synthesized
+
+        rec = _RECORDS.get((coll, synthesized(algo)))
     return rec
 
 

@@ -54,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"preset ({', '.join(presets.PRESETS)}) or a JSON/YAML file")
     p.add_argument("--nodes", "-N", type=int, default=None,
                    help="hosts (NPUs for ring/torus/switch presets)")
-    p.add_argument("--algo", "-a", default="all", help="comma-separated algorithms, or all")
+    p.add_argument("--algo", "-a", default="all",
+                   help="comma-separated algorithms, or all; synth: trees packed for the "
+                        "topology (ringtree algo synth)")
     p.add_argument("-b", "--minbytes", default="8")
     p.add_argument("-e", "--maxbytes", default="128M")
     p.add_argument("-f", "--stepfactor", type=int, default=2)
@@ -125,7 +127,11 @@ def _setup(args) -> tuple | str:
     try:
         algos = algorithms(coll) if args.algo == "all" else \
             [_imported(a.strip(), coll) for a in args.algo.split(",")]
-    except ValueError as e:
+        if any(a.startswith("synth") for a in algos):
+            from ringtree.sim.synth import resolve_names  # packs trees: networkx
+
+            algos = resolve_names(algos, topo)
+    except (ValueError, RuntimeError) as e:
         return str(e)
     known = algorithms(coll)
     bad = [a for a in algos if a not in known]

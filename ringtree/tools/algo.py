@@ -8,6 +8,7 @@
     ringtree algo import FILE.xml ... [--strict]
     ringtree algo export ALGO COLLECTIVE -n N [--proto LL|LL128|Simple] [-o FILE.xml]
                          [--root R] [--channels K] [--nodes ... | --ppn P]
+    ringtree algo synth COLLECTIVE --topology PRESET|FILE [--nodes N] [-o FILE.xml|.json]
 """
 
 from __future__ import annotations
@@ -216,26 +217,33 @@ def _import(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     """The MSCCL-IR file of a schedule, proven equal to it first: imported again, it
     computes the same bits as the schedule on every rank."""
+    coll = parse_collective(args.collective)
+    programs = generate_all(coll, args.algo, args.nranks, _options(args, args.nranks))
+    return export_programs(programs, args.algo, args.proto, args.output)
+
+
+def export_programs(programs: list, name: str, proto: str, output: str | None) -> int:
+    """Write ``programs`` as MSCCL-IR to ``output`` (standard output if None) after
+    proving the file computes what they do; 1 if it does not."""
     from ringtree import msccl
     from ringtree.ir.check import same_outputs
     from ringtree.msccl.export import from_programs
     from ringtree.msccl.program import to_programs
 
-    coll = parse_collective(args.collective)
-    programs = generate_all(coll, args.algo, args.nranks, _options(args, args.nranks))
-    algo = from_programs(programs, f"ringtree {args.algo}", args.proto)
+    coll, nranks = programs[0].collective, programs[0].nranks
+    algo = from_programs(programs, f"ringtree {name}", proto)
     text = msccl.to_text(algo)
-    again, findings = msccl.read_text(text, args.output or "<export>")
-    if not same_outputs(programs, to_programs(again, args.algo)):
-        print(f"ringtree algo: the exported {args.algo} does not compute what the schedule "
+    again, findings = msccl.read_text(text, output or "<export>")
+    if not same_outputs(programs, to_programs(again, name)):
+        print(f"ringtree algo: the exported {name} does not compute what the schedule "
               "does (a bug: please report it)", file=sys.stderr)
         return 1
     for f in findings:
         print(f"ringtree algo: warning: {f}", file=sys.stderr)
-    if args.output:
-        with open(args.output, "w") as fh:
+    if output:
+        with open(output, "w") as fh:
             fh.write(text)
-        print(f"ringtree algo: wrote {args.output} ({coll.value} on {args.nranks} GPUs, "
+        print(f"ringtree algo: wrote {output} ({coll.value} on {nranks} GPUs, "
               f"{algo.nchannels} channel(s), {sum(len(g.tbs) for g in algo.gpus)} thread "
               "blocks)", file=sys.stderr)
     else:
@@ -245,6 +253,10 @@ def _export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["synth"]:
+        from ringtree.tools.synth import main as synth
+
+        return synth(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:

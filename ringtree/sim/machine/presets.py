@@ -65,6 +65,29 @@ def nvswitch(nodes: int = 8, **kw) -> Topology:
     return dgx_h100(1, gpus_per_node=nodes, name=f"nvswitch{nodes}", **kw)
 
 
+def mi300x(nodes: int = 2, slow_nic: float = 1.0, **kw: Any) -> Topology:
+    """AMD MI300X hosts: 8 GPUs, every pair joined by one Infinity Fabric link (64 GB/s
+    per direction → 51.2 at 80 %), and every GPU with its own 400 Gb/s NIC (48.5 GB/s, as
+    NDR above; the NIC and its PCIe Gen5 hop folded into one 1.3 µs link) on one network
+    switch. Routes are shortest paths: GPUs of a host talk over their link, of two hosts
+    through both NICs. ``slow_nic`` < 1 runs host 0's GPU 0 NIC at that fraction of its
+    rate (a port that trained at 200 Gb/s: 0.5): an asymmetric fabric."""
+    gpus = kw.pop("gpus_per_node", 8)
+    devices = [T.Device(f"n{h}.gpu{g}", "gpu", h, 0, False, 1750.0)
+               for h in range(nodes) for g in range(gpus)]
+    devices.append(T.Device("switch", "switch", -1, 1))
+    sw, links = len(devices) - 1, list[T.Link]()
+    for h in range(nodes):
+        for a in range(gpus):
+            g = h * gpus + a
+            links += [T.Link(g, h * gpus + b, 51.2, 500.0) for b in range(gpus) if b != a]
+            rate = 48.5 * (slow_nic if h == 0 and a == 0 else 1.0)
+            links += [T.Link(g, sw, rate, 1300.0), T.Link(sw, g, rate, 1300.0)]
+    slow = "" if slow_nic == 1.0 else f"_slow{slow_nic:g}"
+    return Topology(kw.pop("name", f"mi300x{slow}x{nodes}"), tuple(devices), tuple(links),
+                    tuple(range(nodes * gpus)), "shortest", overhead_ns=1500.0, **kw)
+
+
 def fat_tree2(nodes: int = 16, oversubscription: float = 1.0, **kw: Any) -> Topology:
     """Two-level fat-tree of single-GPU hosts with one 50 GB/s NIC each, 16-port leaves."""
     args: dict[str, Any] = dict(gpus_per_node=1, nics_per_node=1, nic_gbps=50.0,
@@ -125,12 +148,40 @@ def local(nodes: int = 2, alpha_ns: float = LOCAL_ALPHA_NS, gbps: float = LOCAL_
     return replace(t, launch_ns=launch_ns * share)
 
 
+def testbed(nodes: int = 2, ppn: int = 4, gbit: float = 1.0, slow: float = 1.0) -> Topology:
+    """The namespace testbed (:mod:`ringtree.testbed`): ``nodes`` hosts of ``ppn`` ranks,
+    each host's ``eth0`` shaped to ``gbit`` Gbit/s each way (``tc tbf``) on one bridge;
+    the ranks of a host talk over shared memory (this machine's pipes, as :func:`local`)
+    and share its link. ``slow`` < 1 shapes the last host's link to that fraction."""
+    devices = [T.Device("bridge", "switch", -1, 2)]
+    links: list[T.Link] = []
+    ranks: list[int] = []
+    for h in range(nodes):
+        first = len(devices)
+        devices += [T.Device(f"h{h}.rank{p}", "gpu", h, 0, False, LOCAL_REDUCE_GBPS)
+                    for p in range(ppn)]
+        ranks += range(first, first + ppn)
+        devices.append(T.Device(f"h{h}.eth0", "nic", h, 1))
+        nic = len(devices) - 1
+        rate = gbit / 8 * (slow if h == nodes - 1 else 1.0)
+        links += [T.Link(a, b, rate, 50_000.0) for a, b in ((nic, 0), (0, nic))]
+        for a in range(first, first + ppn):
+            links += [T.Link(a, nic, LOCAL_GBPS, 0.0), T.Link(nic, a, LOCAL_GBPS, 0.0)]
+            links += [T.Link(a, b, LOCAL_GBPS, 0.0) for b in range(first, first + ppn)
+                      if a != b]
+    name = f"testbed{nodes}x{ppn}" + ("" if slow == 1.0 else f"_slow{slow:g}")
+    return Topology(name, tuple(devices), tuple(links), tuple(ranks), "shortest",
+                    overhead_ns=LOCAL_ALPHA_NS, launch_ns=LOCAL_LAUNCH_NS)
+
+
 PRESETS: dict[str, Callable[..., Topology]] = {
     "dgx_a100": dgx_a100,
     "dgx_a100_sharp": lambda nodes=1, **kw: dgx_a100(nodes, sharp=True, **kw),
     "dgx_h100": dgx_h100,
     "dgx_h100_sharp": lambda nodes=1, **kw: dgx_h100(nodes, sharp=True, **kw),
     "nvswitch": nvswitch,
+    "mi300x": mi300x,
+    "mi300x_slow_nic": lambda nodes=2, **kw: mi300x(nodes, slow_nic=0.5, **kw),
     "fat_tree2": fat_tree2,
     "fat_tree3": fat_tree3,
     "ring": ring,
@@ -138,6 +189,8 @@ PRESETS: dict[str, Callable[..., Topology]] = {
     "switch": switch,
     "switch_sharp": lambda nodes=16, **kw: switch(nodes, sharp=True, **kw),
     "local": local,
+    "testbed": testbed,
+    "testbed_slow": lambda nodes=2, **kw: testbed(nodes, slow=0.5, **kw),
 }
 T.GENERATORS.update(PRESETS)
 

@@ -251,14 +251,10 @@ def _arborescences(caps: dict[tuple[int, int], float], n: int, roots: list[int],
                    cap: float = math.inf) -> list[tuple[int, tuple[int, ...], float]]:
     """Weighted out-trees spanning the ranks, x from every root, within ``caps``
     (Edmonds 1973, Lovász's constructive proof, in ForestColl's weighted form): the
-    source ``n`` has an edge of capacity x to every root; a tree grows by an edge u → v
-    when, that edge lowered by ε and the tree's vertices fed ε, v still receives the
-    flow left to pack (only cuts holding v lose capacity, and each of them then holds a
-    tree vertex). A finished tree takes the largest weight that leaves the rest packable
-    (:func:`_weight`), at most ``cap``. Trees grow breadth first: shallow trees
-    pipeline."""
-    nx = _nx()
-    s, feed = n, n + 1
+    source ``n`` has an edge of capacity x to every root; trees are grown one at a time
+    (:func:`_grow`), each taking the largest weight, at most ``cap``, that leaves the
+    rest packable (:func:`_weight`)."""
+    s = n
     d = dict(caps)
     for r in roots:
         d[(s, r)] = x
@@ -266,33 +262,49 @@ def _arborescences(caps: dict[tuple[int, int], float], n: int, roots: list[int],
     tol = need * 1e-9
     trees = []
     while need > tol * len(roots) and len(trees) < 50 * n * n:
-        eps = need * 1e-6
-        g = _digraph(d)
-        g.add_edge(s, feed, capacity=eps)
-        parent, depth, edges = [-1] * n, {s: -1}, []
-        while len(depth) <= n:
-            cands = sorted(((depth[u], -c, u, v) for (u, v), c in d.items()
-                            if c > eps and u in depth and v not in depth
-                            and (u != s or len(depth) == 1)))
-            for _, _, u, v in cands:
-                g[u][v]["capacity"] = d[(u, v)] - eps
-                g.add_edge(feed, v)
-                if nx.maximum_flow_value(g, s, v) >= need - tol:
-                    break
-                g.remove_edge(feed, v)
-                g[u][v]["capacity"] = d[(u, v)]
-            else:
-                raise RuntimeError("no edge keeps the packing (Edmonds' condition failed)")
-            depth[v] = depth[u] + 1
-            edges.append((u, v))
-            if u != s:
-                parent[v] = u
+        # a tree that can carry a whole ``cap`` if one is found, else any tree at all
+        grown = (_grow(d, n, need, tol, cap) if cap < need else None) or \
+            _grow(d, n, need, tol, need * 1e-6)
+        if grown is None:
+            raise RuntimeError("no edge keeps the packing (Edmonds' condition failed)")
+        parent, edges = grown
         w = min(_weight(d, edges, n, need, tol), cap)
         for e in edges:
             d[e] -= w
         need -= w
         trees.append((parent.index(-1), tuple(parent), w))
     return trees
+
+
+def _grow(d: dict, n: int, need: float, tol: float, step: float
+          ) -> tuple[list[int], list[tuple[int, int]]] | None:
+    """One tree from the source ``n``, breadth first (shallow trees pipeline): an edge
+    u → v joins when, that edge lowered by ``step`` and the tree's vertices fed
+    ``step``, v still receives ``need`` (only cuts holding v lose capacity, and each of
+    them then holds a tree vertex). None when no edge passes."""
+    nx = _nx()
+    s, feed = n, n + 1
+    g = _digraph(d)
+    g.add_edge(s, feed, capacity=step)
+    parent, depth, edges = [-1] * n, {s: -1}, []
+    while len(depth) <= n:
+        cands = sorted(((depth[u], -round(c / step, 6), u, v) for (u, v), c in d.items()
+                        if c >= step * (1 - 1e-9) and u in depth and v not in depth
+                        and (u != s or len(depth) == 1)))
+        for _, _, u, v in cands:
+            g[u][v]["capacity"] = d[(u, v)] - step
+            g.add_edge(feed, v)
+            if nx.maximum_flow_value(g, s, v) >= need - tol:
+                break
+            g.remove_edge(feed, v)
+            g[u][v]["capacity"] = d[(u, v)]
+        else:
+            return None
+        depth[v] = depth[u] + 1
+        edges.append((u, v))
+        if u != s:
+            parent[v] = u
+    return parent, edges
 
 
 def _weight(d: dict, edges: list[tuple[int, int]], n: int, need: float, tol: float

@@ -262,13 +262,16 @@ def _arborescences(caps: dict[tuple[int, int], float], n: int, roots: list[int],
     tol = need * 1e-9
     trees = []
     while need > tol * len(roots) and len(trees) < 50 * n * n:
-        # a tree that can carry a whole ``cap`` if one is found, else any tree at all
-        grown = (_grow(d, n, need, tol, cap) if cap < need else None) or \
-            _grow(d, n, need, tol, need * 1e-6)
+        # a tree that can carry a whole ``cap`` (each check made with it) if one is
+        # found, else any tree at all, weighed afterwards
+        grown = _grow(d, n, need, tol, cap) if cap < need else None
+        w = cap
         if grown is None:
-            raise RuntimeError("no edge keeps the packing (Edmonds' condition failed)")
+            grown = _grow(d, n, need, tol, need * 1e-6)
+            if grown is None:
+                raise RuntimeError("no edge keeps the packing (Edmonds' condition failed)")
+            w = min(_weight(d, grown[1], n, need, tol), cap)
         parent, edges = grown
-        w = min(_weight(d, edges, n, need, tol), cap)
         for e in edges:
             d[e] -= w
         need -= w

@@ -94,6 +94,7 @@ def _timed(comm, coll: str, count: int, algos: list[str | None], iters: int, rep
             for _ in range(iters):
                 ops[a]()
             times[a].append((time.perf_counter() - t0) / iters)
+    comm.barrier()              # nobody closes while a peer still reads its last call
     return {str(a): statistics.median(ts) for a, ts in times.items()}, same
 
 

@@ -14,7 +14,8 @@ MiB = 1 << 20
 # small instances of every preset (one leaf switch, so the aware model sees no ECMP clash)
 SIZES = {"dgx_a100": 2, "dgx_a100_sharp": 2, "dgx_h100": 2, "dgx_h100_sharp": 2,
          "nvswitch": 8, "fat_tree2": 8, "fat_tree3": 8, "ring": 8, "torus": 16,
-         "switch": 8, "switch_sharp": 8, "local": 4}
+         "switch": 8, "switch_sharp": 8, "local": 4, "mi300x": 1, "mi300x_slow_nic": 1,
+         "testbed": 2, "testbed_slow": 2}
 
 
 def test_every_preset_is_listed():

@@ -18,12 +18,14 @@ makes the bound reachable by trees:
    1995; ForestColl §5): capacity γ of a pair ``u → w → v`` becomes a direct ``u → v``
    edge, γ as large as keeps every rank's max-flow at n·x* (:func:`split_switches`;
    ``allow`` keeps pairs the network would not route through w out);
-2. capacities are made integer: every rank's block is cut into k units of y GB/s, an
-   edge holds ⌊c/y⌋ units (:func:`pack` chooses the k and y nearest x*);
-3. the trees are built one by one, edge by edge, as in Lovász's constructive proof of
-   Edmonds' theorem: an edge joins the tree being grown when every rank still receives
-   the remaining units' flow afterwards; a finished tree carries as many units as leave
-   the rest packable (:func:`_arborescences`).
+2. the trees are built one by one, edge by edge, as in Lovász's constructive proof of
+   Edmonds' theorem in ForestColl's weighted form: an edge joins the tree being grown
+   when every rank still receives what is left to pack once the tree carries its weight;
+   a finished tree takes the largest weight that leaves the rest packable, so every
+   root's trees carry exactly x* (:func:`pack`, :func:`_arborescences`);
+3. every root's block is cut into chunks shared among its trees by weight
+   (:func:`rounded`, :func:`fewest_units`): the one approximation, reported by the
+   caller.
 
 Everything is polynomial: max-flows (networkx) times edges times trees.
 """

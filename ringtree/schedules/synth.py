@@ -1,9 +1,10 @@
 """Synthesized schedules: Programs from packed trees (:mod:`ringtree.schedules.forest`).
 
-A :class:`Forest` holds, for one topology, the out-trees of the all-gather (k per rank,
-each carrying chunk j of its root's block) and the in-trees of the reduce-scatter (trees
-of the reversed graph, each reducing chunk j of its root's block towards the root). The
-collectives are those trees run as NCCL runs a tree (ForestColl, Zhao et al. 2024):
+A :class:`Forest` holds, for one topology, the out-trees of the all-gather (a few per
+rank, each carrying a run of chunks of its root's block) and the in-trees of the
+reduce-scatter (trees of the reversed graph, each reducing a run of chunks of its root's
+block towards the root). The collectives are those trees run as NCCL runs a tree
+(ForestColl, Zhao et al. 2024):
 
 - all-gather: the root copies its chunk into its output and sends it to its children;
   every other rank receives it from its parent, stores it and forwards it (``recvCopySend``);
@@ -13,9 +14,10 @@ collectives are those trees run as NCCL runs a tree (ForestColl, Zhao et al. 202
 - all-reduce: the reduce-scatter tree of a chunk, then its all-gather tree from the same
   root (the root's ``recvReduceCopySend`` joins them), so every rank gets the root's bits.
 
-Tree i runs in channel i, so the trees' messages never queue behind each other on a
+Every run of chunks that one gather tree and one reduce tree carry has its own channel
+(:meth:`Forest.segments`), so the trees' messages never queue behind each other on a
 connection (in one channel a tree's slices would wait for every earlier tree's: the
-simulator measures 1.35× the bound on a torus that way, 1.12× with a channel per
+simulator measured 1.35× the bound on a torus that way, 1.12× with a channel per
 tree). Within a channel, steps are ordered by phase, then level (reduce trees from
 their leaves up, gather trees from the root down): every step waits only for steps
 earlier in that order, so no cycle can form.

@@ -13,7 +13,7 @@ from typing import overload
 from ringtree.ir.program import Collective, Program
 from ringtree.schedules import Options, generate
 from ringtree.sim import budget
-from ringtree.sim.compile import symbolic, template
+from ringtree.sim.compile import sparse, symbolic, template
 from ringtree.sim.compile.compiled import Compiled, compile_programs
 from ringtree.sim.compile.recent import Recent
 from ringtree.sim.compile.structure import Sweep
@@ -104,6 +104,37 @@ def _shared(coll: Collective, algo: str, topo: Topology, opts: Options, count: i
     return Plan(None, devices, g, True, tp, t)
 
 
+# the batched engine holds (template steps × ranks) cells: from this many on, a template
+# whose moving steps are at most a tenth of them runs only those (:mod:`.compile.sparse`)
+SPARSE_FROM_CELLS = 1 << 24
+SPARSE_SHARE = 10
+
+
+def sparse_plan(coll: Collective, algo: str, topo: Topology, opts: Options, count: int,
+                itemsize: int, slice_bytes: int, aware: bool, in_place: bool,
+                from_cells: int = SPARSE_FROM_CELLS, share: int = SPARSE_SHARE
+                ) -> Plan | None:
+    """The template's moving steps only (:func:`.compile.sparse.compile_sparse`), when
+    the template holds at least ``from_cells`` cells and at most one in ``share`` moves
+    data (None: the other plans)."""
+    n = topo.nranks
+    t = symbolic.template(coll, algo, n, opts)
+    if t is None:
+        return None
+    cells = sum(map(len, t.channels)) * n
+    if cells < from_cells:
+        return None
+    p0 = generate(coll, algo, n, 0, opts)
+    if not symbolic.reads(t, p0) or not symbolic.reads(t, generate(coll, algo, n, n - 1,
+                                                                    opts)):
+        return None                              # the template misread the generator
+    tk, pk = template.moving(t, p0, count, in_place)
+    cp = sparse.compile_sparse(tk, pk, count, itemsize, slice_bytes, in_place, unpruned=t,
+                               limit=min(sparse.MAX_STEPS, cells // share),
+                               shares=not aware)
+    return None if cp is None else Plan(cp, list(topo.ranks), 0, True)
+
+
 def compile_plan(plan: Plan, coll: Collective, algo: str, topo: Topology, opts: Options,
                  count: int, itemsize: int, slice_bytes: int, in_place: bool) -> Plan:
     """The event engine's form of a batched plan (when the batch cannot keep order)."""
@@ -123,8 +154,9 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
     :mod:`.structure`; ``max_work``: refuse runs over this many steps and slices,
     :mod:`.budget`)."""
     if symmetry_ and programs is None:
-        got = _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware, in_place,
-                      prune)
+        got = sparse_plan(coll, algo, topo, opts, count, itemsize, slice_bytes, aware,
+                          in_place) or _shared(coll, algo, topo, opts, count, itemsize,
+                                               slice_bytes, aware, in_place, prune)
         if got is not None:
             return got
     progs: Sequence[Program] = programs if programs is not None else \

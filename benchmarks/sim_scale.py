@@ -8,6 +8,13 @@ default (congestion-aware) model; each case runs in a fresh process for its peak
 | dgx_h100 × 16,384 nodes (131,072 ranks), tree all-reduce 8 B | ≤ 60 s |
 | every preset × every all-reduce algorithm at 8 nodes, 8 B–1 GiB | ≤ 60 s in total |
 | the README's ``--nodes 128 --algo all -b 8 -e 1G`` on dgx_h100_sharp | ≤ 60 s |
+| dgx_h100 × 2,048 / 4,096 / 16,384 nodes, ring all-reduce 8 B | ≤ 60 s each |
+| dgx_h100 × 2,048 / 4,096 nodes, tree all-reduce 8 B | ≤ 60 s each |
+
+The small-message cases (``ring_8B_*``, ``tree_8B_*``; the tree at 131,072 ranks is
+``tree_8B_131072`` above) are named ``ALGO_SIZE_RANKS`` and run as one size through
+:func:`~ringtree.sim.simulate_sizes`; any such name runs, e.g. ``--cases
+tree_64KiB_16384`` (not in the bar: its memory grows to several GiB at 131,072 ranks).
 
 The README case runs the command itself (``ringtree sim``, whose algorithms run in one
 worker process per core); its CPU time is summed over its processes and its peak RSS is
@@ -32,6 +39,7 @@ limit, or when a run passes the limit or ``--timeout``, and prints what it measu
 from __future__ import annotations
 
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -44,7 +52,13 @@ CASES = {
     "tree_8B_131072": (60.0, None),
     "sweep_8_nodes": (60.0, None),
     "readme_sharp_128": (60.0, None),
+    "ring_8B_16384": (60.0, None),
+    "ring_8B_32768": (60.0, None),
+    "ring_8B_131072": (60.0, None),
+    "tree_8B_16384": (60.0, None),
+    "tree_8B_32768": (60.0, None),
 }
+SMALL = re.compile(r"(\w+?)_(\d+)(B|KiB|MiB)_(\d+)$")
 
 
 def _sizes(lo: int, hi: int) -> list[int]:
@@ -106,6 +120,11 @@ def run_case(name: str, only: list[str] | None = None) -> dict:
         detail.append(note)
     elif name == "tree_8B_131072":
         events, _, note = _one("dgx_h100:16384", "tree", [8])
+        detail.append(note)
+    elif SMALL.match(name):
+        algo, num, unit, ranks = SMALL.match(name).groups()
+        size = int(num) << {"B": 0, "KiB": 10, "MiB": 20}[unit]
+        events, _, note = _one(f"dgx_h100:{int(ranks) // 8}", algo, [size])
         detail.append(note)
     elif name.startswith("grow:"):                  # --largest: grow:ALGO:BYTES:NODES
         _, algo, size, nodes = name.split(":")
@@ -188,7 +207,7 @@ def main() -> int:
         print(f"# load average: {f.read().strip()}")
     ok = True
     for name in todo:
-        bar_s, bar_mib = CASES[name]
+        bar_s, bar_mib = CASES.get(name, (60.0, None))
         try:
             out = subprocess.run([sys.executable, __file__, "--case", name,
                                   *(["--presets", ",".join(only)] if only else [])],

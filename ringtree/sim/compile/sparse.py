@@ -34,7 +34,7 @@ from bisect import bisect_left
 
 import numpy as np
 
-from ringtree.ir.program import Program
+from ringtree.ir.program import Program, Ref
 from ringtree.sim.compile.compiled import Compiled, pair
 from ringtree.sim.compile.symbolic import Sym, offset_of
 from ringtree.sim.compile.template import _fixed, declared_offsets
@@ -80,6 +80,48 @@ def moving_ranks(ref, regs: dict, n: int, nonzero: dict | None = None
     return r, rg[idx]
 
 
+def _moving_steps(steps: list, regs: dict, n: int, limit: int) -> tuple | None:
+    """:func:`moving_ranks` of every template step: ranks, step ids and lengths, as lists
+    of arrays (None: an expression outside its buffer, or more than ``limit``). Steps
+    whose chunk expressions differ only in the shift a (a ring's: ``(r − j) mod n``) are
+    inverted once: the ranks of shift a are those of shift 0 moved by −a (mod n), the
+    lengths the same."""
+    ranks: list = []
+    gids: list = []
+    lens: list = []
+    total = 0
+    nonzero: dict = {}
+    shifted: dict[tuple, list[tuple[int, int]]] = {}
+    for gid, (_, s) in enumerate(steps):
+        ref = s.dst if s.dst is not None else s.src
+        if ref is None:
+            return None
+        x = ref.index
+        if isinstance(x, Sym) and x.mod and n % x.mod == 0:
+            shifted.setdefault((ref.buf, x.m, x.mod, x.b), []).append((gid, x.a))
+            continue
+        got = moving_ranks(ref, regs, n, nonzero)
+        if got is None:
+            return None
+        total += got[0].size
+        ranks.append(got[0])
+        gids.append(np.full(got[0].size, gid, np.int64))
+        lens.append(got[1])
+    for (buf, m, mod, b), members in shifted.items():
+        got = moving_ranks(Ref(buf, Sym(m, 0, mod, b)), regs, n, nonzero)
+        if got is None:
+            return None
+        r0, ln0 = got
+        total += r0.size * len(members)
+        if total > limit:
+            return None
+        g, a = (np.array(v, np.int64) for v in zip(*members))
+        ranks.append(((r0[None, :] - a[:, None]) % n).ravel())
+        gids.append(np.repeat(g, r0.size))
+        lens.append(np.tile(ln0, len(members)))
+    return None if total > limit else (ranks, gids, lens)
+
+
 def _slices(length: int, elems: int, itemsize: int, cache: dict) -> tuple[int, ...]:
     """The executor's ``split_even`` of ``length`` elements in bytes (as
     :meth:`.template.Template._slices`)."""
@@ -108,20 +150,10 @@ def compile_sparse(t: Program, p0: Program, count: int, itemsize: int, slice_byt
     names = [s.name for ch in p0.channels for s in ch]
     if any(steps[d][0] != steps[g][0] for g, ds in enumerate(deps) for d in ds):
         return None
-    ranks, gids, lens = [], [], []
-    total = 0
-    nonzero: dict = {}
-    for gid, (_, s) in enumerate(steps):
-        ref = s.dst if s.dst is not None else s.src
-        got = None if ref is None else moving_ranks(ref, regs, n, nonzero)
-        if got is None:
-            return None
-        total += got[0].size
-        if total > limit:
-            return None
-        ranks.append(got[0])
-        gids.append(np.full(got[0].size, gid, np.int64))
-        lens.append(got[1])
+    got = _moving_steps(steps, regs, n, limit)
+    if got is None:
+        return None
+    ranks, gids, lens = got
     rk, gd, ln = (np.concatenate(a) if a else np.zeros(0, np.int64)
                   for a in (ranks, gids, lens))
     order = np.lexsort((gd, rk))                 # rank-major, then the template's order

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,7 @@ from ringtree.perf.flags import parse_size
 GIB_ASTRA = float(1 << 30)          # ASTRA-sim's GB
 AWARE = "AstraSim_Analytical_Congestion_Aware"
 UNAWARE = "AstraSim_Analytical_Congestion_Unaware"
+TIME = "/usr/bin/time"
 # ringtree algorithm -> ASTRA-sim's all-reduce implementation per dimension
 PAIRS = {"switch": [("ring", ["ring"]), ("tree", ["doubleBinaryTree"])],
          "dgx_h100": [("ring", ["oneRing", "oneRing"]), ("hierarchical", ["ring", "ring"]),
@@ -99,27 +101,28 @@ def chakra_collective(comm_type: int, nbytes: int, name: str) -> bytes:
 
 def _measured(cmd: list[str], timeout: float, cwd: str | None = None
               ) -> tuple[str, float, float] | None:
-    """stdout+stderr, wall seconds and peak RSS (MiB) of one process (None: timed out)."""
+    """stdout+stderr, wall seconds and peak RSS (MiB) of one process (None: timed out).
+    The peak is GNU time's (``/usr/bin/time``): a child forked from this process would
+    count this process's pages as its own (``ru_maxrss`` survives ``exec``)."""
+    gnu = os.path.isfile(TIME)
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out:
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
-        deadline = t0 + timeout
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                os.wait4(p.pid, 0)
-                return None
-            time.sleep(0.05)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        try:
+            subprocess.run(([TIME, "-f", "peak-kib %M"] if gnu else []) + cmd, stdout=out,
+                           stderr=subprocess.STDOUT, cwd=cwd, timeout=timeout, check=True)
+        except subprocess.TimeoutExpired:
+            return None
+        except subprocess.CalledProcessError as e:
+            out.seek(0)
+            raise RuntimeError(f"{cmd[0]} exited with {e.returncode}: "
+                               f"{out.read()[-400:]}") from None
         wall = time.perf_counter() - t0
         out.seek(0)
         text = out.read()
-    if p.returncode:
-        raise RuntimeError(f"{cmd[0]} exited with {p.returncode}: {text[-400:]}")
-    return text, wall, ru.ru_maxrss / 1024
+    peak = re.findall(r"^peak-kib (\d+)$", text, re.M)
+    rss = int(peak[-1]) / 1024 if peak else \
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return text, wall, rss
 
 
 def ringtree_run(case: str, n: int, algo: str, nbytes: int, timeout: float) -> dict:
@@ -173,7 +176,7 @@ def astra_run(bindir: str, case: str, n: int, impl: list[str], nbytes: int,
         for r in range(n):
             with open(os.path.join(d, f"ar.{r}.et"), "wb") as f:
                 f.write(chakra_collective(0, nbytes, f"all_reduce_{n}_{nbytes}"))
-        system = {"scheduling-policy": "LIFO", "endpoint-delay": int(overhead),
+        system = {"scheduling-policy": "LIFO", "endpoint-delay": max(1, int(overhead)),
                   "active-chunks-per-dimension": 2, "preferred-dataset-splits": 4,
                   "all-reduce-implementation": impl, "all-gather-implementation": impl,
                   "reduce-scatter-implementation": impl, "all-to-all-implementation": impl,
@@ -205,6 +208,18 @@ def _bindir(args: list[str]) -> str | None:
     return d if d and os.path.isfile(os.path.join(d, AWARE)) else None
 
 
+def _unless(gave_up: dict, key: tuple, n: int, run, *args) -> dict:
+    """``run(*args)``, unless the same side and case timed out on fewer GPUs (the simulators
+    grow with the GPUs: it would time out again)."""
+    if key in gave_up:
+        return {"us": None, "wall_s": None, "rss_MiB": None,
+                "note": f"not run (timed out at {gave_up[key]:,d})"}
+    got = run(*args)
+    if got["us"] is None and str(got.get("note", "")).startswith(">"):
+        gave_up[key] = n
+    return got
+
+
 def _fmt(x, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
@@ -222,7 +237,7 @@ def main() -> int:
               "(build/astra_analytical) and pass the directory of its binaries")
         return 0
     ranks = [int(x) for x in opt("--ranks", "8,64,512,4096,16384").split(",")]
-    sizes = [parse_size(x) for x in opt("--sizes", "1M,64M").split(",")]
+    sizes = [parse_size(x, "--sizes") for x in opt("--sizes", "1M,64M").split(",")]
     cases = opt("--cases", "switch,dgx_h100").split(",")
     timeout = float(opt("--timeout", "600"))
     with open("/proc/loadavg") as f:
@@ -231,6 +246,7 @@ def main() -> int:
           "ASTRA-sim µs | ringtree wall s, MiB | ASTRA-sim wall s, MiB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = []
+    gave_up: dict[tuple, int] = {}       # (side, case, algo, size) -> GPUs it timed out at
     for case in cases:
         for n in ranks:
             if case == "dgx_h100" and n % 8:
@@ -240,8 +256,10 @@ def main() -> int:
                     if not os.path.isfile(os.path.join(bindir, UNAWARE)) and \
                             case != "switch":
                         continue
-                    a = ringtree_run(case, n, algo, nbytes, timeout)
-                    b = astra_run(bindir, case, n, impl, nbytes, timeout)
+                    a = _unless(gave_up, ("ringtree", case, algo, nbytes), n, ringtree_run,
+                                case, n, algo, nbytes, timeout)
+                    b = _unless(gave_up, ("astra", case, algo, nbytes), n, astra_run,
+                                bindir, case, n, impl, nbytes, timeout)
                     rows.append({"case": case, "gpus": n, "bytes": nbytes, "algo": algo,
                                  "astra": impl, "ringtree": a, "astra_sim": b})
                     print(f"| {case} | {n:,d} | {nbytes:,d} | {algo} / {'+'.join(impl)} | "

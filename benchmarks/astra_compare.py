@@ -16,8 +16,9 @@ The cases, and how each side is configured:
   (store-and-forward). ringtree's ``ring`` against ASTRA-sim's ``ring``, ringtree's
   ``tree`` against ASTRA-sim's ``doubleBinaryTree``.
 - ``dgx_h100``: nodes of 8 GPUs on NVSwitch joined by NDR InfiniBand (ringtree's
-  ``dgx_h100`` preset, a rail-optimized fat-tree); ASTRA-sim's congestion-aware backend
-  has only one-level topologies, so it runs its congestion-unaware backend on
+  ``dgx_h100`` preset, a rail-optimized fat-tree). One node (8 GPUs) is ASTRA-sim's
+  congestion-aware ``Switch``; its congestion-aware backend has only one-level
+  topologies, so from 2 nodes on it runs its congestion-unaware backend on
   ``[Switch(8), Switch(nodes)]`` with the preset's per-GPU NVLink and NIC bandwidths and
   half the preset's GPU-to-GPU latency per hop (its ``Switch`` counts two hops).
   ringtree's ``ring`` against ``oneRing`` (one ring over every GPU), ``hierarchical``
@@ -33,7 +34,8 @@ the whole process, each run alone in a fresh process (ringtree's is the ``ringtr
 command, import included). A run past ``--timeout`` is reported as such.
 
 Usage: python benchmarks/astra_compare.py [--astra DIR] [--ranks 8,64,512,4096,16384]
-       [--sizes 1M,64M] [--cases switch,dgx_h100] [--timeout S] [--json FILE]
+       [--sizes 1M,64M] [--cases switch,dgx_h100] [--timeout S] [--max-gib G]
+       [--json FILE]
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +56,7 @@ GIB_ASTRA = float(1 << 30)          # ASTRA-sim's GB
 AWARE = "AstraSim_Analytical_Congestion_Aware"
 UNAWARE = "AstraSim_Analytical_Congestion_Unaware"
 TIME = "/usr/bin/time"
+MAX_GIB = 12.0               # address space of one simulator run (``--max-gib``)
 # ringtree algorithm -> ASTRA-sim's all-reduce implementation per dimension
 PAIRS = {"switch": [("ring", ["ring"]), ("tree", ["doubleBinaryTree"])],
          "dgx_h100": [("ring", ["oneRing", "oneRing"]), ("hierarchical", ["ring", "ring"]),
@@ -107,22 +111,33 @@ def _measured(cmd: list[str], timeout: float, cwd: str | None = None
     gnu = os.path.isfile(TIME)
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out:
+        p = subprocess.Popen(([TIME, "-f", "peak-kib %M"] if gnu else []) + cmd, stdout=out,
+                             stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+                             preexec_fn=_limit)
         try:
-            subprocess.run(([TIME, "-f", "peak-kib %M"] if gnu else []) + cmd, stdout=out,
-                           stderr=subprocess.STDOUT, cwd=cwd, timeout=timeout, check=True)
+            p.wait(timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)     # GNU time and the simulator under it
+            p.wait()
             return None
-        except subprocess.CalledProcessError as e:
-            out.seek(0)
-            raise RuntimeError(f"{cmd[0]} exited with {e.returncode}: "
-                               f"{out.read()[-400:]}") from None
         wall = time.perf_counter() - t0
         out.seek(0)
         text = out.read()
+    if p.returncode:
+        if "bad_alloc" in text or "MemoryError" in text:
+            return text, wall, -1.0
+        raise RuntimeError(f"{cmd[0]} exited with {p.returncode}: {text[-400:]}")
     peak = re.findall(r"^peak-kib (\d+)$", text, re.M)
     rss = int(peak[-1]) / 1024 if peak else \
         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return text, wall, rss
+
+
+def _limit() -> None:
+    """The child's address space capped at ``MAX_GIB``: a simulator that would grow past
+    it fails with an allocation error instead of pushing the machine into swap."""
+    cap = int(MAX_GIB * (1 << 30))
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
 def ringtree_run(case: str, n: int, algo: str, nbytes: int, timeout: float) -> dict:
@@ -133,6 +148,9 @@ def ringtree_run(case: str, n: int, algo: str, nbytes: int, timeout: float) -> d
     if got is None:
         return {"us": None, "wall_s": None, "rss_MiB": None, "note": f"> {timeout:.0f} s"}
     text, wall, rss = got
+    if rss < 0:
+        return {"us": None, "wall_s": round(wall, 2), "rss_MiB": None,
+                "note": f"out of memory (> {MAX_GIB:g} GiB)"}
     rows = [ln.split() for ln in text.splitlines() if ln.strip()[:1].isdigit()]
     if not rows:
         return {"us": None, "wall_s": round(wall, 2), "rss_MiB": round(rss),
@@ -171,7 +189,7 @@ def astra_run(bindir: str, case: str, n: int, impl: list[str], nbytes: int,
     yml, _, overhead = _network(case, n)
     if case == "dgx_h100" and n == 8:            # one node: one dimension
         impl = ["ring" if impl[-1] == "oneRing" else impl[-1]]
-    binary = os.path.join(bindir, AWARE if case == "switch" else UNAWARE)
+    binary = os.path.join(bindir, AWARE if case == "switch" or n == 8 else UNAWARE)
     with tempfile.TemporaryDirectory() as d:
         for r in range(n):
             with open(os.path.join(d, f"ar.{r}.et"), "wb") as f:
@@ -195,6 +213,9 @@ def astra_run(bindir: str, case: str, n: int, impl: list[str], nbytes: int,
     if got is None:
         return {"us": None, "wall_s": None, "rss_MiB": None, "note": f"> {timeout:.0f} s"}
     text, wall, rss = got
+    if rss < 0:
+        return {"us": None, "wall_s": round(wall, 2), "rss_MiB": None,
+                "note": f"out of memory (> {MAX_GIB:g} GiB)"}
     ends = [int(c) for c in re.findall(r"sys\[\d+\] finished, (\d+) cycles", text)]
     if len(ends) != n:
         return {"us": None, "wall_s": round(wall, 2), "rss_MiB": round(rss),
@@ -213,9 +234,9 @@ def _unless(gave_up: dict, key: tuple, n: int, run, *args) -> dict:
     grow with the GPUs: it would time out again)."""
     if key in gave_up:
         return {"us": None, "wall_s": None, "rss_MiB": None,
-                "note": f"not run (timed out at {gave_up[key]:,d})"}
+                "note": f"not run (stopped at {gave_up[key]:,d} GPUs)"}
     got = run(*args)
-    if got["us"] is None and str(got.get("note", "")).startswith(">"):
+    if got["us"] is None and str(got.get("note", "")).startswith((">", "out of")):
         gave_up[key] = n
     return got
 
@@ -240,6 +261,8 @@ def main() -> int:
     sizes = [parse_size(x, "--sizes") for x in opt("--sizes", "1M,64M").split(",")]
     cases = opt("--cases", "switch,dgx_h100").split(",")
     timeout = float(opt("--timeout", "600"))
+    global MAX_GIB
+    MAX_GIB = float(opt("--max-gib", str(MAX_GIB)))
     with open("/proc/loadavg") as f:
         print(f"# load average: {f.read().strip()}")
     print("| topology | GPUs | size | ringtree / ASTRA-sim algorithm | ringtree µs | "

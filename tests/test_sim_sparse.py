@@ -18,7 +18,7 @@ from ringtree.sim.engines import dispatch
 from ringtree.sim.engines.contract import Job
 from ringtree.sim.fold import choice
 from ringtree.sim.machine import presets
-from ringtree.sim.machine.model import Aware, Rules, Unaware
+from ringtree.sim.machine.model import Aware, Unaware
 
 TEMPLATED = [(Collective.ALL_REDUCE, "ring"), (Collective.ALL_GATHER, "ring"),
              (Collective.REDUCE_SCATTER, "ring"), (Collective.ALL_GATHER, "direct"),
@@ -114,4 +114,18 @@ def test_dense_runs_keep_their_plans():
                               1 << 20, True, False, from_cells=0) is None
     assert choice.sparse_plan(call.coll, "ring", topo, call.options(8), call.count(8), 4,
                               1 << 20, True, False) is None
-    assert Rules.of("aware", topo).aware
+
+
+def test_the_alpha_beta_engine_agrees():
+    """``model="fast"`` (the α-β longest path) on the sparse run gives its time on every
+    rank's full Programs."""
+    topo = presets.get("dgx_h100", 8)
+    for nbytes in (8, 5000):
+        call = sim._call("all_reduce", "ring", topo, "fast", 4, 0, None, (), 1 << 20, False,
+                         None)
+        plan = _sparse(call, nbytes)
+        full = call.plan(nbytes, False, None, True, None, 0)
+        a, na = dispatch.run(Job(full, topo, call.rules))
+        b, nb = dispatch.run(Job(plan, topo, call.rules))
+        assert na == nb == "alpha_beta"
+        assert a.time_ns == b.time_ns

@@ -172,7 +172,8 @@ class _Call:
                               self.itemsize, self.slice_bytes, aware=self.rules.aware,
                               in_place=self.in_place, symmetry_=symmetry,
                               opts=self.options(nbytes), programs=programs, place=place,
-                              prune=prune, sweep=sweep, max_work=max_work)
+                              prune=prune, sweep=sweep, max_work=max_work,
+                              sparse=self.engine in (None, "alpha_beta", "native", "reference"))
 
     def finish(self, plan: choice.Plan, nbytes: int, trace: bool = False) -> SimRun:
         """Run a plan on the first engine that accepts it (:func:`.engines.dispatch.run`)."""

@@ -147,16 +147,19 @@ def compile_plan(plan: Plan, coll: Collective, algo: str, topo: Topology, opts: 
 def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: int,
             slice_bytes: int, *, aware: bool, in_place: bool = False, symmetry_: bool = True,
             opts: Options, programs: list[Program] | None = None, place=None,
-            prune: bool = True, sweep: Sweep | None = None, max_work: int = 0) -> Plan:
+            prune: bool = True, sweep: Sweep | None = None, max_work: int = 0,
+            sparse: bool = True) -> Plan:
     """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it
     (``prune``: leave out channels that move no data, :func:`.compiled.moving`;
     ``sweep``: keep what does not depend on ``count`` for the next call,
     :mod:`.structure`; ``max_work``: refuse runs over this many steps and slices,
-    :mod:`.budget`)."""
+    :mod:`.budget`; ``sparse``: the moving steps only where they are few,
+    :func:`sparse_plan`; not for an engine forced that reads templates or many messages)."""
     if symmetry_ and programs is None:
         got = sparse_plan(coll, algo, topo, opts, count, itemsize, slice_bytes, aware,
-                          in_place) or _shared(coll, algo, topo, opts, count, itemsize,
-                                               slice_bytes, aware, in_place, prune)
+                          in_place) if sparse else None
+        got = got or _shared(coll, algo, topo, opts, count, itemsize, slice_bytes, aware,
+                             in_place, prune)
         if got is not None:
             return got
     progs: Sequence[Program] = programs if programs is not None else \

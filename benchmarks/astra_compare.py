@@ -26,7 +26,9 @@ The cases, and how each side is configured:
   against ``["ring", "doubleBinaryTree"]`` (NCCL's tree: a chain in the node, a double
   binary tree across nodes).
 
-Both sides use their own defaults otherwise: ringtree its presets' sender overhead
+ringtree prices one protocol (``--proto none``, the topology's own costs: NCCL's Simple
+protocol), as ASTRA-sim does. Both sides use their own defaults otherwise: ringtree its
+presets' sender overhead
 (ASTRA-sim's ``endpoint-delay`` is set to it) and 1 MiB slices; ASTRA-sim the settings
 of its validated HGX-H100 example (4 dataset splits, 2 active chunks per dimension,
 LIFO). ASTRA-sim's GB is 2^30 bytes, converted. Units: µs; wall time and peak RSS of
@@ -143,7 +145,8 @@ def _limit() -> None:
 def ringtree_run(case: str, n: int, algo: str, nbytes: int, timeout: float) -> dict:
     nodes = n if case == "switch" else n // 8
     cmd = [sys.executable, "-m", "ringtree.cli", "sim", "all_reduce", "-t", case, "-N",
-           str(nodes), "--algo", algo, "-b", str(nbytes), "-e", str(nbytes), "-j", "1"]
+           str(nodes), "--algo", algo, "-b", str(nbytes), "-e", str(nbytes), "-j", "1",
+           "--proto", "none"]
     got = _measured(cmd, timeout)
     if got is None:
         return {"us": None, "wall_s": None, "rss_MiB": None, "note": f"> {timeout:.0f} s"}

@@ -4,7 +4,9 @@ package installs anyway and runs the same steps in Python, to the same bits.
 - the simulator's event heap (``ringtree/sim/engines/_heapc.c``, see
   ``ringtree/sim/engines/native.py``);
 - LL's data path (``ringtree/transports/_llc.c``, see ``ringtree/transports/shm_native.py``):
-  publish, wait with the GIL released, and the rank-order fold in one call.
+  publish, wait with the GIL released, and the rank-order fold in one call;
+- CRC-32C for the state transfer's checksums (``ringtree/resilience/_crc32c.c``, see
+  ``ringtree/resilience/checksum.py``).
 
 Everything else about the package is in ``pyproject.toml``."""
 
@@ -21,4 +23,6 @@ setup(ext_modules=[
     # the fold may compute every candidate and vectorise; values are rounded the same
     Extension("ringtree.transports._llc", ["ringtree/transports/_llc.c"],
               extra_compile_args=["-O3", *STRICT_FP, "-fno-trapping-math"], optional=True),
+    Extension("ringtree.resilience._crc32c", ["ringtree/resilience/_crc32c.c"],
+              extra_compile_args=["-O2"], optional=True),
 ])

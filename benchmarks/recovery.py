@@ -24,6 +24,11 @@ or ``--max-restarts 1``: the seconds from the kill to the next committed step
 sources to one newcomer over shared memory, CRC-32 per chunk included; GB/s at the
 newcomer (median of ``--trials`` // 5 + 1 runs).
 
+``--cycles K`` runs only the kill/replace cycle drill instead (``benchmarks/recovery_cycles.py``):
+one job of ``--ranks`` ranks (the first value, default 3) under ``ringtree run --max-restarts K``
+kills and replaces a rank K times, and reports whether any process, file descriptor,
+thread or shared-memory name was left behind.
+
 The table gives p50 and p99 (p99 is the maximum below 100 trials) per N. Times are
 ``time.time()`` on one host (the ranks share its clock). The failure-free overhead of all
 this is zero by construction (nothing runs on the call path until a failure or a call to
@@ -151,15 +156,26 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", default="2,4,8")
+    ap.add_argument("--ranks", default=None, help="default 2,4,8 (3 with --cycles)")
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--transfer-mib", type=int, default=256)
     ap.add_argument("--train-trials", type=int, default=0,
                     help="also time ringtree train --elastic (shrink and replace) per N")
+    ap.add_argument("--cycles", type=int, default=0,
+                    help="only the kill/replace cycle drill, K cycles (see the docstring)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.cycles:
+        from recovery_cycles import drive
+
+        res = drive(args.cycles, int((args.ranks or "3").split(",")[0]))
+        print(json.dumps(res, indent=1))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     out: dict = {}
-    for n in (int(v) for v in args.ranks.split(",")):
+    for n in (int(v) for v in (args.ranks or "2,4,8").split(",")):
         got: dict[str, list[float]] = {"detect": [], "agree": [], "shrink": [], "revoke": []}
         odd: list[str] = []
         for t in range(args.trials):

@@ -230,6 +230,10 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
         self.engine.abort(CommAborted(f"rank {self.rank()}: process group "
                                       f"{self._group_name!r} aborted"))
         self.comm.abort()
+        try:  # let a call in flight fail first: it reads the abort line from the store
+            self.engine.drain(min(self.timeout, 5.0))
+        except Exception:  # noqa: BLE001 - an aborted communicator may refuse to wait
+            pass
         self._release()
 
     # ---- failures: torch's get_error, and shrink_group (see ringtree.torch.shrink) ---------

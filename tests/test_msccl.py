@@ -44,14 +44,6 @@ GOOD = """\
 """
 
 
-@pytest.fixture(autouse=True)
-def _forget_registered_files():
-    """Files a test registers as algorithms leave the registry with it."""
-    from ringtree.msccl import catalog
-
-    yield
-    catalog.forget()
-
 
 def _read(text: str, strict: bool = False):
     return msccl.read_text(text, "t.xml", strict=strict)

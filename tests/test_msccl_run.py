@@ -15,14 +15,6 @@ from ringtree import msccl
 from ringtree.testing import run_msccl_files, run_ranks
 
 
-@pytest.fixture(autouse=True)
-def _forget_registered_files():
-    from ringtree.msccl import catalog
-
-    yield
-    catalog.forget()
-
-
 def _proven(n: int) -> list[str]:
     return [str(p) for p in FILES if p.name not in REJECTED and msccl.read(str(p))[0].ngpus == n]
 

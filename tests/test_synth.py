@@ -23,13 +23,6 @@ from ringtree.sim.machine import presets  # noqa: E402
 from ringtree.sim.synth import graph_of, packings, synthesize  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _forget():
-    """Synthesized names stay out of the registry other tests walk."""
-    yield
-    synth.forget()
-
-
 def _star(rates: list[float]) -> Graph:
     g = Graph(len(rates))
     for r, c in enumerate(rates):

@@ -115,7 +115,10 @@ def add(imp) -> Entry:
                              f"not {opts.root}")
         return programs[rank]
 
-    register(a.collective, name, cost=f"MSCCL-IR {os.path.basename(path)}")(generate)
+    # tuned=False: a file runs where it is named or where a folder's rules choose it
+    # (:func:`candidates`), never as one of the tuner's own candidates.
+    register(a.collective, name, cost=f"MSCCL-IR {os.path.basename(path)}",
+             tuned=False)(generate)
     entry = _ENTRIES[name] = Entry(
         name, path, a.collective, a.ngpus, a.inplace,
         a.outofplace if a.outofplace is not None else not a.inplace,

@@ -89,7 +89,7 @@ def test_waiting_for_async_ll_calls_runs_them_in_issue_order():
 
 def disagree(comm):
     """Rank 1's count puts its call on Simple, the others' on LL."""
-    count = 1 << 18 if comm.rank == 1 else 4
+    count = 1 << 22 if comm.rank == 1 else 4
     try:
         comm.all_reduce(np.ones(count, np.float32), timeout=60)
     except ringtree.RingtreeError as e:

@@ -37,7 +37,7 @@ def test_size_rule():
     limit = THRESHOLDS[AR][1]
     assert choose_protocol(AR, 8, 4, None, True) == LL
     assert choose_protocol(AR, limit, 4, None, True) == LL
-    assert choose_protocol(AR, limit + 1, 4, None, True) == SIMPLE
+    assert choose_protocol(AR, 2 * limit, 4, None, True) == SIMPLE
     assert choose_protocol(AR, 8, 4, None, False) == SIMPLE       # LL cannot run here
     assert choose_protocol(GA, 8, 4, None, True) == SIMPLE        # not an LL collective
     assert choose_protocol(None, 8, 4, None, True) == SIMPLE      # send/recv

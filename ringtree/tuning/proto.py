@@ -19,9 +19,11 @@ pairs as NCCL's one cost table (``src/graph/tuning.cc``, ``ncclTopoTuneModel``):
 coefficients (:func:`ll_cost`: a latency per call, one synchronisation, and a cost per
 byte). The per-byte cost is calibrated on the crossovers measured with
 ``benchmarks/ll_threshold.py`` (:data:`THRESHOLDS`): it puts LL's cost equal to the best
-Simple estimate half a byte above each measured threshold, so the priced choice is the
-measured one at every size (LL's cost is a line below Simple's at zero bytes, Simple's
-estimate the minimum of lines — concave — so they cross once). Every input to the choice is the same on every rank, so all ranks pick
+Simple estimate half a byte above each measured threshold, so the priced choice is LL at
+every size up to the threshold and Simple from the next power of two on (LL's cost is a
+line below Simple's at zero bytes; Simple's estimate steps where its slices are added, so
+the exact crossing lies in between; ``tests/test_proto_priced.py`` checks every power of
+two). Every input to the choice is the same on every rank, so all ranks pick
 the same protocol for the same call.
 """
 
@@ -48,17 +50,19 @@ LL_RANK = 2.0e-6
 
 # Largest call (bytes of the whole buffer: input for reductions and broadcast, output for
 # all_gather) that LL carried in the measurements, per collective: (2 ranks, more ranks);
-# ll_cost's per-byte term is calibrated on them. Measured
-# with benchmarks/ll_threshold.py on the 2-core development host (LL against the
-# executor's best schedule, same run): with 4 ranks LL wins all_reduce and reduce up to
-# 16 KiB (0.5-0.7x at 64 KiB), reduce_scatter up to 64 KiB, broadcast and all_gather at
-# every size a cell holds (5-20x at 1 MiB); with 2 ranks every collective up to the cell
-# (1 MiB) except broadcast (0.7x at 1 MiB), and all_reduce, which streams through the
-# cells, up to 16 MiB (1.1x; 0.9x at 64 MiB).
+# ll_cost's per-byte term is calibrated on them. Measured with benchmarks/ll_threshold.py
+# on the 2-core development host (LL against the executor's best schedule, same run).
+# Since LL's round runs compiled (transports/_llc.c), with 3, 4 and 8 ranks LL wins
+# all_reduce up to 2 MiB (1.1x at 2 MiB on 8 ranks, 0.9x at 4 MiB; 4 ranks 1.1x at
+# 4 MiB), reduce and reduce_scatter at every size a cell holds (2.5-3.2x at 1 MiB on 4
+# and 8 ranks); before, in Python, only to 16 KiB (all_reduce, reduce) and 64 KiB
+# (reduce_scatter). Broadcast and all_gather: every size a cell holds (5-20x at 1 MiB);
+# with 2 ranks every collective up to the cell (1 MiB) except broadcast (0.7x at 1 MiB),
+# and all_reduce, which streams through the cells, up to 16 MiB (1.1x; 0.9x at 64 MiB).
 THRESHOLDS: dict[Collective, tuple[int, int]] = {
-    Collective.ALL_REDUCE: (16 << 20, 16 << 10),
-    Collective.REDUCE: (1 << 20, 16 << 10),
-    Collective.REDUCE_SCATTER: (1 << 20, 64 << 10),
+    Collective.ALL_REDUCE: (16 << 20, 2 << 20),
+    Collective.REDUCE: (1 << 20, 1 << 20),
+    Collective.REDUCE_SCATTER: (1 << 20, 1 << 20),
     Collective.BROADCAST: (256 << 10, 1 << 20),
     Collective.ALL_GATHER: (1 << 20, 1 << 20),
     Collective.BARRIER: (1 << 62, 1 << 62),

@@ -3,41 +3,33 @@
 Layout (NCCL's shm/p2p connection, DeepSpeed's flag discipline):
 
 - One *ring* per (sender, receiver, channel), created lazily by whichever side needs it
-  first (:mod:`shm_segment`). A ring is a control page and ``nslots`` slots of
-  ``slot_bytes`` (= the executor's slice size, so every slice fits one slot). The control
-  page holds two monotonic int64 counters on their own cache lines: ``head`` (slots the
-  sender has published, written only by the sender) and ``tail`` (slots the receiver has
-  released, written only by the receiver), and one 64-byte descriptor per slot (the
-  32-byte message header and the message length).
-- Send: wait for ``head - tail < nslots``, copy header and payload into slot
-  ``head % nslots``, *then* publish ``head + 1`` (x86-64 keeps the store order). Larger
-  messages take several consecutive slots. A send is complete once copied (eager).
-- Receive: when ``head`` moves, compare the slot's header with the expected one — a
-  mismatch fails the request with :class:`HeaderMismatch` before a payload byte is
-  copied — copy the payload out, advance ``tail``. Or, for reductions, hand the slot
-  itself to the executor (:meth:`ShmTransport.irecv_view`): it reduces straight out of
-  shared memory and releases the slot afterwards, saving the staging copy.
-- Direct (``RINGTREE_SHM_DIRECT_MIN``; on by default for messages ≥ 1 MiB only when
-  the host's ranks outnumber its cores): a large message is not copied into the ring;
-  its slot carries the address of the sender's buffer and the receiver reads it in place
-  with ``process_vm_readv`` (:mod:`shm_cma`); the send completes when the receiver has
-  read it (the tail passes its slot).
+  first (:mod:`shm_segment`): a control page and ``nslots`` slots of the executor's slice
+  size. The control page holds two monotonic int64 counters on their own cache lines,
+  ``head`` (slots published, written only by the sender) and ``tail`` (slots released,
+  written only by the receiver), and a 64-byte descriptor per slot (header and length).
+- Send: wait for ``head - tail < nslots``, copy header and payload into slot ``head %
+  nslots`` (larger messages: consecutive slots), *then* publish ``head + 1`` (x86-64 keeps
+  the store order). A send is complete once copied (eager).
+- Receive: when ``head`` moves, compare the slot's header with the expected one (a
+  mismatch fails with :class:`HeaderMismatch` before a payload byte is copied), copy the
+  payload out, advance ``tail``; or hand the slot to a reduction
+  (:meth:`ShmTransport.irecv_view`), which releases it afterwards: no staging copy.
+- Direct (``RINGTREE_SHM_DIRECT_MIN``; on by default for messages ≥ 1 MiB only when the
+  host's ranks outnumber its cores): the slot carries the address of the sender's buffer,
+  the receiver reads it in place with ``process_vm_readv`` (:mod:`shm_cma`), and the send
+  completes when the tail passes its slot.
 - Waiting: spin on the counters for ``spin_us`` (not at all when the CPUs are
-  oversubscribed: more ranks than cores here, or more runnable tasks than cores in
-  ``/proc/loadavg``), then sleep in ``poll(2)`` on this rank's doorbell, a named pipe
-  (the :class:`~ringtree.transports.fabric.Fabric` polls it together with TCP's sockets).
-  Before sleeping a rank sets the ring's *waits* flag and its own *sleeping* word, fences,
-  and re-checks its rings; a peer that moves a counter fences, reads both, and writes one
-  byte to the pipe only if both are set — the Dekker handshake, so no wake-up is lost, a
-  busy exchange costs no system call, and a rank is not woken for a ring it does not
-  wait on.
-- Failure: a rank that closes sets its ``closed`` word and rings its peers; while
-  sleeping, a rank checks every 0.1 s that peers it waits for are alive (pid and start
-  time from ``/proc``, so zombies and reused pids count as dead) and fails their requests
-  with :class:`PeerError` naming the rank.
-- Clean-up: names are unlinked as soon as both sides mapped them; leftovers of crashed
-  jobs are removed by :func:`shm_segment.clean_stale` when a transport starts and by
-  :meth:`ShmTransport.close`.
+  oversubscribed), then sleep in ``poll(2)`` on this rank's doorbell, a named pipe. Before
+  sleeping a rank sets the ring's *waits* flag and its *sleeping* word, fences, and
+  re-checks its rings; a peer that moves a counter fences, reads both, and writes one byte
+  to the pipe only if both are set (Dekker: no wake-up is lost, a busy exchange costs no
+  system call).
+- Failure: a rank that closes sets its ``closed`` word and rings its peers; a peer that
+  sees it first finishes what the closer had done (data it left, a direct send it read),
+  then fails the rest with :class:`PeerError` naming the rank; while sleeping a rank
+  checks every 0.1 s that the peers it waits for are alive (pid and start time).
+- Clean-up: names are unlinked once both sides mapped them; crashed jobs' leftovers go in
+  :func:`shm_segment.clean_stale` and :meth:`ShmTransport.close`.
 """
 
 from __future__ import annotations
@@ -357,11 +349,19 @@ class ShmTransport(Transport):
                 how = f"died (pid {self.peers[p].pid} is gone)"
             if how is None:
                 continue
-            if not r.sending and self._pull(r) and not r.q:
-                continue  # it left data behind for us: deliver that first
+            if self._finished_before(r):
+                continue
             self._fail_peer(p, PeerError(p, f"rank {p} {how} (shm channel {r.channel})", cause))
             hit = True
         return hit
+
+    def _finished_before(self, r: Ring) -> bool:
+        """A peer that closed may have done its part of ``r`` first: left data for us, or
+        read a direct send of ours (complete once its tail moves) before it closed."""
+        if r.sending:
+            self._push(r)
+            return not r.busy
+        return self._pull(r) and not r.q
 
     def leave_reason(self, text: str) -> None:
         """Say why we are about to close (another rank's failure), for the peers to read."""

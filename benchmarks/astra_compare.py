@@ -142,18 +142,27 @@ def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
+def _unfinished(got: tuple | None, timeout: float) -> dict | None:
+    """The row of a run that timed out or ran out of memory (None: it finished)."""
+    if got is None:
+        return {"us": None, "wall_s": None, "rss_MiB": None, "note": f"> {timeout:.0f} s"}
+    _, wall, rss = got
+    if rss < 0:
+        return {"us": None, "wall_s": round(wall, 2), "rss_MiB": None,
+                "note": f"out of memory (> {MAX_GIB:g} GiB)"}
+    return None
+
+
 def ringtree_run(case: str, n: int, algo: str, nbytes: int, timeout: float) -> dict:
     nodes = n if case == "switch" else n // 8
     cmd = [sys.executable, "-m", "ringtree.cli", "sim", "all_reduce", "-t", case, "-N",
            str(nodes), "--algo", algo, "-b", str(nbytes), "-e", str(nbytes), "-j", "1",
            "--proto", "none"]
     got = _measured(cmd, timeout)
-    if got is None:
-        return {"us": None, "wall_s": None, "rss_MiB": None, "note": f"> {timeout:.0f} s"}
+    failed = _unfinished(got, timeout)
+    if failed:
+        return failed
     text, wall, rss = got
-    if rss < 0:
-        return {"us": None, "wall_s": round(wall, 2), "rss_MiB": None,
-                "note": f"out of memory (> {MAX_GIB:g} GiB)"}
     rows = [ln.split() for ln in text.splitlines() if ln.strip()[:1].isdigit()]
     if not rows:
         return {"us": None, "wall_s": round(wall, 2), "rss_MiB": round(rss),
@@ -213,12 +222,10 @@ def astra_run(bindir: str, case: str, n: int, impl: list[str], nbytes: int,
                f"--remote-memory-configuration={d}/memory.json",
                f"--network-configuration={d}/network.yml"]
         got = _measured(cmd, timeout, cwd=d)
-    if got is None:
-        return {"us": None, "wall_s": None, "rss_MiB": None, "note": f"> {timeout:.0f} s"}
+    failed = _unfinished(got, timeout)
+    if failed:
+        return failed
     text, wall, rss = got
-    if rss < 0:
-        return {"us": None, "wall_s": round(wall, 2), "rss_MiB": None,
-                "note": f"out of memory (> {MAX_GIB:g} GiB)"}
     ends = [int(c) for c in re.findall(r"sys\[\d+\] finished, (\d+) cycles", text)]
     if len(ends) != n:
         return {"us": None, "wall_s": round(wall, 2), "rss_MiB": round(rss),

@@ -226,7 +226,9 @@ def test_mismatch_raises_on_every_rank(what):
             assert f"rank {r}" in msg, msg
 
 
-def crowded(comm, calls: int) -> int:
+def crowded(comm, calls: int, compiled: bool = False) -> int:
+    """``calls`` exact all-reduces with no spinning; ``compiled``: also count it wrong when
+    the calls did not run in the compiled kernel."""
     c = _ll(comm, "crowd", spin=0.0, yield_us=2000.0)
     n, r = comm.size, comm.rank
     red = resolve("sum", DType.INT32)
@@ -235,6 +237,8 @@ def crowded(comm, calls: int) -> int:
         x = np.array([k, r], np.int32)
         c.all_reduce(x, DType.INT32, red)
         bad += int(x[0] != k * n or x[1] != n * (n - 1) // 2)
+    if compiled:
+        bad += c.op(Collective.ALL_REDUCE, DType.INT32, 2, red).k is None
     c.ll.close()
     return bad
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ll import _ll
+from test_ll import _ll, crowded
 
 from ringtree.dtypes import DType, f32_to_bf16
 from ringtree.errors import PeerError
@@ -211,23 +211,9 @@ def test_signals_during_the_kernel_wait():
     assert res[0][0] > 10, res  # the handler ran while rank 0 waited
 
 
-def crowd(comm, calls: int) -> int:
-    c = _ll(comm, "crowd", spin=0.0, yield_us=2000.0)
-    n, r = comm.size, comm.rank
-    red = resolve("sum", DType.INT32)
-    bad = 0
-    for k in range(calls):
-        x = np.array([k, r], np.int32)
-        c.all_reduce(x, DType.INT32, red)
-        bad += int(x[0] != k * n or x[1] != n * (n - 1) // 2)
-    bad += c.op(Collective.ALL_REDUCE, DType.INT32, 2, red).k is None
-    c.ll.close()
-    return bad
-
-
 @needs_kernel
 def test_eight_ranks_on_two_cores_in_the_kernel():
-    assert run_ranks(crowd, 8, 2000, timeout=120) == [0] * 8
+    assert run_ranks(crowded, 8, 2000, True, timeout=120) == [0] * 8
 
 
 def out_of_place(comm) -> list[str]:

@@ -24,6 +24,7 @@ from ringtree import api, failure
 from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
 from ringtree.errors import CommAborted, CommRevoked
+from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
 from ringtree.prof import attach, detach
 from ringtree.resilience.methods import Resilient
@@ -152,12 +153,20 @@ class Communicator(Resilient):
                    timeout: float | None = None):
         """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
         (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
+        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
+            done = self.ll.blocks_now(self, Collective.ALL_GATHER, x, out, None, timeout)
+            if done is not MISS:
+                return done
         return self._run(api.for_all_gather(self, x, out, algo), async_op, timeout)
 
     def reduce_scatter(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
                        algo: str | None = None, timeout: float | None = None):
         """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
         r block r of the result, in ``out`` or a new array."""
+        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
+            done = self.ll.blocks_now(self, Collective.REDUCE_SCATTER, x, out, op, timeout)
+            if done is not MISS:
+                return done
         return self._run(api.for_reduce_scatter(self, x, op, out, algo), async_op, timeout)
 
     def gather(self, x, root: int = 0, *, out=None, async_op: bool = False,

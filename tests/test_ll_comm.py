@@ -186,3 +186,46 @@ def test_the_hot_path_takes_op_names_and_out_is_the_input(ll_pool):
         for name, skipped_planner, right in rows:
             assert right, f"rank {r}: {name} gave a wrong result"
             assert skipped_planner, f"rank {r}: {name} went through the planner again"
+
+
+def block_hot_paths(comm) -> list[str]:
+    """all_gather and reduce_scatter into a NumPy ``out`` skip the planner from the second
+    call of a shape on (the hot path) and give the general path's results; in place, an
+    ``out`` list, a wrong ``out`` still go the general way (and its errors)."""
+    n, r, bad, planned = comm.size, comm.rank, [], []
+    plan = comm.planner.plan
+    comm.planner.plan = lambda spec, grouped=False: planned.append(spec) or plan(spec, grouped)
+    try:
+        for shape in ((5,), (2, 3)):
+            x = np.arange(6, dtype=np.float64)[:int(np.prod(shape))].reshape(shape) + 10 * r
+            want_ag = np.stack([x - 10 * r + 10 * q for q in range(n)])
+            big = np.stack([x + b for b in range(n)])  # block b of rank r: x + b
+            want_rs = sum(x - 10 * r + 10 * q + r for q in range(n))
+            for op, want in (("sum", want_rs), ("max", x - 10 * r + 10 * (n - 1) + r)):
+                for i in range(2):
+                    del planned[:]
+                    ag = comm.all_gather(x, out=np.empty((n, *shape)))
+                    rs = comm.reduce_scatter(big, op, out=np.empty(shape))
+                    if i and planned:
+                        bad.append(f"{shape} {op}: planned again")
+                    if ag.tobytes() != want_ag.tobytes() or rs.tobytes() != want.tobytes():
+                        bad.append(f"{shape} {op}: wrong result")
+        whole = np.zeros((n, 5))
+        whole[r] = r + 1
+        comm.all_gather(whole[r], out=whole)  # in place: the general path
+        bad += [] if (whole == np.arange(1, n + 1)[:, None]).all() else ["in place"]
+        outs = [np.empty(5) for _ in range(n)]
+        comm.all_gather(np.full(5, float(r)), out=outs)
+        bad += [] if [o[0] for o in outs] == list(range(n)) else ["out list"]
+        try:
+            comm.all_gather(np.ones(5), out=np.empty(5 * n, np.float32))
+            bad.append("a float32 out for float64 accepted")
+        except (TypeError, ValueError):
+            pass
+    finally:
+        comm.planner.plan = plan
+    return bad
+
+
+def test_all_gather_and_reduce_scatter_take_the_hot_path(ll_pool):
+    assert ll_pool.run_ok(block_hot_paths) == [[]] * ll_pool.nranks

@@ -12,7 +12,8 @@ It owns every decision between the API and the executor:
   for calls inside a ``group()``); every plan on a single-host communicator the header
   it announces in the LL segment when it runs on Simple;
 - *hot path*: :attr:`Planner.ready` gives an in-place NumPy all-reduce whose shape was
-  planned on LL its prepared op with one dictionary look-up;
+  planned on LL its prepared op with one dictionary look-up (:attr:`Planner.ready_blocks`
+  the same for an all-gather or reduce-scatter into a separate NumPy ``out``);
 - *fallbacks*: an algorithm that cannot run in place gets a private copy of the input;
   PREMUL_SUM reduces a pre-scaled copy (the user's input is never changed);
 - *scratch*: a plan keeps its scratch and staging buffers and lends them to one call at a
@@ -43,6 +44,7 @@ from ringtree.tuning.tuner import MODELS, choose, tuned
 
 P2P_CHANNEL_BASE = 64   # send/recv with tag t run on channel P2P_CHANNEL_BASE + t
 SHAPE_FIELDS = 9        # CallSpec[:SHAPE_FIELDS] is the plan's cache key
+BLOCK_HOT = frozenset({Collective.ALL_GATHER, Collective.REDUCE_SCATTER})  # ready_blocks
 
 
 class CallSpec(NamedTuple):
@@ -165,6 +167,7 @@ class Planner:
         # the hot path: (dtype, size, ReduceOp) -> (LLOp, Reducer) of the in-place NumPy
         # all-reduces planned on LL; read by Communicator.all_reduce (see _remember_ready)
         self.ready: dict[tuple, tuple] = {}
+        self.ready_blocks: dict[tuple, tuple] = {}
 
     def relayout(self, nodes: tuple[int, ...]) -> None:
         """Plan for the node layout ``nodes`` from now on, forgetting the plans and
@@ -173,6 +176,7 @@ class Planner:
         self._plans.clear()
         self._choices.clear()
         self.ready.clear()
+        self.ready_blocks.clear()
         self._last = None
 
     def plan(self, spec: CallSpec, grouped: bool = False) -> Plan:
@@ -188,6 +192,7 @@ class Planner:
             if len(self._plans) > 512:
                 self._plans.clear()
                 self.ready.clear()
+                self.ready_blocks.clear()
             plan = self._plans[key] = self._build(spec, key)
             if self.debug in ("INFO", "TRACE") and self.rank == 0 and len(self._plans) < 64:
                 print(f"ringtree: plan {plan.name}(count={spec.count}, {spec.dtype.value}): "
@@ -201,14 +206,18 @@ class Planner:
         return plan
 
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
-        """Give :attr:`ready` a NumPy all-reduce planned on LL, in place or not (not
-        bfloat16, whose storage is not its dtype, nor PREMUL_SUM, whose factor is per
-        call)."""
-        x = spec.result
-        if spec.coll is Collective.ALL_REDUCE and type(x) is np.ndarray \
-                and spec.dtype is not DType.BFLOAT16 and type(spec.op) is ReduceOp \
-                and spec.op is not ReduceOp.PREMUL_SUM:
-            self.ready[(x.dtype, x.size, spec.op, spec.in_place)] = (plan.ll_op, spec.reducer)
+        """Give :attr:`ready` a NumPy all-reduce planned on LL, :attr:`ready_blocks` an
+        all-gather or reduce-scatter into a NumPy ``out`` apart (not bfloat16, whose storage
+        is not its dtype, nor PREMUL_SUM, whose factor is per call, nor an ``out`` list)."""
+        x, op, coll = spec.result, spec.op, spec.coll
+        if type(x) is not np.ndarray or spec.dtype is DType.BFLOAT16 or \
+                op is ReduceOp.PREMUL_SUM or (type(op) is not ReduceOp) != \
+                (coll is Collective.ALL_GATHER and op is None):  # no user op
+            return
+        if coll is Collective.ALL_REDUCE:
+            self.ready[(x.dtype, x.size, op, spec.in_place)] = (plan.ll_op, spec.reducer)
+        elif coll in BLOCK_HOT and not spec.in_place and spec.post is None:
+            self.ready_blocks[(coll, x.dtype, spec.count, op)] = (plan.ll_op, spec.reducer)
 
     def choose(self, coll: Collective, nbytes: int, algo: str | None = None,
                spec: CallSpec | None = None) -> str:

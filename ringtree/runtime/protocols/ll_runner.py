@@ -213,6 +213,35 @@ class LLRunner:
                                out if flat else out.reshape(-1), hit[1], out, None,
                                comm.seq, False, timeout)
 
+    def blocks_now(self, comm, coll: Collective, x: np.ndarray, out, op,
+                   timeout: float | None):
+        """:meth:`all_reduce_now`'s twin for all_gather (``op`` None) and reduce_scatter:
+        a NumPy call into a separate NumPy ``out`` of ``size`` × (all-gather) or 1/``size``
+        (reduce-scatter) the elements of ``x``, whose shape the planner planned on LL
+        (:attr:`~ringtree.runtime.planner.Planner.ready_blocks`), with the same O(1)
+        checks; an ``out`` that may share memory with ``x`` (in place) goes the general
+        way. :data:`MISS` when the call needs the general path."""
+        if type(out) is not np.ndarray:
+            return MISS
+        gather = op is None
+        hit = comm.planner.ready_blocks.get((coll, x.dtype, x.size if gather else out.size,
+                                             OP_NAMES.get(op.lower()) if type(op) is str
+                                             else op))
+        if hit is None or comm._group is not None or comm.health.broken is not None or \
+                self.pending or comm._closed:
+            return MISS
+        f = out.flags
+        if (out.size != x.size * comm.size if gather else x.size != out.size * comm.size) \
+                or out.dtype != x.dtype or not x.flags.c_contiguous or not f.c_contiguous \
+                or not f.writeable or np.may_share_memory(x, out):
+            return MISS
+        if comm._owner.ident != get_ident() and not comm.background:
+            comm._owner.check(comm.rank)
+        comm.seq += 1
+        return self.run_arrays(comm, hit[0], x if x.ndim == 1 else x.reshape(-1),
+                               out if out.ndim == 1 else out.reshape(-1), hit[1], out, None,
+                               comm.seq, False, timeout)
+
     def run_arrays(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
                    async_op: bool, timeout: float | None):
         """Run call ``seq`` on ``op`` now, on this thread; a failure goes through

@@ -91,7 +91,7 @@ def both(comm, name: str, dtypes: list[str]) -> tuple[list[str], list[bytes], in
                     "all_reduce", "reduce", "reduce_scatter") else ["move"]
                 per = n if coll in ("reduce_scatter",) else 1
                 counts = [1, 3, 96 // dt.itemsize // per + 1, cell // per] + \
-                    ([cell * 2 + cell // 2 + 1] if coll == "all_reduce" else [])
+                    ([cell * 2 + cell // 2 + 1] if coll in ("all_reduce", "all_gather") else [])
                 for op in ops:
                     red = None if op == "move" else _op(op, dt)
                     for count in counts:
@@ -214,6 +214,35 @@ def test_signals_during_the_kernel_wait():
 @needs_kernel
 def test_eight_ranks_on_two_cores_in_the_kernel():
     assert run_ranks(crowded, 8, 2000, True, timeout=120) == [0] * 8
+
+
+def crowded_gathers(comm, calls: int) -> tuple[int, int]:
+    """``calls`` all-gathers streamed through two cells each, with no spinning and a short
+    yield, so peers are often asleep or late and the kernel hands the placing back to
+    Python: (wrong results, parts Python placed)."""
+    from ringtree.runtime.protocols import ll_gather
+
+    c = _ll(comm, "crowd_ag", cell=CELL, spin=0.0, yield_us=20.0)
+    n, r, count = comm.size, comm.rank, CELL // 4 + 5
+    placed, place = [0], ll_gather.place
+    ll_gather.place = lambda *a: placed.__setitem__(0, placed[0] + 1) or place(*a)
+    bad = 0
+    try:
+        for k in range(calls):
+            x = np.arange(count, dtype=np.int32) + 1000 * r + k
+            got = c.all_gather(x, DType.INT32).reshape(n, count)
+            bad += int((got != np.arange(count) + 1000 * np.arange(n)[:, None] + k).any())
+        bad += c.op(Collective.ALL_GATHER, DType.INT32, count, None).k is None
+    finally:
+        ll_gather.place = place
+        c.ll.close()
+    return bad, placed[0]
+
+
+@needs_kernel
+def test_streamed_all_gathers_on_four_ranks_of_two_cores():
+    res = run_ranks(crowded_gathers, 4, 300, timeout=120)
+    assert [b for b, _ in res] == [0] * 4, res
 
 
 def out_of_place(comm) -> list[str]:

@@ -210,6 +210,8 @@ typedef struct {
     Py_ssize_t *row_off[2];            /* the rows to fold, in the Program's order */
     int64_t spin_ns, yield_ns;
     Py_ssize_t nbytes, row_bytes;      /* the largest contribution; a row's bytes */
+    Py_ssize_t *place_off[2];          /* gather: output block b <- this offset (places) */
+    int nplace, own;                   /* output blocks; the one that is ours (-1: none) */
 } Round;
 
 static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
@@ -226,6 +228,7 @@ static void Round_dealloc(Round *k) {
     if (k->base != NULL)
         PyBuffer_Release(&k->seg);
     PyMem_Free(k->peer_word[0]);
+    PyMem_Free(k->place_off[0]);
     PyObject_Free(k);
 }
 
@@ -472,6 +475,113 @@ static PyObject *Round_fold(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* ---- a place round: all-gather ------------------------------------------------------
+ * Every output block is one rank's contribution, copied whole. The kernel copies this
+ * rank's own block straight from its input while the peers write theirs (after
+ * publishing, before waiting), then each peer's block out of the segment once it is
+ * there: the fewest passes a staged copy allows (each contribution written into the
+ * segment once, read once per reader). */
+
+/* places(rows0, rows1, own) -> None: output block b comes from byte offset rows<p>[b]
+ * of the segment; `own` is this rank's block (copied from its input), -1: none */
+static PyObject *Round_places(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "places(rows0, rows1, own)");
+        return NULL;
+    }
+    Py_ssize_t nb = PySequence_Size(args[0]);
+    long own = PyLong_AsLong(args[2]);
+    if (nb < 0 || (own == -1 && PyErr_Occurred()))
+        return NULL;
+    if (nb < 1 || nb > MAXR || own < -1 || own >= nb) {
+        PyErr_SetString(PyExc_ValueError, "places: bad blocks or own block");
+        return NULL;
+    }
+    Py_ssize_t *mem = PyMem_Calloc(2 * nb, sizeof(Py_ssize_t));
+    if (mem == NULL)
+        return PyErr_NoMemory();
+    if (read_index_list(args[0], nb, mem, "rows0") < 0 ||
+        read_index_list(args[1], nb, mem + nb, "rows1") < 0) {
+        PyMem_Free(mem);
+        return NULL;
+    }
+    for (Py_ssize_t b = 0; b < 2 * nb; b++)
+        if (mem[b] < 0 || mem[b] + k->nbytes > k->seg.len) {
+            PyMem_Free(mem);
+            PyErr_SetString(PyExc_ValueError, "places: a block past the segment");
+            return NULL;
+        }
+    PyMem_Free(k->place_off[0]);
+    k->place_off[0] = mem, k->place_off[1] = mem + nb;
+    k->nplace = (int)nb, k->own = (int)own;
+    Py_RETURN_NONE;
+}
+
+/* gather(x, out, s, h0, h1, h2, off, block_bytes) -> int: x (this rank's part, at most
+ * a contribution) written and published; its own output block's part copied from x;
+ * the peers waited for; their parts copied: out + b * block_bytes + off <- block b's
+ * contribution, len(x) bytes each. Returns as run() does; when not -1, the output is
+ * not (wholly) written: Python finishes the wait and places every block itself. */
+static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "gather(x, out, s, h0, h1, h2, off, block_bytes)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
+    uint64_t h0 = PyLong_AsUnsignedLongLong(args[3]);
+    uint64_t h1 = PyLong_AsUnsignedLongLong(args[4]);
+    uint64_t h2 = PyLong_AsUnsignedLongLong(args[5]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[6]), block = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (k->place_off[0] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "gather: no places set");
+        return NULL;
+    }
+    Py_buffer xb, ob;
+    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&xb);
+        return NULL;
+    }
+    if (xb.len > k->nbytes || off < 0 || block < 0 || off + xb.len > block ||
+        (Py_ssize_t)k->nplace * block > ob.len) {
+        PyErr_SetString(PyExc_ValueError, "gather: the part or the output does not fit");
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    int p = (int)(s & 1), r = -1;
+    Py_ssize_t me = k->my_word[p], m = xb.len;
+    char *o = (char *)ob.buf + off;
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(k->base + k->mine_off[p], xb.buf, m);
+    *word(k, me + 1) = h0;
+    *word(k, me + 2) = h1;
+    *word(k, me + 3) = h2;
+    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
+    for (int i = 0; i < k->npeers; i++)
+        if (*word(k, k->peer_sleep[i])) {
+            r = RING;
+            break;
+        }
+    if (r == -1) {
+        if (k->own >= 0)
+            memcpy(o + k->own * block, xb.buf, m);
+        r = wait_peers(k, p, s, 0);
+    }
+    if (r == -1)
+        for (int b = 0; b < k->nplace; b++)
+            if (b != k->own)
+                memcpy(o + b * block, k->base + k->place_off[p][b], m);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&ob);
+    return PyLong_FromLong(r);
+}
+
 static PyMethodDef Round_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Round_run, METH_FASTCALL,
      "run(x, out, s, h0, h1, h2): contribute, publish, wait, fold"},
@@ -479,6 +589,10 @@ static PyMethodDef Round_methods[] = {
      "wait(s, first): wait for the peers from index first on"},
     {"fold", (PyCFunction)(void (*)(void))Round_fold, METH_FASTCALL,
      "fold(out, parity[, skip_bytes]): fold the rows into out"},
+    {"places", (PyCFunction)(void (*)(void))Round_places, METH_FASTCALL,
+     "places(rows0, rows1, own): where a gather's output blocks come from"},
+    {"gather", (PyCFunction)(void (*)(void))Round_gather, METH_FASTCALL,
+     "gather(x, out, s, h0, h1, h2, off, block_bytes): contribute, publish, place"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject RoundType = {

@@ -42,7 +42,7 @@ except ImportError:                      # built without a C compiler
     _llc = None
 
 __all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
-           "round_for", "run_round"]
+           "round_for", "run_gather", "run_round"]
 
 RING = _llc.RING if _llc is not None else -1
 
@@ -126,6 +126,26 @@ def run_round(ll, k, x, out, head: tuple[int, int, int], timeout: float, what) -
             k.fold(out, p)
     ll.synced = s
     return p
+
+
+def run_gather(ll, k, x, out, off: int, block: int, head: tuple[int, int, int],
+               timeout: float, what) -> int:
+    """:func:`run_round` for one part of an all-gather (``Round.gather``, its blocks set
+    by ``Round.places``): ``x`` written and published, the output's own block's part
+    copied from ``x``, the peers' parts copied once they are there, each at byte ``off``
+    of its output block of ``block`` bytes. Returns the parity read, or ``-1 - parity``
+    when the kernel returned before it could place the peers' parts (a peer slept or
+    came late): the caller places the blocks from the segment."""
+    s = ll.seq + 1
+    if ll.synced < s - 1:
+        ll.parity(timeout, what)
+    ll.written[s & 1] = None  # the kernel writes all three header words
+    r = k.gather(x, out, s, head[0], head[1] | (s & SEQ_MASK), head[2], off, block)
+    ll.seq = s
+    if r != -1:
+        finish(ll, k, r, s, timeout, what)
+    ll.synced = s
+    return s & 1 if r == -1 else -1 - (s & 1)
 
 
 def finish(ll, k, r: int, s: int, timeout: float, what: Callable[[], str]) -> None:

@@ -32,9 +32,10 @@ A :class:`LLOp` runs what the Program has its rank do, not a collective by name:
 *fold round* (contribute, then fold: all-reduce, reduce at the root, reduce-scatter), a
 *place round* (contribute if it sends, then copy whole contributions into the output
 blocks the Program names: all-gather, broadcast) or a *write round* (contribute if it
-sends, synchronise: a reduce's other ranks, a barrier); an all-reduce larger than a cell
-streams through the cells, one fold round per cell. It is prepared once per call shape
-with its header and every view it needs, so a repeated call allocates nothing.
+sends, synchronise: a reduce's other ranks, a barrier); an all-reduce or all-gather
+larger than a cell streams through the cells, one round per cell (all-gather:
+:mod:`.ll_gather`). It is prepared once per call shape with its header and every view it
+needs, so a repeated call allocates nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from ringtree.ir.wire import PROTO_LL, USER_OP, WireHeader, algo_code
 from ringtree.ops import _UFUNC, ReduceOp, Reducer, quiet
 from ringtree.runtime.plan import Desc
 from ringtree.runtime.protocols import LL as LL_PROTO
-from ringtree.runtime.protocols import register
+from ringtree.runtime.protocols import ll_gather, register
 from ringtree.schedules import Options, generate
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import INLINE, LL
@@ -58,6 +59,7 @@ from ringtree.transports.shm_ll import INLINE, LL
 ALGO = "direct"
 COLLECTIVES = (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE,
                Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.BARRIER)
+STREAMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER)  # any size: cell by cell
 for _c in COLLECTIVES:
     register(LL_PROTO, _c, ALGO)
 
@@ -148,9 +150,9 @@ def contribution_bytes(coll: Collective, count: int, itemsize: int, nranks: int)
 
 
 def fits(ll: LL, coll: Collective, count: int, itemsize: int) -> bool:
-    """Can LL run this call? (An all-reduce of any size can: it streams through the
-    cells, one cell per synchronisation.)"""
-    return coll is Collective.ALL_REDUCE or coll in COLLECTIVES and \
+    """Can LL run this call? (An all-reduce or all-gather of any size can: it streams
+    through the cells, one cell per synchronisation.)"""
+    return coll in STREAMED or coll in COLLECTIVES and \
         contribution_bytes(coll, count, itemsize, ll.n) <= max(ll.cell_bytes, INLINE)
 
 
@@ -177,7 +179,7 @@ class LLOp:
                                op_code, PROTO_LL, root).call_words()
         size = contribution_bytes(coll, count, storage.itemsize, n)
         self.chunk = 0
-        if coll is Collective.ALL_REDUCE and size > max(ll.cell_bytes, INLINE):
+        if coll in STREAMED and size > max(ll.cell_bytes, INLINE):
             # streamed: cell-sized chunks, one synchronisation each
             self.chunk = ll.cell_bytes // storage.itemsize
             count = self.chunk
@@ -213,6 +215,8 @@ class LLOp:
                 self._fold_native if self.premul or self.avg else self._sum_native
         elif folds:
             self.run = self._streamed if self.chunk else self._fold_round
+        elif self.gathers:
+            self.run = ll_gather.runner(self, shape.placed)
         elif shape.placed:
             self.run = self._place_native if self.k is not None else self._place_round
         else:

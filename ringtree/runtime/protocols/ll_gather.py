@@ -1,0 +1,82 @@
+"""All-gather on LL at every size: the place round streamed through the cells, and
+compiled with the fewest copies a staged exchange allows.
+
+An all-gather of ``S`` output bytes on ``n`` ranks must copy, on every rank, the
+``(n-1)/n · S`` bytes its peers contributed into its output and its own ``S/n``. Through
+a shared segment each contribution is staged once: written into the rank's cell by its
+owner, read out of it by every other rank. The place round before this module did one
+more pass per rank and kept the whole round on the critical path: copy the own part
+into the cell, publish, wait, then copy *every* block out of the segment, the own one
+included (``S/n`` written and ``S`` copied out, after the wait). The kernel's
+``Round.gather`` (``transports/_llc.c``) copies the own block straight from the input
+while the peers are still writing theirs (between publishing and waiting), then only
+the peers' blocks out of the segment, so after the wait it copies ``(n-1)/n · S``.
+
+A contribution larger than a cell streams through the cells as an all-reduce does
+(:class:`~ringtree.runtime.protocols.ll.LLOp`'s chunk): one synchronisation per
+cell-sized part, parts of every block placed at the same offset. Parity alternation
+keeps it safe: a rank writes a cell again only after every peer published the next
+part, so it has read this one. Every byte is a copy, so any path gives the same bits;
+``RINGTREE_LL_NATIVE=0`` runs the same parts with NumPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ringtree.transports import shm_native as native
+
+
+def runner(op, placed: tuple[int, ...]) -> Callable:
+    """The ``run(x, out, red, timeout)`` of ``op`` (an all-gather's
+    :class:`~ringtree.runtime.protocols.ll.LLOp`, its output blocks from ranks
+    ``placed``): compiled when ``op.k`` is (it sets the kernel's places), else NumPy."""
+    ll, k = op.ll, op.k
+    part = op.chunk or op.count  # elements of a block per synchronisation
+    if k is not None:
+        size = part * op.dtype.storage.itemsize
+        rows = []
+        for p in (0, 1):
+            off, stride = ll.area(0, p, size)
+            rows.append([off + q * stride for q in placed])
+        k.places(rows[0], rows[1], placed.index(ll.rank) if ll.rank in placed else -1)
+        return lambda x, out, red, timeout: _compiled(op, part, x, out, timeout)
+    if not op.chunk:
+        return op._place_round
+    return lambda x, out, red, timeout: _python(op, part, x, out, timeout)
+
+
+def _parts(total: int, part: int) -> range:
+    return range(0, total, part) if total else range(1)
+
+
+def _compiled(op, part: int, x: np.ndarray, out: np.ndarray, timeout: float) -> None:
+    ll, k, head, what = op.ll, op.k, op.head, op.describe
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+    total, item = x.size, x.itemsize
+    for lo in _parts(total, part):
+        piece = x[lo:lo + part]
+        p = native.run_gather(ll, k, piece, out, lo * item, total * item, head, timeout,
+                              what)
+        if p < 0:
+            place(op, -1 - p, out, total, lo, piece.size)
+
+
+def _python(op, part: int, x: np.ndarray, out: np.ndarray, timeout: float) -> None:
+    ll, what = op.ll, op.describe
+    total = x.size
+    for lo in _parts(total, part):
+        piece = x[lo:lo + part]
+        p = ll.parity(timeout, what)
+        op.mine[p][:piece.size] = piece
+        ll.sync(op.head, timeout, what)
+        place(op, p, out, total, lo, piece.size)
+
+
+def place(op, p: int, out: np.ndarray, total: int, lo: int, m: int) -> None:
+    """Copy elements ``lo:lo+m`` of every output block from parity ``p``'s cells."""
+    rows = op.rows[p] if op.placed is None else op.rows[p][op.placed]
+    out.reshape(len(rows), total)[:, lo:lo + m] = rows[:, :m]

@@ -245,6 +245,31 @@ def test_streamed_all_gathers_on_four_ranks_of_two_cores():
     assert [b for b, _ in res] == [0] * 4, res
 
 
+def large_gather(comm) -> list[str]:
+    """An all-gather whose output is past the kernel's streaming-store size, at odd byte
+    offsets: the kernel and Python place the same bytes."""
+    c = _ll(comm, "big_ag", cell=1 << 20)
+    count, r = (1 << 21) + 3, comm.rank
+    x = (np.arange(count) % 4093 + 4096 * r).astype(np.float32)
+    got = []
+    try:
+        for on in ("1", "0"):
+            os.environ["RINGTREE_LL_NATIVE"] = on
+            c.ops.clear()
+            got.append(c.all_gather(x, DType.FLOAT32).tobytes())
+    finally:
+        os.environ.pop("RINGTREE_LL_NATIVE", None)
+        c.ll.close()
+    want = np.concatenate([(np.arange(count) % 4093 + 4096 * q).astype(np.float32)
+                           for q in range(comm.size)]).tobytes()
+    return [f"native={on}" for on, g in zip("10", got) if g != want]
+
+
+@needs_kernel
+def test_a_large_all_gather_streams_its_stores_to_the_same_bytes():
+    assert run_ranks(large_gather, 2, timeout=60) == [[], []]
+
+
 def out_of_place(comm) -> list[str]:
     """The communicator's hot path takes out-of-place all-reduces too (the second call of
     a shape); an ``out`` that may share memory with the input goes the general way."""

@@ -482,6 +482,38 @@ static PyObject *Round_fold(Round *k, PyObject *const *args, Py_ssize_t nargs) {
  * there: the fewest passes a staged copy allows (each contribution written into the
  * segment once, read once per reader). */
 
+/* copy m bytes to memory this rank will not read again soon: an output larger than the
+ * last-level cache is written with non-temporal stores (no read for ownership, no
+ * eviction of the cells the peers read), a smaller one with memcpy */
+#define STREAM_MIN (8 << 20) /* output bytes from which a gather streams its stores */
+static void copy_out(char *dst, const char *src, Py_ssize_t m, int stream) {
+#if defined(__x86_64__)
+    if (stream) {
+        Py_ssize_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+        if (head > m)
+            head = m;
+        memcpy(dst, src, head);
+        dst += head, src += head, m -= head;
+        Py_ssize_t i = 0;
+        for (; i + 64 <= m; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+            _mm_stream_si128((__m128i *)(dst + i), a);
+            _mm_stream_si128((__m128i *)(dst + i + 16), b);
+            _mm_stream_si128((__m128i *)(dst + i + 32), c);
+            _mm_stream_si128((__m128i *)(dst + i + 48), d);
+        }
+        memcpy(dst + i, src + i, m - i);
+        _mm_sfence();
+        return;
+    }
+#endif
+    (void)stream;
+    memcpy(dst, src, m);
+}
+
 /* places(rows0, rows1, own) -> None: output block b comes from byte offset rows<p>[b]
  * of the segment; `own` is this rank's block (copied from its input), -1: none */
 static PyObject *Round_places(Round *k, PyObject *const *args, Py_ssize_t nargs) {
@@ -567,15 +599,16 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
             r = RING;
             break;
         }
+    int stream = (Py_ssize_t)k->nplace * block >= STREAM_MIN;
     if (r == -1) {
-        if (k->own >= 0)
-            memcpy(o + k->own * block, xb.buf, m);
+        if (k->own >= 0 && o + k->own * block != xb.buf)
+            copy_out(o + k->own * block, xb.buf, m, stream);
         r = wait_peers(k, p, s, 0);
     }
     if (r == -1)
         for (int b = 0; b < k->nplace; b++)
             if (b != k->own)
-                memcpy(o + b * block, k->base + k->place_off[p][b], m);
+                copy_out(o + b * block, k->base + k->place_off[p][b], m, stream);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&xb);
     PyBuffer_Release(&ob);

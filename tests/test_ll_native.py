@@ -217,13 +217,14 @@ def test_eight_ranks_on_two_cores_in_the_kernel():
 
 
 def crowded_gathers(comm, calls: int) -> tuple[int, int]:
-    """``calls`` all-gathers streamed through two cells each, with no spinning and a short
-    yield, so peers are often asleep or late and the kernel hands the placing back to
-    Python: (wrong results, parts Python placed)."""
+    """``calls`` all-gathers streamed through two cells each and reduce-scatters, with no
+    spinning and a short yield, so peers are often asleep or late and the kernel hands
+    the placing (the fold) back to Python: (wrong results, parts Python placed)."""
     from ringtree.runtime.protocols import ll_gather
 
     c = _ll(comm, "crowd_ag", cell=CELL, spin=0.0, yield_us=20.0)
     n, r, count = comm.size, comm.rank, CELL // 4 + 5
+    red = resolve("sum", DType.INT32)
     placed, place = [0], ll_gather.place
     ll_gather.place = lambda *a: placed.__setitem__(0, placed[0] + 1) or place(*a)
     bad = 0
@@ -232,7 +233,11 @@ def crowded_gathers(comm, calls: int) -> tuple[int, int]:
             x = np.arange(count, dtype=np.int32) + 1000 * r + k
             got = c.all_gather(x, DType.INT32).reshape(n, count)
             bad += int((got != np.arange(count) + 1000 * np.arange(n)[:, None] + k).any())
+            rs = c.reduce_scatter(np.repeat(np.arange(n, dtype=np.int32), 5) + r + k,
+                                  DType.INT32, red)
+            bad += int((rs != n * (r + k) + n * (n - 1) // 2).any())
         bad += c.op(Collective.ALL_GATHER, DType.INT32, count, None).k is None
+        bad += c.op(Collective.REDUCE_SCATTER, DType.INT32, 5, red).k is None
     finally:
         ll_gather.place = place
         c.ll.close()
@@ -240,7 +245,7 @@ def crowded_gathers(comm, calls: int) -> tuple[int, int]:
 
 
 @needs_kernel
-def test_streamed_all_gathers_on_four_ranks_of_two_cores():
+def test_streamed_all_gathers_and_reduce_scatters_on_four_ranks_of_two_cores():
     res = run_ranks(crowded_gathers, 4, 300, timeout=120)
     assert [b for b, _ in res] == [0] * 4, res
 

@@ -212,6 +212,8 @@ typedef struct {
     Py_ssize_t nbytes, row_bytes;      /* the largest contribution; a row's bytes */
     Py_ssize_t *place_off[2];          /* gather: output block b <- this offset (places) */
     int nplace, own;                   /* output blocks; the one that is ours (-1: none) */
+    int srow;                          /* scatter: 1 + the fold row that is ours (0: unset) */
+    Py_ssize_t skip_lo, skip_hi;       /* scatter: the bytes of the input no peer reads */
 } Round;
 
 static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
@@ -615,6 +617,95 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(r);
 }
 
+/* ---- a fold round that reads its own block in place: reduce-scatter ------------------
+ * A rank's peers read every block of its input but the one it folds itself; that block
+ * is neither copied into the segment nor read back from it: the fold reads it from the
+ * input, in the same place of the same order, so the bits are the same. */
+
+/* skips(row, lo, hi) -> None: fold row `row` is this rank's own, bytes [lo, hi) of its
+ * input, which the peers do not read */
+static PyObject *Round_skips(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "skips(row, lo, hi)");
+        return NULL;
+    }
+    long row = PyLong_AsLong(args[0]);
+    Py_ssize_t lo = PyLong_AsSsize_t(args[1]), hi = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (k->fold == NULL || row < 0 || row >= k->nrows || lo < 0 || hi < lo ||
+        hi > k->nbytes || hi - lo != k->row_bytes) {
+        PyErr_SetString(PyExc_ValueError, "skips: bad row or bytes");
+        return NULL;
+    }
+    k->srow = (int)row + 1, k->skip_lo = lo, k->skip_hi = hi;
+    Py_RETURN_NONE;
+}
+
+/* scatter(x, out, s, h0, h1, h2) -> int: run() without copying the skipped bytes of x
+ * into the segment, folding them from x. When not -1 (a peer slept or came late) out is
+ * not written: Python writes the skipped bytes into the segment, finishes the wait and
+ * folds with fold(). */
+static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "scatter(x, out, s, h0, h1, h2)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
+    uint64_t h0 = PyLong_AsUnsignedLongLong(args[3]);
+    uint64_t h1 = PyLong_AsUnsignedLongLong(args[4]);
+    uint64_t h2 = PyLong_AsUnsignedLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (k->srow == 0) {
+        PyErr_SetString(PyExc_ValueError, "scatter: no skips set");
+        return NULL;
+    }
+    Py_buffer xb, ob;
+    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&xb);
+        return NULL;
+    }
+    if (xb.len != k->nbytes || ob.len != k->row_bytes) {
+        PyErr_SetString(PyExc_ValueError, "scatter: the input or the output does not fit");
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    int p = (int)(s & 1), r = -1;
+    Py_ssize_t me = k->my_word[p];
+    char *mine = k->base + k->mine_off[p];
+    const char *x = (const char *)xb.buf;
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(mine, x, k->skip_lo);
+    memcpy(mine + k->skip_hi, x + k->skip_hi, xb.len - k->skip_hi);
+    *word(k, me + 1) = h0;
+    *word(k, me + 2) = h1;
+    *word(k, me + 3) = h2;
+    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
+    for (int i = 0; i < k->npeers; i++)
+        if (*word(k, k->peer_sleep[i])) {
+            r = RING;
+            break;
+        }
+    if (r == -1)
+        r = wait_peers(k, p, s, 0);
+    if (r == -1) {
+        char *rows[MAXR];
+        for (int i = 0; i < k->nrows; i++)
+            rows[i] = k->base + k->row_off[p][i];
+        rows[k->srow - 1] = (char *)x + k->skip_lo;
+        k->fold(ob.buf, rows, k->nrows, ob.len / ITEMSIZE[k->dtype]);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&ob);
+    return PyLong_FromLong(r);
+}
+
 static PyMethodDef Round_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Round_run, METH_FASTCALL,
      "run(x, out, s, h0, h1, h2): contribute, publish, wait, fold"},
@@ -626,6 +717,10 @@ static PyMethodDef Round_methods[] = {
      "places(rows0, rows1, own): where a gather's output blocks come from"},
     {"gather", (PyCFunction)(void (*)(void))Round_gather, METH_FASTCALL,
      "gather(x, out, s, h0, h1, h2, off, block_bytes): contribute, publish, place"},
+    {"skips", (PyCFunction)(void (*)(void))Round_skips, METH_FASTCALL,
+     "skips(row, lo, hi): a scatter's own fold row, bytes of the input no peer reads"},
+    {"scatter", (PyCFunction)(void (*)(void))Round_scatter, METH_FASTCALL,
+     "scatter(x, out, s, h0, h1, h2): run() reading the own block from x"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject RoundType = {

@@ -42,7 +42,7 @@ except ImportError:                      # built without a C compiler
     _llc = None
 
 __all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
-           "round_for", "run_gather", "run_round"]
+           "round_for", "run_gather", "run_round", "run_scatter"]
 
 RING = _llc.RING if _llc is not None else -1
 
@@ -146,6 +146,25 @@ def run_gather(ll, k, x, out, off: int, block: int, head: tuple[int, int, int],
         finish(ll, k, r, s, timeout, what)
     ll.synced = s
     return s & 1 if r == -1 else -1 - (s & 1)
+
+
+def run_scatter(ll, k, x, out, head: tuple[int, int, int], timeout: float, what,
+                own: Callable[[int], None]) -> None:
+    """:func:`run_round` for a reduce-scatter (``Round.scatter``, its own block set by
+    ``Round.skips``): ``x`` but its own block written and published, the fold reading
+    that block from ``x``. When the kernel returns before the fold, ``own(parity)``
+    writes the own block into the segment and the fold reads it there."""
+    s = ll.seq + 1
+    if ll.synced < s - 1:
+        ll.parity(timeout, what)
+    ll.written[s & 1] = None  # the kernel writes all three header words
+    r = k.scatter(x, out, s, head[0], head[1] | (s & SEQ_MASK), head[2])
+    ll.seq = s
+    if r != -1:
+        own(s & 1)
+        finish(ll, k, r, s, timeout, what)
+        k.fold(out, s & 1)
+    ll.synced = s
 
 
 def finish(ll, k, r: int, s: int, timeout: float, what: Callable[[], str]) -> None:

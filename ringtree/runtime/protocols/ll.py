@@ -210,6 +210,8 @@ class LLOp:
                              count, per, size)
         if folds and n == 1:
             self.run = self._alone
+        elif coll is Collective.REDUCE_SCATTER and self.k is not None and not self.premul:
+            self.run = ll_gather.scatter_runner(self, shape.block, shape.order)
         elif folds and self.k is not None:
             self.run = self._streamed_native if self.chunk else \
                 self._fold_native if self.premul or self.avg else self._sum_native

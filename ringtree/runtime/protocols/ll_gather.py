@@ -1,5 +1,6 @@
 """All-gather on LL at every size: the place round streamed through the cells, and
-compiled with the fewest copies a staged exchange allows.
+compiled with the fewest copies a staged exchange allows; reduce-scatter's fold round
+without the copy of the block no peer reads.
 
 An all-gather of ``S`` output bytes on ``n`` ranks must copy, on every rank, the
 ``(n-1)/n · S`` bytes its peers contributed into its output and its own ``S/n``. Through
@@ -18,6 +19,12 @@ cell-sized part, parts of every block placed at the same offset. Parity alternat
 keeps it safe: a rank writes a cell again only after every peer published the next
 part, so it has read this one. Every byte is a copy, so any path gives the same bits;
 ``RINGTREE_LL_NATIVE=0`` runs the same parts with NumPy.
+
+A reduce-scatter's rank folds block ``r`` of every contribution, its own included, and
+its peers read every block of its input but that one; the kernel's ``Round.scatter``
+copies ``(n-1)/n`` of the input into the segment instead of all of it and folds the own
+block from the input, in its place in the Program's order (the same operands in the
+same order: the same bits).
 """
 
 from __future__ import annotations
@@ -80,3 +87,25 @@ def place(op, p: int, out: np.ndarray, total: int, lo: int, m: int) -> None:
     """Copy elements ``lo:lo+m`` of every output block from parity ``p``'s cells."""
     rows = op.rows[p] if op.placed is None else op.rows[p][op.placed]
     out.reshape(len(rows), total)[:, lo:lo + m] = rows[:, :m]
+
+
+def scatter_runner(op, block: int, order: tuple[int, ...]) -> Callable:
+    """The compiled ``run(x, out, red, timeout)`` of a reduce-scatter's
+    :class:`~ringtree.runtime.protocols.ll.LLOp` (``op.k`` set, not PREMUL_SUM) that
+    folds ``block`` of the ranks in ``order``."""
+    count, k = op.count, op.k
+    size = count * op.dtype.storage.itemsize
+    k.skips(order.index(op.ll.rank), block * size, (block + 1) * size)
+    lo, hi = block * count, (block + 1) * count
+
+    def run(x, out, red, timeout) -> None:
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+
+        def own(p: int) -> None:
+            op.mine[p][lo:hi] = x[lo:hi]
+
+        native.run_scatter(op.ll, k, x, out, op.head, timeout, op.describe, own)
+        if op.avg:
+            red.postdivide(out, len(order))
+    return run

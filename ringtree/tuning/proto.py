@@ -10,7 +10,8 @@ only them; names are case-insensitive. ``LL``, ``Simple``, ``^LL``,
 LL serves all_reduce, reduce, reduce_scatter, broadcast, all_gather and barrier when every
 rank of the communicator is on one host and the shared-memory transport is in use; a
 forced ``LL`` falls back to Simple where LL cannot run (other collectives, send/recv,
-contributions larger than a cell — except all_reduce, which streams through the cells).
+contributions larger than a cell — except all_reduce and all_gather, which stream through
+the cells).
 
 The default choice (:func:`choose_protocol`) is the tuner's, over (algorithm, protocol)
 pairs as NCCL's one cost table (``src/graph/tuning.cc``, ``ncclTopoTuneModel``):

@@ -677,10 +677,17 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
     int p = (int)(s & 1), r = -1;
     Py_ssize_t me = k->my_word[p];
     char *mine = k->base + k->mine_off[p];
-    const char *x = (const char *)xb.buf;
+    const char *x = (const char *)xb.buf, *o = (const char *)ob.buf;
+    /* in place (out is the own block of x): the fold would overwrite what it still reads,
+     * so the own block is staged and read from the segment as run() does */
+    int staged = o < x + k->skip_hi && x + k->skip_lo < o + ob.len;
     Py_BEGIN_ALLOW_THREADS
-    memcpy(mine, x, k->skip_lo);
-    memcpy(mine + k->skip_hi, x + k->skip_hi, xb.len - k->skip_hi);
+    if (staged)
+        memcpy(mine, x, xb.len);
+    else {
+        memcpy(mine, x, k->skip_lo);
+        memcpy(mine + k->skip_hi, x + k->skip_hi, xb.len - k->skip_hi);
+    }
     *word(k, me + 1) = h0;
     *word(k, me + 2) = h1;
     *word(k, me + 3) = h2;
@@ -697,7 +704,8 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
         char *rows[MAXR];
         for (int i = 0; i < k->nrows; i++)
             rows[i] = k->base + k->row_off[p][i];
-        rows[k->srow - 1] = (char *)x + k->skip_lo;
+        if (!staged)
+            rows[k->srow - 1] = (char *)x + k->skip_lo;
         k->fold(ob.buf, rows, k->nrows, ob.len / ITEMSIZE[k->dtype]);
     }
     Py_END_ALLOW_THREADS

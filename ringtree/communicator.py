@@ -142,6 +142,10 @@ class Communicator(Resilient):
     def broadcast(self, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,
                   timeout: float | None = None):
         """Copy root's ``x`` into ``x`` on every rank."""
+        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
+            done = self.ll.broadcast_now(self, x, root, timeout)  # the hot path
+            if done is not MISS:
+                return done
         return self._run(api.for_broadcast(self, x, root, algo), async_op, timeout)
 
     def reduce(self, x, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op: bool = False,

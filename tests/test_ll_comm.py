@@ -189,9 +189,9 @@ def test_the_hot_path_takes_op_names_and_out_is_the_input(ll_pool):
 
 
 def block_hot_paths(comm) -> list[str]:
-    """all_gather and reduce_scatter into a NumPy ``out`` skip the planner from the second
-    call of a shape on (the hot path) and give the general path's results; in place, an
-    ``out`` list, a wrong ``out`` still go the general way (and its errors)."""
+    """all_gather and reduce_scatter into a NumPy ``out``, and broadcast, skip the planner
+    from the second call of a shape on (the hot path) and give the general path's results;
+    in place, an ``out`` list, a wrong ``out`` still go the general way (and its errors)."""
     n, r, bad, planned = comm.size, comm.rank, [], []
     plan = comm.planner.plan
     comm.planner.plan = lambda spec, grouped=False: planned.append(spec) or plan(spec, grouped)
@@ -210,6 +210,13 @@ def block_hot_paths(comm) -> list[str]:
                         bad.append(f"{shape} {op}: planned again")
                     if ag.tobytes() != want_ag.tobytes() or rs.tobytes() != want.tobytes():
                         bad.append(f"{shape} {op}: wrong result")
+        for i in range(2):
+            del planned[:]
+            b = np.full((2, 3), float(r + 7 * i))
+            if comm.broadcast(b, root=n - 1) is not b or (b != n - 1 + 7 * i).any():
+                bad.append("broadcast: wrong result")
+            if i and planned:
+                bad.append("broadcast: planned again")
         whole = np.zeros((n, 5))
         whole[r] = r + 1
         comm.all_gather(whole[r], out=whole)  # in place: the general path
@@ -227,5 +234,5 @@ def block_hot_paths(comm) -> list[str]:
     return bad
 
 
-def test_all_gather_and_reduce_scatter_take_the_hot_path(ll_pool):
+def test_all_gather_reduce_scatter_and_broadcast_take_the_hot_path(ll_pool):
     assert ll_pool.run_ok(block_hot_paths) == [[]] * ll_pool.nranks

@@ -13,7 +13,7 @@ It owns every decision between the API and the executor:
   it announces in the LL segment when it runs on Simple;
 - *hot path*: :attr:`Planner.ready` gives an in-place NumPy all-reduce whose shape was
   planned on LL its prepared op with one dictionary look-up (:attr:`Planner.ready_blocks`
-  the same for an all-gather or reduce-scatter into a separate NumPy ``out``);
+  the same for an all-gather or reduce-scatter into a separate NumPy ``out``, a broadcast);
 - *fallbacks*: an algorithm that cannot run in place gets a private copy of the input;
   PREMUL_SUM reduces a pre-scaled copy (the user's input is never changed);
 - *scratch*: a plan keeps its scratch and staging buffers and lends them to one call at a
@@ -44,7 +44,7 @@ from ringtree.tuning.tuner import MODELS, choose, tuned
 
 P2P_CHANNEL_BASE = 64   # send/recv with tag t run on channel P2P_CHANNEL_BASE + t
 SHAPE_FIELDS = 9        # CallSpec[:SHAPE_FIELDS] is the plan's cache key
-BLOCK_HOT = frozenset({Collective.ALL_GATHER, Collective.REDUCE_SCATTER})  # ready_blocks
+BLOCK_HOT = frozenset({Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST})
 
 
 class CallSpec(NamedTuple):
@@ -207,17 +207,17 @@ class Planner:
 
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
         """Give :attr:`ready` a NumPy all-reduce planned on LL, :attr:`ready_blocks` an
-        all-gather or reduce-scatter into a NumPy ``out`` apart (not bfloat16, whose storage
-        is not its dtype, nor PREMUL_SUM, whose factor is per call, nor an ``out`` list)."""
-        x, op, coll = spec.result, spec.op, spec.coll
+        all-gather or reduce-scatter into a NumPy ``out`` apart, or a broadcast (not bfloat16,
+        whose storage is not its dtype, PREMUL_SUM, whose factor is per call, a user op)."""
+        x, op, coll, red = spec.result, spec.op, spec.coll, spec.reducer
         if type(x) is not np.ndarray or spec.dtype is DType.BFLOAT16 or \
-                op is ReduceOp.PREMUL_SUM or (type(op) is not ReduceOp) != \
-                (coll is Collective.ALL_GATHER and op is None):  # no user op
+                op is ReduceOp.PREMUL_SUM or red is not None and red.user is not None:
             return
         if coll is Collective.ALL_REDUCE:
-            self.ready[(x.dtype, x.size, op, spec.in_place)] = (plan.ll_op, spec.reducer)
-        elif coll in BLOCK_HOT and not spec.in_place and spec.post is None:
-            self.ready_blocks[(coll, x.dtype, spec.count, op)] = (plan.ll_op, spec.reducer)
+            self.ready[(x.dtype, x.size, op, spec.in_place)] = (plan.ll_op, red)
+        elif coll in BLOCK_HOT and spec.in_place is (coll is Collective.BROADCAST) and \
+                spec.post is None:  # key: (coll, dtype, count, op, or root if op is None)
+            self.ready_blocks[(coll, x.dtype, spec.count, op or spec.root)] = (plan.ll_op, red)
 
     def choose(self, coll: Collective, nbytes: int, algo: str | None = None,
                spec: CallSpec | None = None) -> str:

@@ -225,8 +225,8 @@ class LLRunner:
             return MISS
         gather = op is None
         hit = comm.planner.ready_blocks.get((coll, x.dtype, x.size if gather else out.size,
-                                             OP_NAMES.get(op.lower()) if type(op) is str
-                                             else op))
+                                             -1 if gather else OP_NAMES.get(op.lower())
+                                             if type(op) is str else op))
         if hit is None or comm._group is not None or comm.health.broken is not None or \
                 self.pending or comm._closed:
             return MISS
@@ -241,6 +241,22 @@ class LLRunner:
         return self.run_arrays(comm, hit[0], x if x.ndim == 1 else x.reshape(-1),
                                out if out.ndim == 1 else out.reshape(-1), hit[1], out, None,
                                comm.seq, False, timeout)
+
+    def broadcast_now(self, comm, x: np.ndarray, root, timeout: float | None):
+        """:meth:`all_reduce_now`'s twin for an in-place NumPy broadcast whose shape and
+        root the planner planned on LL (a read-only root buffer goes the general way).
+        :data:`MISS` when the call needs the general path."""
+        hit = comm.planner.ready_blocks.get((Collective.BROADCAST, x.dtype, x.size, root))
+        if hit is None or type(root) is not int or comm._group is not None or comm.health.broken is not None or \
+                self.pending or comm._closed or not x.flags.c_contiguous or \
+                not x.flags.writeable:
+            return MISS
+        if comm._owner.ident != get_ident() and not comm.background:
+            comm._owner.check(comm.rank)
+        comm.seq += 1
+        flat = x if x.ndim == 1 else x.reshape(-1)
+        return self.run_arrays(comm, hit[0], flat, flat, None, x, None, comm.seq, False,
+                               timeout)
 
     def run_arrays(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
                    async_op: bool, timeout: float | None):

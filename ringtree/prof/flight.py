@@ -33,10 +33,14 @@ import tempfile
 import threading
 import time
 import weakref
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ringtree.ir.wire import WireHeader
+from ringtree.runtime.plan import DescAt
 
 DEFAULT_SIZE = 1024
 VERSION = 1
@@ -66,15 +70,64 @@ class Entry:
 
 
 class FlightRecorder:
-    """Ring of the last ``size`` :class:`Entry`."""
+    """Ring of the last ``size`` :class:`Entry`.
+
+    The LL all-reduce's hot path records from C (``Round.hot`` in
+    ``ringtree/transports/_llc.c``, bound by :meth:`lane`): its slot in ``ring`` holds
+    the call's :class:`~ringtree.runtime.plan.Desc` template and row ``marks[slot]`` its
+    sequence number, state and times, and it keeps its own four counters in ``native``
+    (entries made, last sequence number enqueued, started, completed) beside Python's
+    attributes (``made``, ``enq``, ``sta``, ``com``: attribute stores cost Python a
+    tenth of an array's); the properties combine the two and the readers
+    (:meth:`entry`) turn a C-recorded slot into an :class:`Entry`."""
 
     def __init__(self, size: int = DEFAULT_SIZE):
         self.size = max(1, int(size))
-        self.ring: list[Entry | None] = [None] * self.size
-        self.count = 0
-        self.last_enqueued = 0
-        self.last_started = 0
-        self.last_completed = 0
+        self.ring: list[Any] = [None] * self.size
+        self.made = self.enq = self.sta = self.com = 0
+        self.native = array("q", bytes(32))
+        self.marks = np.zeros((self.size, 4), np.int64)  # seq, state, created, completed
+
+    @property
+    def count(self) -> int:
+        """Operations recorded so far."""
+        return self.made + self.native[0]
+
+    @property
+    def last_enqueued(self) -> int:
+        return max(self.enq, self.native[1])
+
+    @property
+    def last_started(self) -> int:
+        return max(self.sta, self.native[2])
+
+    @property
+    def last_completed(self) -> int:
+        return max(self.com, self.native[3])
+
+    def lane(self) -> tuple:
+        """What the compiled round writes: (ring, marks, native); it reads ``made``."""
+        return self.ring, self.marks, self.native
+
+    def entry(self, i: int) -> Entry | None:
+        """Operation ``i`` (``count - size <= i < count``), a C-recorded slot as an Entry."""
+        e = self.ring[i % self.size]
+        if e is None or type(e) is Entry:
+            return e
+        seq, state, created, completed = (int(v) for v in self.marks[i % self.size])
+        return Entry(DescAt(e, seq), state, created, created, completed)
+
+    def end_native(self, error: BaseException | None = None) -> None:
+        """Close the newest operation, recorded by the compiled round, which returned
+        before it completed (the rest of its wait ran in Python)."""
+        i = (self.count - 1) % self.size
+        if error is None:
+            self.marks[i, 1], self.marks[i, 3] = 2, time.time_ns()
+            self.native[3] = int(self.marks[i, 0])
+        else:
+            e = self.entry(i)
+            e.state, e.error = 3, _error_line(error)
+            self.ring[i] = e
 
     # ---- hooks (Communicator._run / _submit) ----------------------------------------------
 
@@ -85,10 +138,10 @@ class FlightRecorder:
             st = call.steps[0][0].step
             peer = (st.send_to or st.recv_from)[0]
         else:
-            self.last_enqueued = d.seq
+            self.enq = d.seq
         e = Entry(d, 0, time.time_ns(), peer=peer)
-        self.ring[self.count % self.size] = e
-        self.count += 1
+        self.ring[(self.made + self.native[0]) % self.size] = e
+        self.made += 1
         call.fr = e
         return e
 
@@ -98,7 +151,7 @@ class FlightRecorder:
             e = call.fr if call.fr is not None else self.scheduled(call)
             e.state, e.started_ns = 1, t
             if e.peer < 0:
-                self.last_started = max(self.last_started, e.desc.seq)
+                self.sta = max(self.sta, e.desc.seq)
 
     def finished(self, calls, error: BaseException | None = None) -> None:
         t = time.time_ns()
@@ -109,7 +162,7 @@ class FlightRecorder:
             if error is None:
                 e.state, e.completed_ns = 2, t
                 if e.peer < 0:
-                    self.last_completed = max(self.last_completed, e.desc.seq)
+                    self.com = max(self.com, e.desc.seq)
             else:
                 e.state, e.error = 3, _error_line(error)
 
@@ -118,15 +171,15 @@ class FlightRecorder:
         started (``desc`` has the fields of :class:`~ringtree.runtime.plan.Desc`)."""
         t = time.time_ns()
         e = Entry(desc, 1, t, t)
-        self.ring[self.count % self.size] = e
-        self.count += 1
-        self.last_enqueued = self.last_started = desc.seq
+        self.ring[(self.made + self.native[0]) % self.size] = e
+        self.made += 1
+        self.enq = self.sta = desc.seq
         return e
 
     def end(self, e: Entry, error: BaseException | None = None) -> None:
         if error is None:
             e.state, e.completed_ns = 2, time.time_ns()
-            self.last_completed = e.desc.seq
+            self.com = e.desc.seq
         else:
             e.state, e.error = 3, _error_line(error)
 
@@ -138,7 +191,7 @@ class FlightRecorder:
             n = min(n, last)
         out = []
         for i in range(self.count - n, self.count):
-            e = self.ring[i % self.size]
+            e = self.entry(i)
             if e is not None:
                 out.append(entry_dict(e, i))
         return out
@@ -148,10 +201,10 @@ class FlightRecorder:
         newest one if it failed (the communicator broke inside it)."""
         n = min(self.count, self.size)
         for i in range(self.count - n, self.count):
-            e = self.ring[i % self.size]
+            e = self.entry(i)
             if e is not None and e.state == 1:
                 return e
-        last = self.ring[(self.count - 1) % self.size] if self.count else None
+        last = self.entry(self.count - 1) if self.count else None
         return last if last is not None and last.state == 3 else None
 
 

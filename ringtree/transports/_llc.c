@@ -214,6 +214,14 @@ typedef struct {
     int nplace, own;                   /* output blocks; the one that is ours (-1: none) */
     int srow;                          /* scatter: 1 + the fold row that is ours (0: unset) */
     Py_ssize_t skip_lo, skip_hi;       /* scatter: the bytes of the input no peer reads */
+    uint64_t head[3];                  /* the call words for `hot` (set_head) */
+    /* the flight recorder `hot` writes (record): its ring (a list), the call's Desc
+     * template, the marks rows (seq, state, created, completed), its own counters
+     * (entries made, last enqueued, started, completed) and the recorder, whose `made`
+     * counts the entries Python made; ringtree.prof.flight reads them */
+    PyObject *fr_ring, *fr_desc, *fr_owner;
+    Py_buffer fr_marks, fr_ctr;
+    Py_ssize_t fr_size;
 } Round;
 
 static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
@@ -226,7 +234,24 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static void unrecord(Round *k) {
+    if (k->fr_ring == NULL)
+        return;
+    Py_CLEAR(k->fr_ring);
+    Py_CLEAR(k->fr_desc);
+    Py_CLEAR(k->fr_owner);
+    PyBuffer_Release(&k->fr_marks);
+    PyBuffer_Release(&k->fr_ctr);
+}
+
+static int64_t real_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static void Round_dealloc(Round *k) {
+    unrecord(k);
     if (k->base != NULL)
         PyBuffer_Release(&k->seg);
     PyMem_Free(k->peer_word[0]);
@@ -354,13 +379,43 @@ static int wait_peers(Round *k, int p, uint64_t s, int first) {
     return -1;
 }
 
+#define RING 1000000
+/* one round, the GIL released by the caller: copy `x` (NULL: nothing) into this rank's
+ * area, write the header and the sequence word, look at the peers' sleep flags, wait for
+ * every peer, fold into `out` (NULL: no fold). Round_run's codes. */
+static int round_body(Round *k, int p, uint64_t s, uint64_t h0, uint64_t h1, uint64_t h2,
+                      const void *x, Py_ssize_t xlen, void *out, Py_ssize_t olen) {
+    Py_ssize_t me = k->my_word[p];
+    int r = -1;
+    if (x != NULL)
+        memcpy(k->base + k->mine_off[p], x, xlen);
+    *word(k, me + 1) = h0;
+    *word(k, me + 2) = h1;
+    *word(k, me + 3) = h2;
+    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
+    for (int i = 0; i < k->npeers; i++)
+        if (*word(k, k->peer_sleep[i])) {
+            r = RING;
+            break;
+        }
+    if (r == -1)
+        r = wait_peers(k, p, s, 0);
+    if (r == -1 && out != NULL && k->fold != NULL) {
+        char *rows[MAXR];
+        for (int i = 0; i < k->nrows; i++)
+            rows[i] = k->base + k->row_off[p][i];
+        k->fold(out, rows, k->nrows, olen / ITEMSIZE[k->dtype]);
+    }
+    return r;
+}
+
 /* run(x, out, s, h0, h1, h2) -> int
  * x: the contribution (None: already in place, or nothing to send); out: where the
  * fold goes (None: no fold). Returns -1 when the call is complete (folded),
  * -2 - i on a header mismatch with peer i, i >= 0 when peer i had not arrived within
  * the budgets (Python waits on, then calls fold), RING (a large value) when a peer
  * sleeps: Python rings, then calls wait. */
-#define RING 1000000
 static PyObject *Round_run(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "run(x, out, s, h0, h1, h2)");
@@ -391,35 +446,153 @@ static PyObject *Round_run(Round *k, PyObject *const *args, Py_ssize_t nargs) {
             PyBuffer_Release(&ob);
         return NULL;
     }
-    Py_ssize_t me = k->my_word[p];
-    int r = -1;
+    int r;
     Py_BEGIN_ALLOW_THREADS
-    if (have_x)
-        memcpy(k->base + k->mine_off[p], xb.buf, xb.len);
-    *word(k, me + 1) = h0;
-    *word(k, me + 2) = h1;
-    *word(k, me + 3) = h2;
-    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
-    for (int i = 0; i < k->npeers; i++)
-        if (*word(k, k->peer_sleep[i])) {
-            r = RING;
-            break;
-        }
-    if (r == -1)
-        r = wait_peers(k, p, s, 0);
-    if (r == -1 && have_o && k->fold != NULL) {
-        char *rows[MAXR];
-        for (int i = 0; i < k->nrows; i++)
-            rows[i] = k->base + k->row_off[p][i];
-        k->fold(ob.buf, rows, k->nrows, ob.len / ITEMSIZE[k->dtype]);
-    }
+    r = round_body(k, p, s, h0, h1, h2, have_x ? xb.buf : NULL, have_x ? xb.len : 0,
+                   have_o ? ob.buf : NULL, have_o ? ob.len : 0);
     Py_END_ALLOW_THREADS
     if (have_x)
         PyBuffer_Release(&xb);
     if (have_o)
         PyBuffer_Release(&ob);
     return PyLong_FromLong(r);
+}
+
+/* same_shape(a, b): two buffers (PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) of one dtype and
+ * shape whose memory does not overlap */
+static int same_shape(const Py_buffer *a, const Py_buffer *b) {
+    if (a->ndim != b->ndim || a->len != b->len || a->itemsize != b->itemsize ||
+        strcmp(a->format ? a->format : "B", b->format ? b->format : "B") != 0)
+        return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d])
+            return 0;
+    const char *x = a->buf, *o = b->buf;
+    return x + a->len <= o || o + b->len <= x;
+}
+
+/* hot(x, out, s, seq) -> int: Round_run(x, out, s, head with s) for a call of exactly the
+ * round's size (out None or x: in place; else an array of x's dtype and shape that does
+ * not overlap it), the header from set_head, recorded as collective `seq` in the flight
+ * recorder (if bound): the all-reduce hot path in one entry. NOBUF when the arrays are
+ * not that (not C-contiguous, not writable, another size or shape, overlapping): nothing
+ * was done, the caller takes the general path. Otherwise Round_run's codes (not -1:
+ * the entry stays started, the caller completes the wait and the entry,
+ * FlightRecorder.end_native). */
+#define NOBUF (-RING)
+static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "hot(x, out, s, seq)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
+    long long seq = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    int inplace = args[1] == Py_None || args[1] == args[0];
+    Py_buffer xb, ob;
+    if (PyObject_GetBuffer(args[0], &xb, inplace ? PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE
+                                                 : PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(NOBUF);
+    }
+    if (!inplace &&
+        PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&xb);
+        return PyLong_FromLong(NOBUF);
+    }
+    if (k->fold == NULL || xb.len != k->row_bytes || xb.len > k->nbytes ||
+        (!inplace && !same_shape(&xb, &ob))) {
+        PyBuffer_Release(&xb);
+        if (!inplace)
+            PyBuffer_Release(&ob);
+        return PyLong_FromLong(NOBUF);
+    }
+    void *out = inplace ? xb.buf : ob.buf;
+    int64_t *mark = NULL, *ctr = NULL;
+    long long made = -1;
+    if (k->fr_ring != NULL && PyList_GET_SIZE(k->fr_ring) == k->fr_size) {
+        static PyObject *made_name = NULL;
+        if (made_name == NULL && (made_name = PyUnicode_InternFromString("made")) == NULL)
+            PyErr_Clear();
+        PyObject *m = made_name ? PyObject_GetAttr(k->fr_owner, made_name) : NULL;
+        made = m ? PyLong_AsLongLong(m) : -1;
+        Py_XDECREF(m);
+        if (made < 0)
+            PyErr_Clear();
+    }
+    if (made >= 0) {
+        ctr = (int64_t *)k->fr_ctr.buf;
+        Py_ssize_t i = (Py_ssize_t)((made + ctr[0]) % k->fr_size);
+        PyObject *old = PyList_GET_ITEM(k->fr_ring, i);
+        Py_INCREF(k->fr_desc);
+        PyList_SET_ITEM(k->fr_ring, i, k->fr_desc);
+        mark = (int64_t *)k->fr_marks.buf + 4 * i;
+        mark[0] = seq, mark[1] = 1, mark[2] = real_ns(), mark[3] = 0;
+        ctr[0] += 1, ctr[1] = ctr[2] = seq;
+        Py_XDECREF(old);
+    }
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = round_body(k, (int)(s & 1), s, k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2],
+                   xb.buf, xb.len, out, xb.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xb);
+    if (!inplace)
+        PyBuffer_Release(&ob);
+    if (r == -1 && mark != NULL)
+        mark[1] = 2, mark[3] = real_ns(), ctr[3] = seq;
+    return PyLong_FromLong(r);
+}
+
+/* record(ring, marks, ctr, desc, recorder) -> None: bind the flight recorder hot
+ * writes (ring None: none) */
+static PyObject *Round_record(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "record(ring, marks, ctr, desc, recorder)");
+        return NULL;
+    }
+    unrecord(k);
+    if (args[0] == Py_None)
+        Py_RETURN_NONE;
+    if (!PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "record: ring must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    if (PyObject_GetBuffer(args[1], &k->fr_marks, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[2], &k->fr_ctr, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&k->fr_marks);
+        return NULL;
+    }
+    if (n < 1 || k->fr_marks.len != n * 4 * 8 || k->fr_ctr.len != 4 * 8) {
+        PyBuffer_Release(&k->fr_marks);
+        PyBuffer_Release(&k->fr_ctr);
+        PyErr_SetString(PyExc_ValueError, "record: marks must be (len(ring), 4) int64 and "
+                                          "ctr 4 int64");
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_INCREF(args[3]);
+    Py_INCREF(args[4]);
+    k->fr_ring = args[0], k->fr_desc = args[3], k->fr_owner = args[4], k->fr_size = n;
+    Py_RETURN_NONE;
+}
+
+/* set_head(h0, h1, h2) -> None: the call words `hot` publishes (h1 without the
+ * sequence number) */
+static PyObject *Round_set_head(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "set_head(h0, h1, h2)");
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++)
+        k->head[i] = PyLong_AsUnsignedLongLong(args[i]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* wait(s, first) -> int: wait_peers from peer index `first` on (after a ring, or after
@@ -729,6 +902,12 @@ static PyMethodDef Round_methods[] = {
      "skips(row, lo, hi): a scatter's own fold row, bytes of the input no peer reads"},
     {"scatter", (PyCFunction)(void (*)(void))Round_scatter, METH_FASTCALL,
      "scatter(x, out, s, h0, h1, h2): run() reading the own block from x"},
+    {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,
+     "hot(x, out, s, seq): the round from x into out, recorded (NOBUF: not for it)"},
+    {"record", (PyCFunction)(void (*)(void))Round_record, METH_FASTCALL,
+     "record(ring, marks, ctr, desc, recorder): the flight recorder hot writes"},
+    {"set_head", (PyCFunction)(void (*)(void))Round_set_head, METH_FASTCALL,
+     "set_head(h0, h1, h2): the call words hot publishes"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject RoundType = {
@@ -766,7 +945,8 @@ PyMODINIT_FUNC PyInit__llc(void) {
         return NULL;
     Py_INCREF(&RoundType);
     if (PyModule_AddObject(m, "Round", (PyObject *)&RoundType) < 0 ||
-        PyModule_AddIntConstant(m, "RING", RING) < 0) {
+        PyModule_AddIntConstant(m, "RING", RING) < 0 ||
+        PyModule_AddIntConstant(m, "NOBUF", NOBUF) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -7,8 +7,10 @@ communicator's hot path and flight recorder, :meth:`LL.parity`, the NumPy copy o
 contribution, :meth:`LL.sync` (header and sequence words, a fence, the sleep flags, a
 spin loop with a ``clock()`` and a lambda per look, a header compare per peer) and
 ``ufunc(a, b, out=)`` — and each rank's Python sits on the critical path twice per call
-(it publishes late and sees the peer late). With the kernel a call makes 18, none of them in LL
-(``docs/design-notes.md``, "LL's round compiled", has the measurements).
+(it publishes late and sees the peer late). With the kernel a call makes 18, none of them in LL,
+and an all-reduce of a shape already seen 4 (``Round.hot``: the flight recorder's
+entry written in C too; ``docs/design-notes.md``, "LL's round compiled" and "The small
+all-reduce in one C entry", has the measurements).
 
 :class:`Round` (prepared once per call shape, with every word index and byte offset)
 does copy → header → sequence word → fence → look at the peers' sleep flags → wait for
@@ -45,6 +47,7 @@ __all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
            "round_for", "run_gather", "run_round", "run_scatter"]
 
 RING = _llc.RING if _llc is not None else -1
+NOBUF = _llc.NOBUF if _llc is not None else -2  # Round.hot: not the round's buffer
 
 
 def available() -> bool:

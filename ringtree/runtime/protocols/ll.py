@@ -161,7 +161,7 @@ class LLOp:
 
     __slots__ = ("ll", "coll", "count", "root", "head", "mine", "rows", "rowlist", "scratch",
                  "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "src", "chunk",
-                 "desc", "order", "placed", "writes", "gathers", "own", "k")
+                 "desc", "order", "placed", "writes", "gathers", "own", "k", "hot", "rec")
 
     def __init__(self, ll: LL, prog: Program, dt: DType, count: int, op_code: int,
                  root: int, name: str = ""):
@@ -208,6 +208,12 @@ class LLOp:
         self.k = None if n == 1 or op_code == USER_OP or not native.enabled() else \
             native.round_for(ll, shape.order, shape.block, dt.code, storage.itemsize, op_code,
                              count, per, size)
+        # the all-reduce hot path's one C entry (LLRunner.all_reduce_now): a plain fold
+        self.hot = self.rec = None  # rec: the flight recorder hot writes to (its caller sets)
+        if folds and self.k is not None and not (self.chunk or self.premul or self.avg) \
+                and coll is Collective.ALL_REDUCE:
+            self.hot = self.k
+            self.k.set_head(*self.head)
         if folds and n == 1:
             self.run = self._alone
         elif coll is Collective.REDUCE_SCATTER and self.k is not None and not self.premul:

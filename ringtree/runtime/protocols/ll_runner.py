@@ -33,11 +33,16 @@ from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
 from ringtree.runtime.protocols.ll import LLOp, fits
+from ringtree.settings import MIN_TIMEOUT, as_timeout
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL, open_ll
+from ringtree.transports.shm_native import NOBUF
 from ringtree.work import Work
 
 MISS = object()          # all_reduce_now: the call takes the general path
+# the key of planner.ready's entry for the last shape all_reduce_now took (so clearing
+# ready clears it too): a str, whose hash is kept, that no call's key tuple equals
+HOT = "all_reduce_now: the last shape"
 MAX_RANKS = 255          # the cost of polling every line
 CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
 SMALL_CELL = 64 << 10    # with many ranks: the segment is nranks x 2 cells
@@ -182,14 +187,51 @@ class LLRunner:
 
     def all_reduce_now(self, comm, x: np.ndarray, op, out: np.ndarray | None,
                        timeout: float | None):
-        """The communicator's hot path: a NumPy all-reduce, in place or into a separate
-        ``out`` of the same shape, whose shape the planner planned on LL (the op as a
-        ReduceOp or its name: "sum" missed it and planned every call, 4x). Every check
-        of ``_run``, each O(1): the issuing thread, closed or broken, group, memory
-        (contiguous, writeable, an ``out`` that may share memory with ``x`` goes the
-        general way, which tells in place from a partial overlap); memory order with
-        async work is :meth:`run_arrays`'. :data:`MISS` when the call needs the
-        general path."""
+        """The communicator's hot path: a NumPy all-reduce whose shape the planner
+        planned on LL. The last shape taken (``planner.ready[HOT]``, matched by
+        identity, in place or not) runs in one C call, ``Round.hot``, which checks the memory
+        (contiguous, writeable, the round's size; ``out``: x's dtype and shape, no
+        overlap) and writes the flight recorder's entry; every other check of ``_run``
+        is here, each O(1): the timeout, the issuing thread, closed or broken, group,
+        async LL calls, async Simple work (memory order) or an active profiler (both:
+        :meth:`run_arrays`). :data:`MISS` when the call needs the general path."""
+        if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
+            timeout = as_timeout(timeout)  # refused before the call is numbered, as _run
+        m = comm.planner.ready.get(HOT)
+        if m is None or x.dtype is not m[0] or x.size != m[1] or op is not m[2] or \
+                (out is None or out is x) is not m[3]:
+            return self._now(comm, x, op, out, timeout)
+        if comm._group is not None or comm.health.broken is not None or self.pending or \
+                comm._closed:
+            return MISS
+        if comm._owner.ident != get_ident() and not comm.background:
+            comm._owner.check(comm.rank)
+        ex, ll, op = comm.executor, self.ll, m[4]
+        s = ll.seq + 1
+        if ex._batches or ex.observer.active or ll.synced < s - 1:  # (after Simple calls:
+            return self._now(comm, x, m[2], out, timeout)     # the parity may need a wait)
+        fr = comm.flight
+        if op.rec is not fr:
+            op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc, fr)
+            op.rec = fr
+        seq = comm.seq + 1
+        r = op.hot.hot(x, out, s, seq)
+        if r == NOBUF:
+            return self._now(comm, x, m[2], out, timeout)
+        comm.seq, ll.seq = seq, s
+        ll.written[s & 1] = None  # the kernel wrote all three header words
+        out = x if out is None else out
+        if r != -1:
+            self._finish_hot(comm, op, out, r, s, timeout)
+        ll.synced = s
+        return out
+
+    def _now(self, comm, x: np.ndarray, op, out: np.ndarray | None, timeout: float | None):
+        """:meth:`all_reduce_now` through :meth:`run_arrays` (the op as a ReduceOp or its
+        name: "sum" missed it and planned every call, 4x). Memory: contiguous, writeable,
+        an ``out`` that may share memory with ``x`` goes the general way, which tells in
+        place from a partial overlap. A shape with a compiled round becomes
+        ``planner.ready[HOT]``."""
         in_place = out is None or out is x
         hit = comm.planner.ready.get((x.dtype, x.size, OP_NAMES.get(op.lower())
                                       if type(op) is str else op, in_place))
@@ -205,6 +247,8 @@ class LLRunner:
             if out.dtype != x.dtype or out.shape != x.shape or not f.c_contiguous or \
                     not f.writeable or np.may_share_memory(x, out):
                 return MISS
+        if hit[0].hot is not None:
+            comm.planner.ready[HOT] = (x.dtype, x.size, op, in_place, hit[0])
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
         flat = x.ndim == 1
@@ -257,6 +301,19 @@ class LLRunner:
         flat = x if x.ndim == 1 else x.reshape(-1)
         return self.run_arrays(comm, hit[0], flat, flat, None, x, None, comm.seq, False,
                                timeout)
+    def _finish_hot(self, comm, op: LLOp, out, r: int, s: int, timeout: float | None) -> None:
+        fr = comm.flight
+        try:
+            native.finish(self.ll, op.hot, r, s, comm.timeout if timeout is None else timeout,
+                          op.describe)
+            op.hot.fold(out, s & 1)
+        except RingtreeError as err:
+            err = comm._on_error(err)
+            if fr is not None:
+                fr.end_native(err)
+            raise err from None
+        if fr is not None:
+            fr.end_native()
 
     def run_arrays(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
                    async_op: bool, timeout: float | None):

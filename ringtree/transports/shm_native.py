@@ -8,7 +8,7 @@ contribution, :meth:`LL.sync` (header and sequence words, a fence, the sleep fla
 spin loop with a ``clock()`` and a lambda per look, a header compare per peer) and
 ``ufunc(a, b, out=)`` — and each rank's Python sits on the critical path twice per call
 (it publishes late and sees the peer late). With the kernel a call makes 18, none of them in LL,
-and an all-reduce of a shape already seen 4 (``Round.hot``: the flight recorder's
+and an all-reduce of a shape already seen 5, C ones included (``Round.hot``: the flight recorder's
 entry written in C too; ``docs/design-notes.md``, "LL's round compiled" and "The small
 all-reduce in one C entry", has the measurements).
 

@@ -108,21 +108,42 @@ def fail(comm, e: BaseException) -> BaseException:
             comm.fabric.close(reason)
             return err
         reason = (f"rank {e.peer} died or closed its connection (seen by rank "
-                  f"{comm.rank}): {e}")
-        err = PeerError(e.peer, reason)
-    else:
-        err = e
+                  f"{comm.rank}): {e}\nculprit: rank {e.peer} — {_how(e)}; nobody else is "
+                  f"asked (the error names it)")
+        return _tell_then_dump(comm, PeerError(e.peer, reason), reason, e)
+    err = e
     if isinstance(err, CollectiveTimeout):  # a partition? say whom we cannot reach
         from ringtree.bootstrap.netcheck import unreachable_note
+        from ringtree.prof.watch import with_diagnosis
 
         note = unreachable_note([(p.rank, p.host, p.port) for p in comm.peers
                                  if p.host_id != comm.host_id])
         err = CollectiveTimeout(f"{err}{note}") if note else err
-    if isinstance(err, (CollectiveTimeout, PeerError)):  # ask every rank; name the culprit
-        from ringtree.prof.watch import with_diagnosis
-
-        err = with_diagnosis(comm, err)
+        err = with_diagnosis(comm, err)  # ask every rank; name the culprit
         reason = str(err)
+    return _record(comm, err, reason, e)
+
+
+def _how(e: PeerError) -> str:
+    text = str(e)
+    return "its process is gone" if " died" in text or "is gone" in text else \
+        "it closed its connection"
+
+
+def _tell_then_dump(comm, err: BaseException, reason: str, e: BaseException) -> BaseException:
+    """A dead peer: the culprit is known, so the survivors are told at once (abort line,
+    hang-up) and this rank's flight recorder is dumped afterwards, off the critical path
+    (:func:`ringtree.prof.watch.dump_soon`). Asking every rank for the hang doctor's
+    report and dumping first took 0.1–0.3 s at 8 ranks on 2 cores."""
+    err = _record(comm, err, reason, e)
+    from ringtree.prof.watch import dump_soon
+
+    dump_soon(f"rank {getattr(e, 'peer', '?')} failed")
+    return err
+
+
+def _record(comm, err: BaseException, reason: str, e: BaseException) -> BaseException:
+    """Write the abort line (the first cause wins), close the links; the error to raise."""
     won = record_abort(comm, reason)
     if won == reason and isinstance(err, MismatchError):
         try:

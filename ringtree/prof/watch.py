@@ -14,13 +14,16 @@ communicators every ``RINGTREE_DOCTOR_POLL`` seconds (default 0.5) and answers â
 whose main thread is sleeping, computing or stuck in another call still says where it is
 (only a dead or stopped process stays silent, which names it just as well). When asked it
 also dumps its flight recorder to the dump directory, so ``ringtree doctor DIR`` can repeat
-the analysis offline.
+the analysis offline, and it writes the dump a failing rank leaves for later
+(:func:`dump_soon`).
 
 The rank that asks waits up to ``RINGTREE_DOCTOR_WAIT`` seconds (default 2) for the
 answers, runs :func:`ringtree.prof.doctor.analyze` and attaches the report to its error;
 since it then writes that error as the communicator's abort reason, every other rank's
-error carries the culprit too. ``RINGTREE_DOCTOR=0`` turns the watcher and the gathering
-off (the report then covers this rank only).
+error carries the culprit too. A dead peer is not asked about: the error already names it
+(:func:`ringtree.failure.fail`), and the survivors are told before anything is dumped.
+``RINGTREE_DOCTOR=0`` turns the watcher and the gathering off (the report then covers
+this rank only).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class _Watcher:
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
+        self.dump_due: tuple[str, list] | None = None  # a dump left for the next poll
 
     def release_thread(self) -> threading.Thread | None:
         self.stop.set()
@@ -89,9 +93,34 @@ def publish_closed(comm) -> None:
         pass
 
 
+def dump_soon(reason: str) -> None:
+    """Dump this process's flight recorders off the failure's critical path: at the
+    watcher's next poll (or as it stops at exit), so the error is raised and the peers are
+    told first; at once where no watcher runs (``RINGTREE_DOCTOR=0``)."""
+    w, comms = _WATCHER, list(flight.COMMS)  # as they are now: closed ones leave COMMS
+    if w.thread is not None and w.thread.is_alive() and not w.stop.is_set():
+        w.dump_due = (reason, comms)
+        return
+    _dump(reason, comms)
+
+
+def _dump(reason: str, comms: list) -> None:
+    try:
+        flight.dump(reason=reason, comms=comms)
+    except Exception:  # noqa: BLE001 - a dump must never hide the real error
+        pass
+
+
+def _dump_due() -> None:
+    due, _WATCHER.dump_due = _WATCHER.dump_due, None
+    if due is not None:
+        _dump(*due)
+
+
 def _watch_loop() -> None:
     poll = max(0.05, current().doctor_poll)
     while not _WATCHER.stop.wait(poll):
+        _dump_due()
         for comm in list(flight.COMMS):
             if getattr(comm, "_closed", False) or _WATCHER.stop.is_set():
                 continue
@@ -106,6 +135,7 @@ def _watch_loop() -> None:
                 flight.dump(reason=f"asked by a doctor on {comm.prefix}")
             except Exception:  # noqa: BLE001
                 pass
+    _dump_due()  # asked to stop (exit): a dump still due is written first
 
 
 def start_watcher() -> None:

@@ -83,6 +83,9 @@ def test_killed_rank_is_named(tmp_path):
         if r != CULPRIT:
             assert "rank 2" in res[r] and "no error" not in res[r], res[r]
             assert "culprit: rank 2" in res[r], res[r]
+    # the rank(s) that saw the death dumped their flight recorders after telling the others
+    dumps = [json.loads(p.read_text()) for p in tmp_path.glob("fr_rank*.json")]
+    assert dumps and all(d["reason"] == "rank 2 failed" for d in dumps), dumps
 
 
 def _barrier_absent(comm) -> str:

@@ -63,6 +63,7 @@ def detach(comm) -> None:
 
         if comm in flight.COMMS:
             watch.publish_closed(comm)
+        watch.dump_due_now()  # a failure's dump left for later: now, before we go
         flight.COMMS.discard(comm)
         if any(it["comm"]() is comm for it in _env_session):
             _write_env_session()

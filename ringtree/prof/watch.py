@@ -95,7 +95,7 @@ def publish_closed(comm) -> None:
 
 def dump_soon(reason: str) -> None:
     """Dump this process's flight recorders off the failure's critical path: at the
-    watcher's next poll (or as it stops at exit), so the error is raised and the peers are
+    watcher's next poll (or when a communicator closes, or as the watcher stops at exit), so the error is raised and the peers are
     told first; at once where no watcher runs (``RINGTREE_DOCTOR=0``)."""
     w, comms = _WATCHER, list(flight.COMMS)  # as they are now: closed ones leave COMMS
     if w.thread is not None and w.thread.is_alive() and not w.stop.is_set():
@@ -109,6 +109,11 @@ def _dump(reason: str, comms: list) -> None:
         flight.dump(reason=reason, comms=comms)
     except Exception:  # noqa: BLE001 - a dump must never hide the real error
         pass
+
+
+def dump_due_now() -> None:
+    """Write the dump :func:`dump_soon` left for later, if any (a communicator closes)."""
+    _dump_due()
 
 
 def _dump_due() -> None:

@@ -23,7 +23,7 @@ TINY = ["--layers", "1", "--heads", "2", "--embd", "32", "--block-size", "16",
 @pytest.mark.parametrize("argv, message", [
     (["--elastic", "--dp", "2", "--tp", "2"],
      "data parallel only"),
-    (["--elastic", "--dp", "4", "--zero", "1"], "does not support --zero 1"),
+    (["--elastic", "--dp", "4", "--save", "ck"], "does not support --save"),
     (["--kill", "1:2", "--dp", "4"], "--kill is a drill of --elastic runs"),
     (["--elastic", "--dp", "4", "--kill", "1"], "expected RANK:STEP[:PHASE]"),
     (["--elastic", "--dp", "4", "--kill", "1:2:backward"], "phase must be one of"),
@@ -96,4 +96,21 @@ def test_replacing_changes_no_bit(tmp_path, clean):
     assert [f["how"] for f in fails] == ["replace", "replace"]
     assert [f["transfer"]["sources"] for f in fails] == [3, 3]
     assert fails[0]["transfer"]["refetched"] == 1
+    _same_run(got, clean)
+
+
+def test_zero1_replacing_then_shrinking_changes_no_bit(tmp_path, clean):
+    """``--zero 1`` under ``--max-restarts 1``: rank 1 killed before its update in step 1
+    is replaced (the newcomer receives its block's moments from the buddy), then rank 2
+    (step 2, forward) and rank 3 (step 3, inside the gradient all-to-all) are not, so the
+    survivors shrink and the buddies take their blocks over. The same bits as the
+    unbroken run — the data-parallel one, since ZeRO-1 here sums and updates the same
+    elements with the same ops, only in blocks."""
+    p, got = _run(tmp_path, "zero", ["1:1:optimizer", "2:2:compute", "3:3:allreduce"],
+                  launcher=("--max-restarts", "1"), train=("--zero", "1"))
+    assert p.returncode == 137, p.stderr[-3000:]
+    fails = got["failures"]
+    assert [(f["dead"], f["how"]) for f in fails] == \
+        [([1], "replace"), ([2], "shrink"), ([3], "shrink")], fails
+    assert fails[0]["transfer"]["optimizer_bytes_sent"] > 0 and got["ranks_at_end"] == 2
     _same_run(got, clean)

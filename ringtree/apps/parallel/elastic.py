@@ -22,7 +22,8 @@ Adam moments and sample counts by broadcast), and re-execute the step: the final
 parameters are bitwise those of a run without the failure, and every sample is used
 exactly once. The cost: the gradient exchange moves ``L`` gradients to every process
 (an all-gather, ``(L-1)/L·L·P`` bytes in), where a ring all-reduce moves ``2(L-1)/L·P``
-— the price of a reduction order that no failure can change. tp and pp are refused.
+— the price of a reduction order that no failure can change. tp and pp are refused;
+ZeRO-1 is :mod:`ringtree.apps.parallel.elastic_zero`.
 
 Failure drills: ``--kill RANK:STEP[:PHASE]`` (repeatable) makes world rank ``RANK`` SIGKILL itself in
 step ``STEP``: during ``compute`` (after its first forward), during ``allreduce`` (with
@@ -70,6 +71,26 @@ def parse_kill(text: str, seed: int | None = None) -> Kill:
     return Kill(int(parts[0]), int(parts[1]), phase)
 
 
+def moments(m: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> None:
+    """Adam's moment updates in place (Kingma & Ba, ICLR 2015), elementwise."""
+    b1, b2 = BETAS
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+
+
+def adamw(spec, step: int, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+          g: torch.Tensor) -> None:
+    """AdamW without weight decay (Loshchilov & Hutter, ICLR 2019) of step ``step``,
+    elementwise and in place on ``p``, ``m``, ``v`` (whole vectors or any block of them:
+    the same bits either way); the learning rate warms up linearly as the trainer's does."""
+    t = step + 1
+    lr = spec.lr * min(1.0, t / max(1, spec.warmup))
+    b1, b2 = BETAS
+    moments(m, v, g)
+    denom = (v.sqrt() / math.sqrt(1 - b2 ** t)).add_(EPS)
+    p.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+
+
 class ElasticTrainer:
     """One process of an elastic data-parallel run (see the module docstring)."""
 
@@ -95,12 +116,15 @@ class ElasticTrainer:
             p.data = self.flat[off:off + n].view_as(p)
             p.grad = self.grad[off:off + n].view_as(p)
             off += n
-        self.m, self.v = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
         self.step = 0
         self.owner = list(comm.world_ranks)          # logical rank -> world rank playing it
+        self._init_optimizer()
         self.counts = np.zeros(spec.steps * spec.batch_size, np.int32)  # uses per sample
         self.losses: list[float] = []
         self.failures: list[dict] = []
+
+    def _init_optimizer(self) -> None:
+        self.m, self.v = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -132,41 +156,63 @@ class ElasticTrainer:
             total += float(loss.detach()) / s.micro_batches
         return total
 
+    @property
+    def slots(self) -> int:
+        """The most logical ranks any process plays (the exchange's rows per process)."""
+        return max(self.owner.count(w) for w in set(self.owner))
+
+    def _compute(self, each) -> np.ndarray:
+        """Every logical rank of this process: its gradient, handed to ``each(slot,
+        grad)``; the exchange's metadata rows (logical rank, its loss)."""
+        meta = np.full((self.slots, 2), -1.0, np.float64)
+        for i, lg in enumerate(self.mine()):
+            meta[i] = (lg, self._shard_grad(lg))
+            each(i, self.grad.numpy())
+        return meta
+
+    def _exchange(self, call, x: np.ndarray) -> np.ndarray:
+        """``call(x)`` (the gradient exchange); a drill's ``allreduce`` kill fires with our
+        part issued and the others inside it."""
+        if not self._due("allreduce"):
+            return call(x)
+        work = call(x, async_op=True)
+        self._fire("allreduce")
+        work.wait()
+        return work.result()
+
+    def _where(self, meta: np.ndarray) -> dict[int, int]:
+        """Logical rank -> its row in the all-gathered metadata (each exactly once)."""
+        metas = self.comm.all_gather(meta).reshape(-1, 2)
+        self._metas = metas
+        held = sorted(int(lg) for lg in metas[:, 0] if lg >= 0)
+        if held != list(range(self.L)):
+            raise RuntimeError(f"step {self.step}: the exchange holds logical ranks "
+                               f"{held}, not each of 0..{self.L - 1} once")
+        return {lg: i for i, lg in enumerate(metas[:, 0].astype(int)) if lg >= 0}
+
     def train_step(self) -> None:
         """Compute, exchange, sum in logical order, update (raises on a failure)."""
-        mine = self.mine()
-        slots = max(self.owner.count(w) for w in set(self.owner))
         P = self.flat.numel()
-        grads = np.zeros((slots, P), np.float32)
-        meta = np.full((slots, 2), -1.0, np.float64)  # (logical rank, its loss)
-        for i, lg in enumerate(mine):
-            meta[i] = (lg, self._shard_grad(lg))
-            grads[i] = self.grad.numpy()
-        if self._due("allreduce"):  # issue our part, then die inside the exchange
-            work = self.comm.all_gather(grads, async_op=True)
-            self._fire("allreduce")
-            work.wait()
-            every = work.result()
-        else:
-            every = self.comm.all_gather(grads)
-        metas = self.comm.all_gather(meta).reshape(-1, 2)
-        every = every.reshape(-1, P)
-        held = [int(lg) for lg in metas[:, 0] if lg >= 0]
-        where = {lg: i for i, lg in enumerate(metas[:, 0].astype(int)) if lg >= 0}
-        if sorted(held) != list(range(self.L)):
-            raise RuntimeError(f"step {self.step}: the exchange holds logical ranks "
-                               f"{sorted(held)}, not each of 0..{self.L - 1} once")
+        grads = np.zeros((self.slots, P), np.float32)
+        meta = self._compute(grads.__setitem__)
+        every = self._exchange(self.comm.all_gather, grads).reshape(-1, P)
+        where = self._where(meta)
         total = np.zeros(P, np.float32)
         for lg in range(self.L):  # the reduction order: logical ranks, always
             total += every[where[lg]]
         total /= np.float32(self.L)
         self._fire("optimizer")
-        self._adamw(torch.from_numpy(total))
+        adamw(self.spec, self.step, self.flat, self.m, self.v, torch.from_numpy(total))
+        self._commit(where)
+
+    def _commit(self, where: dict[int, int]) -> None:
+        """The step is done: count its samples and loss, move on."""
         B = self.spec.batch_size
         for lg in where:
             lo = self.step * B + lg * (B // self.L)
             self.counts[lo:lo + B // self.L] += 1
-        self.losses.append(float(sum(metas[where[lg], 1] for lg in range(self.L)) / self.L))
+        self.losses.append(float(sum(self._metas[where[lg], 1] for lg in range(self.L))
+                                 / self.L))
         self.step += 1
         if self.failures and "resumed_s" not in self.failures[-1]:
             self._resumed(self.failures[-1])
@@ -178,17 +224,6 @@ class ElasticTrainer:
             event["resumed_s"] = round(time.time() - max(float(k) for k in killed), 4)
         else:
             event["resumed_s"] = None  # not a drill: no time of death
-
-    def _adamw(self, g: torch.Tensor) -> None:
-        """AdamW without weight decay (Loshchilov & Hutter, ICLR 2019), elementwise on the
-        flat vectors; the learning rate warms up linearly as the trainer's does."""
-        s, t = self.spec, self.step + 1
-        lr = s.lr * min(1.0, t / max(1, s.warmup))
-        b1, b2 = BETAS
-        self.m.mul_(b1).add_(g, alpha=1 - b1)
-        self.v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        denom = (self.v.sqrt() / math.sqrt(1 - b2 ** t)).add_(EPS)
-        self.flat.addcdiv_(self.m, denom, value=-lr / (1 - b1 ** t))
 
     # ---- recovery --------------------------------------------------------------------------
 
@@ -205,14 +240,19 @@ class ElasticTrainer:
         child = old.replace(limit=left) if left > 0 else old.shrink()
         alive = list(child.world_ranks)
         dead = sorted(old.world_ranks[r] for r in state(old).failed)
-        orphans = [lg for lg, w in enumerate(self.owner) if w not in alive]
-        for i, lg in enumerate(orphans):
-            self.owner[lg] = alive[i % len(alive)]
+        self._adopt(old, alive)
         self.comm = child
         self.failures.append({"step": self.step, "dead": dead, "ranks": alive,
                               "how": "replace" if len(alive) == old.size else "shrink",
                               "error": type(err).__name__})
         self._sync(fresh=False, t0=t0)
+
+    def _adopt(self, old, alive: list[int]) -> None:
+        """The dead processes' logical ranks go to survivors, round-robin in world-rank
+        order."""
+        orphans = [lg for lg, w in enumerate(self.owner) if w not in alive]
+        for i, lg in enumerate(orphans):
+            self.owner[lg] = alive[i % len(alive)]
 
     def join(self) -> None:
         """A replacement (``RINGTREE_JOIN=1``): receive the state from the survivors."""
@@ -229,6 +269,7 @@ class ElasticTrainer:
         comm = self.comm
         steps = comm.all_gather(np.array([-1 if fresh else self.step], np.int64)).reshape(-1)
         newest = int(steps.max())
+        self._catch_up(newest, fresh)
         sources = [r for r in range(comm.size) if steps[r] == newest]
         dests = [r for r in range(comm.size) if steps[r] != newest]
         moved = None
@@ -240,8 +281,7 @@ class ElasticTrainer:
             def damage(i: int, chunk: np.ndarray) -> np.ndarray:
                 return chunk if i != bad else np.bitwise_xor(chunk, np.uint8(1))
 
-            moved = stream(comm, [self.flat.numpy(), self.m.numpy(), self.v.numpy(),
-                                  self.counts], sources, dests, chunk_bytes=1 << 18,
+            moved = stream(comm, self._replicated(), sources, dests, chunk_bytes=1 << 18,
                            corrupt=damage if bad >= 0 else None)
             moved["seconds"] = round(time.monotonic() - t1, 4)
             moved["sources"] = len(sources)
@@ -249,9 +289,21 @@ class ElasticTrainer:
             book = comm.broadcast_object(book, root=sources[0])
             self.step, self.owner, self.losses, self.failures = \
                 book[0], list(book[1]), list(book[2]), [dict(f) for f in book[3]]
+        moved = self._place_state(moved)
         if self.failures:
             self.failures[-1]["transfer"] = moved
             self.failures[-1]["recovery_s"] = round(time.monotonic() - t0, 4)
+
+    def _replicated(self) -> list[np.ndarray]:
+        """What every process holds whole (a process behind receives it)."""
+        return [self.flat.numpy(), self.m.numpy(), self.v.numpy(), self.counts]
+
+    def _catch_up(self, newest: int, fresh: bool) -> None:
+        """Before the transfer: bring local state to step ``newest`` where possible (ZeRO)."""
+
+    def _place_state(self, moved: dict | None) -> dict | None:
+        """After the transfer: put sharded state where the new membership wants it (ZeRO)."""
+        return moved
 
     def run(self) -> None:
         from ringtree.errors import RecoveryError, RingtreeError

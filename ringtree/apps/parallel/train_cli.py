@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     a("--no-progress", action="store_true", help="no progress bar")
     a("--elastic", action="store_true",
       help="survive a dead rank: shrink and re-run the step, bitwise as an unbroken run "
-           "(data parallel only; see ringtree.apps.parallel.elastic)")
+           "(data parallel, also with --zero 1; see ringtree.apps.parallel.elastic)")
     a("--kill", metavar="RANK:STEP[:PHASE]", action="append", default=[],
       help="drill: that rank SIGKILLs itself in that step (compute, allreduce, optimizer; "
            "random if omitted); repeatable")
@@ -120,7 +120,7 @@ def _check_elastic(args, world: int) -> None:
     if args.tp != 1 or args.pp != 1 or args.dp != world:
         raise GridError(f"--elastic runs data parallel only: --dp {world} (the world size) "
                         f"with --tp 1 --pp 1, got dp={args.dp} tp={args.tp} pp={args.pp}")
-    for flag, bad in (("--zero 1", args.zero), ("--save", args.save),
+    for flag, bad in (("--save", args.save),
                       ("--resume", args.resume), ("--backend gloo", args.backend != "ringtree"),
                       ("--record-comm", args.record_comm)):
         if bad:
@@ -163,12 +163,14 @@ def _elastic(args) -> int:
     process group; ``--json`` adds ``param_sha256``, ``samples`` and ``failures``."""
     import ringtree
     from ringtree.apps.parallel.elastic import ElasticTrainer, parse_kill
+    from ringtree.apps.parallel.elastic_zero import ElasticZeroTrainer
 
     comm = ringtree.init()
     joining = environ.get("RINGTREE_JOIN") == "1"  # a replacement: its --kill is spent
     kills = [] if joining else [parse_kill(k, args.seed + i) for i, k in enumerate(args.kill)]
-    trainer = ElasticTrainer(_spec(args), comm, kills, logical=args.dp, corrupt=args.corrupt_chunk,
-                             max_restarts=int(environ.get("RINGTREE_MAX_RESTARTS") or 0))
+    cls = ElasticZeroTrainer if args.zero else ElasticTrainer
+    trainer = cls(_spec(args), comm, kills, logical=args.dp, corrupt=args.corrupt_chunk,
+                  max_restarts=int(environ.get("RINGTREE_MAX_RESTARTS") or 0))
     t0 = time.perf_counter()
     if joining:
         trainer.join()

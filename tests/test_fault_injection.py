@@ -169,12 +169,15 @@ def test_the_store_unreachable_for_a_while():
 def stale_hello(comm):
     """After a shrink, rank 0 opens a connection to rank 1's new listener with a hello
     that is valid for the *old* communicator (its id, its MAC) and sends bytes after it:
-    rank 1 must close it without reading them, and the new communicator's data are right.
+    rank 1 must close it without reading them and count it as stale (the flight
+    recorder's status: dumps, the doctor), and the new communicator's data are right.
     (Old-epoch messages cannot arrive: a new communicator has a new id, and its shared
     memory segments new names.)"""
     import gc
 
-    from ringtree.transports.tcp import _HELLO, _MAGIC, TcpTransport
+    from ringtree.prof.flight import status
+    from ringtree.transports.tcp import TcpTransport
+    from ringtree.transports.tcp_hello import hello
 
     comm.all_reduce(np.ones(64, np.float32))
     comm.agree(1)
@@ -185,7 +188,7 @@ def stale_hello(comm):
     stale = None
     if comm.rank == 0:
         stale = socket.create_connection(tuple(new.addresses[1][:2]))
-        stale.sendall(_HELLO.pack(_MAGIC, old.comm_id, 0, 0, old._mac(0, 0))
+        stale.sendall(hello(old.secret, old.comm_id, 0, 0)
                       + np.full(1 << 10, 7.0, np.float32).tobytes())
     comm.agree(1)  # rank 1 accepts only after the stale hello is there
     y = np.full(1 << 10, child.rank + 1.0, np.float32)
@@ -198,12 +201,13 @@ def stale_hello(comm):
         except ConnectionResetError:
             refused = True
         stale.close()
-    out = (child.comm_id != comm.comm_id, float(y.min()), float(y.max()), refused)
+    out = (child.comm_id != comm.comm_id, float(y.min()), float(y.max()), refused,
+           status(child)["stale_dropped"])
     child.close()
     return out
 
 
-def test_an_old_epochs_connection_is_refused():
+def test_an_old_epochs_connection_is_refused_and_counted():
     res = run_ranks(stale_hello, 2, env={"RINGTREE_TRANSPORT": "tcp"}, timeout=60)
-    assert res[0] == (True, 3.0, 3.0, True), res
-    assert res[1] == (True, 3.0, 3.0, None), res
+    assert res[0] == (True, 3.0, 3.0, True, 0), res
+    assert res[1] == (True, 3.0, 3.0, None, 1), res  # dropped unread, counted

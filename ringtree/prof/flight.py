@@ -291,6 +291,7 @@ def status(comm, entries: int | None = 8, closed: bool = False) -> dict:
         "after_abort": (health.after_abort or "")[:300] or None,
         "failing": health.failing,
         "timeout_s": comm.timeout,
+        "stale_dropped": comm.fabric.stale(),
         "entries": fr.entries(entries) if fr is not None else [],
     }
 

@@ -151,6 +151,7 @@ class Transport(ABC):
 
     name = "transport"
     nap = math.inf  # longest sleep the transport allows (shm checks peers' liveness)
+    stale = 0  # messages of another (older) communicator of the job, dropped unread
 
     @abstractmethod
     def isend(self, peer: int, channel: int, header: bytes, payload: np.ndarray) -> Request:

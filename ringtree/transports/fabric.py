@@ -37,6 +37,10 @@ class Fabric:
         if all(t is not transport for t in self.transports):
             self.transports.append(transport)
 
+    def stale(self) -> int:
+        """Messages of another communicator of the job (an older epoch) dropped unread."""
+        return sum(t.stale for t in self.transports)
+
     def peer_name(self, peer: int) -> str:
         t = self.routes.get(peer)
         return t.peer_name(peer) if t is not None else f"rank {peer}"

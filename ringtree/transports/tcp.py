@@ -13,7 +13,8 @@
 - The lower rank connects, the higher rank accepts (so two ranks that need each other at
   the same moment never open two sockets). A connection introduces itself with a hello:
   magic, communicator id, rank, channel and an HMAC of them under the job token; an
-  accepted socket that fails it is closed without being read further.
+  accepted socket that fails it is closed without being read further (one whose hello is
+  valid for another communicator of the job, e.g. an older epoch's, is counted as stale).
 - Messages are framed as a 32-byte header followed by the payload. ``sendmsg`` gathers
   header and payload into one system call; receives land straight in the caller's NumPy
   memory (``recv_into``).
@@ -24,12 +25,9 @@
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import os
 import select
 import socket
-import struct
 import time
 from collections import deque
 
@@ -37,10 +35,9 @@ import numpy as np
 
 from ringtree.errors import PeerError
 from ringtree.transports.base import HEADER_BYTES, HeaderMismatch, Request, Transport
+from ringtree.transports.tcp_hello import HELLO as _HELLO
+from ringtree.transports.tcp_hello import hello, mac, verdict
 from ringtree.transports.tcp_socket import STRIPE_MIN, STRIPE_SHIFT, hang_up, sockets_per_peer, tune
-
-_MAGIC = b"RTc1"
-_HELLO = struct.Struct("<4s16sII16s")
 
 
 def make_listener(host: str) -> socket.socket:
@@ -96,8 +93,7 @@ class TcpTransport(Transport):
     # ---- connection management -------------------------------------------------------
 
     def _mac(self, rank: int, channel: int) -> bytes:
-        msg = self.comm_id + struct.pack("<II", rank, channel)
-        return hmac.new(self.secret, msg, hashlib.sha256).digest()[:16]
+        return mac(self.secret, self.comm_id, rank, channel)
 
     def _conn(self, peer: int, channel: int) -> _Conn:
         key = (peer, channel)
@@ -124,8 +120,7 @@ class TcpTransport(Transport):
             self._connect_failed(conn, OSError(err, os.strerror(err)))
             return
         conn.sock = sock
-        conn.out = _HELLO.pack(_MAGIC, self.comm_id, self.rank, conn.channel,
-                               self._mac(self.rank, conn.channel))
+        conn.out = hello(self.secret, self.comm_id, self.rank, conn.channel)
         self.connecting.add(conn)
 
     def _progress_connect(self, conn: _Conn) -> bool:
@@ -205,9 +200,10 @@ class TcpTransport(Transport):
             if len(buf) < _HELLO.size:
                 keep.append((sock, buf))
                 continue
-            magic, cid, peer, channel, mac = _HELLO.unpack(bytes(buf))
-            if (magic != _MAGIC or cid != self.comm_id or peer >= len(self.addresses)
-                    or not hmac.compare_digest(mac, self._mac(peer, channel))):
+            kind, peer, channel = verdict(bytes(buf), self.secret, self.comm_id,
+                                          len(self.addresses))
+            if kind != "ours":
+                self.stale += kind == "stale"
                 sock.close()  # not one of ours: drop without acting on anything it sent
                 continue
             conn = self.conns.get((peer, channel))

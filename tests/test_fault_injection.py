@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import ringtree
-from ringtree.bootstrap.store import StoreServer
+from ringtree.bootstrap.store import StoreError, StoreServer
 from ringtree.errors import RecoveryError
 from ringtree.testing import run_ranks
 
@@ -124,8 +124,9 @@ def _pause(port: int, seconds: float) -> None:
 
 def store_outage(comm, control: int):
     """Short outage (1.5 s, the store's per-request deadline is 4 s) during collectives
-    and an agreement: nothing fails. Long outage (20 s): the agreement fails with a
-    RecoveryError naming the store on every rank."""
+    and an agreement: nothing fails. Long outage (9 s): the agreement fails with a
+    RecoveryError naming the store on every rank; once the store is back, the client
+    (which dropped the connection whose reply did not come) reconnects and works."""
     x = np.ones(1 << 10, np.float32)
     comm.all_reduce(x)
     comm.barrier()
@@ -138,14 +139,26 @@ def store_outage(comm, control: int):
     short = (value, comm.failed_ranks(), float(x[0]))
     comm.barrier()
     if comm.rank == 0:
-        _pause(control, 20.0)
+        _pause(control, 9.0)
+    back = time.monotonic() + 9.0  # at the latest: the pause began after our barrier
     comm.barrier()
     try:
         comm.agree(1)
         long = "agreed"
     except RecoveryError as e:
         long = str(e)
-    return short, long
+    time.sleep(max(0.0, back - time.monotonic()) + 0.5)
+    end = time.monotonic() + 20  # a failed reconnect is retried after the op deadline
+    while True:
+        try:
+            comm.store.set(f"back/{comm.rank}", b"1")
+            break
+        except StoreError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.2)
+    again = comm.store.get(f"back/{(comm.rank + 1) % comm.size}", timeout=30)
+    return short, long, again
 
 
 def test_the_store_unreachable_for_a_while():
@@ -161,9 +174,10 @@ def test_the_store_unreachable_for_a_while():
         server.close()
     for r, v in enumerate(res):
         assert not isinstance(v, BaseException), f"rank {r}: {v!r}"
-        short, long = v
+        short, long, again = v
         assert short == (1, [], 3.0 ** 6), (r, v)
         assert f"rank {r}: agree: the store is unreachable" in long, (r, long)
+        assert again == b"1", (r, v)
 
 
 def stale_hello(comm):

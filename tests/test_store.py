@@ -431,8 +431,10 @@ def test_server_close_fails_waiting_clients(connect):
     t.join(10)
     assert len(errors) == 1 and isinstance(errors[0], StoreError)
     assert "lost the connection" in str(errors[0])
-    with pytest.raises(StoreError, match="closed"):
-        c.set("x", b"y")  # the broken connection is not reused
+    with pytest.raises(StoreError, match="dropped and could not be opened again"):
+        c.set("x", b"y")  # the broken connection is not reused; one new attempt, refused
+    with pytest.raises(StoreError, match="the next one in"):
+        c.set("x", b"y")  # and no other attempt until the op deadline has passed
     c.close()
     srv.close()  # idempotent
 

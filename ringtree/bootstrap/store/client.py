@@ -1,4 +1,5 @@
-"""The store client: one connection per rank, thread-safe, reconnect-free."""
+"""The store client: one connection per rank, thread-safe; a dropped connection is
+opened again (once) by the next request."""
 
 from __future__ import annotations
 
@@ -52,7 +53,13 @@ class StoreClient(Closing):
     ``op_timeout`` seconds (``RINGTREE_STORE_OP_TIMEOUT``, default 5; longer for values of
     many megabytes), and that includes waiting for another thread to finish its request. A
     request whose reply does not come in time drops the connection (its request/reply
-    pairing is lost), so later requests fail at once.
+    pairing is lost) and raises; the next request opens a new one, in one attempt
+    bounded by ``op_timeout``; if that fails, requests fail at once until ``op_timeout``
+    has passed, then one tries again. So a store that was slow or cut off for a while is
+    used again when it is back (a reply that came late under load once left the client
+    unusable, and a rank that was forming its communicator then failed with "the client
+    is closed" while the others waited for it), and a store that is gone costs one
+    refused connection per ``op_timeout``, not a wait per request.
     """
 
     def __init__(
@@ -72,14 +79,17 @@ class StoreClient(Closing):
             (current().store_op_timeout or OP_TIMEOUT)
         self._where = f"{host}:{port}"
         self._lock = threading.Lock()
-        self._sock: socket.socket | None = self._connect(token.encode("utf-8"), connect_timeout)
+        self._key = token.encode("utf-8")
+        self._closed = False
+        self._retry_at = 0.0  # after a failed reconnect: no new attempt before this
+        self._sock: socket.socket | None = self._connect(self._key, connect_timeout)
 
     def __repr__(self) -> str:
         return f"StoreClient({self._where})"
 
     # -- connection ----------------------------------------------------------------------
 
-    def _connect(self, key: bytes, connect_timeout: float) -> socket.socket:
+    def _connect(self, key: bytes, connect_timeout: float, once: bool = False) -> socket.socket:
         deadline = time.monotonic() + connect_timeout
         delay, last = 0.01, None
         while True:
@@ -103,7 +113,7 @@ class StoreClient(Closing):
                     sock.close()
                 last = e
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or once:
                 raise StoreTimeout(
                     f"could not connect to the ringtree store at {self._where} within "
                     f"{connect_timeout:.3g}s (last error: {last!r}); is rank 0 or the launcher "
@@ -135,9 +145,26 @@ class StoreClient(Closing):
     def close(self) -> None:
         """Close the connection (the server keeps every key). Idempotent."""
         with self._lock:
+            self._closed = True
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+
+    def _reopen(self, what: str) -> socket.socket:
+        """A new connection in place of a dropped one (lock held; see the class doc)."""
+        if self._closed:
+            raise StoreError(f"{what}: the client of the store at {self._where} is closed")
+        wait = self._retry_at - time.monotonic()
+        if wait > 0:
+            raise StoreError(f"{what}: no connection to the store at {self._where} (the last "
+                             f"attempt failed; the next one in {wait:.1f}s)")
+        try:
+            self._sock = self._connect(self._key, self.op_timeout, once=True)
+        except StoreError as e:
+            self._retry_at = time.monotonic() + self.op_timeout
+            raise StoreError(f"{what}: the connection to the store at {self._where} was "
+                             f"dropped and could not be opened again: {e}") from None
+        return self._sock
 
     # -- requests ------------------------------------------------------------------------
 
@@ -153,9 +180,7 @@ class StoreClient(Closing):
             raise StoreTimeout(f"{what}: the connection to the store at {self._where} stayed "
                                f"busy with another thread's request for {sock_timeout:g}s")
         try:
-            sock = self._sock
-            if sock is None:
-                raise StoreError(f"{what}: the client of the store at {self._where} is closed")
+            sock = self._sock if self._sock is not None else self._reopen(what)
             try:
                 sock.settimeout(sock_timeout)
                 sock.sendall(frame)

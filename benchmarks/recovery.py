@@ -24,15 +24,21 @@ or ``--max-restarts 1``: the seconds from the kill to the next committed step
 sources to one newcomer over shared memory, CRC-32 per chunk included; GB/s at the
 newcomer (median of ``--trials`` // 5 + 1 runs).
 
+``--overhead`` runs only the failure-free overhead instead (``benchmarks/recovery_overhead.py``):
+8 B latency and 1/16 MiB bus bandwidth with recovery on (``--max-restarts 1``, a
+recoverable communicator) vs off, alternated over ``--rounds`` launches each, medians.
+
+``--hosts`` runs only the two-host trials instead (``benchmarks/recovery_hosts.py``): 2 hosts
+× 2 ranks on the namespace testbed, a rank killed on host 1, and host 1's link cut
+(detection by deadline, ``--cut-timeout``).
+
 ``--cycles K`` runs only the kill/replace cycle drill instead (``benchmarks/recovery_cycles.py``):
 one job of ``--ranks`` ranks (the first value, default 3) under ``ringtree run --max-restarts K``
 kills and replaces a rank K times, and reports whether any process, file descriptor,
 thread or shared-memory name was left behind.
 
 The table gives p50 and p99 (p99 is the maximum below 100 trials) per N. Times are
-``time.time()`` on one host (the ranks share its clock). The failure-free overhead of all
-this is zero by construction (nothing runs on the call path until a failure or a call to
-revoke/agree/shrink); compare ``ringtree perf`` on this branch and its base to check.
+``time.time()`` on one host (the ranks share its clock).
 """
 
 from __future__ import annotations
@@ -154,6 +160,13 @@ def pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
+def _report(res: dict, path: str | None) -> None:
+    print(json.dumps(res, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default=None, help="default 2,4,8 (3 with --cycles)")
@@ -163,16 +176,31 @@ def main() -> None:
                     help="also time ringtree train --elastic (shrink and replace) per N")
     ap.add_argument("--cycles", type=int, default=0,
                     help="only the kill/replace cycle drill, K cycles (see the docstring)")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the failure-free overhead, recovery on vs off "
+                         "(benchmarks/recovery_overhead.py)")
+    ap.add_argument("--rounds", type=int, default=8, help="--overhead: rounds per mode")
+    ap.add_argument("--hosts", action="store_true",
+                    help="only 2 hosts x 2 ranks on the namespace testbed: a kill and a cut "
+                         "link (benchmarks/recovery_hosts.py)")
+    ap.add_argument("--cut-timeout", type=float, default=3.0,
+                    help="--hosts: RINGTREE_TIMEOUT of the cut-link trials (s)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.hosts:
+        from recovery_hosts import run as across_hosts
+
+        _report(across_hosts(args.trials, args.cut_timeout), args.json)
+        return
+    if args.overhead:
+        from recovery_overhead import drive as overhead
+
+        _report(overhead(int((args.ranks or "2").split(",")[0]), args.rounds), args.json)
+        return
     if args.cycles:
         from recovery_cycles import drive
 
-        res = drive(args.cycles, int((args.ranks or "3").split(",")[0]))
-        print(json.dumps(res, indent=1))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=1)
+        _report(drive(args.cycles, int((args.ranks or "3").split(",")[0])), args.json)
         return
     out: dict = {}
     for n in (int(v) for v in (args.ranks or "2,4,8").split(",")):

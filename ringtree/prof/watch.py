@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 
-from ringtree.errors import CollectiveTimeout, PeerError
+from ringtree.errors import CollectiveTimeout
 from ringtree.prof import doctor, flight
 from ringtree.runtime import at_exit
 from ringtree.settings import current
@@ -203,15 +203,11 @@ def diagnose(comm, exclude: tuple[int, ...] = ()) -> str:
 
 
 def with_diagnosis(comm, err: BaseException) -> BaseException:
-    """``err`` with the doctor's report appended (same exception type)."""
-    if isinstance(err, PeerError):
-        report = diagnose(comm, exclude=(err.peer,))
-        new: BaseException = PeerError(err.peer, f"{err}\n{report}")
-    elif isinstance(err, CollectiveTimeout):
-        new = CollectiveTimeout(f"{err}\n{diagnose(comm)}")
-    else:
-        return err
-    return new
+    """A timeout with the doctor's report appended (a dead peer needs none: the error
+    names it, see :func:`ringtree.failure.fail`); other errors as they are."""
+    if isinstance(err, CollectiveTimeout):
+        return CollectiveTimeout(f"{err}\n{diagnose(comm)}")
+    return err
 
 
 # ---- monitored barrier -------------------------------------------------------------------

@@ -56,14 +56,18 @@ def attach(comm) -> None:
         _register_atexit()
 
 
-def detach(comm) -> None:
-    """Called when a communicator is closed or aborted (never raises)."""
+def detach(comm, flush: bool = True) -> None:
+    """Called when a communicator is closed or aborted (never raises). ``flush``: write
+    a failure's flight-recorder dump left for later now (the process may be about to
+    exit); a recovery that releases the failed parent passes False, so the dump stays
+    off its critical path (the watcher writes it)."""
     try:
         from ringtree.prof import watch
 
         if comm in flight.COMMS:
             watch.publish_closed(comm)
-        watch.dump_due_now()  # a failure's dump left for later: now, before we go
+        if flush:
+            watch.dump_due_now()
         flight.COMMS.discard(comm)
         if any(it["comm"]() is comm for it in _env_session):
             _write_env_session()

@@ -133,4 +133,4 @@ def _release(comm) -> None:
     comm.progress.stop()
     from ringtree.prof import detach
 
-    detach(comm)
+    detach(comm, flush=False)  # the child is being built: a dump due waits for the watcher

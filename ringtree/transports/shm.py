@@ -27,7 +27,7 @@ Layout (NCCL's shm/p2p connection, DeepSpeed's flag discipline):
 - Failure: a rank that closes sets its ``closed`` word and rings its peers; a peer that
   sees it first finishes what the closer had done (data it left, a direct send it read),
   then fails the rest with :class:`PeerError` naming the rank; while sleeping a rank
-  checks every 0.1 s that the peers it waits for are alive (pid and start time).
+  checks every 0.05 s that the peers it waits for are alive (pid and start time).
 - Clean-up: names are unlinked once both sides mapped them; crashed jobs' leftovers go in
   :func:`shm_segment.clean_stale` and :meth:`ShmTransport.close`.
 """
@@ -71,7 +71,7 @@ READS, READS_MAX = 192, 1024
 # in word REASON_LEN, the UTF-8 text from byte REASON_AT. A peer that sees us close names
 # that first cause instead of us.
 REASON_LEN, REASON_AT, REASON_MAX = 256, 2056, 2000
-LIVENESS_PERIOD = 0.1
+LIVENESS_PERIOD = 0.05  # s; a dead peer is seen within this (recovery wants detection ≪ 0.3 s)
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()

@@ -32,7 +32,7 @@ MPI) for up to ``yield_us``; then sleep in ``poll(2)`` on this rank's doorbell (
 pipe) after announcing it in the state line — the Dekker handshake of
 :mod:`ringtree.transports.shm`: the sleeper stores its flag, fences, re-checks; a poster
 stores ``seq``, fences, and rings only ranks whose flag is set. While sleeping, every
-0.1 s a rank checks that the ranks it waits for are alive (``/proc``; :class:`PeerError`
+0.05 s a rank checks that the ranks it waits for are alive (``/proc``; :class:`PeerError`
 names the rank), calls ``on_idle`` (the communicator's abort check) about once a
 second, and honours the call's timeout (:class:`CollectiveTimeout` naming the ranks).
 
@@ -66,7 +66,7 @@ LINES_OFF = 4096           # header page first: magic, nranks, cell bytes
 SLEEP, CLOSED, ANN_SEQ, ANN_HEAD = 0, 1, 2, 3
 SEQ_MASK = 0xFFFFFFFF      # the header's sequence number: the low half of its 2nd word
 POISON = (1 << 64) - 1     # seq and first header word of a closed rank's lines
-LIVENESS_PERIOD = 0.1
+LIVENESS_PERIOD = 0.05  # s; a dead peer is seen within this (recovery wants detection ≪ 0.3 s)
 IDLE_PERIOD = 1.0
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 

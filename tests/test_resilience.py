@@ -76,12 +76,15 @@ def kill_then_recover(comm):
     failed = comm.failed_ranks()
     acked = comm.ack_failed()
     child = comm.shrink()
+    # read before the child's first call: once that call is done here, the other
+    # survivor may have returned and exited, and a rank gone is a failed rank
+    failed_after = comm.failed_ranks()
     y = np.full(1 << 18, child.rank + 1, np.float32)  # Simple at this size
     child.all_reduce(y)
     z = np.full(8, 2.0, np.float64)
     child.all_reduce(z)  # LL
     out = (err, value, failed, acked, child.rank, child.size, child.world_ranks,
-           float(y[0]), float(z[0]), comm.failed_ranks())
+           float(y[0]), float(z[0]), failed_after)
     child.close()
     deadline = time.monotonic() + 10  # the workers let go exit at their next wake-up
     while _workers() and time.monotonic() < deadline:
@@ -281,9 +284,10 @@ def death_during_shrink(comm):
     if comm.rank == 3:
         shrink_module.build_child = lambda *a, **k: _die()
     child = comm.shrink()
+    failed = comm.failed_ranks()  # before the child's call (see kill_then_recover)
     y = np.ones(64, np.float32)
     child.all_reduce(y)
-    out = (child.size, child.world_ranks, float(y[0]), comm.failed_ranks())
+    out = (child.size, child.world_ranks, float(y[0]), failed)
     child.close()
     return out
 

@@ -101,8 +101,13 @@ def test_template_is_every_rank():
                 if t is None:
                     continue
                 for r in range(n):
-                    assert symbolic.instantiate(t, r).channels == \
-                        generate(coll, algo, n, r, opts).channels, (coll, algo, n, r)
+                    p = generate(coll, algo, n, r, opts)
+                    assert symbolic.instantiate(t, r).channels == p.channels, \
+                        (coll, algo, n, r)
+                    # the field-by-field check agrees, also on a Program it misreads
+                    q = replace(generate(coll, algo, n, (r + 1) % n, opts), rank=r)
+                    assert symbolic.reads(t, p) and symbolic.reads(t, q) == \
+                        (q.channels == p.channels), (coll, algo, n, r)
     assert symbolic.template("all_reduce", "ring", 8, Options(channels=2)) is not None
     assert symbolic.template("broadcast", "ring", 8, Options(root=3)) is None
     assert symbolic.template("all_reduce", "tree", 8, Options()) is None

@@ -56,7 +56,7 @@ class Sym:
     def __sub__(self, k):
         if type(k) is not int:
             raise NotSymmetric("rank minus a non-integer")
-        return self + (-k)
+        return Sym(self.m, self.a, self.mod, self.b - k)
 
     def __rsub__(self, k):
         return (-self) + k
@@ -115,8 +115,43 @@ def template(coll: Collective | str, algo: str, nranks: int, opts: Options) -> P
 def reads(t: Program, p: Program) -> bool:
     """Is template ``t`` at ``p.rank`` the generated Program ``p`` (same channels)? Kept
     per pair of objects (both held, so their ids stay theirs)."""
-    return _READS.lookup((id(t), id(p)),
-                         lambda: instantiate(t, p.rank).channels == p.channels, t, p)
+    return _READS.lookup((id(t), id(p)), lambda: _reads(t, p), t, p)
+
+
+def _reads(t: Program, p: Program) -> bool:
+    """``instantiate(t, p.rank).channels == p.channels`` (the same comparison, field by
+    field) without building rank r's Steps: each peer tuple of the template is evaluated
+    once per object, each chunk expression where it is compared."""
+    r = p.rank
+    if len(t.channels) != len(p.channels):
+        return False
+    peer: dict[int, int] = {}                    # id of a peer expression (held by t)
+    for tch, pch in zip(t.channels, p.channels):
+        if len(tch) != len(pch):
+            return False
+        for ts, ps in zip(tch, pch):
+            if ts.reduce != ps.reduce or not _ref_reads(ts.src, ps.src, r) \
+                    or not _ref_reads(ts.dst, ps.dst, r):
+                return False
+            for tq, pq in ((ts.recv_from, ps.recv_from), (ts.send_to, ps.send_to)):
+                if len(tq) != len(pq):
+                    return False
+                for q, v in zip(tq, pq):
+                    got = peer.get(id(q))
+                    if got is None:
+                        got = peer[id(q)] = _val(q, r)
+                    if got != v:
+                        return False
+    return True
+
+
+def _ref_reads(tr: Ref | None, pr: Ref | None, r: int) -> bool:
+    """Is template reference ``tr`` at rank r the reference ``pr`` (``Ref.__eq__``)?"""
+    if tr is None or pr is None:
+        return tr is pr
+    x = tr.index
+    return tr.buf == pr.buf and tr.count == pr.count and \
+        (x.at(r) if type(x) is Sym else x) == pr.index
 
 
 def _template(coll: Collective, algo: str, nranks: int, opts: Options) -> Program | None:

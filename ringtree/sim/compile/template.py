@@ -214,12 +214,24 @@ def declared_offsets(t: Program) -> list[tuple[int, int]]:
                    for q in s.send_to})
 
 
-def _family(ref) -> tuple | None:
-    """What chunks ``ref`` names on the ranks, as a hashable key (None: unbounded)."""
-    x = ref.index
-    if not isinstance(x, Sym):
-        return (ref.buf, None, ref.index, ref.count)
-    return None if ref.count != 1 else (ref.buf, x.m, x.mod, x.b)
+def _families_of(ch: tuple) -> set[tuple | None]:
+    """What chunks a channel's references name on the ranks, as hashable keys: (buf, m,
+    M, b) for a chunk expression, (buf, None, index, count) for a fixed reference; None
+    among them when a symbolic reference spans several chunks (unbounded)."""
+    fams: set[tuple | None] = set()
+    add = fams.add
+    for s in ch:
+        for ref in (s.src, s.dst):
+            if ref is None:
+                continue
+            x = ref.index
+            if type(x) is not Sym:
+                add((ref.buf, None, x, ref.count))
+            elif ref.count != 1:
+                return {None}
+            else:
+                add((ref.buf, x.m, x.mod, x.b))
+    return fams
 
 
 def _chunks_of(fam: tuple, n: int) -> set[int]:
@@ -240,7 +252,7 @@ def moving(t: Program, p0: Program, count: int, in_place: bool) -> tuple[Program
     names: list[set[tuple]] = []
     zero: list[set[tuple]] = []
     for ch in t.channels:
-        fams = {_family(ref) for s in ch for ref in (s.src, s.dst) if ref is not None}
+        fams = _families_of(ch)
         if None in fams:
             return t, p0
         got: set[tuple] = set()

@@ -57,7 +57,15 @@ CASES = {
     "ring_8B_131072": (60.0, None),
     "tree_8B_16384": (60.0, None),
     "tree_8B_32768": (60.0, None),
+    "ring_64KiB_16384": (60.0, None),
+    "ring_64KiB_32768": (60.0, None),
+    "ring_64KiB_131072": (60.0, None),
+    "tree_64KiB_16384": (60.0, None),
+    "tree_64KiB_32768": (60.0, None),
+    "tree_64KiB_131072": (60.0, None),
 }
+# algorithms that need in-network reduction run on the preset that has it
+SHARP = ("collnet_chain", "collnet_direct", "nvls", "nvls_tree")
 SMALL = re.compile(r"(\w+?)_(\d+)(B|KiB|MiB)_(\d+)$")
 
 
@@ -124,7 +132,8 @@ def run_case(name: str, only: list[str] | None = None) -> dict:
     elif SMALL.match(name):
         algo, num, unit, ranks = SMALL.match(name).groups()
         size = int(num) << {"B": 0, "KiB": 10, "MiB": 20}[unit]
-        events, _, note = _one(f"dgx_h100:{int(ranks) // 8}", algo, [size])
+        preset = "dgx_h100_sharp" if algo in SHARP else "dgx_h100"
+        events, _, note = _one(f"{preset}:{int(ranks) // 8}", algo, [size])
         detail.append(note)
     elif name.startswith("grow:"):                  # --largest: grow:ALGO:BYTES:NODES
         _, algo, size, nodes = name.split(":")

@@ -56,6 +56,25 @@ def test_structure_compiles_what_the_compiler_does(topo_name, nodes, in_place, c
             assert len(st.layouts) >= 1
 
 
+@pytest.mark.parametrize("topo_name,nodes", [("dgx_h100", 2), ("fat_tree2", 5)])
+def test_a_large_structure_lays_out_only_the_channels_kept(topo_name, nodes):
+    """Past ``full_steps`` a size's pruned channels are never laid out (compiled from
+    the emptied Programs, the full layout only when a size keeps every channel): the
+    same run, field by field, in either order of sizes."""
+    topo = presets.get(topo_name, nodes)
+    for algo in algorithms("all_reduce"):
+        try:
+            progs = programs_for("all_reduce", algo, topo)
+            place(progs, topo)
+        except ValueError:                      # CollNet without a reduction switch
+            continue
+        for sizes in ([8, 96, 3 << 20], [3 << 20, 8, 96]):
+            st = Structure(progs, full_steps=0)
+            for nbytes in sizes:
+                count = count_for(progs[0].collective, nbytes, topo.nranks)
+                _same(st, progs, count, 4, 1 << 20)
+
+
 @pytest.mark.parametrize("topo_name,nodes,algo,g", [
     ("torus", 8, "hierarchical", 4), ("torus", 8, "recursive_doubling", 4),
     ("dgx_a100", 4, "rabenseifner", 16)])

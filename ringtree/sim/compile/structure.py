@@ -45,6 +45,8 @@ __all__ = ["Structure", "Sweep"]
 # a sweep keeps the structure of runs of at most this many steps (what it holds is about
 # the size of one compiled run; bigger runs compile per size, as without a sweep)
 STRUCTURE_STEPS = 1_000_000
+# runs of at most this many steps lay out every channel once (:class:`Structure`)
+FULL_STEPS = 1 << 18
 
 
 @dataclass
@@ -86,11 +88,16 @@ class Structure:
     :func:`.compiled.compile_programs`."""
 
     def __init__(self, programs: Sequence[Program], in_place: bool = False, fold: int = 0,
-                 prune: bool = True, shares: bool = True, xor: bool = False) -> None:
+                 prune: bool = True, shares: bool = True, xor: bool = False,
+                 full_steps: int = FULL_STEPS) -> None:
         self.programs = list(programs)
         self.in_place, self.fold, self.prune, self.shares = in_place, fold, prune, shares
         self.xor = xor
         self.n = self.programs[0].nranks
+        # up to this many steps, every channel is laid out first and each pruning pattern
+        # read off that layout (:func:`restrict`); beyond, only the channels a size
+        # keeps are compiled (a 131,072-rank tree at 8 B keeps 2 of its 16)
+        self.full_first = sum(p.steps for p in self.programs) <= full_steps
         for rank, p in enumerate(self.programs):
             if p.rank != rank:
                 raise ValueError(f"program {rank} is for rank {p.rank}")
@@ -111,27 +118,29 @@ class Structure:
         lengths = Lengths(self.n, count)
         pre, base = self._prefix(lengths)
         full = ((),) * len(self.programs)
-        if self.prune and full not in self.layouts and not self.in_place:
+        if self.prune and full not in self.layouts and self.full_first and not self.in_place:
             self.layouts[full] = self._layout(self.programs, base, count, itemsize,
                                               slice_bytes)
+        emptied: list[Program] | None = None
         if not self.prune:
             drops = list(full)
         elif full in self.layouts and not self.in_place:
             drops = self._drops(self.layouts[full], pre)
         else:
-            drops = [tuple(moving(p, lengths.of(p), self.in_place)[1])
-                     for p in self.programs]
+            got = [moving(p, lengths.of(p), self.in_place) for p in self.programs]
+            emptied, drops = [q for q, _ in got], [tuple(d) for _, d in got]
         key = tuple(drops)
         lay = self.layouts.get(key)
         if lay is None:
-            if key != full:               # the channels kept, read off every channel's
+            if key != full and (self.full_first or full in self.layouts):
+                # the channels kept, read off every channel's
                 if full not in self.layouts:
                     self.layouts[full] = self._layout(self.programs, base, count,
                                                       itemsize, slice_bytes)
                 lay = restrict(self.layouts[full], drops)
             if lay is None:
-                progs = [moving(p, lengths.of(p), self.in_place)[0] if d else p
-                         for p, d in zip(self.programs, drops)]
+                progs = emptied or [moving(p, lengths.of(p), self.in_place)[0] if d else p
+                                    for p, d in zip(self.programs, drops)]
                 lay = self._layout(progs, base, count, itemsize, slice_bytes)
             self.layouts[key] = lay
         assert lay.arrays is not None

@@ -10,11 +10,14 @@ default (congestion-aware) model; each case runs in a fresh process for its peak
 | the README's ``--nodes 128 --algo all -b 8 -e 1G`` on dgx_h100_sharp | ≤ 60 s |
 | dgx_h100 × 2,048 / 4,096 / 16,384 nodes, ring all-reduce 8 B | ≤ 60 s each |
 | dgx_h100 × 2,048 / 4,096 nodes, tree all-reduce 8 B | ≤ 60 s each |
+| dgx_h100 × 2,048 / 4,096 / 16,384 nodes, ring and tree all-reduce 64 KiB | ≤ 60 s each |
 
-The small-message cases (``ring_8B_*``, ``tree_8B_*``; the tree at 131,072 ranks is
-``tree_8B_131072`` above) are named ``ALGO_SIZE_RANKS`` and run as one size through
-:func:`~ringtree.sim.simulate_sizes`; any such name runs, e.g. ``--cases
-tree_64KiB_16384`` (not in the bar: its memory grows to several GiB at 131,072 ranks).
+The small-message cases (``ring_8B_*``, ``tree_8B_*``, ``ring_64KiB_*``, ``tree_64KiB_*``;
+the tree at 131,072 ranks and 8 B is ``tree_8B_131072`` above) are named
+``ALGO_SIZE_RANKS`` and run as one size through :func:`~ringtree.sim.simulate_sizes`;
+any such name runs for any registered all-reduce, e.g. ``--cases
+rabenseifner_8B_16384`` (the algorithms that need in-network reduction, CollNet and
+NVLS, on ``dgx_h100_sharp``). ``docs/design-notes.md`` lists which meet the bar.
 
 The README case runs the command itself (``ringtree sim``, whose algorithms run in one
 worker process per core); its CPU time is summed over its processes and its peak RSS is

@@ -234,43 +234,53 @@ def _families_of(ch: tuple) -> set[tuple | None]:
     return fams
 
 
-def _chunks_of(fam: tuple, n: int) -> set[int]:
-    """Every chunk index a family names on some rank (a superset)."""
+def _chunks_of(fam: tuple, n: int) -> np.ndarray:
+    """Every chunk index a family names on some rank (a superset; repeats possible)."""
     _, m, mod, b = fam
     if m is None:
-        return set(range(mod, mod + b))
-    return {m * i + b for i in range(mod or n)}
+        return np.arange(mod, mod + b, dtype=np.int64)
+    return np.arange(mod or n, dtype=np.int64) * m + b
 
 
 def moving(t: Program, p0: Program, count: int, in_place: bool) -> tuple[Program, Program]:
     """``t`` and ``p0`` with the channels that move no data on any rank emptied, when
     they share no storage with the channels kept (:func:`ringtree.sim.compile.compiled.moving`
-    for a template: the same exact argument, over the chunks every rank names)."""
+    for a template: the same exact argument, over the chunks every rank names, each
+    channel's as one boolean array per storage)."""
     if in_place and t.collective not in ALIASED:
         return t, p0
-    n, regs = t.nranks, regions(t, count)
-    names: list[set[tuple]] = []
-    zero: list[set[tuple]] = []
+    n = t.nranks
+    regs = {b: np.asarray(v, np.int64) for b, v in regions(t, count).items()}
+    names: list[dict] = []                       # per channel: storage -> chunks named
     for ch in t.channels:
         fams = _families_of(ch)
         if None in fams:
             return t, p0
-        got: set[tuple] = set()
+        got: dict = {}
         for fam in fams:
             idx = _chunks_of(fam, n)
-            if idx and (min(idx) < 0 or max(idx) >= len(regs[fam[0]])):
-                return t, p0
             sp = _space(fam[0], t.collective, in_place)
-            got.update((sp, j) for j in idx)
+            if idx.size and (idx.min() < 0 or idx.max() >= min(len(regs[fam[0]]),
+                                                               len(regs[sp]))):
+                return t, p0
+            if sp not in got:
+                got[sp] = np.zeros(len(regs[sp]), bool)
+            got[sp][idx] = True
         names.append(got)
-        zero.append({k for k in got if not regs[k[0]][k[1]]})
-    keep = [z != c for z, c in zip(zero, names)]
+    keep = [any(bool((m & (regs[sp] != 0)).any()) for sp, m in got.items()) for got in names]
     if all(keep) or not any(keep):
         return t, p0
-    kept_zero = set().union(*(z for z, k in zip(zero, keep) if k))
-    dropped = set().union(*(c for c, k in zip(names, keep) if not k))
-    if kept_zero & dropped:
-        return t, p0
+    for sp, rg in regs.items():                  # a zero chunk kept, named by a dropped one
+        kept_zero = np.zeros(len(rg), bool)
+        dropped = np.zeros(len(rg), bool)
+        for got, k in zip(names, keep):
+            if sp in got:
+                if k:
+                    kept_zero |= got[sp] & (rg == 0)
+                else:
+                    dropped |= got[sp]
+        if (kept_zero & dropped).any():
+            return t, p0
     return _emptied(t, keep), _emptied(p0, keep)
 
 

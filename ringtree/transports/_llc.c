@@ -783,7 +783,7 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
     if (r == -1)
         for (int b = 0; b < k->nplace; b++)
             if (b != k->own)
-                copy_out(o + b * block, k->base + k->place_off[p][b], m, stream);
+                memcpy(o + b * block, k->base + k->place_off[p][b], m);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&xb);
     PyBuffer_Release(&ob);
@@ -887,6 +887,140 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
     return PyLong_FromLong(r);
 }
 
+/* ---- an all-reduce as a reduce-scatter and an all-gather through the segment ---------
+ * Each rank stages (n-1)/n of its part (every block but its own), folds its own block of
+ * every rank's part in the Program's order (its own from the input) into its cell of the
+ * next parity a tile at a time, copying each tile from L1 into its output, then (share)
+ * publishes that block and copies the peers' folded blocks out: per rank and part of S
+ * bytes, (n-1)/n S staged, S read and 2S/n written by the fold, (n-1)/n S copied out
+ * (4 S on 2 ranks against run()'s 5 S: copy all in, fold all of every row). */
+#define TILE 16384 /* bytes of the fold written to the segment, then copied from L1 */
+
+/* reduce_into(x, out, s, h0, h1, h2, dst_off) -> int: scatter() whose fold goes to the
+ * segment at dst_off (this rank's cell of parity (s + 1) & 1), a tile at a time, each tile
+ * then copied into out (which may be the own block of x). Non-temporal stores for out
+ * (copy_out) were 1.15-1.2x slower at 16 and 64 MiB. When not -1 nothing is folded:
+ * Python writes the skipped bytes into the segment, finishes the wait, folds with fold()
+ * into the segment and copies out. */
+static PyObject *Round_reduce_into(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "reduce_into(x, out, s, h0, h1, h2, dst_off)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
+    uint64_t h0 = PyLong_AsUnsignedLongLong(args[3]);
+    uint64_t h1 = PyLong_AsUnsignedLongLong(args[4]);
+    uint64_t h2 = PyLong_AsUnsignedLongLong(args[5]);
+    Py_ssize_t dst = PyLong_AsSsize_t(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (k->srow == 0 || dst < 0 || dst + k->row_bytes > k->seg.len) {
+        PyErr_SetString(PyExc_ValueError, "reduce_into: no skips set, or a bad destination");
+        return NULL;
+    }
+    Py_buffer xb, ob;
+    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&xb);
+        return NULL;
+    }
+    if (xb.len != k->nbytes || ob.len != k->row_bytes) {
+        PyErr_SetString(PyExc_ValueError, "reduce_into: the input or the output does not fit");
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    int p = (int)(s & 1), r = -1;
+    Py_ssize_t me = k->my_word[p], item = ITEMSIZE[k->dtype];
+    char *mine = k->base + k->mine_off[p], *d = k->base + dst;
+    const char *x = (const char *)xb.buf;
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(mine, x, k->skip_lo);
+    memcpy(mine + k->skip_hi, x + k->skip_hi, xb.len - k->skip_hi);
+    *word(k, me + 1) = h0;
+    *word(k, me + 2) = h1;
+    *word(k, me + 3) = h2;
+    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
+    for (int i = 0; i < k->npeers; i++)
+        if (*word(k, k->peer_sleep[i])) {
+            r = RING;
+            break;
+        }
+    if (r == -1)
+        r = wait_peers(k, p, s, 0);
+    if (r == -1) {
+        char *rows[MAXR];
+        for (Py_ssize_t t = 0; t < ob.len; t += TILE) {
+            Py_ssize_t m = ob.len - t < TILE ? ob.len - t : TILE;
+            for (int i = 0; i < k->nrows; i++)
+                rows[i] = k->base + k->row_off[p][i] + t;
+            rows[k->srow - 1] = (char *)x + k->skip_lo + t;
+            k->fold(d + t, rows, k->nrows, m / item);
+            memcpy((char *)ob.buf + t, d + t, m);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&ob);
+    return PyLong_FromLong(r);
+}
+
+/* share(out, s, h0, h1, h2, off, block_bytes, m) -> int: gather() whose own part is
+ * already in this rank's cell and in out: publish, wait, copy the peers' m bytes to
+ * out + b * block_bytes + off. When not -1, Python finishes the wait and copies. */
+static PyObject *Round_share(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "share(out, s, h0, h1, h2, off, block_bytes, m)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[1]);
+    uint64_t h0 = PyLong_AsUnsignedLongLong(args[2]);
+    uint64_t h1 = PyLong_AsUnsignedLongLong(args[3]);
+    uint64_t h2 = PyLong_AsUnsignedLongLong(args[4]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[5]), block = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t m = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (k->place_off[0] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "share: no places set");
+        return NULL;
+    }
+    Py_buffer ob;
+    if (PyObject_GetBuffer(args[0], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (m < 0 || m > k->nbytes || off < 0 || block < 0 || off + m > block ||
+        (Py_ssize_t)k->nplace * block > ob.len) {
+        PyErr_SetString(PyExc_ValueError, "share: the part or the output does not fit");
+        PyBuffer_Release(&ob);
+        return NULL;
+    }
+    int p = (int)(s & 1), r = -1;
+    Py_ssize_t me = k->my_word[p];
+    char *o = (char *)ob.buf + off;
+    Py_BEGIN_ALLOW_THREADS
+    *word(k, me + 1) = h0;
+    *word(k, me + 2) = h1;
+    *word(k, me + 3) = h2;
+    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
+    for (int i = 0; i < k->npeers; i++)
+        if (*word(k, k->peer_sleep[i])) {
+            r = RING;
+            break;
+        }
+    if (r == -1)
+        r = wait_peers(k, p, s, 0);
+    if (r == -1)
+        for (int b = 0; b < k->nplace; b++)
+            if (b != k->own)
+                memcpy(o + b * block, k->base + k->place_off[p][b], m);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ob);
+    return PyLong_FromLong(r);
+}
+
 static PyMethodDef Round_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Round_run, METH_FASTCALL,
      "run(x, out, s, h0, h1, h2): contribute, publish, wait, fold"},
@@ -900,6 +1034,10 @@ static PyMethodDef Round_methods[] = {
      "gather(x, out, s, h0, h1, h2, off, block_bytes): contribute, publish, place"},
     {"skips", (PyCFunction)(void (*)(void))Round_skips, METH_FASTCALL,
      "skips(row, lo, hi): a scatter's own fold row, bytes of the input no peer reads"},
+    {"reduce_into", (PyCFunction)(void (*)(void))Round_reduce_into, METH_FASTCALL,
+     "reduce_into(x, out, s, h0, h1, h2, dst_off): scatter's fold to the segment and out"},
+    {"share", (PyCFunction)(void (*)(void))Round_share, METH_FASTCALL,
+     "share(out, s, h0, h1, h2, off, block_bytes, m): publish, copy the peers' parts"},
     {"scatter", (PyCFunction)(void (*)(void))Round_scatter, METH_FASTCALL,
      "scatter(x, out, s, h0, h1, h2): run() reading the own block from x"},
     {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,

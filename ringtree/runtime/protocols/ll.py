@@ -51,7 +51,7 @@ from ringtree.ir.wire import PROTO_LL, USER_OP, WireHeader, algo_code
 from ringtree.ops import _UFUNC, ReduceOp, Reducer, quiet
 from ringtree.runtime.plan import Desc
 from ringtree.runtime.protocols import LL as LL_PROTO
-from ringtree.runtime.protocols import ll_gather, register
+from ringtree.runtime.protocols import ll_gather, ll_split, register
 from ringtree.schedules import Options, generate
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import INLINE, LL
@@ -216,6 +216,9 @@ class LLOp:
             self.k.set_head(*self.head)
         if folds and n == 1:
             self.run = self._alone
+        elif coll is Collective.ALL_REDUCE and \
+                ll_split.applies(self, op_code, self.count * storage.itemsize):
+            self.run = ll_split.runner(self, op_code)
         elif coll is Collective.REDUCE_SCATTER and self.k is not None and not self.premul:
             self.run = ll_gather.scatter_runner(self, shape.block, shape.order)
         elif folds and self.k is not None:

@@ -1,0 +1,182 @@
+"""A large all-reduce on LL as a reduce-scatter and an all-gather through the segment:
+fewer passes over memory than the fold round.
+
+Passes per rank for an all-reduce of ``S`` bytes on ``n`` ranks (reads + writes; the
+limit of ``benchmarks/cpu_peers.py`` is 2.5 S on 2 ranks: read a peer's half and add
+it, copy the other half, as if the peer's memory could be read where it lies):
+
+- the fold round (:meth:`~ringtree.runtime.protocols.ll.LLOp._streamed`): copy the whole
+  part into the cell (2 S), fold all ``n`` rows into the output ((n+1) S): 5 S on 2
+  ranks, every rank doing every add;
+- this split (the shape of vLLM's and DeepSpeed's shared-memory kernels, and of the
+  ring's reduce-scatter + all-gather): stage every block but the own one
+  (2 (n-1)/n S), fold the own block of every rank's part in the Program's order, the
+  own row from the input, into this rank's cell of the next parity a tile at a time,
+  each tile copied from L1 into the output (S read, 2 S/n written), publish it, copy the
+  peers' folded blocks out (2 (n-1)/n S): 4 S on 2 ranks, each add done once.
+
+Two synchronisations per cell-sized part instead of one, each an ordinary LL call
+number, so the two-parity rule holds as for every call: the fold's destination (the
+cell of parity ``s + 1``) is written only after every rank posted ``s``, i.e. finished
+call ``s - 1``, the last reader of that cell.
+
+Every element is folded from the same operands in the same order as the fold round
+(the own row is the same bytes, read from the input instead of the segment), so the
+bits are the same; ``RINGTREE_LL_NATIVE=0``, a build without a compiler and a dtype
+the kernel does not fold (float16) run the same two calls with NumPy, and the choice
+(:func:`applies`) depends only on what every rank shares (collective, size, dtype,
+op, ranks), never on whether the kernel is there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ringtree.ir.wire import USER_OP
+from ringtree.ops import ReduceOp, quiet
+from ringtree.transports import shm_native as native
+from ringtree.transports.shm_ll import SEQ_MASK
+
+# Smallest all-reduce (bytes) the split runs; below, one fold round is cheaper than a
+# second synchronisation (benchmarks/ll_split.py).
+SPLIT_MIN = 1 << 20
+SKIP_OPS = (ReduceOp.AVG.code, ReduceOp.PREMUL_SUM.code, USER_OP)
+
+
+def applies(op, op_code: int, nbytes: int) -> bool:
+    """Does the all-reduce ``op`` (an :class:`~ringtree.runtime.protocols.ll.LLOp` of
+    ``nbytes``) run split? Not for AVG and PREMUL_SUM (their pre- and post-steps) nor
+    user ops, nor one rank."""
+    n = op.ll.n
+    return n > 1 and nbytes >= SPLIT_MIN and op_code not in SKIP_OPS and \
+        (op.chunk or op.count) >= n
+
+
+def runner(op, op_code: int) -> Callable:
+    """The ``run(x, out, red, timeout)`` of the all-reduce ``op`` split into parts of
+    ``op.chunk`` (or all ``op.count``) elements, each a reduce-scatter then an
+    all-gather; a last part whose size ``n`` does not divide runs the fold round."""
+    ll = op.ll
+    n, me = ll.n, ll.rank
+    part = op.chunk or op.count
+    part -= part % n
+    B = part // n                                   # elements of a block
+    storage = op.dtype.storage
+    item = storage.itemsize
+    size = part * item
+    order = tuple(range(n)) if op.order is None else op.order
+    # the folded block of each rank, at the start of its cell (per parity)
+    dst = tuple(ll.view(me, p, storage, B) for p in (0, 1))
+    blocks = tuple(ll.rows(p, storage, B) for p in (0, 1))       # row b: rank b's block
+    staged = tuple(ll.rows(p, storage, B, me * B, size) for p in (0, 1))  # block me of all
+    k1 = k2 = None
+    if native.enabled() and native.folds(op.dtype.code, op_code):
+        k1 = native.round_for(ll, order, me, op.dtype.code, item, op_code, B, part, size)
+        k1.skips(order.index(me), me * B * item, (me + 1) * B * item)
+        k2 = native.round_for(ll, (), 0, op.dtype.code, item, op_code, B, B, B * item)
+        cells = [[ll.area(0, p, B * item)[0] + q * ll.area(0, p, B * item)[1]
+                  for q in range(n)] for p in (0, 1)]
+        k2.places(cells[0], cells[1], me)
+    offs = tuple(ll.area(me, p, B * item)[0] for p in (0, 1))
+
+    def fold_py(p: int, xb: np.ndarray, red) -> None:
+        """dst[1 - p] = the Program's fold of block ``me`` of parity ``p``'s parts, the
+        own row from ``xb``."""
+        rows = [xb if q == me else staged[p][q] for q in order]
+        d = dst[1 - p]
+        if op.ufunc is None:  # bfloat16: the reducer's combine, as the fold round
+            red.combine(d, rows[0], rows[1])
+            for r in rows[2:]:
+                red.combine(d, d, r)
+        elif op.quiet:
+            quiet(op.ufunc, rows[0], rows[1], d)
+            for r in rows[2:]:
+                quiet(op.ufunc, d, r, d)
+        else:
+            op.ufunc(rows[0], rows[1], out=d)
+            for r in rows[2:]:
+                op.ufunc(d, r, out=d)
+
+    def one(xp: np.ndarray, op_out: np.ndarray, red, timeout: float) -> None:
+        head, what = op.head, op.describe
+        lo, hi = me * B, (me + 1) * B
+        if k1 is not None:
+            r = run_reduce(ll, k1, xp, op_out[lo:hi], offs, head, timeout, what)
+            if r != -1:  # the kernel returned before the fold (a peer slept or was late)
+                s = ll.seq
+                p = s & 1
+                op.mine[p][lo:hi] = xp[lo:hi]
+                native.finish(ll, k1, r, s, timeout, what)
+                ll.synced = s
+                k1.fold(dst[1 - p], p)
+                op_out[lo:hi] = dst[1 - p]
+            if run_share(ll, k2, op_out, B * item, head, timeout, what):
+                return
+        else:
+            p = ll.parity(timeout, what)
+            mine = op.mine[p]
+            mine[:lo] = xp[:lo]
+            mine[hi:part] = xp[hi:]
+            ll.sync(head, timeout, what)
+            fold_py(p, xp[lo:hi], red)
+            op_out[lo:hi] = dst[1 - p]
+            ll.parity(timeout, what)
+            ll.sync(head, timeout, what)
+        p = ll.seq & 1
+        for b in range(n):
+            if b != me:
+                op_out[b * B:(b + 1) * B] = blocks[p][b]
+
+    def run(x, out, red, timeout) -> None:
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        total = x.size
+        whole = total - total % part
+        for lo in range(0, whole, part):
+            one(x[lo:lo + part], out[lo:lo + part], red, timeout)
+        if whole < total:
+            tail(op, x[whole:], out[whole:], red, timeout)
+    return run
+
+
+def tail(op, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
+    """A last part of fewer elements than the ranks' blocks need: one fold round."""
+    ll, m = op.ll, x.size
+    if op.k is not None:
+        native.run_round(ll, op.k, x, out, op.head, timeout, op.describe)
+        return
+    p = ll.parity(timeout, op.describe)
+    op.mine[p][:m] = x
+    ll.sync(op.head, timeout, op.describe)
+    op._fold(p, out, red, m)
+
+
+def run_reduce(ll, k, x, out, offs: tuple[int, int], head, timeout: float, what) -> int:
+    """The reduce-scatter half in the kernel (``Round.reduce_into``). Returns the
+    kernel's answer: -1 when folded, else what :func:`native.finish` takes (the caller
+    then finishes the wait and folds)."""
+    s = ll.seq + 1
+    if ll.synced < s - 1:
+        ll.parity(timeout, what)
+    ll.written[s & 1] = None  # the kernel writes all three header words
+    r = k.reduce_into(x, out, s, head[0], head[1] | (s & SEQ_MASK), head[2],
+                      offs[(s + 1) & 1])
+    ll.seq = s
+    if r == -1:
+        ll.synced = s
+    return r
+
+
+def run_share(ll, k, out, block: int, head, timeout: float, what) -> bool:
+    """The all-gather half (``Round.share``): publish the folded block, wait, copy the
+    peers'. False when Python must copy them (the wait was finished here)."""
+    s = ll.seq + 1
+    ll.written[s & 1] = None
+    r = k.share(out, s, head[0], head[1] | (s & SEQ_MASK), head[2], 0, block, block)
+    ll.seq = s
+    if r != -1:
+        native.finish(ll, k, r, s, timeout, what)
+    ll.synced = s
+    return r == -1

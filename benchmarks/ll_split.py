@@ -4,7 +4,8 @@
 For each rank count, a float32 in-place all-reduce (``comm.all_reduce(x)``: the hot path)
 of each size, each variant a fresh ``ringtree run`` job (pinned when the ranks fit the
 cores): ``split`` (the library as it is), ``fold`` (the split switched off in the job:
-every part one fold round) and ``ring`` (``algo="ring"``, Simple). Variants alternate run
+every part one fold round), both with ``RINGTREE_PROTO=LL``, and ``ring``
+(``algo="ring"``, Simple). Variants alternate run
 by run (A B C A B C ...), so all see the same machine; prints the median over runs of
 the slowest rank's µs per call, and fold ÷ split and ring ÷ split (above 1: the split is
 faster). Where the split loses to the fold round sets ``ll_split.SPLIT_MIN``; where LL
@@ -99,7 +100,10 @@ def job(n: int, variant: str, sizes: list[int], rounds: int = 0) -> dict:
     cmd = [launcher, "run", "-n", str(n), sys.executable, "-c"]
     cmd += [PAIRED, ",".join(map(str, sizes)), str(rounds)] if variant == "paired" else \
         [WORKER, variant, ",".join(map(str, sizes))]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    env = dict(os.environ)
+    if variant != "ring":  # LL at every size, whatever THRESHOLDS say
+        env["RINGTREE_PROTO"] = "LL"
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return {int(k): v for k, v in json.loads(line[7:]).items()}

@@ -13,7 +13,9 @@ from test_collectives import _assert_clean, movement_cases, reduction_cases
 
 import ringtree
 from ringtree.dtypes import DType
+from ringtree.ir.program import Collective
 from ringtree.testing import RankPool, run_ranks
+from ringtree.tuning.proto import THRESHOLDS
 
 LL_ENV = {"RINGTREE_PROTO": "LL"}
 
@@ -89,7 +91,7 @@ def test_waiting_for_async_ll_calls_runs_them_in_issue_order():
 
 def disagree(comm):
     """Rank 1's count puts its call on Simple, the others' on LL."""
-    count = 1 << 22 if comm.rank == 1 else 4
+    count = THRESHOLDS[Collective.ALL_REDUCE][1] // 2 if comm.rank == 1 else 4  # 2x the bytes
     try:
         comm.all_reduce(np.ones(count, np.float32), timeout=60)
     except ringtree.RingtreeError as e:

@@ -40,6 +40,6 @@ def test_pairs_rank_ll_with_the_simple_algorithms():
     assert pairs[0][0] == ("direct", LL)
     assert {p for (_, p), _ in pairs} == {LL, SIMPLE}
     assert pairs[0][1] == proto.ll_cost(ar, 64, 4, MODELS["shm"])
-    big = proto.rank_pairs(ar, 64 << 20, 4, None, MODELS["shm"], "direct")
+    big = proto.rank_pairs(ar, 2 * THRESHOLDS[ar][1], 4, None, MODELS["shm"], "direct")
     assert big[0][0][1] == SIMPLE
     assert all(p == SIMPLE for (_, p), _ in proto.rank_pairs(ar, 64, 4, None, MODELS["shm"], None))

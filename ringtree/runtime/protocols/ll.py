@@ -218,7 +218,7 @@ class LLOp:
             self.run = self._alone
         elif coll is Collective.ALL_REDUCE and \
                 ll_split.applies(self, op_code, self.count * storage.itemsize):
-            self.run = ll_split.runner(self, op_code)
+            self.run = ll_split.Split(self, op_code)
         elif coll is Collective.REDUCE_SCATTER and self.k is not None and not self.premul:
             self.run = ll_gather.scatter_runner(self, shape.block, shape.order)
         elif folds and self.k is not None:

@@ -30,8 +30,6 @@ op, ranks), never on whether the kernel is there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from ringtree.ir.wire import USER_OP
@@ -41,7 +39,7 @@ from ringtree.transports.shm_ll import SEQ_MASK
 
 # Smallest all-reduce (bytes) the split runs; below, one fold round is cheaper than a
 # second synchronisation (benchmarks/ll_split.py).
-SPLIT_MIN = 1 << 20
+SPLIT_MIN = 256 << 10
 SKIP_OPS = (ReduceOp.AVG.code, ReduceOp.PREMUL_SUM.code, USER_OP)
 
 
@@ -54,91 +52,103 @@ def applies(op, op_code: int, nbytes: int) -> bool:
         (op.chunk or op.count) >= n
 
 
-def runner(op, op_code: int) -> Callable:
-    """The ``run(x, out, red, timeout)`` of the all-reduce ``op`` split into parts of
-    ``op.chunk`` (or all ``op.count``) elements, each a reduce-scatter then an
-    all-gather; a last part whose size ``n`` does not divide runs the fold round."""
-    ll = op.ll
-    n, me = ll.n, ll.rank
-    part = op.chunk or op.count
-    part -= part % n
-    B = part // n                                   # elements of a block
-    storage = op.dtype.storage
-    item = storage.itemsize
-    size = part * item
-    order = tuple(range(n)) if op.order is None else op.order
-    # the folded block of each rank, at the start of its cell (per parity)
-    dst = tuple(ll.view(me, p, storage, B) for p in (0, 1))
-    blocks = tuple(ll.rows(p, storage, B) for p in (0, 1))       # row b: rank b's block
-    staged = tuple(ll.rows(p, storage, B, me * B, size) for p in (0, 1))  # block me of all
-    k1 = k2 = None
-    if native.enabled() and native.folds(op.dtype.code, op_code):
-        k1 = native.round_for(ll, order, me, op.dtype.code, item, op_code, B, part, size)
-        k1.skips(order.index(me), me * B * item, (me + 1) * B * item)
-        k2 = native.round_for(ll, (), 0, op.dtype.code, item, op_code, B, B, B * item)
-        cells = [[ll.area(0, p, B * item)[0] + q * ll.area(0, p, B * item)[1]
-                  for q in range(n)] for p in (0, 1)]
-        k2.places(cells[0], cells[1], me)
-    offs = tuple(ll.area(me, p, B * item)[0] for p in (0, 1))
+class Split:
+    """The ``run(x, out, red, timeout)`` of the all-reduce ``op`` (an
+    :class:`~ringtree.runtime.protocols.ll.LLOp`) split into parts of ``op.chunk`` (or
+    all ``op.count``) elements, each a reduce-scatter then an all-gather; a last part
+    whose size the ranks do not divide runs the fold round."""
 
-    def fold_py(p: int, xb: np.ndarray, red) -> None:
+    def __init__(self, op, op_code: int):
+        ll = self.ll = op.ll
+        n, me = ll.n, ll.rank
+        self.op, self.n, self.me = op, n, me
+        part = op.chunk or op.count
+        self.part = part = part - part % n
+        B = self.B = part // n                               # elements of a block
+        storage = op.dtype.storage
+        item = self.item = storage.itemsize
+        size = part * item
+        order = self.order = tuple(range(n)) if op.order is None else op.order
+        # the folded block of each rank, at the start of its cell (per parity)
+        self.dst = tuple(ll.view(me, p, storage, B) for p in (0, 1))
+        self.blocks = tuple(ll.rows(p, storage, B) for p in (0, 1))  # row b: rank b's
+        self.staged = tuple(ll.rows(p, storage, B, me * B, size) for p in (0, 1))
+        self.offs = tuple(ll.area(me, p, B * item)[0] for p in (0, 1))
+        self.k1 = self.k2 = None
+        if native.enabled() and native.folds(op.dtype.code, op_code):
+            code = op.dtype.code
+            self.k1 = native.round_for(ll, order, me, code, item, op_code, B, part, size)
+            self.k1.skips(order.index(me), me * B * item, (me + 1) * B * item)
+            self.k2 = native.round_for(ll, (), 0, code, item, op_code, B, B, B * item)
+            cells = [[ll.area(q, p, B * item)[0] for q in range(n)] for p in (0, 1)]
+            self.k2.places(cells[0], cells[1], me)
+
+    def __call__(self, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        total, part = x.size, self.part
+        whole = total - total % part
+        one = self._compiled if self.k1 is not None else self._python
+        for lo in range(0, whole, part):
+            xp, op_out = x[lo:lo + part], out[lo:lo + part]
+            if one(xp, op_out, red, timeout):
+                continue
+            p = self.ll.seq & 1  # copy the peers' folded blocks out of the segment
+            for b in range(self.n):
+                if b != self.me:
+                    op_out[b * self.B:(b + 1) * self.B] = self.blocks[p][b]
+        if whole < total:
+            tail(self.op, x[whole:], out[whole:], red, timeout)
+
+    def _compiled(self, xp: np.ndarray, op_out: np.ndarray, red, timeout: float) -> bool:
+        """One part through the kernel; False when the peers' blocks are still to copy."""
+        ll, op, k1 = self.ll, self.op, self.k1
+        head, what = op.head, op.describe
+        lo, hi = self.me * self.B, (self.me + 1) * self.B
+        r = run_reduce(ll, k1, xp, op_out[lo:hi], self.offs, head, timeout, what)
+        if r != -1:  # the kernel returned before the fold (a peer slept or was late)
+            s = ll.seq
+            p = s & 1
+            op.mine[p][lo:hi] = xp[lo:hi]
+            native.finish(ll, k1, r, s, timeout, what)
+            ll.synced = s
+            k1.fold(self.dst[1 - p], p)
+            op_out[lo:hi] = self.dst[1 - p]
+        return run_share(ll, self.k2, op_out, self.B * self.item, head, timeout, what)
+
+    def _python(self, xp: np.ndarray, op_out: np.ndarray, red, timeout: float) -> bool:
+        """The same two calls with NumPy."""
+        ll, op = self.ll, self.op
+        what = op.describe
+        lo, hi = self.me * self.B, (self.me + 1) * self.B
+        p = ll.parity(timeout, what)
+        mine = op.mine[p]
+        mine[:lo] = xp[:lo]
+        mine[hi:self.part] = xp[hi:]
+        ll.sync(op.head, timeout, what)
+        self._fold(p, xp[lo:hi], red)
+        op_out[lo:hi] = self.dst[1 - p]
+        ll.parity(timeout, what)
+        ll.sync(op.head, timeout, what)
+        return False
+
+    def _fold(self, p: int, xb: np.ndarray, red) -> None:
         """dst[1 - p] = the Program's fold of block ``me`` of parity ``p``'s parts, the
         own row from ``xb``."""
-        rows = [xb if q == me else staged[p][q] for q in order]
-        d = dst[1 - p]
-        if op.ufunc is None:  # bfloat16: the reducer's combine, as the fold round
+        rows = [xb if q == self.me else self.staged[p][q] for q in self.order]
+        d, uf = self.dst[1 - p], self.op.ufunc
+        if uf is None:  # bfloat16: the reducer's combine, as the fold round
             red.combine(d, rows[0], rows[1])
             for r in rows[2:]:
                 red.combine(d, d, r)
-        elif op.quiet:
-            quiet(op.ufunc, rows[0], rows[1], d)
+        elif self.op.quiet:
+            quiet(uf, rows[0], rows[1], d)
             for r in rows[2:]:
-                quiet(op.ufunc, d, r, d)
+                quiet(uf, d, r, d)
         else:
-            op.ufunc(rows[0], rows[1], out=d)
+            uf(rows[0], rows[1], out=d)
             for r in rows[2:]:
-                op.ufunc(d, r, out=d)
-
-    def one(xp: np.ndarray, op_out: np.ndarray, red, timeout: float) -> None:
-        head, what = op.head, op.describe
-        lo, hi = me * B, (me + 1) * B
-        if k1 is not None:
-            r = run_reduce(ll, k1, xp, op_out[lo:hi], offs, head, timeout, what)
-            if r != -1:  # the kernel returned before the fold (a peer slept or was late)
-                s = ll.seq
-                p = s & 1
-                op.mine[p][lo:hi] = xp[lo:hi]
-                native.finish(ll, k1, r, s, timeout, what)
-                ll.synced = s
-                k1.fold(dst[1 - p], p)
-                op_out[lo:hi] = dst[1 - p]
-            if run_share(ll, k2, op_out, B * item, head, timeout, what):
-                return
-        else:
-            p = ll.parity(timeout, what)
-            mine = op.mine[p]
-            mine[:lo] = xp[:lo]
-            mine[hi:part] = xp[hi:]
-            ll.sync(head, timeout, what)
-            fold_py(p, xp[lo:hi], red)
-            op_out[lo:hi] = dst[1 - p]
-            ll.parity(timeout, what)
-            ll.sync(head, timeout, what)
-        p = ll.seq & 1
-        for b in range(n):
-            if b != me:
-                op_out[b * B:(b + 1) * B] = blocks[p][b]
-
-    def run(x, out, red, timeout) -> None:
-        if not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x)
-        total = x.size
-        whole = total - total % part
-        for lo in range(0, whole, part):
-            one(x[lo:lo + part], out[lo:lo + part], red, timeout)
-        if whole < total:
-            tail(op, x[whole:], out[whole:], red, timeout)
-    return run
+                uf(d, r, out=d)
 
 
 def tail(op, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:

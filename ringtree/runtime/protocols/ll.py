@@ -209,15 +209,16 @@ class LLOp:
             native.round_for(ll, shape.order, shape.block, dt.code, storage.itemsize, op_code,
                              count, per, size)
         # the all-reduce hot path's one C entry (LLRunner.all_reduce_now): a plain fold
+        split = folds and n > 1 and coll is Collective.ALL_REDUCE and \
+            ll_split.applies(self, op_code, self.count * storage.itemsize)
         self.hot = self.rec = None  # rec: the flight recorder hot writes to (its caller sets)
-        if folds and self.k is not None and not (self.chunk or self.premul or self.avg) \
-                and coll is Collective.ALL_REDUCE:
+        if folds and self.k is not None and not (self.chunk or self.premul or self.avg or
+                                                 split) and coll is Collective.ALL_REDUCE:
             self.hot = self.k
             self.k.set_head(*self.head)
         if folds and n == 1:
             self.run = self._alone
-        elif coll is Collective.ALL_REDUCE and \
-                ll_split.applies(self, op_code, self.count * storage.itemsize):
+        elif split:  # a reduce-scatter and an all-gather through the segment
             self.run = ll_split.Split(self, op_code)
         elif coll is Collective.REDUCE_SCATTER and self.k is not None and not self.premul:
             self.run = ll_gather.scatter_runner(self, shape.block, shape.order)

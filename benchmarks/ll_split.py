@@ -43,8 +43,9 @@ res = {}
 for nbytes in sizes:
     x = np.ones(nbytes // 4, np.float32)
     ops = {}
-    for v, least in (("split", 0), ("fold", 1 << 62)):
-        ll_split.SPLIT_MIN = least
+    for v, least, part in (("split", 0, 1 << 20), ("fold", 1 << 62, 1 << 20),
+                           ("256K", 0, 256 << 10), ("512K", 0, 512 << 10)):
+        ll_split.SPLIT_MIN, ll_split.PART = least, part
         ops[v] = LLCollectives(c.ll.ll, 60.0).op(Collective.ALL_REDUCE, dt, x.size, red)
     iters = max(3, min(50, (16 << 20) // nbytes))
     got = {v: [] for v in ops}

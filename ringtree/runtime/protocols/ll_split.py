@@ -40,6 +40,9 @@ from ringtree.transports.shm_ll import SEQ_MASK
 # Smallest all-reduce (bytes) the split runs; below, one fold round is cheaper than a
 # second synchronisation (benchmarks/ll_split.py).
 SPLIT_MIN = 256 << 10
+# Largest part (bytes of the buffer) per pair of synchronisations (at most a cell):
+# 256 and 512 KiB parts were not faster than the 1 MiB cell (benchmarks/ll_split.py).
+PART = 1 << 20
 SKIP_OPS = (ReduceOp.AVG.code, ReduceOp.PREMUL_SUM.code, USER_OP)
 
 
@@ -62,7 +65,7 @@ class Split:
         ll = self.ll = op.ll
         n, me = ll.n, ll.rank
         self.op, self.n, self.me = op, n, me
-        part = op.chunk or op.count
+        part = min(op.chunk or op.count, PART // op.dtype.storage.itemsize)
         self.part = part = part - part % n
         B = self.B = part // n                               # elements of a block
         storage = op.dtype.storage

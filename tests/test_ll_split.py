@@ -1,11 +1,14 @@
 """The split all-reduce (a reduce-scatter then an all-gather through LL's segment,
 ``runtime/protocols/ll_split.py``): the same bits as the rank-order fold, compiled and in
 Python, in place and not, streamed with a last part the ranks do not divide, with a peer
-that sleeps through the kernel's budgets, and kernel and Python ranks in one job."""
+that sleeps through the kernel's budgets, kernel and Python ranks in one job, and a peer
+killed before a call named by the others."""
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from test_ll import _ll
 from test_ll_native import _input
 
 from ringtree.dtypes import DType
+from ringtree.errors import PeerError
 from ringtree.ir.program import Collective
 from ringtree.ops import resolve
 from ringtree.runtime.protocols import ll_split
@@ -51,7 +55,6 @@ def split(comm, native: str, sleepy: bool) -> list[str]:
                 key = (Collective.ALL_REDUCE, dt, count, red.code, -1)
                 for in_place in (True, False):
                     if sleepy and r == 1:
-                        import time
                         time.sleep(0.002)
                     y = x.copy()
                     got = c.all_reduce(y, dt, red, out=None if in_place else
@@ -84,3 +87,28 @@ def test_split_with_kernel_and_python_ranks_in_one_job():
     if not shm_native.available():
         pytest.skip("ringtree.transports._llc not built (no C compiler)")
     assert run_ranks(mixed, 2, timeout=90) == [[], []]
+
+
+def killed(comm):
+    ll_split.SPLIT_MIN = 64
+    c = _ll(comm, "sk", cell=CELL, spin=0.0, yield_us=20000.0)  # waits in the kernel
+    x = np.ones(3 * CELL, np.float32)  # three parts
+    red = resolve("sum", DType.FLOAT32)
+    for _ in range(5):
+        c.all_reduce(x, DType.FLOAT32, red)
+    if comm.rank == 1:
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        c.all_reduce(x, DType.FLOAT32, red)
+    except PeerError as e:
+        return e.peer, str(e)
+    return None, "no error"
+
+
+def test_a_peer_killed_before_a_split_all_reduce_is_named():
+    res = run_ranks(killed, 3, timeout=60)
+    assert isinstance(res[1], BaseException)
+    for r in (0, 2):
+        peer, msg = res[r]
+        assert peer == 1 and "rank 1" in msg and "died" in msg, msg

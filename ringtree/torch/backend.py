@@ -35,6 +35,7 @@ from ringtree.errors import CommAborted
 from ringtree.torch.collectives import CollectiveOps
 from ringtree.torch.engine import ProgressEngine
 from ringtree.torch.errors import for_torch
+from ringtree.torch.fastpath import BlockingPath
 from ringtree.torch.store import TorchStore, master_address, shared_secret
 from ringtree.torch.tensors import run_all
 from ringtree.torch.work import RingtreeWork, _seconds
@@ -47,7 +48,7 @@ def _timeout_s(timeout: Any, default: float) -> float:
     return default if t is None else t
 
 
-class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
+class RingtreeProcessGroup(CollectiveOps, BlockingPath, dist.ProcessGroup):
     """A ringtree communicator behind torch's ProcessGroup interface (CPU tensors)."""
 
     def __init__(self, comm: ringtree.Communicator, timeout: float | None = None):
@@ -218,6 +219,7 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
             self._release()
 
     def _release(self) -> None:
+        self._drop_views()
         self._completer.shutdown(wait=False)
         self.comm.store.close()  # let torch's store (and its server socket) go
 
@@ -262,6 +264,7 @@ class RingtreeProcessGroup(CollectiveOps, dist.ProcessGroup):
             self.engine.abort(CommAborted(f"rank {self.rank()}: process group "
                                           f"{self._group_name!r} shrinks (SHRINK_ABORT)"))
         child = self.comm.shrink(exclude=list(ranks_to_exclude))
+        self._drop_views()
         self._completer.shutdown(wait=False)  # the store is the child's now: keep it open
         return type(self)(child, self.timeout)
 

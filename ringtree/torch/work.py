@@ -124,3 +124,44 @@ class RingtreeWork(Work, dist.Work):
     def __repr__(self) -> str:
         state = "done" if self._event.is_set() else "pending"
         return f"<RingtreeWork {self.name} {state}>"
+
+
+class DoneWork(dist.Work):
+    """The Work of a blocking call that has already succeeded (:mod:`ringtree.torch.fastpath`):
+    no event, lock or future until one is asked for; a failed call gets a RingtreeWork."""
+
+    def __init__(self, value: Any):
+        dist.Work.__init__(self)
+        self._result = value
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def result(self) -> Any:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+    def synchronize(self) -> None:
+        """CPU work has no stream to join."""
+
+    def _source_rank(self) -> int:
+        return -1
+
+    def source_rank(self) -> int:
+        return -1
+
+    def __repr__(self) -> str:
+        return "<RingtreeWork done>"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ringtree.resilience.agree import ack_failed, agree, failed_ranks
+from ringtree.resilience.grow import grow
 from ringtree.resilience.replace import replace
 from ringtree.resilience.revoke import is_revoked, revoke
 from ringtree.resilience.shrink import shrink
@@ -43,3 +44,10 @@ class Resilient:
         process started with that world rank and ``RINGTREE_JOIN=1``); see
         :mod:`ringtree.resilience.replace`."""
         return replace(self, limit=limit, timeout=timeout)
+
+    def grow(self, newcomers, *, timeout: float | None = None):
+        """This communicator with newcomers after its members (``ncclCommGrow``): ``k``
+        or their world ranks; each newcomer is a process started with ``RINGTREE_JOIN=1``
+        and its world rank; see :mod:`ringtree.resilience.grow`. Collective over the
+        members; this communicator is released once the new one stands."""
+        return grow(self, newcomers, timeout=timeout)

@@ -43,13 +43,14 @@ def _wait(store, key: str, deadline: float) -> bytes | None:
         pause = min(pause * 1.5, 0.05)
 
 
-def _offer(comm, root: str, gone: list[int], prefix: str, deadline: float) -> list[int]:
-    """The leader: one seat per newcomer that counts itself in before ``deadline``;
-    returns the world ranks that did not come."""
+def offer(comm, root: str, seats: list[tuple[int, int]], world: list[int], prefix: str,
+          deadline: float) -> list[int]:
+    """The leader: a seat (world rank, index in the child of world ranks ``world``) for
+    each newcomer that counts itself in before ``deadline``; returns the world ranks that
+    did not come. Used by :func:`replace` and :func:`~ringtree.resilience.grow.grow`."""
     store, late = comm.store, []
-    wr = ",".join(map(str, comm.world_ranks))
-    for f in gone:
-        w = comm.world_ranks[f]
+    wr = ",".join(map(str, world))
+    for w, f in seats:
         offered = store.add(f"{root}/ft/offered/{w}", 0)
         while store.add(f"{root}/ft/join/{w}", 0) <= offered:
             if time.monotonic() > deadline:
@@ -58,7 +59,7 @@ def _offer(comm, root: str, gone: list[int], prefix: str, deadline: float) -> li
             time.sleep(0.01)
         else:
             store.set(f"{root}/ft/seat/{w}/{offered + 1}",
-                      f"{prefix}|{f}|{comm.size}|{wr}".encode())
+                      f"{prefix}|{f}|{len(world)}|{wr}".encode())
             store.add(f"{root}/ft/offered/{w}", 1)
     return late
 
@@ -78,14 +79,21 @@ def replace(comm, *, limit: int | None = None, timeout: float | None = None):
     deadline = time.monotonic() + wait
     leader = min(r for r in range(comm.size) if r not in gone)
     if comm.rank == leader:
-        late = _offer(comm, root, gone, prefix, deadline)
+        late = offer(comm, root, [(comm.world_ranks[f], f) for f in gone],
+                     list(comm.world_ranks), prefix, deadline)
         comm.store.set(f"{prefix}/seated", ",".join(map(str, late)).encode() or b"ok")
+    seated(comm, prefix, deadline, f"replace: no replacement for world rank(s) {{}} joined "
+           f"within {wait:g} s")
+    return build_child(comm, list(comm.world_ranks))
+
+
+def seated(comm, prefix: str, deadline: float, missing: str) -> None:
+    """Wait for the leader's word that every newcomer took its seat; ``missing`` (with a
+    ``{}`` for the world ranks that did not come) is the error every member raises."""
     raw = _wait(comm.store, f"{prefix}/seated", deadline + 5.0)
     if raw != b"ok":
         who = raw.decode() if raw else "?"
-        raise RecoveryError(f"rank {comm.rank}: replace: no replacement for world rank(s) "
-                            f"{who} joined within {wait:g} s")
-    return build_child(comm, list(comm.world_ranks))
+        raise RecoveryError(f"rank {comm.rank}: " + missing.format(who))
 
 
 def join_seat(store, root: str, world_rank: int, timeout: float) -> tuple[str, int, int,

@@ -83,6 +83,20 @@ def test_shrinking_changes_no_bit(tmp_path, clean):
     _same_run(got, clean)
 
 
+def test_a_source_dying_during_the_transfer_changes_no_bit(tmp_path, clean):
+    """``--max-restarts 1``: rank 1 killed in step 2's forward and replaced; rank 2 dies as
+    it starts streaming the state to the newcomer. Everyone, the newcomer too, recovers
+    again, now by shrinking (no restart left, one decision on every rank), and the result
+    is the unbroken run's, bit for bit."""
+    p, got = _run(tmp_path, "transfer", ["1:2:compute", "2:2:transfer"],
+                  launcher=("--max-restarts", "1"))
+    assert p.returncode == 137, p.stderr[-3000:]
+    fails = got["failures"]
+    assert [f["dead"] for f in fails] == [[1], [2]], fails
+    assert [f["how"] for f in fails] == ["replace", "shrink"] and got["ranks_at_end"] == 3
+    _same_run(got, clean)
+
+
 def test_replacing_changes_no_bit(tmp_path, clean):
     """``--max-restarts 2``: ranks 1 and 3 killed and replaced by newcomers that receive
     the state from the three survivors (one chunk damaged in flight and fetched again):

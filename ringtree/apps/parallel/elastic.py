@@ -49,6 +49,7 @@ from ringtree.apps.models import data
 from ringtree.apps.models.gpt import GPT, init_state_dict
 
 PHASES = ("compute", "allreduce", "optimizer")
+DRILLS = PHASES + ("transfer",)  # transfer: as a source of a recovery's state transfer
 KILLED = "elastic/killed"  # store key of a drill's time of death, per world rank
 BETAS, EPS = (0.9, 0.95), 1e-8
 
@@ -61,13 +62,15 @@ class Kill:
 
 
 def parse_kill(text: str, seed: int | None = None) -> Kill:
-    """``RANK:STEP[:PHASE]`` (PHASE one of :data:`PHASES`; random when omitted)."""
+    """``RANK:STEP[:PHASE]`` (PHASE one of :data:`DRILLS`; random among :data:`PHASES`
+    when omitted; ``transfer`` fires when that rank is about to stream state to a newcomer
+    in a recovery of step STEP)."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts[:2]):
         raise ValueError(f"--kill {text!r}: expected RANK:STEP[:PHASE], e.g. 2:5:allreduce")
     phase = parts[2] if len(parts) == 3 else random.Random(seed).choice(PHASES)
-    if phase not in PHASES:
-        raise ValueError(f"--kill {text!r}: phase must be one of {', '.join(PHASES)}")
+    if phase not in DRILLS:
+        raise ValueError(f"--kill {text!r}: phase must be one of {', '.join(DRILLS)}")
     return Kill(int(parts[0]), int(parts[1]), phase)
 
 
@@ -122,6 +125,7 @@ class ElasticTrainer:
         self.counts = np.zeros(spec.steps * spec.batch_size, np.int32)  # uses per sample
         self.losses: list[float] = []
         self.failures: list[dict] = []
+        self.pending: BaseException | None = None  # a failure still to recover from
 
     def _init_optimizer(self) -> None:
         self.m, self.v = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
@@ -237,6 +241,10 @@ class ElasticTrainer:
         old = self.comm
         old.revoke()
         left = self.max_restarts - sum(len(f["dead"]) for f in self.failures)
+        if self.max_restarts:  # one decision on every rank: a newcomer whose first state
+            # transfer failed has not received the run's failures and counts too many
+            # restarts left; the AND of "bits 0..left" masks is the smallest count's
+            left = old.agree((1 << (max(0, min(left, 30)) + 1)) - 1).bit_length() - 1
         child = old.replace(limit=left) if left > 0 else old.shrink()
         alive = list(child.world_ranks)
         dead = sorted(old.world_ranks[r] for r in state(old).failed)
@@ -255,8 +263,16 @@ class ElasticTrainer:
             self.owner[lg] = alive[i % len(alive)]
 
     def join(self) -> None:
-        """A replacement (``RINGTREE_JOIN=1``): receive the state from the survivors."""
-        self._sync(fresh=True, t0=time.monotonic())
+        """A replacement (``RINGTREE_JOIN=1``): receive the state from the survivors; a
+        rank that dies meanwhile is recovered from in :meth:`run`, as by the others."""
+        from ringtree.errors import RecoveryError, RingtreeError
+
+        try:
+            self._sync(fresh=True, t0=time.monotonic())
+        except RecoveryError:
+            raise
+        except RingtreeError as e:
+            self.pending = e
 
     def _sync(self, fresh: bool, t0: float) -> None:
         """Collective over the new communicator: whoever is behind the newest committed
@@ -274,6 +290,8 @@ class ElasticTrainer:
         dests = [r for r in range(comm.size) if steps[r] != newest]
         moved = None
         if dests:
+            if comm.rank in sources:
+                self._fire("transfer")
             t1 = time.monotonic()
             bad = self.corrupt
             self.corrupt = -1
@@ -308,7 +326,7 @@ class ElasticTrainer:
     def run(self) -> None:
         from ringtree.errors import RecoveryError, RingtreeError
 
-        pending: BaseException | None = None
+        pending, self.pending = self.pending, None
         while self.step < self.spec.steps or pending is not None:
             try:
                 if pending is not None:  # again if another rank dies during recovery

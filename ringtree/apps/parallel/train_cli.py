@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
            "(data parallel, also with --zero 1; see ringtree.apps.parallel.elastic)")
     a("--kill", metavar="RANK:STEP[:PHASE]", action="append", default=[],
       help="drill: that rank SIGKILLs itself in that step (compute, allreduce, optimizer; "
-           "random if omitted); repeatable")
+           "random if omitted; transfer: as it starts streaming state to a newcomer in "
+           "that step's recovery); repeatable")
     a("--corrupt-chunk", type=int, default=-1, metavar="N",
       help="drill: the first state transfer damages chunk N in flight (it is fetched again)")
     return p

@@ -347,3 +347,31 @@ def test_two_communicators_shrunk_in_crossed_orders_end_by_the_deadline():
     assert isinstance(res[2], BaseException), res
     worlds = {r["world"] for r in (res[0], res[1], res[3]) if isinstance(r.get("world"), tuple)}
     assert len({w[0] for w in worlds}) <= 1, res  # one world membership among those that formed it
+
+
+def eight_ranks_one_dies(comm):
+    """N = 8 on 2 cores: rank 5 dies inside an all-reduce; every survivor names it,
+    agrees on it and carries on shrunk."""
+    x = np.ones(1 << 12, np.float32)
+    comm.all_reduce(x)
+    if comm.rank == 5:
+        _die()
+    try:
+        comm.all_reduce(x, timeout=120)
+        named = None
+    except ringtree.RingtreeError as e:
+        named = "rank 5" in str(e)
+    value = comm.agree(1)
+    child = comm.shrink()
+    y = np.ones(8, np.float32)
+    child.all_reduce(y)
+    out = (named, value, comm.failed_ranks()[:1], child.world_ranks, float(y[0]))
+    child.close()
+    return out
+
+
+def test_eight_ranks_one_killed():
+    res = run_ranks(eight_ranks_one_dies, 8, timeout=180)
+    assert isinstance(res[5], BaseException), res
+    want = (True, 1, [5], (0, 1, 2, 3, 4, 6, 7), 7.0)
+    assert all(res[r] == want for r in range(8) if r != 5), res

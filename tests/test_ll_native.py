@@ -162,6 +162,12 @@ def killed_in_kernel(comm):
     for _ in range(20):
         c.all_reduce(x, DType.FLOAT32, red)
     assert c.op(Collective.ALL_REDUCE, DType.FLOAT32, 2, red).k is not None
+    return rank_1_dies(comm, c, x, red)
+
+
+def rank_1_dies(comm, c, x: np.ndarray, red) -> tuple[int | None, str]:
+    """Rank 1 SIGKILLs itself; the others all-reduce ``x`` on ``c`` once more: (the peer
+    their error names, its text)."""
     if comm.rank == 1:
         time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -7,16 +7,14 @@ killed before a call named by the others."""
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 import numpy as np
 import pytest
 from test_ll import _ll
-from test_ll_native import _input
+from test_ll_native import _input, rank_1_dies
 
 from ringtree.dtypes import DType
-from ringtree.errors import PeerError
 from ringtree.ir.program import Collective
 from ringtree.ops import resolve
 from ringtree.runtime.protocols import ll_split
@@ -96,14 +94,7 @@ def killed(comm):
     red = resolve("sum", DType.FLOAT32)
     for _ in range(5):
         c.all_reduce(x, DType.FLOAT32, red)
-    if comm.rank == 1:
-        time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        c.all_reduce(x, DType.FLOAT32, red)
-    except PeerError as e:
-        return e.peer, str(e)
-    return None, "no error"
+    return rank_1_dies(comm, c, x, red)
 
 
 def test_a_peer_killed_before_a_split_all_reduce_is_named():

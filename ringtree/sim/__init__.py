@@ -173,12 +173,13 @@ class _Call:
                               in_place=self.in_place, symmetry_=symmetry,
                               opts=self.options(nbytes), programs=programs, place=place,
                               prune=prune, sweep=sweep, max_work=max_work,
-                              sparse=self.engine in (None, "alpha_beta", "native", "reference"))
+                              sparse=self.engine in (None, "alpha_beta", "native", "reference"),
+                              ring=_RING_FROM.get(self.engine, None))
 
     def finish(self, plan: choice.Plan, nbytes: int, trace: bool = False) -> SimRun:
         """Run a plan on the first engine that accepts it (:func:`.engines.dispatch.run`)."""
-        def compile_() -> choice.Plan:
-            return choice.compile_plan(plan, self.coll, self.algo, self.topo,
+        def compile_() -> choice.Plan:            # the job's plan: chains declined, its own
+            return choice.compile_plan(job.plan, self.coll, self.algo, self.topo,
                                        self.options(nbytes), self.count(nbytes),
                                        self.itemsize, self.slice_bytes, self.in_place)
 
@@ -198,6 +199,11 @@ class _Call:
             declined: tuple = ()) -> SimRun:
         return SimRun(self.coll, self.algo, self.topo.nranks, nbytes, t, res, events,
                       simulated, engine, declined)
+
+
+# from how many template cells a ring of one-element blocks runs in chains
+# (:mod:`.compile.ring_chain`), by the engine forced: always when it is the chains'
+_RING_FROM = {None: choice.SPARSE_FROM_CELLS, "ring_chain": 0}
 
 
 def _equal_chunks(coll: Collective, algo: str, nranks: int) -> int:

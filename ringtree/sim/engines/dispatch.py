@@ -6,6 +6,10 @@ the contract of :mod:`.contract` (``accepts(job, rules)``, ``run(job)``):
 
 1. ``batched`` (:mod:`.batched`) — a shared template run for every simulated rank at
    once; declines a plan without a template, and a run whose levels leave the order;
+   ``ring_chain`` (:mod:`.ring_chain`) — a ring all-reduce of one-element blocks as
+   block chains, without Programs; declines any other plan, and a run where links are
+   shared or a FIFO could hold a message back (the engines after it then run the plan
+   the run had without chains);
 2. ``alpha_beta`` (:mod:`.alpha_beta`) — the unaware model as a longest path, asked for
    with ``model="fast"``;
 3. ``fixed_point`` (:mod:`.fixed_point`) — the aware model settled as a fixed point of
@@ -35,6 +39,7 @@ from ringtree.sim.engines.contract import Declined, Engine, Job, Outcome, Result
 from ringtree.sim.engines.fixed_point import FixedPoint
 from ringtree.sim.engines.native import NativeHeap
 from ringtree.sim.engines.reference import Reference
+from ringtree.sim.engines.ring_chain import RingChainEngine
 from ringtree.sim.engines.rounds import RoundsEngine
 from ringtree.sim.fold.choice import Plan
 from ringtree.sim.machine.cluster import Topology
@@ -42,7 +47,7 @@ from ringtree.sim.machine.model import Aware, Rules, Unaware
 
 __all__ = ["ORDER", "ENGINES", "EngineDeclined", "run", "run_compiled", "engine", "forced"]
 
-ORDER: tuple[Engine, ...] = (Batched(), AlphaBeta(), FixedPoint(), RoundsEngine(),
+ORDER: tuple[Engine, ...] = (Batched(), RingChainEngine(), AlphaBeta(), FixedPoint(), RoundsEngine(),
                              NativeHeap(), Reference())
 ENGINES: dict[str, Engine] = {e.name: e for e in ORDER}
 

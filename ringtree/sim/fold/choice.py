@@ -6,14 +6,14 @@ Programs of the ranks it does not simulate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import overload
 
 from ringtree.ir.program import Collective, Program
 from ringtree.schedules import Options, generate
 from ringtree.sim import budget
-from ringtree.sim.compile import sparse, symbolic, template
+from ringtree.sim.compile import ring_chain, sparse, symbolic, template
 from ringtree.sim.compile.compiled import Compiled, compile_programs
 from ringtree.sim.compile.recent import Recent
 from ringtree.sim.compile.structure import Sweep
@@ -32,6 +32,8 @@ class Plan:
     shared: bool = False        # Programs read off one template (never all generated)
     batch: template.Template | None = None
     template: Program | None = None
+    ring: ring_chain.RingChain | None = None     # a ring in chains (:mod:`.compile.ring_chain`)
+    fallback: Callable[[], Plan] | None = None   # the plan without the chains
 
 
 def options(topo: Topology, root: int = 0, channels: int | None = None,
@@ -148,13 +150,25 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
             slice_bytes: int, *, aware: bool, in_place: bool = False, symmetry_: bool = True,
             opts: Options, programs: list[Program] | None = None, place=None,
             prune: bool = True, sweep: Sweep | None = None, max_work: int = 0,
-            sparse: bool = True) -> Plan:
+            sparse: bool = True, ring: int | None = SPARSE_FROM_CELLS) -> Plan:
     """Decide how to simulate ``coll``/``algo`` on ``topo`` and compile for it
     (``prune``: leave out channels that move no data, :func:`.compiled.moving`;
     ``sweep``: keep what does not depend on ``count`` for the next call,
     :mod:`.structure`; ``max_work``: refuse runs over this many steps and slices,
     :mod:`.budget`; ``sparse``: the moving steps only where they are few,
-    :func:`sparse_plan`; not for an engine forced that reads templates or many messages)."""
+    :func:`sparse_plan`; not for an engine forced that reads templates or many messages;
+    ``ring``: a ring all-reduce of one-element blocks in chains, from this many template
+    cells on, :mod:`.compile.ring_chain`; None: never)."""
+    if symmetry_ and programs is None and ring is not None and aware:
+        rc = ring_chain.ring_chain(coll, algo, topo.nranks, opts, count, itemsize,
+                                   slice_bytes, in_place)
+        if rc is not None and opts.channels * (2 * rc.n - 1) * rc.n >= ring:
+            def fallback() -> Plan:
+                return prepare(coll, algo, topo, count, itemsize, slice_bytes, aware=aware,
+                               in_place=in_place, opts=opts, place=place, prune=prune,
+                               sweep=sweep, max_work=max_work, sparse=sparse, ring=None)
+
+            return Plan(None, list(topo.ranks), 0, True, ring=rc, fallback=fallback)
     if symmetry_ and programs is None:
         got = sparse_plan(coll, algo, topo, opts, count, itemsize, slice_bytes, aware,
                           in_place) if sparse else None

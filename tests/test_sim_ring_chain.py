@@ -37,6 +37,22 @@ def test_the_chains_are_the_reference_on_the_presets(name, nodes):
             assert got.events == count * (2 * n - 2)
 
 
+def test_the_chains_price_nccl_protocols_and_sweeps(monkeypatch):
+    """On a protocol's topology (:mod:`ringtree.sim.machine.protocols`), and through a
+    sweep of sizes, chains and other plans mixed, with the reference's answers."""
+    topo = presets.get("dgx_h100", 4)
+    for proto in ("LL", "LL128", "Simple"):
+        got, want = _both(topo, 20 * 4, proto=proto)
+        assert got.time_ns == want.time_ns, proto
+    monkeypatch.setitem(sim._RING_FROM, None, 0)          # chains at any size
+    sizes = [8, 40, 128, 4096, 16]
+    runs = sim.simulate_sizes("all_reduce", "ring", topo, sizes, sweep=sim.Sweep())
+    assert [r.engine for r in runs] == ["ring_chain"] * 3 + ["batched", "ring_chain"]
+    for nbytes, r in zip(sizes, runs):
+        want = sim.simulate("all_reduce", "ring", topo, nbytes, engine="reference")
+        assert r.time_ns == want.time_ns, nbytes
+
+
 def test_the_chains_with_a_reduction_rate():
     """γ on every reduction (``reduce_gbps``) and an overhead per transfer; the in-place
     ring (whose steps wait in memory for earlier ones) is not run in chains."""

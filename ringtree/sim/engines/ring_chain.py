@@ -122,7 +122,7 @@ def _chains(spec: RingChain, p: int, q: int, over: float, ser: list, lat: list,
     n, count = spec.n, spec.count
     last = 2 * n - 2
     o = spec.ops[0]
-    t = np.zeros(q) + comp[o][1:q + 1] if o else np.zeros(q)   # step 0 at rank c + 1
+    t = np.zeros(q) + comp[o][:q] if o else np.zeros(q)   # step 0: rank c + 1, receiver of c
     prev = t
     done = np.zeros(q)
     spare = np.full(q, np.inf)

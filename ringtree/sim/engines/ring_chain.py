@@ -59,6 +59,30 @@ class RingChainEngine:
         return Outcome(got, plan.ring.messages)
 
 
+# the last graph's routes r → r + 1: (its devices, link ends, routing, ranks' devices,
+# routes). A route is a function of the graph alone (:mod:`ringtree.sim.machine.routing`
+# reads no rate or latency), so the topologies NCCL's protocols price
+# (:func:`ringtree.sim.machine.protocols.priced`: the same devices and links, other
+# rates) share it
+_LAST: list[tuple] = []
+
+
+def _graph(topo: Topology, devices: list[int]) -> tuple:
+    return (tuple((lk.src, lk.dst) for lk in topo.links), topo.routing, topo.uplinks,
+            tuple((kind, size) for kind, size, _, _ in topo.dims), tuple(devices))
+
+
+def _route_ids(topo: Topology, devices: list[int]) -> list[tuple[int, ...]]:
+    """The links of every connection r → r + 1 of channel 0."""
+    graph = _graph(topo, devices)
+    if _LAST and _LAST[0][0] is topo.devices and _LAST[0][1] == graph:
+        return _LAST[0][2]
+    n = len(devices)
+    got = [topo.route(devices[r], devices[(r + 1) % n], 0) for r in range(n)]
+    _LAST[:] = [(topo.devices, graph, got)]
+    return got
+
+
 def _routes(spec: RingChain, topo: Topology, devices: list[int]
             ) -> list[tuple] | str:
     """Every connection r → r + 1's links as ((rate, latency), …), or why the chains do
@@ -66,8 +90,7 @@ def _routes(spec: RingChain, topo: Topology, devices: list[int]
     n = spec.n
     seen: set[int] = set()
     rows = []
-    for r in range(n):
-        links = topo.route(devices[r], devices[(r + 1) % n], 0)
+    for r, links in enumerate(_route_ids(topo, devices)):
         if not links:
             return f"ranks {r} and {(r + 1) % n} share a device"
         for li in links:
@@ -125,22 +148,22 @@ def _chains(spec: RingChain, p: int, q: int, over: float, ser: list, lat: list,
     t = np.zeros(q) + comp[o][:q] if o else np.zeros(q)   # step 0: rank c + 1, receiver of c
     prev = t
     done = np.zeros(q)
-    spare = np.full(q, np.inf)
+    spare = np.full(max(q - 1, 0), np.inf)     # class c after class c + 1, a hop earlier
+    buf = np.empty(max(q - 1, 0))
     lead = np.empty(last + 1)                    # block 0's ready time per hop
     tail = np.empty(last + 1)                    # block count − 1's
-    wrap = count > p                             # block b + 1's class is (c + 1) mod p
-    pairs = q if wrap else q - 1
+    end_ = np.empty(last + 1)                    # class q − 1's
     for k in range(last + 1):
-        lead[k], tail[k] = t[0], t[(count - 1) % p]
+        lead[k], tail[k], end_[k] = t[0], t[(count - 1) % p], t[q - 1]
         if k == last:
             np.maximum(done, t, out=done)
             break
         s = (k + 1) % p                          # connection of class 0 at this hop
-        if k and pairs:
-            before = np.roll(prev, -1)[:pairs] if wrap else prev[1:]
-            gap = t[:pairs] - before - widest[s:s + pairs]
-            np.minimum(spare[:pairs], gap, out=spare[:pairs])
-        np.maximum(done, np.maximum(t, t + first[s:s + q]), out=done)
+        if k and q > 1:
+            np.subtract(t[:-1], prev[1:], out=buf)
+            buf -= widest[s:s + q - 1]
+            np.minimum(spare, buf, out=spare)
+        np.maximum(done, t + first[s:s + q], out=done)   # ≥ t: the send is the later
         prev = t
         x = t + over
         for h in range(len(ser)):
@@ -150,7 +173,11 @@ def _chains(spec: RingChain, p: int, q: int, over: float, ser: list, lat: list,
         t = x + comp[o][s:s + q] if o else x
     end = float(done.max())
     least = float(spare.min()) if spare.size else np.inf
-    lag = n - count + 1                          # block 0, that many hops before
+    ks = np.arange(1, last)
+    if count > p:                                # class p − 1 after class 0 a hop earlier
+        gap = end_[1:last] - lead[:last - 1] - widest[(q + ks) % p]
+        least = min(least, float(gap.min(initial=np.inf)))
+    lag = n - count + 1                          # block count − 1 after block 0, lag hops
     if lag <= last - 1:
         ks = np.arange(lag, last)
         gap = tail[lag:last] - lead[:last - lag] - widest[(count + ks) % p]

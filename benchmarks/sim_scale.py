@@ -17,7 +17,9 @@ the tree at 131,072 ranks and 8 B is ``tree_8B_131072`` above) are named
 ``ALGO_SIZE_RANKS`` and run as one size through :func:`~ringtree.sim.simulate_sizes`;
 any such name runs for any registered all-reduce, e.g. ``--cases
 rabenseifner_8B_16384`` (the algorithms that need in-network reduction, CollNet and
-NVLS, on ``dgx_h100_sharp``). ``docs/design-notes.md`` lists which meet the bar.
+NVLS, on ``dgx_h100_sharp``). ``docs/design-notes.md`` lists which meet the bar. The
+ring's 8 B and 64 KiB cases (at most one element per block) run as block chains
+(:mod:`ringtree.sim.engines.ring_chain`).
 
 The README case runs the command itself (``ringtree sim``, whose algorithms run in one
 worker process per core); its CPU time is summed over its processes and its peak RSS is

@@ -5,6 +5,8 @@ package installs anyway and runs the same steps in Python, to the same bits.
   ``ringtree/sim/engines/native.py``);
 - LL's data path (``ringtree/transports/_llc.c``, see ``ringtree/transports/shm_native.py``):
   publish, wait with the GIL released, and the rank-order fold in one call;
+- cross-memory attach (``ringtree/transports/_cma.c``, see
+  ``ringtree/transports/shm_cma.py``): ``process_vm_readv`` with the GIL released;
 - CRC-32C for the state transfer's checksums (``ringtree/resilience/_crc32c.c``, see
   ``ringtree/resilience/checksum.py``).
 
@@ -23,6 +25,8 @@ setup(ext_modules=[
     # the fold may compute every candidate and vectorise; values are rounded the same
     Extension("ringtree.transports._llc", ["ringtree/transports/_llc.c"],
               extra_compile_args=["-O3", *STRICT_FP, "-fno-trapping-math"], optional=True),
+    Extension("ringtree.transports._cma", ["ringtree/transports/_cma.c"],
+              extra_compile_args=["-O2"], optional=True),
     Extension("ringtree.resilience._crc32c", ["ringtree/resilience/_crc32c.c"],
               extra_compile_args=["-O2"], optional=True),
 ])

@@ -423,17 +423,17 @@ class Planner:
         return plan
 
     def _protocol(self, spec: CallSpec, nbytes: int) -> str:
-        """LL or Simple for a call of ``nbytes``: the cheaper (algorithm, protocol) pair
-        (:func:`ringtree.tuning.proto.choose_protocol`); LL only on a single-host
-        communicator, for calls that name no algorithm, where LL serves the collective."""
+        """LL (one host, no algorithm named, LL serves the collective) where its single-copy
+        path runs the call, else the cheaper (algorithm, protocol) pair (choose_protocol)."""
         ll, coll = self.ll, spec.coll
         if ll is None or coll is None or spec.algo is not None or spec.blocks is not None \
                 or protocols.algorithm(LL, coll) is None:
             return SIMPLE
-        proto = choose_protocol(coll, nbytes, self.size, self.proto_enabled.get(coll),
-                                ll.fits(coll, spec.count, spec.dtype.itemsize), self.model(),
-                                self.algo_enabled.get(coll))
-        return proto
+        if LL in self.proto_enabled.get(coll, ()) and ll.direct_for(spec):
+            return LL  # one copy: peers' buffers read in place (protocols/ll_direct.py)
+        return choose_protocol(coll, nbytes, self.size, self.proto_enabled.get(coll),
+                               ll.fits(coll, spec.count, spec.dtype.itemsize), self.model(),
+                               self.algo_enabled.get(coll))
 
     def _p2p(self, spec: CallSpec, key: tuple) -> Plan:
         sending, n = spec.algo == "send", spec.count

@@ -29,6 +29,11 @@ import os
 
 import numpy as np
 
+try:
+    from ringtree.transports import _cma
+except ImportError:  # built without a C compiler: the same system call through ctypes
+    _cma = None
+
 
 class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
@@ -71,24 +76,41 @@ def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+def compiled() -> bool:
+    """Whether reads go through the compiled ``_cma`` (else ctypes: the same call, slower)."""
+    return _cma is not None
+
+
 def read_into(pid: int, into: np.ndarray, remote: int, nbytes: int) -> None:
     """Copy ``nbytes`` at ``remote`` in process ``pid`` into the contiguous ``into``.
     Raises OSError (ESRCH: the process is gone; EPERM: not allowed; EFAULT: bad address)."""
-    lib = _lib()
-    local = address(into)
-    done = 0
-    while done < nbytes:
-        lv = _Iovec(local + done, nbytes - done)
-        rv = _Iovec(remote + done, nbytes - done)
-        n = lib.process_vm_readv(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
-        if n < 0:
-            e = ctypes.get_errno()
-            if e == errno.EINTR:
-                continue
+    read_spans(pid, [(address(into), remote, nbytes)])
+
+
+def read_spans(pid: int, spans: list[tuple[int, int, int]], *, python: bool = False) -> None:
+    """Read every ``(local address, remote address, bytes)`` of ``spans`` from process
+    ``pid`` (batched into few system calls); OSError as :func:`read_into`. ``python``:
+    through ctypes even where ``_cma`` is compiled (its tests compare the two)."""
+    if _cma is not None and not python:
+        e = _cma.read(pid, spans)
+        if e:
             raise OSError(e, os.strerror(e))
-        if n == 0:
-            raise OSError(errno.EFAULT, "process_vm_readv read nothing")
-        done += n
+        return
+    lib = _lib()
+    for local, remote, nbytes in spans:
+        done = 0
+        while done < nbytes:
+            lv = _Iovec(local + done, nbytes - done)
+            rv = _Iovec(remote + done, nbytes - done)
+            n = lib.process_vm_readv(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
+            if n < 0:
+                e = ctypes.get_errno()
+                if e == errno.EINTR:
+                    continue
+                raise OSError(e, os.strerror(e))
+            if n == 0:
+                raise OSError(errno.EFAULT, "process_vm_readv read nothing")
+            done += n
 
 
 def probe(pid: int, remote: int, expect: bytes) -> bool:

@@ -32,6 +32,7 @@ from ringtree.ir.program import Collective, Program
 from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
+from ringtree.runtime.protocols import ll_direct
 from ringtree.runtime.protocols.ll import LLOp, fits
 from ringtree.settings import MIN_TIMEOUT, as_timeout
 from ringtree.transports import shm_native as native
@@ -68,6 +69,7 @@ class LLRunner:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._gone: threading.Thread | None = None  # the thread last let go (exit joins it)
+        self.direct: ll_direct.Direct | None = None  # peers' buffers readable: ll_direct
 
     @classmethod
     def for_comm(cls, comm) -> LLRunner | None:
@@ -86,8 +88,15 @@ class LLRunner:
                           spin_us=s.ll_spin_us if s.ll_spin_us is not None else
                           0.0 if crowded(comm.size) else 5.0, yield_us=s.ll_yield_us)
         comm.fabric.closers.append(runner.close)
+        why = "RINGTREE_CMA=0"
+        if s.cma:
+            runner.direct, why = ll_direct.probe(runner.ll, comm.timeout)
+            if runner.direct is not None:
+                runner.direct.min_bytes = s.cma_min
         if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
-            print(f"ringtree: LL rounds {native.describe()}", flush=True)
+            print(f"ringtree: LL rounds {native.describe()}; single-copy all-gather and "
+                  f"reduce-scatter: {'process_vm_readv' if not why else 'off (' + why + ')'}",
+                  flush=True)
         return runner
 
     @classmethod
@@ -101,8 +110,22 @@ class LLRunner:
     def fits(self, coll: Collective, count: int, itemsize: int) -> bool:
         return fits(self.ll, coll, count, itemsize)
 
-    def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int) -> LLOp:
-        """The op that runs ``prog`` on this segment (ValueError: not a one-round Program)."""
+    def direct_for(self, spec) -> bool:
+        """Does the call of ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) run on
+        the single-copy path (:mod:`~ringtree.runtime.protocols.ll_direct`)?"""
+        d = self.direct
+        return d is not None and d.applies(spec.coll, spec.count * spec.dtype.itemsize *
+                                           self.ll.n, spec.reducer.code
+                                           if spec.reducer is not None else 0)
+
+    def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int):
+        """The op that runs ``prog`` on this segment (ValueError: not a one-round
+        Program): an :class:`~ringtree.runtime.protocols.ll_direct.DirectOp` where
+        :meth:`direct_for`, else an :class:`LLOp`."""
+        d = self.direct
+        if d is not None and d.applies(prog.collective, count * dt.itemsize * self.ll.n,
+                                       op_code):
+            return ll_direct.DirectOp(self.ll, self.direct, prog, dt, count, op_code, root)
         return LLOp(self.ll, prog, dt, count, op_code, root)
 
     def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):

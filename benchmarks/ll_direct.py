@@ -1,0 +1,97 @@
+"""Single-copy all-gather and reduce-scatter (``ringtree/runtime/protocols/ll_direct.py``)
+against the shared segment's paths, in the same processes, alternated block by block.
+
+Each rank pins itself to CPU ``rank`` when the ranks fit the CPUs; for every size, the
+two paths run ``--blocks`` alternating blocks of back-to-back calls (direct, staged,
+direct, …), switched by dropping the communicator's plans; the slowest rank's time per
+call of each block is kept and the medians printed, with staged ÷ direct (> 1: the
+single copy is faster). ``size`` is the larger buffer's bytes, float32 sum, out of place.
+A busy host slows both alike; say how busy it was.
+
+    python benchmarks/ll_direct.py --ranks 2 --sizes 64K,256K,1M,4M,16M,64M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+from ringtree.testing import run_ranks
+
+
+def size(text: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20}
+    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
+
+
+def _use(comm, direct) -> None:
+    comm.ll.direct = direct
+    comm.planner.relayout(comm.planner.nodes)  # forget plans made with the other path
+
+
+def _block(comm, call, iters: int) -> float:
+    comm.barrier()
+    t = time.perf_counter()
+    for _ in range(iters):
+        call()
+    per = np.array([(time.perf_counter() - t) / iters])
+    comm.all_reduce(per, "max")
+    return float(per[0])
+
+
+def measure(comm, colls: list[str], sizes: list[int], blocks: int) -> dict:
+    if comm.size <= len(os.sched_getaffinity(0)):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[comm.rank]})
+    direct = comm.ll.direct
+    assert direct is not None, "the single-copy path is off here (RINGTREE_DEBUG=INFO: why)"
+    direct.min_bytes = 1
+    res = {}
+    for coll in colls:
+        for nbytes in sizes:
+            per = nbytes // 4 // comm.size
+            small = np.ones(per, np.float32)
+            big = np.ones(per * comm.size, np.float32)
+            if coll == "all_gather":
+                def call(small=small, big=big):
+                    comm.all_gather(small, out=big)
+            else:
+                def call(small=small, big=big):
+                    comm.reduce_scatter(big, out=small)
+            iters = max(3, min(2000, (200 << 20) // max(nbytes, 1) // 10))
+            times: dict[str, list[float]] = {"direct": [], "staged": []}
+            for _ in range(blocks):
+                for name, d in (("direct", direct), ("staged", None)):
+                    _use(comm, d)
+                    call()
+                    times[name].append(_block(comm, call, iters))
+            res[(coll, nbytes)] = {k: statistics.median(v) for k, v in times.items()}
+    _use(comm, direct)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
+    ap.add_argument("--colls", default="all_gather,reduce_scatter")
+    ap.add_argument("--blocks", type=int, default=5)
+    a = ap.parse_args()
+    sizes = [size(s) for s in a.sizes.split(",")]
+    print(f"# {a.ranks} ranks, {len(os.sched_getaffinity(0))} CPUs, load "
+          f"{os.getloadavg()[0]:.2f} at start; µs per call, medians of {a.blocks} blocks")
+    res = run_ranks(measure, a.ranks, a.colls.split(","), sizes, a.blocks, timeout=3600)[0]
+    if isinstance(res, BaseException):
+        raise res
+    print("| collective | size | direct | staged | staged ÷ direct |\n|---|---|---|---|---|")
+    for (coll, nbytes), t in res.items():
+        print(f"| {coll} | {nbytes} | {t['direct'] * 1e6:,.1f} | {t['staged'] * 1e6:,.1f} "
+              f"| {t['staged'] / t['direct']:.2f} |")
+    print(f"# load at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""All-gather and reduce-scatter with one copy: peers read each other's *user buffers*
+with ``process_vm_readv(2)`` (Linux cross-memory attach), synchronised through the LL
+segment's lines.
+
+Through the shared segment an all-gather copies every contribution twice — its owner
+writes it into a cell, every peer copies it out (:mod:`ll_gather`) — and streams it
+through the cells, one synchronisation per cell. Open MPI's shared-memory BTL copies
+once, from the owner's buffer into the reader's, through the kernel (``opal/mca/smsc/cma``);
+so does this path. One call:
+
+1. publish: the rank writes its buffer's address into its line's inline payload and posts
+   the call (:meth:`~ringtree.transports.shm_ll.LL.sync`: every rank's header is checked,
+   a dead peer is named, nothing is spun on when ranks outnumber cores);
+2. read: all-gather — every peer's contribution straight into its block of the output
+   (one system call per peer, :mod:`ringtree.transports.shm_cma`, GIL released), the own
+   block copied while the peers read theirs; reduce-scatter — block ``r`` of every
+   peer's input, a cache-sized piece at a time, folded into the output in the Program's
+   rank order (the same operands in the same order as the segment's path: the same
+   bits; :meth:`Reducer.combine`, no fused multiply-add);
+3. complete: a second synchronisation whose payload is the rank's read status. It is
+   what lets a rank's buffer be reused: no rank returns before every peer has read it.
+   A failed read is reported there, so every rank raises (naming the rank that could
+   not read and the one it read from) instead of waiting for it.
+
+A peer that died is named: before it posts, by the LL wait's liveness check; during the
+read, by ``ESRCH``. A read only ever writes the output (all-gather: the blocks of the
+peers; reduce-scatter: a scratch buffer, then the output's piece), never an input, so a
+failure leaves the inputs as they were.
+
+Whether it may run is probed once per communicator (:func:`probe`, collective, at the
+LL segment's creation): every rank publishes a random token and its address, reads every
+peer's, and the ranks agree on the outcome. Refused reads (``EPERM``: ptrace policy;
+``ENOSYS``/seccomp), another pid namespace, or ``RINGTREE_CMA=0`` leave the segment's
+paths; ``RINGTREE_DEBUG=INFO`` says which.
+
+Where it runs: from :data:`MIN_BYTES` (the larger buffer; ``RINGTREE_CMA_MIN``), where it
+was measured faster than the segment's path on this machine (``docs/design-notes.md``,
+"Single-copy all-gather and reduce-scatter"): a ``process_vm_readv`` pins the peer's
+pages and moves 5-9 GB/s here, against 15-30 GB/s for a warm ``memcpy``
+(``benchmarks/cma_copy.py``), so it wins only once the staged path's second copy costs
+more than the kernel's pinning.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+
+import numpy as np
+
+from ringtree.dtypes import DType
+from ringtree.errors import PeerError, RingtreeError
+from ringtree.ir.program import Collective, Program
+from ringtree.ir.wire import PROTO_LL, WireHeader, algo_code
+from ringtree.ops import ReduceOp, Reducer
+from ringtree.runtime.plan import Desc
+from ringtree.runtime.protocols.ll import one_shot
+from ringtree.transports import shm_cma as cma
+from ringtree.transports import shm_segment as seg
+from ringtree.transports.shm_ll import LL
+from ringtree.tuning.proto import THRESHOLDS
+
+__all__ = ["MIN_BYTES", "Direct", "DirectOp", "probe"]
+
+# the larger buffer's bytes from which the direct path runs, by (collective, ranks > 2):
+# measured against the segment's paths in the same processes (benchmarks/ll_direct.py);
+# reduce-scatter: from just above LL's cells, where Simple took over 2-4x slower
+_RS_LL = THRESHOLDS[Collective.REDUCE_SCATTER]
+MIN_BYTES: dict[tuple[Collective, bool], int] = {
+    (Collective.ALL_GATHER, False): 512 << 10,
+    (Collective.ALL_GATHER, True): THRESHOLDS[Collective.ALL_GATHER][1] + 1,
+    (Collective.REDUCE_SCATTER, False): _RS_LL[0] + 1,
+    (Collective.REDUCE_SCATTER, True): _RS_LL[1] + 1,
+}
+PIECE = 256 << 10   # bytes of a peer's block read and folded at a time (L2 is 2 MiB)
+PROBE = 0x434D41    # the probe's "count": its header differs from every call's
+PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
+
+
+def _payload(ll: LL, rank: int, parity: int) -> int:
+    """Word index of ``rank``'s inline payload in parity ``parity``'s line."""
+    return ll.area(rank, parity, 8)[0] // 8
+
+
+class Direct:
+    """A communicator's permission to read its peers: their pids, where the path runs."""
+
+    def __init__(self, ll: LL, min_bytes: int | None):
+        self.ll = ll
+        self.pid = os.getpid()
+        self.pids = {r: info.pid for r, info in ll.peers.items() if r != ll.rank}
+        self.min_bytes = min_bytes
+
+    def applies(self, coll: Collective, nbytes: int, op_code: int) -> bool:
+        """Run a call of ``nbytes`` (the larger buffer) directly?"""
+        if coll is Collective.REDUCE_SCATTER:
+            if op_code == ReduceOp.PREMUL_SUM.code:  # its factor is each rank's own
+                return False
+        elif coll is not Collective.ALL_GATHER:
+            return False
+        least = self.min_bytes if self.min_bytes is not None else \
+            MIN_BYTES[(coll, self.ll.n > 2)]
+        return nbytes >= max(least, 1)
+
+    def read(self, peer: int, spans: list[tuple[int, int, int]]) -> int:
+        """Read ``spans`` from ``peer``: 0, or the errno (ESRCH raises, naming it)."""
+        try:
+            cma.read_spans(self.pids[peer], spans)
+        except OSError as e:
+            if e.errno == errno.ESRCH:
+                raise PeerError(peer, f"rank {peer} died (pid {self.pids[peer]} is gone) "
+                                      f"while rank {self.ll.rank} read its buffer") from None
+            return e.errno or errno.EIO
+        return 0
+
+
+def probe(ll: LL, timeout: float) -> tuple[Direct | None, str]:
+    """Collective over the segment's ranks: may every rank read every peer's memory?
+    (the :class:`Direct` if so, and why not otherwise)."""
+    why = ""
+    if not cma.supported():
+        why = "no process_vm_readv here"
+    elif any(info.ns != seg.pid_namespace() for info in ll.peers.values()):
+        why = "ranks in different pid namespaces"
+    cma.allow_readers()
+    token = np.frombuffer(secrets.token_bytes(8), np.uint64).copy()
+    head = WireHeader(0, PROBE, 0, 0, Collective.BARRIER.code, 0, 0, PROTO_LL, 0).call_words()
+    W = ll.W
+    what = lambda: "the single-copy probe"  # noqa: E731
+    p = ll.parity(timeout, what)
+    i = _payload(ll, ll.rank, p)
+    W[i + PID], W[i + ADDR], W[i + TOKEN] = os.getpid(), cma.address(token), int(token[0])
+    ll.sync(head, timeout, what)
+    got = np.zeros(1, np.uint64)
+    for q in range(ll.n):
+        j = _payload(ll, q, p)
+        if q == ll.rank or why:
+            continue
+        try:
+            cma.read_into(int(W[j + PID]), got, int(W[j + ADDR]), 8)
+            if int(got[0]) != int(W[j + TOKEN]):
+                why = f"read another process than rank {q}'s"
+        except OSError as e:
+            why = f"reading rank {q}: {os.strerror(e.errno or 0)}"
+    p = ll.parity(timeout, what)
+    i = _payload(ll, ll.rank, p)
+    W[i] = 1 if why else 0
+    ll.sync(head, timeout, what)
+    bad = [q for q in range(ll.n) if W[_payload(ll, q, p)]]
+    if bad and not why:
+        why = f"rank {bad[0]} may not read its peers"
+    return (None, why) if bad else (Direct(ll, None), "")
+
+
+class DirectOp:
+    """One call shape on the direct path; ``run(x, out, reducer, timeout)`` runs it (the
+    :class:`~ringtree.runtime.protocols.ll.LLOp` interface the LL runner calls)."""
+
+    __slots__ = ("ll", "direct", "coll", "count", "nbytes", "dtype", "name", "desc", "head",
+                 "order", "block", "avg", "run", "hot", "rec", "_scratch")
+
+    def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
+                 op_code: int, root: int):
+        shape = one_shot(prog)
+        coll = prog.collective
+        self.ll, self.direct, self.coll, self.count, self.dtype = ll, direct, coll, count, dt
+        self.nbytes = count * dt.storage.itemsize  # one block
+        self.name = coll.value
+        opname = list(ReduceOp)[op_code].value if coll.reduces and op_code < 255 else \
+            "user" if coll.reduces else "-"
+        self.desc = Desc(self.name, count, dt.value, dt.code, opname, op_code, root, 0,
+                         prog.algo, coll.code, PROTO_LL)
+        self.head = WireHeader(0, count, 0, algo_code(prog.algo), coll.code, dt.code,
+                               op_code, PROTO_LL, root).call_words()
+        self.order, self.block = shape.order, shape.block
+        self.avg = op_code == ReduceOp.AVG.code
+        self.hot = self.rec = None  # not the all-reduce hot path's
+        self._scratch: np.ndarray | None = None
+        self.run = self._gather if coll is Collective.ALL_GATHER else self._scatter
+
+    def describe(self) -> str:
+        return f"{self.name}(count={self.count}, {self.dtype.value}, proto=LL, single copy)"
+
+    # ---- the two synchronisations ------------------------------------------------------
+
+    def _publish(self, x: np.ndarray, timeout: float) -> list[int]:
+        """Post ``x``'s address; every rank's address once all have."""
+        ll, W = self.ll, self.ll.W
+        p = ll.parity(timeout, self.describe)
+        W[_payload(ll, ll.rank, p) + ADDR] = cma.address(x)
+        ll.sync(self.head, timeout, self.describe)
+        return [int(W[_payload(ll, q, p) + ADDR]) for q in range(ll.n)]
+
+    def _complete(self, status: int, timeout: float) -> None:
+        """Post this rank's read status (0, or peer << 32 | errno) and wait until every
+        rank has finished reading; raise on every rank if one's read failed."""
+        ll, W = self.ll, self.ll.W
+        p = ll.parity(timeout, self.describe)
+        W[_payload(ll, ll.rank, p)] = status
+        ll.sync(self.head, timeout, self.describe)
+        for r in range(ll.n):
+            s = int(W[_payload(ll, r, p)])
+            if s:
+                q, e = s >> 32, s & 0xFFFFFFFF
+                raise RingtreeError(f"rank {r} could not read rank {q}'s buffer in "
+                                    f"{self.describe()}: {os.strerror(e)}")
+
+    # ---- the calls -------------------------------------------------------------------
+
+    def _gather(self, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
+        ll, nb, me = self.ll, self.nbytes, self.ll.rank
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        addrs = self._publish(x, timeout)
+        base = cma.address(out)
+        own = out[me * self.count:(me + 1) * self.count]
+        if addrs[me] != base + me * nb:  # not in place
+            own[...] = x
+        status = 0
+        for q in range(ll.n):
+            if q != me and nb:
+                e = self.direct.read(q, [(base + q * nb, addrs[q], nb)])
+                if e:
+                    status = q << 32 | e
+                    break
+        self._complete(status, timeout)
+
+    def _scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer, timeout: float) -> None:
+        order = self.order
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        addrs = self._publish(x, timeout)
+        item = x.itemsize
+        lo_b = self.block * self.count
+        mine = x[lo_b:lo_b + self.count]
+        step = max(1, PIECE // item)
+        scratch = self._buffers(min(step, self.count), x.dtype)
+        alias = np.may_share_memory(mine, out)
+        status = 0
+        for lo in range(0, self.count, step):
+            m = min(step, self.count - lo)
+            status = self._piece(x, out, red, addrs, lo, m, scratch, alias, mine)
+            if status:
+                break
+        if not status and self.avg:
+            red.postdivide(out, len(order))
+        self._complete(status, timeout)
+
+    def _piece(self, x, out, red, addrs, lo: int, m: int, scratch, alias: bool,
+               mine) -> int:
+        """Fold elements ``lo:lo+m`` of every rank's block into ``out`` in rank order:
+        0, or the failed read's status."""
+        me, item = self.ll.rank, x.itemsize
+        at = (self.block * self.count + lo) * item  # the piece's byte offset in an input
+        own = mine[lo:lo + m]
+        if alias:  # in place: out's piece is our own operand; keep it before writing out
+            scratch[1][:m] = own
+            own = scratch[1][:m]
+        acc = out[lo:lo + m]
+        for k, q in enumerate(self.order):
+            if q == me:
+                if k == 0:
+                    acc[...] = own
+                else:
+                    red.combine(acc, acc, own)
+                continue
+            operand = acc if k == 0 else scratch[0][:m]  # the first: straight into out
+            e = self.direct.read(q, [(cma.address(operand), addrs[q] + at, m * item)])
+            if e:
+                return q << 32 | e
+            if k:
+                red.combine(acc, acc, operand)
+        return 0
+
+    def _buffers(self, m: int, dtype: np.dtype) -> np.ndarray:
+        s = self._scratch
+        if s is None or s.shape[1] < m or s.dtype != dtype:
+            s = self._scratch = np.empty((2, m), dtype)
+        return s

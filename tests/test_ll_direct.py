@@ -1,0 +1,213 @@
+"""The single-copy all-gather and reduce-scatter (``runtime/protocols/ll_direct.py``):
+the same bits as Simple's ``direct`` Program for every dtype, odd sizes, in place and
+not, pieces folded in rank order; the crossover; the probe's fallback (switched off, a
+refused read on one rank); a killed peer named; a failed read raised on every rank with
+the inputs untouched; the compiled and the ctypes reads alike."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from ringtree.errors import CommAborted, PeerError, RingtreeError
+from ringtree.runtime.protocols import ll_direct
+from ringtree.runtime.protocols.ll_direct import MIN_BYTES, DirectOp
+from ringtree.testing import RankPool, run_ranks
+from ringtree.transports import shm_cma as cma
+
+DTYPES = ["int8", "uint8", "int32", "uint64", "float16", "float32", "float64"]
+# one element, odd counts, and one over a fold piece (ll_direct.PIECE) of every dtype
+COUNTS = [1, 7, 1001, ll_direct.PIECE // 2 + 3]
+ALL_DIRECT = {"RINGTREE_CMA_MIN": "1"}
+
+
+def _input(rank: int, count: int, dtype: str, salt: int) -> np.ndarray:
+    rng = np.random.default_rng(100 * salt + rank)
+    if np.dtype(dtype).kind == "f":  # sums that round: the fold order shows
+        return (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 4, count)).astype(dtype)
+    return rng.integers(0, 100, count).astype(dtype)
+
+
+def _ran_direct(comm) -> bool:
+    last = comm.planner._last
+    return last is not None and isinstance(last.ll_op, DirectOp)
+
+
+def _gather(comm, x: np.ndarray, in_place: bool) -> tuple[bytes, bool]:
+    n, r = comm.size, comm.rank
+    out = np.zeros(x.size * n, x.dtype)
+    if in_place:
+        out[r * x.size:(r + 1) * x.size] = x
+        comm.all_gather(out[r * x.size:(r + 1) * x.size], out=out)
+    else:
+        comm.all_gather(x, out=out)
+    return out.tobytes(), _ran_direct(comm)
+
+
+def _scatter(comm, x: np.ndarray, op: str, in_place: bool) -> tuple[bytes, bool]:
+    r, m = comm.rank, x.size // comm.size
+    if in_place:
+        y = x.copy()
+        comm.reduce_scatter(y, op, out=y[r * m:(r + 1) * m])
+        got = y[r * m:(r + 1) * m]
+    else:
+        got = np.zeros(m, x.dtype)
+        comm.reduce_scatter(x, op, out=got)
+    return got.tobytes(), _ran_direct(comm)
+
+
+def every_case(comm, counts: list[int], dtypes: list[str]) -> list[str]:
+    """Direct against Simple's ``direct`` Program, every (collective, dtype, count, op,
+    in place); what differs or did not run directly."""
+    bad = []
+    for salt, dtype in enumerate(dtypes):
+        for count in counts:
+            x = _input(comm.rank, count * comm.size, dtype, salt)
+            keep = x.copy()
+            want = comm.all_gather(x[:count], algo="direct").tobytes()
+            for in_place in (False, True):
+                got, direct = _gather(comm, x[:count], in_place)
+                if got != want or not direct:
+                    bad.append(f"all_gather {dtype} {count} in_place={in_place}: "
+                               f"{'differs' if got != want else 'not direct'}")
+            for op in ("sum", "avg", "max") if dtype != "uint64" else ("sum", "min"):
+                want = comm.reduce_scatter(x, op, algo="direct").tobytes()
+                for in_place in (False, True):
+                    got, direct = _scatter(comm, x, op, in_place)
+                    if got != want or not direct:
+                        bad.append(f"reduce_scatter {dtype} {count} {op} in_place="
+                                   f"{in_place}: {'differs' if got != want else 'not direct'}")
+            if not np.array_equal(x, keep):
+                bad.append(f"{dtype} {count}: the input changed")
+    return bad
+
+
+def probed(comm) -> bool:
+    return comm.ll.direct is not None
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_direct_gives_simples_bits(n):
+    with RankPool(n, env=ALL_DIRECT) as pool:
+        assert pool.run_ok(probed) == [True] * n
+        for r, bad in enumerate(pool.run_ok(every_case, COUNTS if n == 2 else COUNTS[1:3],
+                                            DTYPES if n == 2 else ["float32", "int8"])):
+            assert bad == [], f"rank {r}: {bad}"
+
+
+def at_crossover(comm) -> list[tuple[str, int, bool, bool]]:
+    """Each collective just below and at its crossover: (what, bytes, direct?, bits
+    equal to Simple's)."""
+    res = []
+    for coll in ("all_gather", "reduce_scatter"):
+        least = MIN_BYTES[(ll_direct.Collective(coll), comm.size > 2)]
+        first = -(-least // (4 * comm.size))  # the fewest float32 a block that run directly
+        for count in (first - 1, first):
+            nbytes = count * 4 * comm.size
+            x = _input(comm.rank, count * comm.size, "float32", 7)
+            if coll == "all_gather":
+                got, direct = _gather(comm, x[:count], False)
+                want = comm.all_gather(x[:count], algo="direct").tobytes()
+            else:
+                got, direct = _scatter(comm, x, "sum", False)
+                want = comm.reduce_scatter(x, "sum", algo="direct").tobytes()
+            res.append((coll, nbytes, direct, got == want))
+    return res
+
+
+def test_crossover_and_switch():
+    for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60)):
+        assert not isinstance(res, BaseException), res
+        assert [(d, same) for _, _, d, same in res] == [(False, True), (True, True)] * 2, \
+            f"rank {r}: {res}"
+    # switched off: the segment's paths, the same bits
+    for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60, env={"RINGTREE_CMA": "0"})):
+        assert not isinstance(res, BaseException), res
+        assert [(d, same) for _, _, d, same in res] == [(False, True)] * 4, f"rank {r}: {res}"
+
+
+def refused_on_rank_1(comm) -> tuple[bool, str]:
+    """Probe again with rank 1's reads refused (EPERM, as a ptrace policy would)."""
+    if comm.rank == 1:
+        def refuse(*_a, **_k):
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+        cma.read_into = refuse
+    direct, why = ll_direct.probe(comm.ll.ll, 30.0)
+    return direct is None, why
+
+
+def test_a_refused_probe_falls_back_on_every_rank():
+    res = run_ranks(refused_on_rank_1, 3, timeout=60)
+    assert res[1] == (True, "reading rank 0: " + os.strerror(errno.EPERM))
+    for r in (0, 2):
+        assert res[r] == (True, "rank 1 may not read its peers"), res[r]
+
+
+def rank_1_dies(comm) -> tuple[int | None, str]:
+    x = np.ones(1000, np.float32)
+    comm.all_gather(x)  # planned on the direct path
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05)
+    try:
+        comm.all_gather(x)
+    except (PeerError, CommAborted) as e:  # aborted: another survivor saw it first
+        return e.peer, f"{type(e).__name__}: {e}"
+    return None, "no error"
+
+
+def test_a_killed_peer_is_named():
+    res = run_ranks(rank_1_dies, 3, timeout=60, env=ALL_DIRECT)
+    for r in (0, 2):
+        peer, msg = res[r]
+        assert peer in (1, None) and "rank 1 died" in msg, msg
+    assert (1, True) in [(res[r][0], res[r][1].startswith("PeerError")) for r in (0, 2)], res
+
+
+def rank_1_cannot_read(comm) -> tuple[str, bool]:
+    x = np.arange(10000, dtype=np.float32) + comm.rank
+    keep = x.copy()
+    if comm.rank == 1:
+        def fault(*_a, **_k):
+            raise OSError(errno.EFAULT, os.strerror(errno.EFAULT))
+        ll_direct.cma.read_spans = fault
+    try:
+        comm.reduce_scatter(x)
+    except RingtreeError as e:
+        return str(e), np.array_equal(x, keep)
+    return "no error", np.array_equal(x, keep)
+
+
+def test_a_failed_read_is_raised_on_every_rank():
+    for msg, kept in run_ranks(rank_1_cannot_read, 2, timeout=60, env=ALL_DIRECT):
+        assert "rank 1 could not read rank 0's buffer" in msg and kept, msg
+
+
+def test_compiled_and_ctypes_reads_agree():
+    src = np.arange(1 << 16, dtype=np.uint8)
+    child = os.fork()
+    if child == 0:  # holds src (the same address) until killed
+        time.sleep(30)
+        os._exit(0)
+    try:
+        base = cma.address(src)
+        # more spans than one system call takes, odd lengths, an empty one
+        cuts = [(o, (o * 7) % 991 + 1) for o in range(0, 60000, 997)] + [(5, 0)]
+        for python in (True, False):
+            dst = np.zeros_like(src)
+            cma.read_spans(child, [(cma.address(dst) + o, base + o, m) for o, m in cuts],
+                           python=python)
+            for o, m in cuts:
+                assert np.array_equal(dst[o:o + m], src[o:o + m]), (python, o, m)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    gone = child  # reaped: ESRCH, which a Direct reports as the peer's death
+    for python in (True, False):
+        with pytest.raises(ProcessLookupError):
+            cma.read_spans(gone, [(cma.address(src), base, 8)], python=python)

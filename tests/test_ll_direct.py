@@ -16,7 +16,7 @@ import pytest
 
 from ringtree.errors import CommAborted, PeerError, RingtreeError
 from ringtree.runtime.protocols import ll_direct
-from ringtree.runtime.protocols.ll_direct import MIN_BYTES, DirectOp
+from ringtree.runtime.protocols.ll_direct import MIN_BYTES
 from ringtree.testing import RankPool, run_ranks
 from ringtree.transports import shm_cma as cma
 
@@ -33,24 +33,36 @@ def _input(rank: int, count: int, dtype: str, salt: int) -> np.ndarray:
     return rng.integers(0, 100, count).astype(dtype)
 
 
-def _ran_direct(comm) -> bool:
-    last = comm.planner._last
-    return last is not None and isinstance(last.ll_op, DirectOp)
+def _reads(comm) -> int:
+    """Reads of peers' buffers so far (counted from the first call on)."""
+    d = comm.ll.direct
+    if d is None:  # switched off
+        return 0
+    if "read" not in vars(d):
+        real, d.count = d.read, 0
+
+        def counted(peer, spans):
+            d.count += 1
+            return real(peer, spans)
+        d.read = counted
+    return d.count
 
 
 def _gather(comm, x: np.ndarray, in_place: bool) -> tuple[bytes, bool]:
     n, r = comm.size, comm.rank
     out = np.zeros(x.size * n, x.dtype)
+    before = _reads(comm)
     if in_place:
         out[r * x.size:(r + 1) * x.size] = x
         comm.all_gather(out[r * x.size:(r + 1) * x.size], out=out)
     else:
         comm.all_gather(x, out=out)
-    return out.tobytes(), _ran_direct(comm)
+    return out.tobytes(), _reads(comm) > before
 
 
 def _scatter(comm, x: np.ndarray, op: str, in_place: bool) -> tuple[bytes, bool]:
     r, m = comm.rank, x.size // comm.size
+    before = _reads(comm)
     if in_place:
         y = x.copy()
         comm.reduce_scatter(y, op, out=y[r * m:(r + 1) * m])
@@ -58,7 +70,7 @@ def _scatter(comm, x: np.ndarray, op: str, in_place: bool) -> tuple[bytes, bool]
     else:
         got = np.zeros(m, x.dtype)
         comm.reduce_scatter(x, op, out=got)
-    return got.tobytes(), _ran_direct(comm)
+    return got.tobytes(), _reads(comm) > before
 
 
 def every_case(comm, counts: list[int], dtypes: list[str]) -> list[str]:
@@ -91,6 +103,15 @@ def probed(comm) -> bool:
     return comm.ll.direct is not None
 
 
+def through_ctypes(comm, counts: list[int], dtypes: list[str]) -> list[str]:
+    """:func:`every_case` with the reads made through ctypes (a build without ``_cma``)."""
+    compiled, cma._cma = cma._cma, None
+    try:
+        return every_case(comm, counts, dtypes)
+    finally:
+        cma._cma = compiled
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_direct_gives_simples_bits(n):
     with RankPool(n, env=ALL_DIRECT) as pool:
@@ -98,6 +119,8 @@ def test_direct_gives_simples_bits(n):
         for r, bad in enumerate(pool.run_ok(every_case, COUNTS if n == 2 else COUNTS[1:3],
                                             DTYPES if n == 2 else ["float32", "int8"])):
             assert bad == [], f"rank {r}: {bad}"
+        for r, bad in enumerate(pool.run_ok(through_ctypes, COUNTS[1:], ["float32"])):
+            assert bad == [], f"rank {r}, through ctypes: {bad}"
 
 
 def at_crossover(comm) -> list[tuple[str, int, bool, bool]]:
@@ -211,3 +234,19 @@ def test_compiled_and_ctypes_reads_agree():
     for python in (True, False):
         with pytest.raises(ProcessLookupError):
             cma.read_spans(gone, [(cma.address(src), base, 8)], python=python)
+
+
+def rank_1_stages(comm) -> str:
+    """Rank 1 takes the segment's path for a call the others read directly."""
+    if comm.rank == 1:
+        comm.ll.direct = None
+    try:
+        comm.all_gather(np.ones(1000, np.float32))
+    except RingtreeError as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def test_ranks_on_different_paths_are_a_mismatch():
+    for msg in run_ranks(rank_1_stages, 2, timeout=60, env=ALL_DIRECT):
+        assert msg.startswith("MismatchError") and "single copy" in msg, msg

@@ -73,6 +73,9 @@ def allow_readers() -> None:
 
 
 def address(a: np.ndarray) -> int:
+    """The address of contiguous ``a``'s first element."""
+    if _cma is not None:
+        return _cma.address(a)
     return a.__array_interface__["data"][0]
 
 

@@ -76,6 +76,9 @@ MIN_BYTES: dict[tuple[Collective, bool], int] = {
 PIECE = 256 << 10   # bytes of a peer's block read and folded at a time (L2 is 2 MiB)
 PROBE = 0x434D41    # the probe's "count": its header differs from every call's
 PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
+# the headers' algorithm: a rank that took the segment's path for the same call (other
+# settings) is a MismatchError naming both, not a read of what its line holds
+ALGO_CODE = algo_code("direct (single copy)")  # encoded here: every rank can name it
 
 
 def _payload(ll: LL, rank: int, parity: int) -> int:
@@ -171,8 +174,8 @@ class DirectOp:
             "user" if coll.reduces else "-"
         self.desc = Desc(self.name, count, dt.value, dt.code, opname, op_code, root, 0,
                          prog.algo, coll.code, PROTO_LL)
-        self.head = WireHeader(0, count, 0, algo_code(prog.algo), coll.code, dt.code,
-                               op_code, PROTO_LL, root).call_words()
+        self.head = WireHeader(0, count, 0, ALGO_CODE, coll.code, dt.code, op_code, PROTO_LL,
+                               root).call_words()
         self.order, self.block = shape.order, shape.block
         self.avg = op_code == ReduceOp.AVG.code
         self.hot = self.rec = None  # not the all-reduce hot path's

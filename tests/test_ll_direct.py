@@ -250,3 +250,29 @@ def rank_1_stages(comm) -> str:
 def test_ranks_on_different_paths_are_a_mismatch():
     for msg in run_ranks(rank_1_stages, 2, timeout=60, env=ALL_DIRECT):
         assert msg.startswith("MismatchError") and "single copy" in msg, msg
+
+
+def torch_tensors(comm) -> list[str]:
+    """bfloat16 (and float32) torch tensors through the communicator: direct against
+    Simple's ``direct`` Program, bit for bit."""
+    import torch
+
+    bad = []
+    for dt in (torch.bfloat16, torch.float32):
+        g = torch.Generator().manual_seed(comm.rank)
+        x = (torch.randn(1003 * comm.size, generator=g) * 100).to(dt)
+        for name, call in (("reduce_scatter", lambda a, **k: comm.reduce_scatter(a, **k)),
+                           ("all_gather", lambda a, **k: comm.all_gather(a[:1003], **k))):
+            before = _reads(comm)
+            got = call(x)
+            direct = _reads(comm) > before
+            want = call(x, algo="direct")
+            if not direct or not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+                bad.append(f"{name} {dt}: {'differs' if direct else 'not direct'}")
+    return bad
+
+
+def test_torch_bfloat16():
+    pytest.importorskip("torch")
+    for r, bad in enumerate(run_ranks(torch_tensors, 2, timeout=60, env=ALL_DIRECT)):
+        assert bad == [], f"rank {r}: {bad}"

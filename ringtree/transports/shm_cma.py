@@ -15,6 +15,11 @@ counts, and one copy beats two. Hence the transport's default: direct reads for
 messages ≥ 1 MiB only when the host's ranks outnumber its cores
 (``RINGTREE_SHM_DIRECT_MIN`` overrides).
 
+The LL segment's single-copy all-gather and reduce-scatter
+(:mod:`ringtree.runtime.protocols.ll_direct`) read with it too, through the compiled
+``_cma`` (the same system call with the GIL released, several spans a call, and a
+buffer's address without NumPy's ``__array_interface__``), or ctypes without a compiler.
+
 It needs ptrace permission over the peer (same user; Yama ``ptrace_scope`` ≤ 1 with
 ``PR_SET_PTRACER``; not blocked by seccomp). :func:`allow_readers` opts this process in and
 the transport probes every peer once, falling back to slots where a read is refused.

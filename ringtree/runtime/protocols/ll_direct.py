@@ -161,7 +161,7 @@ class DirectOp:
     :class:`~ringtree.runtime.protocols.ll.LLOp` interface the LL runner calls)."""
 
     __slots__ = ("ll", "direct", "coll", "count", "nbytes", "dtype", "name", "desc", "head",
-                 "order", "block", "avg", "run", "hot", "rec", "_scratch")
+                 "order", "block", "avg", "run", "hot", "rec", "_scratch", "_words")
 
     def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
                  op_code: int, root: int):
@@ -180,6 +180,8 @@ class DirectOp:
         self.avg = op_code == ReduceOp.AVG.code
         self.hot = self.rec = None  # not the all-reduce hot path's
         self._scratch: np.ndarray | None = None
+        # every rank's inline payload word, by parity
+        self._words = tuple([_payload(ll, q, p) for q in range(ll.n)] for p in (0, 1))
         self.run = self._gather if coll is Collective.ALL_GATHER else self._scatter
 
     def describe(self) -> str:
@@ -190,20 +192,20 @@ class DirectOp:
     def _publish(self, x: np.ndarray, timeout: float) -> list[int]:
         """Post ``x``'s address; every rank's address once all have."""
         ll, W = self.ll, self.ll.W
-        p = ll.parity(timeout, self.describe)
-        W[_payload(ll, ll.rank, p) + ADDR] = cma.address(x)
+        words = self._words[ll.parity(timeout, self.describe)]
+        W[words[ll.rank] + ADDR] = cma.address(x)
         ll.sync(self.head, timeout, self.describe)
-        return [int(W[_payload(ll, q, p) + ADDR]) for q in range(ll.n)]
+        return [int(W[i + ADDR]) for i in words]
 
     def _complete(self, status: int, timeout: float) -> None:
         """Post this rank's read status (0, or peer << 32 | errno) and wait until every
         rank has finished reading; raise on every rank if one's read failed."""
         ll, W = self.ll, self.ll.W
-        p = ll.parity(timeout, self.describe)
-        W[_payload(ll, ll.rank, p)] = status
+        words = self._words[ll.parity(timeout, self.describe)]
+        W[words[ll.rank]] = status
         ll.sync(self.head, timeout, self.describe)
-        for r in range(ll.n):
-            s = int(W[_payload(ll, r, p)])
+        for r, i in enumerate(words):
+            s = int(W[i])
             if s:
                 q, e = s >> 32, s & 0xFFFFFFFF
                 raise RingtreeError(f"rank {r} could not read rank {q}'s buffer in "
@@ -260,20 +262,19 @@ class DirectOp:
         if alias:  # in place: out's piece is our own operand; keep it before writing out
             scratch[1][:m] = own
             own = scratch[1][:m]
-        acc = out[lo:lo + m]
+        acc, first = out[lo:lo + m], None
         for k, q in enumerate(self.order):
             if q == me:
-                if k == 0:
-                    acc[...] = own
-                else:
-                    red.combine(acc, acc, own)
-                continue
-            operand = acc if k == 0 else scratch[0][:m]  # the first: straight into out
-            e = self.direct.read(q, [(cma.address(operand), addrs[q] + at, m * item)])
-            if e:
-                return q << 32 | e
-            if k:
-                red.combine(acc, acc, operand)
+                operand = own
+            else:
+                operand = acc if k == 0 else scratch[0][:m]  # the first: straight into out
+                e = self.direct.read(q, [(cma.address(operand), addrs[q] + at, m * item)])
+                if e:
+                    return q << 32 | e
+            if k == 0:
+                first = operand  # folded with the second, not copied first
+            else:
+                red.combine(acc, first if k == 1 else acc, operand)
         return 0
 
     def _buffers(self, m: int, dtype: np.dtype) -> np.ndarray:

@@ -10,6 +10,7 @@ import errno
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -234,6 +235,10 @@ def test_compiled_and_ctypes_reads_agree():
     for python in (True, False):
         with pytest.raises(ProcessLookupError):
             cma.read_spans(gone, [(cma.address(src), base, 8)], python=python)
+    ll = SimpleNamespace(rank=0, n=2, peers={0: None, 1: SimpleNamespace(pid=gone)})
+    with pytest.raises(PeerError, match=f"rank 1 died \\(pid {gone} is gone\\)") as e:
+        ll_direct.Direct(ll, None).read(1, [(cma.address(src), base, 8)])
+    assert e.value.peer == 1
 
 
 def rank_1_stages(comm) -> str:

@@ -1,4 +1,5 @@
-"""Single-copy all-gather and reduce-scatter (``ringtree/runtime/protocols/ll_direct.py``)
+"""Single-copy all-gather, reduce-scatter and broadcast
+(``ringtree/runtime/protocols/ll_direct.py``)
 against the shared segment's paths, in the same processes, alternated block by block.
 
 Each rank pins itself to CPU ``rank`` when the ranks fit the CPUs; for every size, the
@@ -58,6 +59,9 @@ def measure(comm, colls: list[str], sizes: list[int], blocks: int) -> dict:
             if coll == "all_gather":
                 def call(small=small, big=big):
                     comm.all_gather(small, out=big)
+            elif coll == "broadcast":  # of the larger buffer, from rank 0
+                def call(big=big):
+                    comm.broadcast(big, 0)
             else:
                 def call(small=small, big=big):
                     comm.reduce_scatter(big, out=small)
@@ -77,7 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
-    ap.add_argument("--colls", default="all_gather,reduce_scatter")
+    ap.add_argument("--colls", default="all_gather,reduce_scatter,broadcast")
     ap.add_argument("--blocks", type=int, default=5)
     a = ap.parse_args()
     sizes = [size(s) for s in a.sizes.split(",")]

@@ -95,6 +95,14 @@ def every_case(comm, counts: list[int], dtypes: list[str]) -> list[str]:
                     if got != want or not direct:
                         bad.append(f"reduce_scatter {dtype} {count} {op} in_place="
                                    f"{in_place}: {'differs' if got != want else 'not direct'}")
+            for root in {0, comm.size - 1}:
+                want = x[:count].copy()
+                comm.broadcast(want, root, algo="direct")
+                got, before = x[:count].copy(), _reads(comm)
+                comm.broadcast(got, root)
+                if got.tobytes() != want.tobytes() or (_reads(comm) > before) != \
+                        (comm.rank != root):
+                    bad.append(f"broadcast {dtype} {count} root={root}")
             if not np.array_equal(x, keep):
                 bad.append(f"{dtype} {count}: the input changed")
     return bad
@@ -128,31 +136,41 @@ def at_crossover(comm) -> list[tuple[str, int, bool, bool]]:
     """Each collective just below and at its crossover: (what, bytes, direct?, bits
     equal to Simple's)."""
     res = []
-    for coll in ("all_gather", "reduce_scatter"):
+    for coll in ("all_gather", "reduce_scatter", "broadcast"):
         least = MIN_BYTES[(ll_direct.Collective(coll), comm.size > 2)]
-        first = -(-least // (4 * comm.size))  # the fewest float32 a block that run directly
+        blocks = 1 if coll == "broadcast" else comm.size
+        first = -(-least // (4 * blocks))  # the fewest float32 a block that run directly
         for count in (first - 1, first):
-            nbytes = count * 4 * comm.size
-            x = _input(comm.rank, count * comm.size, "float32", 7)
+            x = _input(comm.rank, count * blocks, "float32", 7)
             if coll == "all_gather":
                 got, direct = _gather(comm, x[:count], False)
                 want = comm.all_gather(x[:count], algo="direct").tobytes()
-            else:
+            elif coll == "reduce_scatter":
                 got, direct = _scatter(comm, x, "sum", False)
                 want = comm.reduce_scatter(x, "sum", algo="direct").tobytes()
-            res.append((coll, nbytes, direct, got == want))
+            else:
+                y, before = x.copy(), _reads(comm)
+                comm.broadcast(y, 0)
+                # the root reads nothing: only its peers tell the paths apart
+                got, direct = y.tobytes(), _reads(comm) > before if comm.rank else None
+                comm.broadcast(x, 0, algo="direct")
+                want = x.tobytes()
+            res.append((coll, count * 4 * blocks, direct, got == want))
     return res
 
 
 def test_crossover_and_switch():
+    def want(on: bool, r: int) -> list:
+        bc = [(None, True)] * 2 if r == 0 else [(False, True), (on, True)]
+        return [(False, True), (on, True)] * 2 + bc
+
     for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60)):
         assert not isinstance(res, BaseException), res
-        assert [(d, same) for _, _, d, same in res] == [(False, True), (True, True)] * 2, \
-            f"rank {r}: {res}"
+        assert [(d, same) for _, _, d, same in res] == want(True, r), f"rank {r}: {res}"
     # switched off: the segment's paths, the same bits
     for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60, env={"RINGTREE_CMA": "0"})):
         assert not isinstance(res, BaseException), res
-        assert [(d, same) for _, _, d, same in res] == [(False, True)] * 4, f"rank {r}: {res}"
+        assert [(d, same) for _, _, d, same in res] == want(False, r), f"rank {r}: {res}"
 
 
 def refused_on_rank_1(comm) -> tuple[bool, str]:

@@ -1,6 +1,6 @@
-"""All-gather and reduce-scatter with one copy: peers read each other's *user buffers*
-with ``process_vm_readv(2)`` (Linux cross-memory attach), synchronised through the LL
-segment's lines.
+"""All-gather, reduce-scatter and broadcast with one copy: peers read each other's
+*user buffers* with ``process_vm_readv(2)`` (Linux cross-memory attach), synchronised
+through the LL segment's lines.
 
 Through the shared segment an all-gather copies every contribution twice — its owner
 writes it into a cell, every peer copies it out (:mod:`ll_gather`) — and streams it
@@ -16,7 +16,8 @@ so does this path. One call:
    block copied while the peers read theirs; reduce-scatter — block ``r`` of every
    peer's input, a cache-sized piece at a time, folded into the output in the Program's
    rank order (the same operands in the same order as the segment's path: the same
-   bits; :meth:`Reducer.combine`, no fused multiply-add);
+   bits; :meth:`Reducer.combine`, no fused multiply-add); broadcast — every rank but the
+   root reads the root's buffer;
 3. complete: a second synchronisation whose payload is the rank's read status. It is
    what lets a rank's buffer be reused: no rank returns before every peer has read it.
    A failed read is reported there, so every rank raises (naming the rank that could
@@ -34,9 +35,9 @@ peer's, and the ranks agree on the outcome. Refused reads (``EPERM``: ptrace pol
 paths; ``RINGTREE_DEBUG=INFO`` says which.
 
 Where it runs: from :data:`MIN_BYTES` (the larger buffer; ``RINGTREE_CMA_MIN``), where it
-was measured faster than the segment's path on this machine (``docs/design-notes.md``,
-"Single-copy all-gather and reduce-scatter"): a ``process_vm_readv`` pins the peer's
-pages and moves 5-9 GB/s here, against 15-30 GB/s for a warm ``memcpy``
+was measured faster than the path it replaces on this machine (``docs/design-notes.md``,
+"Single-copy all-gather, reduce-scatter and broadcast"): a ``process_vm_readv`` pins the
+peer's pages and moves 5-9 GB/s here, against 15-30 GB/s for a warm ``memcpy``
 (``benchmarks/cma_copy.py``), so it wins only once the staged path's second copy costs
 more than the kernel's pinning.
 """
@@ -64,14 +65,17 @@ from ringtree.tuning.proto import THRESHOLDS
 __all__ = ["MIN_BYTES", "Direct", "DirectOp", "probe"]
 
 # the larger buffer's bytes from which the direct path runs, by (collective, ranks > 2):
-# measured against the segment's paths in the same processes (benchmarks/ll_direct.py);
-# reduce-scatter: from just above LL's cells, where Simple took over 2-4x slower
+# measured against the segment's paths and Simple in the same processes
+# (benchmarks/ll_direct.py); reduce-scatter: from just above LL's cells, where Simple's
+# ring took over 2-4x slower
 _RS_LL = THRESHOLDS[Collective.REDUCE_SCATTER]
 MIN_BYTES: dict[tuple[Collective, bool], int] = {
     (Collective.ALL_GATHER, False): 512 << 10,
     (Collective.ALL_GATHER, True): THRESHOLDS[Collective.ALL_GATHER][1] + 1,
     (Collective.REDUCE_SCATTER, False): _RS_LL[0] + 1,
     (Collective.REDUCE_SCATTER, True): _RS_LL[1] + 1,
+    (Collective.BROADCAST, False): 4 << 20,  # 2 MiB: a tie with Simple's pipeline
+    (Collective.BROADCAST, True): 4 << 20,   # 1 MiB: 0.56x
 }
 PIECE = 256 << 10   # bytes of a peer's block read and folded at a time (L2 is 2 MiB)
 PROBE = 0x434D41    # the probe's "count": its header differs from every call's
@@ -95,13 +99,15 @@ class Direct:
         self.pids = {r: info.pid for r, info in ll.peers.items() if r != ll.rank}
         self.min_bytes = min_bytes
 
-    def applies(self, coll: Collective, nbytes: int, op_code: int) -> bool:
-        """Run a call of ``nbytes`` (the larger buffer) directly?"""
+    def applies(self, coll: Collective, count: int, itemsize: int, op_code: int) -> bool:
+        """Run a call of ``count`` elements a block directly? (From :data:`MIN_BYTES` of
+        its larger buffer.)"""
         if coll is Collective.REDUCE_SCATTER:
             if op_code == ReduceOp.PREMUL_SUM.code:  # its factor is each rank's own
                 return False
-        elif coll is not Collective.ALL_GATHER:
+        elif coll is not Collective.ALL_GATHER and coll is not Collective.BROADCAST:
             return False
+        nbytes = count * itemsize * (1 if coll is Collective.BROADCAST else self.ll.n)
         least = self.min_bytes if self.min_bytes is not None else \
             MIN_BYTES[(coll, self.ll.n > 2)]
         return nbytes >= max(least, 1)
@@ -161,7 +167,7 @@ class DirectOp:
     :class:`~ringtree.runtime.protocols.ll.LLOp` interface the LL runner calls)."""
 
     __slots__ = ("ll", "direct", "coll", "count", "nbytes", "dtype", "name", "desc", "head",
-                 "order", "block", "avg", "run", "hot", "rec", "_scratch", "_words")
+                 "order", "block", "avg", "root", "run", "hot", "rec", "_scratch", "_words")
 
     def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
                  op_code: int, root: int):
@@ -178,11 +184,13 @@ class DirectOp:
                                root).call_words()
         self.order, self.block = shape.order, shape.block
         self.avg = op_code == ReduceOp.AVG.code
+        self.root = root
         self.hot = self.rec = None  # not the all-reduce hot path's
         self._scratch: np.ndarray | None = None
         # every rank's inline payload word, by parity
         self._words = tuple([_payload(ll, q, p) for q in range(ll.n)] for p in (0, 1))
-        self.run = self._gather if coll is Collective.ALL_GATHER else self._scatter
+        self.run = self._gather if coll is Collective.ALL_GATHER else \
+            self._broadcast if coll is Collective.BROADCAST else self._scatter
 
     def describe(self) -> str:
         return f"{self.name}(count={self.count}, {self.dtype.value}, proto=LL, single copy)"
@@ -229,6 +237,19 @@ class DirectOp:
                 if e:
                     status = q << 32 | e
                     break
+        self._complete(status, timeout)
+
+    def _broadcast(self, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
+        """Every rank but the root reads the root's buffer into its own."""
+        me, root = self.ll.rank, self.root
+        addrs = self._publish(x, timeout)
+        status = 0
+        if me == root:
+            if out is not x:
+                out[...] = x
+        elif self.nbytes:
+            e = self.direct.read(root, [(cma.address(out), addrs[root], self.nbytes)])
+            status = root << 32 | e if e else 0
         self._complete(status, timeout)
 
     def _scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer, timeout: float) -> None:

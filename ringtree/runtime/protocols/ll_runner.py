@@ -114,17 +114,15 @@ class LLRunner:
         """Does the call of ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) run on
         the single-copy path (:mod:`~ringtree.runtime.protocols.ll_direct`)?"""
         d = self.direct
-        return d is not None and d.applies(spec.coll, spec.count * spec.dtype.itemsize *
-                                           self.ll.n, spec.reducer.code
-                                           if spec.reducer is not None else 0)
+        return d is not None and d.applies(spec.coll, spec.count, spec.dtype.itemsize,
+                                           spec.reducer.code if spec.reducer else 0)
 
     def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int):
         """The op that runs ``prog`` on this segment (ValueError: not a one-round
         Program): an :class:`~ringtree.runtime.protocols.ll_direct.DirectOp` where
         :meth:`direct_for`, else an :class:`LLOp`."""
         d = self.direct
-        if d is not None and d.applies(prog.collective, count * dt.itemsize * self.ll.n,
-                                       op_code):
+        if d is not None and d.applies(prog.collective, count, dt.itemsize, op_code):
             return ll_direct.DirectOp(self.ll, self.direct, prog, dt, count, op_code, root)
         return LLOp(self.ll, prog, dt, count, op_code, root)
 

@@ -296,6 +296,8 @@ class DirectOp:
                 first = operand  # folded with the second, not copied first
             else:
                 red.combine(acc, first if k == 1 else acc, operand)
+        if len(self.order) == 1 and first is not acc:  # one rank: its block, as it is
+            acc[...] = first
         return 0
 
     def _buffers(self, m: int, dtype: np.dtype) -> np.ndarray:

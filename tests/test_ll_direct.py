@@ -1,8 +1,10 @@
-"""The single-copy all-gather and reduce-scatter (``runtime/protocols/ll_direct.py``):
-the same bits as Simple's ``direct`` Program for every dtype, odd sizes, in place and
-not, pieces folded in rank order; the crossover; the probe's fallback (switched off, a
-refused read on one rank); a killed peer named; a failed read raised on every rank with
-the inputs untouched; the compiled and the ctypes reads alike."""
+"""The single-copy all-gather, reduce-scatter and broadcast
+(``runtime/protocols/ll_direct.py``): the same bits as Simple's ``direct`` Program for
+every NumPy dtype and bfloat16 torch tensors, odd sizes, in place and not, pieces folded
+in rank order, 1-3 ranks; the crossovers; the probe's fallback (switched off, a refused
+read on one rank); a killed peer named, a vanished one too; a failed read raised on every
+rank with the inputs untouched; ranks on different paths a mismatch; the compiled and the
+ctypes reads alike."""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ from ringtree.runtime.protocols.ll_direct import MIN_BYTES, DirectOp
 from ringtree.testing import RankPool, run_ranks
 from ringtree.transports import shm_cma as cma
 
-DTYPES = ["int8", "uint8", "int32", "uint64", "float16", "float32", "float64"]
+DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64"]
 # one element, odd counts, and one over a fold piece (ll_direct.PIECE) of every dtype
 COUNTS = [1, 7, 1001, ll_direct.PIECE // 2 + 3]
 ALL_DIRECT = {"RINGTREE_CMA_MIN": "1"}

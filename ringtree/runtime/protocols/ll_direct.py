@@ -95,7 +95,6 @@ class Direct:
 
     def __init__(self, ll: LL, min_bytes: int | None):
         self.ll = ll
-        self.pid = os.getpid()
         self.pids = {r: info.pid for r, info in ll.peers.items() if r != ll.rank}
         self.min_bytes = min_bytes
 

@@ -107,6 +107,7 @@ class TPEngine:
         prefills = [(i, s) for i, s in enumerate(plan.seqs) if len(s.tokens) > 1]
         scale = 1.0 / math.sqrt(hd)
         d = cfg.n_embd
+        out = self.comm.buffer(x.shape[0], d, self.dtype)   # every row-parallel output
         for li, L in enumerate(self.layers):
             h = F.layer_norm(x, (d,), *L["ln_1"])
             qkv = torch.addmm(L["qkv_b"], h, L["qkv"]).view(-1, 3, hl, hd)
@@ -132,12 +133,12 @@ class TPEngine:
                 mask = torch.arange(c)[None, :] <= torch.arange(s.start, c)[:, None]
                 yp = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale)
                 att[starts[i]:starts[i] + n] = yp.transpose(0, 1)
-            y = att.reshape(-1, hl * hd) @ L["o"]
+            y = torch.mm(att.reshape(-1, hl * hd), L["o"], out=out)
             self.comm.all_reduce(y)
             x = x + (y + L["o_b"])
             h = F.layer_norm(x, (d,), *L["ln_2"])
             u = F.gelu(torch.addmm(L["up_b"], h, L["up"]), approximate="tanh")
-            y = u @ L["down"]
+            y = torch.mm(u, L["down"], out=out)
             self.comm.all_reduce(y)
             x = x + (y + L["down_b"])
             self.all_reduces += 2

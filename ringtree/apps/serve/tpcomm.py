@@ -9,6 +9,12 @@ broadcast from the group's first rank. :class:`TPComm` is that interface:
 - :class:`GlooTP` over a ``torch.distributed`` gloo process group (the comparison);
 - :class:`SoloTP` for tp = 1, where both calls are the identity.
 
+The engine computes each row-parallel output into :meth:`TPComm.buffer` (``torch.mm``
+with ``out=``), one tensor per row count reused by every layer, so :class:`RingtreeTP`
+passes the communicator the same NumPy view of it every call: no allocation and no
+``Tensor.numpy`` per all-reduce, and the communicator's hot path (one C call for the
+shape it saw last) takes every all-reduce of a decode step.
+
 Plans travel as int64 in one fixed-size broadcast of :data:`PLAN_WORDS` words
 (``[length, words...]``); a longer plan sends its remainder in a second broadcast.
 """
@@ -25,6 +31,7 @@ import torch
 from ringtree.bootstrap import environ
 
 PLAN_WORDS = 512
+BUFFERS = 8     # row counts whose output buffer (and NumPy view) a group keeps
 
 
 class TPComm(Protocol):
@@ -37,6 +44,40 @@ class TPComm(Protocol):
 
     def broadcast_ints(self, words: list[int] | None) -> list[int]:
         """Group rank 0's ``words`` on every rank (others pass None)."""
+
+    def buffer(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """A reusable ``(rows, cols)`` tensor for a row-parallel output."""
+
+
+class Buffers:
+    """:meth:`TPComm.buffer`: one tensor per shape, the last :data:`BUFFERS` kept, each
+    with its NumPy view (``_views``, by data pointer) for the implementations that
+    hand NumPy to their library."""
+
+    _bufs: dict | None = None
+    _views: dict | None = None
+
+    def buffer(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        if self._bufs is None:
+            self._bufs, self._views = {}, {}
+        key = (rows, cols, dtype)
+        t = self._bufs.get(key)
+        if t is None:
+            if len(self._bufs) >= BUFFERS:
+                self._bufs.clear()
+                self._views.clear()
+            t = self._bufs[key] = torch.empty(rows, cols, dtype=dtype)
+            self._views[t.data_ptr()] = t.numpy()
+        return t
+
+    def _numpy(self, t: torch.Tensor) -> np.ndarray:
+        """``t``'s NumPy view: the kept one when ``t`` is a buffer of this group (a kept
+        view holds its buffer's memory, so an equal data pointer is the same tensor)."""
+        views = self._views
+        x = views.get(t.data_ptr()) if views is not None else None
+        if x is None or x.size != t.numel() or not t.is_contiguous():
+            return t.numpy()
+        return x
 
 
 def _pack(words: list[int] | None, rank: int) -> np.ndarray:
@@ -71,7 +112,7 @@ class _BroadcastInts:
         return head[1:].tolist() + rest.tolist()
 
 
-class SoloTP:
+class SoloTP(Buffers):
     """tp = 1: nothing to reduce or share."""
 
     rank, size, name = 0, 1, "solo"
@@ -84,7 +125,7 @@ class SoloTP:
         return list(words)
 
 
-class RingtreeTP(_BroadcastInts):
+class RingtreeTP(Buffers, _BroadcastInts):
     """A ringtree communicator (its small all-reduces take the low-latency path)."""
 
     name = "ringtree"
@@ -93,13 +134,13 @@ class RingtreeTP(_BroadcastInts):
         self.comm, self.rank, self.size = comm, comm.rank, comm.size
 
     def all_reduce(self, t: torch.Tensor) -> None:
-        self.comm.all_reduce(t.numpy())     # a zero-copy view: skips the torch adapter
+        self.comm.all_reduce(self._numpy(t))    # NumPy: the communicator's hot path
 
     def _bcast(self, a: np.ndarray) -> None:
         self.comm.broadcast(a, root=0)
 
 
-class GlooTP(_BroadcastInts):
+class GlooTP(Buffers, _BroadcastInts):
     """A gloo process group over the same ranks (``torch.distributed``)."""
 
     name = "gloo"

@@ -356,6 +356,9 @@ def worker(a) -> None:
         for row in res["backends"].values():
             if base is not None and row["tokens"] != base:
                 row["diff"] = first_difference(row["tokens"], base)
+        if "diff" in res["backends"]["tp1"]:
+            res["backends"]["tp1"]["diff"] += " (tp 1 sums each row-parallel product in " \
+                "one pass, tp 2 adds two half sums: not the same rounding)"
         res["model"] = dict(layers=a.layers, heads=a.heads, embd=a.embd, dtype=a.dtype,
                             requests=a.requests, new_tokens=a.new_tokens,
                             all_reduce_bytes=a.requests * a.embd * dtype.itemsize)

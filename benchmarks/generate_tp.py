@@ -41,7 +41,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BACKENDS = ("ringtree", "gloo", "deepspeed")
+BACKENDS = ("ringtree", "torch", "gloo", "deepspeed")
 RANKS = 2
 
 
@@ -132,14 +132,16 @@ def table(res: dict) -> str:
     rows, base = res["backends"], res["backends"].get("ringtree")
     ref = median(base["tokens_per_s"]) if base else float("nan")
     lines = [f"{'backend':<10} {'decode tok/s':>12} {'÷ ringtree':>10} {'AR µs/call':>10} "
-             f"{'AR µs/token':>11} {'tokens == ringtree':>18}  rounds (tok/s)"]
+             f"{'AR µs/token':>11} {'AR alone µs':>11} {'tokens == ringtree':>18}  "
+             "rounds (tok/s)"]
     for name, r in rows.items():
         tps = median(r["tokens_per_s"])
         same = "-" if name == "ringtree" or base is None else \
             ("yes" if r["tokens"] == base["tokens"] else "NO: " + r.get("diff", ""))
         lines.append(f"{name:<10} {_cell(tps, 12, 0)} {_cell(tps / ref, 10, 2)} "
                      f"{_cell(median(r.get('ar_us_call', [])), 10, 1)} "
-                     f"{_cell(median(r.get('ar_us_token', [])), 11, 1)} {same:>18}  "
+                     f"{_cell(median(r.get('ar_us_token', [])), 11, 1)} "
+                     f"{_cell(median(r.get('ar_alone_us', [])), 11, 1)} {same:>18}  "
                      + " ".join(f"{x:.0f}" for x in r["tokens_per_s"]))
     for name, msg in res.get("bits", {}).items():
         lines.append(f"bits {name}: {msg}")
@@ -201,6 +203,11 @@ def _backends(a, rank: int, world, ds: bool) -> dict:
             return self.plan.broadcast_ints(words)
 
     out = {"ringtree": RingtreeTP(world)}
+    if "torch" in a.backends:    # dist.all_reduce on a ringtree process group: its fast path
+        import ringtree.torch  # noqa: F401 - registers the backend
+
+        group = dist.new_group(backend="ringtree")
+        out["torch"] = Other("torch", lambda t: dist.all_reduce(t, group=group))
     if "gloo" in a.backends:
         out["gloo"] = Other("gloo", lambda t: dist.all_reduce(t))
     if ds:
@@ -285,6 +292,19 @@ def _run_one(cfg, sd, comm, reqs, opts, dtype, around=None):
     return res, comm.clock[0] / 1e3, comm.clock[1], wall
 
 
+def _alone(comm, world, rows: int, cols: int, dtype, calls: int = 200) -> float:
+    """µs per call of ``calls`` back-to-back all-reduces of the decode step's shape, after a
+    barrier: the collective without the model's compute between calls."""
+    t = comm.buffer(rows, cols, dtype)
+    t.fill_(1.0)
+    reduce = comm.all_reduce
+    world.barrier()
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        reduce(t)
+    return (time.perf_counter_ns() - t0) / calls / 1e3
+
+
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 
 
@@ -326,7 +346,8 @@ def worker(a) -> None:
     comms = _backends(a, rank, world, ds)
     dtype = getattr(torch, a.dtype)
     cfg, sd, prompts, opts, reqs = _job(a)
-    res: dict = {"backends": {k: {"tokens_per_s": [], "ar_us_call": [], "ar_us_token": []}
+    res: dict = {"backends": {k: {"tokens_per_s": [], "ar_us_call": [], "ar_us_token": [],
+                                  "ar_alone_us": []}
                               for k in [*comms, "tp1"]},
                  "skipped": skipped(a) | ({"deepspeed": why} if why else {}),
                  "bits": _bits(comms, world, a.dtype)}
@@ -335,6 +356,10 @@ def worker(a) -> None:
             world.barrier()
             if name == "tp1" and rank != 0:
                 continue
+            if name != "tp1" and rnd:
+                alone = _alone(comms[name], world, a.requests, a.embd, dtype)
+                if rank == 0:
+                    res["backends"][name]["ar_alone_us"].append(alone)
             comm = _timed(SoloTP()) if name == "tp1" else comms[name]
             r, ar_us, calls, _ = _run_one(cfg, sd, comm, reqs(), opts, dtype)
             if rank != 0 or rnd == 0:

@@ -151,7 +151,7 @@ def test_bench_table_and_differences():
     lines = b.table(res).splitlines()
     assert lines[1].split()[:3] == ["ringtree", "200", "1.00"]
     assert lines[2].split()[:4] == ["gloo", "50", "0.25", "40.0"] and "NO: request 0" in lines[2]
-    assert lines[3].split()[:5] == ["tp1", "400", "2.00", "-", "-"] and "yes" in lines[3]
+    assert lines[3].split()[:6] == ["tp1", "400", "2.00", "-", "-", "-"] and "yes" in lines[3]
     assert "skipped deepspeed: not given" in lines and lines[-1] == "vllm: does not load: x"
 
 
@@ -159,12 +159,14 @@ def test_bench_tiny_run(tmp_path):
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, BENCH_PATH, "--rounds", "1", "--requests", "2",
                         "--new-tokens", "3", "--layers", "1", "--embd", "32",
-                        "--backends", "ringtree,gloo", "--json", str(out), "--timeout", "200"],
+                        "--backends", "ringtree,torch,gloo", "--json", str(out), "--timeout", "200"],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     rows = res["backends"]
-    assert set(rows) == {"ringtree", "gloo", "tp1"} and "diff" not in rows["gloo"]
-    assert rows["gloo"]["tokens"] == rows["ringtree"]["tokens"]
+    assert set(rows) == {"ringtree", "torch", "gloo", "tp1"}
+    for name in ("torch", "gloo"):
+        assert "diff" not in rows[name] and rows[name]["tokens"] == rows["ringtree"]["tokens"]
+        assert len(rows[name]["ar_alone_us"]) == 1
     assert all(v.startswith("same bits") for v in res["bits"].values()), res["bits"]
     assert "deepspeed" not in res["skipped"] and "skipped" not in r.stdout

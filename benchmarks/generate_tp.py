@@ -333,8 +333,9 @@ def worker(a) -> None:
     import torch
 
     rank = a.worker
-    if not a.no_pin and RANKS <= (os.cpu_count() or 1):
-        os.sched_setaffinity(0, {rank})
+    cores = sorted(os.sched_getaffinity(0))
+    if not a.no_pin and RANKS <= len(cores):
+        os.sched_setaffinity(0, {cores[rank]})
     torch.set_num_threads(1)
     import ringtree
     from ringtree.apps.serve.tpcomm import SoloTP
@@ -417,6 +418,8 @@ def launch(a, argv: list[str]) -> dict:
         env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True) for r in range(RANKS)]
     try:
         outs = [p.communicate(timeout=a.timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"the ranks did not finish within --timeout {a.timeout:g} s") from None
     finally:
         for p in procs:
             if p.poll() is None:

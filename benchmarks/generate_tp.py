@@ -34,7 +34,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -295,13 +294,11 @@ def _run_one(cfg, sd, comm, reqs, opts, dtype, around=None):
 def _alone(comm, world, rows: int, cols: int, dtype, calls: int = 200) -> float:
     """µs per call of ``calls`` back-to-back all-reduces of the decode step's shape, after a
     barrier: the collective without the model's compute between calls."""
-    t = comm.buffer(rows, cols, dtype)
-    t.fill_(1.0)
-    reduce = comm.all_reduce
+    t = comm.buffer(rows, cols, dtype).zero_()
     world.barrier()
     t0 = time.perf_counter_ns()
     for _ in range(calls):
-        reduce(t)
+        comm.all_reduce(t)
     return (time.perf_counter_ns() - t0) / calls / 1e3
 
 
@@ -390,22 +387,19 @@ def worker(a) -> None:
                             all_reduce_bytes=a.requests * a.embd * dtype.itemsize)
         print("RESULT " + json.dumps(res), flush=True)
     world.close()
+    import torch.distributed as dist
 
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    dist.destroy_process_group()
 
 
 def launch(a, argv: list[str]) -> dict:
     """Start the ranks, collect rank 0's result, remove DeepSpeed's leftover segments."""
+    from ringtree.testing import free_port
+
     python = a.deepspeed_python or sys.executable
-    ports = _free_ports(2)
+    ports = [free_port()]
+    while len(ports) < 2:
+        ports += [p for p in [free_port()] if p != ports[0]]
     env = dict(os.environ, WORLD_SIZE=str(RANKS), LOCAL_SIZE=str(RANKS),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[1]), OMP_NUM_THREADS="1",
                DS_ACCELERATOR="cpu", PYTHONPATH=os.pathsep.join(

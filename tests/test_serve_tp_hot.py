@@ -137,6 +137,13 @@ def test_bench_arguments_are_checked(capsys):
     assert "not given" in b.vllm_status(None, sys.executable)
 
 
+def test_bench_says_why_a_kernel_library_does_not_load(tmp_path):
+    so = tmp_path / "_C_AVX512.abi3.so"
+    so.write_bytes(b"not an ELF file")
+    msg = _bench().vllm_status(str(so), sys.executable)
+    assert msg.startswith("does not load: OSError") and "avx512f" in msg, msg
+
+
 def test_bench_table_and_differences():
     b = _bench()
     assert b.first_difference([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == "request 1 token 1: 4 vs 5"

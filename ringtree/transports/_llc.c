@@ -380,31 +380,87 @@ static int wait_peers(Round *k, int p, uint64_t s, int first) {
 }
 
 #define RING 1000000
-/* one round, the GIL released by the caller: copy `x` (NULL: nothing) into this rank's
- * area, write the header and the sequence word, look at the peers' sleep flags, wait for
- * every peer, fold into `out` (NULL: no fold). Round_run's codes. */
-static int round_body(Round *k, int p, uint64_t s, uint64_t h0, uint64_t h1, uint64_t h2,
-                      const void *x, Py_ssize_t xlen, void *out, Py_ssize_t olen) {
+
+/* publish this rank's line: the header, then the sequence word (a release store), a
+ * full fence, the peers' sleep flags (Dekker with the sleeper). RING when a peer
+ * sleeps (Python rings its doorbell, then calls wait), else -1. GIL released. */
+static int publish(Round *k, int p, uint64_t s, const uint64_t h[3]) {
     Py_ssize_t me = k->my_word[p];
-    int r = -1;
-    if (x != NULL)
-        memcpy(k->base + k->mine_off[p], x, xlen);
-    *word(k, me + 1) = h0;
-    *word(k, me + 2) = h1;
-    *word(k, me + 3) = h2;
+    *word(k, me + 1) = h[0];
+    *word(k, me + 2) = h[1];
+    *word(k, me + 3) = h[2];
     __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
     for (int i = 0; i < k->npeers; i++)
-        if (*word(k, k->peer_sleep[i])) {
-            r = RING;
-            break;
-        }
-    if (r == -1)
-        r = wait_peers(k, p, s, 0);
+        if (*word(k, k->peer_sleep[i]))
+            return RING;
+    return -1;
+}
+
+/* publish, then wait for every peer: -1 when all are there with equal headers, else
+ * publish's or wait_peers' code. GIL released. */
+static int publish_wait(Round *k, int p, uint64_t s, const uint64_t h[3]) {
+    int r = publish(k, p, s, h);
+    return r == -1 ? wait_peers(k, p, s, 0) : r;
+}
+
+/* rows[i] <- row i of parity p, `skip` bytes in */
+static void row_ptrs(Round *k, int p, Py_ssize_t skip, char **rows) {
+    for (int i = 0; i < k->nrows; i++)
+        rows[i] = k->base + k->row_off[p][i] + skip;
+}
+
+/* the call words at args[0..3]: s, h0, h1, h2. -1 with an exception set on bad ones */
+static int call_words(PyObject *const *args, uint64_t *s, uint64_t h[3]) {
+    *s = PyLong_AsUnsignedLongLong(args[0]);
+    for (int i = 0; i < 3; i++)
+        h[i] = PyLong_AsUnsignedLongLong(args[1 + i]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* copy the peers' m bytes of parity p (the places) to o + b * block, every block but
+ * the own one. GIL released. */
+static void place_peers(Round *k, int p, char *o, Py_ssize_t block, Py_ssize_t m) {
+    for (int b = 0; b < k->nplace; b++)
+        if (b != k->own)
+            memcpy(o + b * block, k->base + k->place_off[p][b], m);
+}
+
+/* x (C-contiguous) and out (C-contiguous, writable) as buffers: -1 with an exception
+ * set (nothing held) or 0 (both held: release2) */
+static int two_buffers(PyObject *x, PyObject *out, Py_buffer *xb, Py_buffer *ob) {
+    if (PyObject_GetBuffer(x, xb, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (PyObject_GetBuffer(out, ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(xb);
+        return -1;
+    }
+    return 0;
+}
+
+static void release2(Py_buffer *xb, Py_buffer *ob) {
+    PyBuffer_Release(xb);
+    PyBuffer_Release(ob);
+}
+
+/* a ValueError `msg` after two_buffers: both released, NULL for the caller to return */
+static PyObject *misfit(Py_buffer *xb, Py_buffer *ob, const char *msg) {
+    PyErr_SetString(PyExc_ValueError, msg);
+    release2(xb, ob);
+    return NULL;
+}
+
+/* one round, the GIL released by the caller: copy `x` (NULL: nothing) into this rank's
+ * area, publish, wait for every peer, fold into `out` (NULL: no fold). Round_run's
+ * codes. */
+static int round_body(Round *k, int p, uint64_t s, const uint64_t h[3], const void *x,
+                      Py_ssize_t xlen, void *out, Py_ssize_t olen) {
+    if (x != NULL)
+        memcpy(k->base + k->mine_off[p], x, xlen);
+    int r = publish_wait(k, p, s, h);
     if (r == -1 && out != NULL && k->fold != NULL) {
         char *rows[MAXR];
-        for (int i = 0; i < k->nrows; i++)
-            rows[i] = k->base + k->row_off[p][i];
+        row_ptrs(k, p, 0, rows);
         k->fold(out, rows, k->nrows, olen / ITEMSIZE[k->dtype]);
     }
     return r;
@@ -421,11 +477,8 @@ static PyObject *Round_run(Round *k, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "run(x, out, s, h0, h1, h2)");
         return NULL;
     }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
-    uint64_t h0 = PyLong_AsUnsignedLongLong(args[3]);
-    uint64_t h1 = PyLong_AsUnsignedLongLong(args[4]);
-    uint64_t h2 = PyLong_AsUnsignedLongLong(args[5]);
-    if (PyErr_Occurred())
+    uint64_t s, h[3];
+    if (call_words(args + 2, &s, h) < 0)
         return NULL;
     int p = (int)(s & 1);
     Py_buffer xb, ob;
@@ -448,7 +501,7 @@ static PyObject *Round_run(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     }
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = round_body(k, p, s, h0, h1, h2, have_x ? xb.buf : NULL, have_x ? xb.len : 0,
+    r = round_body(k, p, s, h, have_x ? xb.buf : NULL, have_x ? xb.len : 0,
                    have_o ? ob.buf : NULL, have_o ? ob.len : 0);
     Py_END_ALLOW_THREADS
     if (have_x)
@@ -533,10 +586,10 @@ static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
         ctr[0] += 1, ctr[1] = ctr[2] = seq;
         Py_XDECREF(old);
     }
+    const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = round_body(k, (int)(s & 1), s, k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2],
-                   xb.buf, xb.len, out, xb.len);
+    r = round_body(k, (int)(s & 1), s, h, xb.buf, xb.len, out, xb.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&xb);
     if (!inplace)
@@ -642,8 +695,7 @@ static PyObject *Round_fold(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     }
     Py_BEGIN_ALLOW_THREADS
     char *rows[MAXR];
-    for (int i = 0; i < k->nrows; i++)
-        rows[i] = k->base + k->row_off[p][i] + skip;
+    row_ptrs(k, (int)p, skip, rows);
     k->fold(ob.buf, rows, k->nrows, ob.len / ITEMSIZE[k->dtype]);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&ob);
@@ -734,46 +786,26 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "gather(x, out, s, h0, h1, h2, off, block_bytes)");
         return NULL;
     }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
-    uint64_t h0 = PyLong_AsUnsignedLongLong(args[3]);
-    uint64_t h1 = PyLong_AsUnsignedLongLong(args[4]);
-    uint64_t h2 = PyLong_AsUnsignedLongLong(args[5]);
+    uint64_t s, h[3];
     Py_ssize_t off = PyLong_AsSsize_t(args[6]), block = PyLong_AsSsize_t(args[7]);
-    if (PyErr_Occurred())
+    if (call_words(args + 2, &s, h) < 0)
         return NULL;
     if (k->place_off[0] == NULL) {
         PyErr_SetString(PyExc_ValueError, "gather: no places set");
         return NULL;
     }
     Py_buffer xb, ob;
-    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS) < 0)
+    if (two_buffers(args[0], args[1], &xb, &ob) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&xb);
-        return NULL;
-    }
     if (xb.len > k->nbytes || off < 0 || block < 0 || off + xb.len > block ||
-        (Py_ssize_t)k->nplace * block > ob.len) {
-        PyErr_SetString(PyExc_ValueError, "gather: the part or the output does not fit");
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&ob);
-        return NULL;
-    }
-    int p = (int)(s & 1), r = -1;
-    Py_ssize_t me = k->my_word[p], m = xb.len;
+        (Py_ssize_t)k->nplace * block > ob.len)
+        return misfit(&xb, &ob, "gather: the part or the output does not fit");
+    int p = (int)(s & 1), r;
+    Py_ssize_t m = xb.len;
     char *o = (char *)ob.buf + off;
     Py_BEGIN_ALLOW_THREADS
     memcpy(k->base + k->mine_off[p], xb.buf, m);
-    *word(k, me + 1) = h0;
-    *word(k, me + 2) = h1;
-    *word(k, me + 3) = h2;
-    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
-    for (int i = 0; i < k->npeers; i++)
-        if (*word(k, k->peer_sleep[i])) {
-            r = RING;
-            break;
-        }
+    r = publish(k, p, s, h);
     int stream = (Py_ssize_t)k->nplace * block >= STREAM_MIN;
     if (r == -1) {
         if (k->own >= 0 && o + k->own * block != xb.buf)
@@ -781,12 +813,9 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
         r = wait_peers(k, p, s, 0);
     }
     if (r == -1)
-        for (int b = 0; b < k->nplace; b++)
-            if (b != k->own)
-                memcpy(o + b * block, k->base + k->place_off[p][b], m);
+        place_peers(k, p, o, block, m);
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&ob);
+    release2(&xb, &ob);
     return PyLong_FromLong(r);
 }
 
@@ -824,31 +853,19 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "scatter(x, out, s, h0, h1, h2)");
         return NULL;
     }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
-    uint64_t h0 = PyLong_AsUnsignedLongLong(args[3]);
-    uint64_t h1 = PyLong_AsUnsignedLongLong(args[4]);
-    uint64_t h2 = PyLong_AsUnsignedLongLong(args[5]);
-    if (PyErr_Occurred())
+    uint64_t s, h[3];
+    if (call_words(args + 2, &s, h) < 0)
         return NULL;
     if (k->srow == 0) {
         PyErr_SetString(PyExc_ValueError, "scatter: no skips set");
         return NULL;
     }
     Py_buffer xb, ob;
-    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS) < 0)
+    if (two_buffers(args[0], args[1], &xb, &ob) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&xb);
-        return NULL;
-    }
-    if (xb.len != k->nbytes || ob.len != k->row_bytes) {
-        PyErr_SetString(PyExc_ValueError, "scatter: the input or the output does not fit");
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&ob);
-        return NULL;
-    }
-    int p = (int)(s & 1), r = -1;
-    Py_ssize_t me = k->my_word[p];
+    if (xb.len != k->nbytes || ob.len != k->row_bytes)
+        return misfit(&xb, &ob, "scatter: the input or the output does not fit");
+    int p = (int)(s & 1), r;
     char *mine = k->base + k->mine_off[p];
     const char *x = (const char *)xb.buf, *o = (const char *)ob.buf;
     /* in place (out is the own block of x): the fold would overwrite what it still reads,
@@ -861,29 +878,16 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
         memcpy(mine, x, k->skip_lo);
         memcpy(mine + k->skip_hi, x + k->skip_hi, xb.len - k->skip_hi);
     }
-    *word(k, me + 1) = h0;
-    *word(k, me + 2) = h1;
-    *word(k, me + 3) = h2;
-    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
-    for (int i = 0; i < k->npeers; i++)
-        if (*word(k, k->peer_sleep[i])) {
-            r = RING;
-            break;
-        }
-    if (r == -1)
-        r = wait_peers(k, p, s, 0);
+    r = publish_wait(k, p, s, h);
     if (r == -1) {
         char *rows[MAXR];
-        for (int i = 0; i < k->nrows; i++)
-            rows[i] = k->base + k->row_off[p][i];
+        row_ptrs(k, p, 0, rows);
         if (!staged)
             rows[k->srow - 1] = (char *)x + k->skip_lo;
         k->fold(ob.buf, rows, k->nrows, ob.len / ITEMSIZE[k->dtype]);
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&ob);
+    release2(&xb, &ob);
     return PyLong_FromLong(r);
 }
 
@@ -907,63 +911,39 @@ static PyObject *Round_reduce_into(Round *k, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "reduce_into(x, out, s, h0, h1, h2, dst_off)");
         return NULL;
     }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
-    uint64_t h0 = PyLong_AsUnsignedLongLong(args[3]);
-    uint64_t h1 = PyLong_AsUnsignedLongLong(args[4]);
-    uint64_t h2 = PyLong_AsUnsignedLongLong(args[5]);
+    uint64_t s, h[3];
     Py_ssize_t dst = PyLong_AsSsize_t(args[6]);
-    if (PyErr_Occurred())
+    if (call_words(args + 2, &s, h) < 0)
         return NULL;
     if (k->srow == 0 || dst < 0 || dst + k->row_bytes > k->seg.len) {
         PyErr_SetString(PyExc_ValueError, "reduce_into: no skips set, or a bad destination");
         return NULL;
     }
     Py_buffer xb, ob;
-    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS) < 0)
+    if (two_buffers(args[0], args[1], &xb, &ob) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&xb);
-        return NULL;
-    }
-    if (xb.len != k->nbytes || ob.len != k->row_bytes) {
-        PyErr_SetString(PyExc_ValueError, "reduce_into: the input or the output does not fit");
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&ob);
-        return NULL;
-    }
-    int p = (int)(s & 1), r = -1;
-    Py_ssize_t me = k->my_word[p], item = ITEMSIZE[k->dtype];
+    if (xb.len != k->nbytes || ob.len != k->row_bytes)
+        return misfit(&xb, &ob, "reduce_into: the input or the output does not fit");
+    int p = (int)(s & 1), r;
+    Py_ssize_t item = ITEMSIZE[k->dtype];
     char *mine = k->base + k->mine_off[p], *d = k->base + dst;
     const char *x = (const char *)xb.buf;
     Py_BEGIN_ALLOW_THREADS
     memcpy(mine, x, k->skip_lo);
     memcpy(mine + k->skip_hi, x + k->skip_hi, xb.len - k->skip_hi);
-    *word(k, me + 1) = h0;
-    *word(k, me + 2) = h1;
-    *word(k, me + 3) = h2;
-    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
-    for (int i = 0; i < k->npeers; i++)
-        if (*word(k, k->peer_sleep[i])) {
-            r = RING;
-            break;
-        }
-    if (r == -1)
-        r = wait_peers(k, p, s, 0);
+    r = publish_wait(k, p, s, h);
     if (r == -1) {
         char *rows[MAXR];
         for (Py_ssize_t t = 0; t < ob.len; t += TILE) {
             Py_ssize_t m = ob.len - t < TILE ? ob.len - t : TILE;
-            for (int i = 0; i < k->nrows; i++)
-                rows[i] = k->base + k->row_off[p][i] + t;
+            row_ptrs(k, p, t, rows);
             rows[k->srow - 1] = (char *)x + k->skip_lo + t;
             k->fold(d + t, rows, k->nrows, m / item);
             memcpy((char *)ob.buf + t, d + t, m);
         }
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&ob);
+    release2(&xb, &ob);
     return PyLong_FromLong(r);
 }
 
@@ -975,13 +955,10 @@ static PyObject *Round_share(Round *k, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_TypeError, "share(out, s, h0, h1, h2, off, block_bytes, m)");
         return NULL;
     }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[1]);
-    uint64_t h0 = PyLong_AsUnsignedLongLong(args[2]);
-    uint64_t h1 = PyLong_AsUnsignedLongLong(args[3]);
-    uint64_t h2 = PyLong_AsUnsignedLongLong(args[4]);
+    uint64_t s, h[3];
     Py_ssize_t off = PyLong_AsSsize_t(args[5]), block = PyLong_AsSsize_t(args[6]);
     Py_ssize_t m = PyLong_AsSsize_t(args[7]);
-    if (PyErr_Occurred())
+    if (call_words(args + 1, &s, h) < 0)
         return NULL;
     if (k->place_off[0] == NULL) {
         PyErr_SetString(PyExc_ValueError, "share: no places set");
@@ -996,26 +973,12 @@ static PyObject *Round_share(Round *k, PyObject *const *args, Py_ssize_t nargs) 
         PyBuffer_Release(&ob);
         return NULL;
     }
-    int p = (int)(s & 1), r = -1;
-    Py_ssize_t me = k->my_word[p];
+    int p = (int)(s & 1), r;
     char *o = (char *)ob.buf + off;
     Py_BEGIN_ALLOW_THREADS
-    *word(k, me + 1) = h0;
-    *word(k, me + 2) = h1;
-    *word(k, me + 3) = h2;
-    __atomic_store_n(word(k, me), s, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our seq before their sleep flags */
-    for (int i = 0; i < k->npeers; i++)
-        if (*word(k, k->peer_sleep[i])) {
-            r = RING;
-            break;
-        }
+    r = publish_wait(k, p, s, h);
     if (r == -1)
-        r = wait_peers(k, p, s, 0);
-    if (r == -1)
-        for (int b = 0; b < k->nplace; b++)
-            if (b != k->own)
-                memcpy(o + b * block, k->base + k->place_off[p][b], m);
+        place_peers(k, p, o, block, m);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&ob);
     return PyLong_FromLong(r);

@@ -222,6 +222,10 @@ typedef struct {
     PyObject *fr_ring, *fr_desc, *fr_owner;
     Py_buffer fr_marks, fr_ctr;
     Py_ssize_t fr_size;
+    /* split (pair): the all-gather round of this reduce-scatter round and where this
+     * rank's folded block goes, by parity (see split_body) */
+    PyObject *pair;
+    Py_ssize_t pair_dst[2];
 } Round;
 
 static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
@@ -252,6 +256,7 @@ static int64_t real_ns(void) {
 
 static void Round_dealloc(Round *k) {
     unrecord(k);
+    Py_CLEAR(k->pair);
     if (k->base != NULL)
         PyBuffer_Release(&k->seg);
     PyMem_Free(k->peer_word[0]);
@@ -524,8 +529,8 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
     return x + a->len <= o || o + b->len <= x;
 }
 
-/* hot(x, out, s, seq) -> int: Round_run(x, out, s, head with s) for a call of exactly the
- * round's size (out None or x: in place; else an array of x's dtype and shape that does
+/* hot(x, out, s, seq) -> int: Round_run(x, out, s, head with s) (a paired round:
+ * split(), calls s and s + 1) for a call of exactly the round's size (out None or x: in place; else an array of x's dtype and shape that does
  * not overlap it), the header from set_head, recorded as collective `seq` in the flight
  * recorder (if bound): the all-reduce hot path in one entry. NOBUF when the arrays are
  * not that (not C-contiguous, not writable, another size or shape, overlapping): nothing
@@ -533,6 +538,7 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
  * the entry stays started, the caller completes the wait and the entry,
  * FlightRecorder.end_native). */
 #define NOBUF (-RING)
+static int split_body(Round *k, uint64_t s, const uint64_t h[3], const char *x, char *out);
 static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "hot(x, out, s, seq)");
@@ -555,8 +561,8 @@ static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
         PyBuffer_Release(&xb);
         return PyLong_FromLong(NOBUF);
     }
-    if (k->fold == NULL || xb.len != k->row_bytes || xb.len > k->nbytes ||
-        (!inplace && !same_shape(&xb, &ob))) {
+    if (k->fold == NULL || xb.len != (k->pair ? k->nbytes : k->row_bytes) ||
+        xb.len > k->nbytes || (!inplace && !same_shape(&xb, &ob))) {
         PyBuffer_Release(&xb);
         if (!inplace)
             PyBuffer_Release(&ob);
@@ -589,7 +595,10 @@ static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = round_body(k, (int)(s & 1), s, h, xb.buf, xb.len, out, xb.len);
+    if (k->pair != NULL)
+        r = split_body(k, s, h, xb.buf, out);
+    else
+        r = round_body(k, (int)(s & 1), s, h, xb.buf, xb.len, out, xb.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&xb);
     if (!inplace)
@@ -900,48 +909,109 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
  * (4 S on 2 ranks against run()'s 5 S: copy all in, fold all of every row). */
 #define TILE 16384 /* bytes of the fold written to the segment, then copied from L1 */
 
-/* reduce_into(x, out, s, h0, h1, h2, dst_off) -> int: scatter() whose fold goes to the
- * segment at dst_off (this rank's cell of parity (s + 1) & 1), a tile at a time, each tile
- * then copied into out (which may be the own block of x). Non-temporal stores for out
- * (copy_out) were 1.15-1.2x slower at 16 and 64 MiB. When not -1 nothing is folded:
- * Python writes the skipped bytes into the segment, finishes the wait, folds with fold()
- * into the segment and copies out. */
-static PyObject *Round_reduce_into(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "reduce_into(x, out, s, h0, h1, h2, dst_off)");
+/* copy every byte of the input x (nbytes) but the skipped ones (the own block) into this
+ * rank's area of parity p */
+static void stage_others(Round *k, int p, const char *x) {
+    char *mine = k->base + k->mine_off[p];
+    memcpy(mine, x, k->skip_lo);
+    memcpy(mine + k->skip_hi, x + k->skip_hi, k->nbytes - k->skip_hi);
+}
+
+/* d (in the segment) = the fold of the rows of parity p, the own row read from x's
+ * skipped bytes, a tile at a time, each tile then copied from L1 to o (row_bytes) */
+static void fold_tiles(Round *k, int p, const char *x, char *d, char *o) {
+    char *rows[MAXR];
+    Py_ssize_t item = ITEMSIZE[k->dtype];
+    for (Py_ssize_t t = 0; t < k->row_bytes; t += TILE) {
+        Py_ssize_t m = k->row_bytes - t < TILE ? k->row_bytes - t : TILE;
+        row_ptrs(k, p, t, rows);
+        rows[k->srow - 1] = (char *)x + k->skip_lo + t;
+        k->fold(d + t, rows, k->nrows, m / item);
+        memcpy(o + t, d + t, m);
+    }
+}
+
+/* ---- the split in one entry: the reduce-scatter call s, then the all-gather call s + 1
+ * (share), with no return to Python between them (for every part, and on the hot path).
+ * Non-temporal stores for out (copy_out) were 1.15-1.2x slower at 16 and 64 MiB. */
+#define SECOND (1 << 25) /* added to the code of a call s + 1 that did not complete */
+
+/* pair(share_round, dst0, dst1) -> None: this reduce-scatter round (skips set) and the
+ * all-gather round `share_round` (places set, blocks of row_bytes) run as one split;
+ * this rank's folded block goes to byte dst<p> of the segment for a call of parity
+ * 1 - p (its cell of the next call) */
+static PyObject *Round_pair(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pair(share_round, dst0, dst1)");
+        return NULL;
+    }
+    Py_ssize_t d0 = PyLong_AsSsize_t(args[1]), d1 = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (Py_TYPE(args[0]) != Py_TYPE((PyObject *)k)) {
+        PyErr_SetString(PyExc_TypeError, "pair: share_round must be a Round");
+        return NULL;
+    }
+    Round *k2 = (Round *)args[0];
+    if (k->srow == 0 || k2->place_off[0] == NULL || k2->base != k->base ||
+        k2->nplace != k->nrows || k2->nbytes < k->row_bytes ||
+        (Py_ssize_t)k2->nplace * k->row_bytes != k->nbytes || d0 < 0 || d1 < 0 ||
+        d0 + k->row_bytes > k->seg.len || d1 + k->row_bytes > k->seg.len) {
+        PyErr_SetString(PyExc_ValueError, "pair: no skips or places set, or blocks that "
+                                          "do not match");
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_XSETREF(k->pair, args[0]);
+    k->pair_dst[0] = d0, k->pair_dst[1] = d1;
+    Py_RETURN_NONE;
+}
+
+/* the split of a part of nbytes (GIL released): stage, publish s, wait, fold the own
+ * block into the segment and out, publish s + 1 (the all-gather round's line), wait,
+ * copy the peers' folded blocks into out. -1: done; a code of call s (as run()): nothing
+ * folded; SECOND + a code of call s + 1: out's own block is written, the peers' are not */
+static int split_body(Round *k, uint64_t s, const uint64_t h[3], const char *x, char *out) {
+    Round *k2 = (Round *)k->pair;
+    int p = (int)(s & 1);
+    stage_others(k, p, x);
+    int r = publish_wait(k, p, s, h);
+    if (r != -1)
+        return r;
+    fold_tiles(k, p, x, k->base + k->pair_dst[1 - p], out + k->skip_lo);
+    uint64_t s2 = s + 1;
+    const uint64_t h2[3] = {h[0], (h[1] & ~(uint64_t)0xFFFFFFFFu) | (s2 & 0xFFFFFFFFu), h[2]};
+    r = publish_wait(k2, 1 - p, s2, h2);
+    if (r != -1)
+        return SECOND + r;
+    place_peers(k2, 1 - p, out, k->row_bytes, k->row_bytes);
+    return -1;
+}
+
+/* split(x, out, s, h0, h1, h2) -> int: split_body for x and out of nbytes (out may be
+ * x); the header words are call s's */
+static PyObject *Round_split(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "split(x, out, s, h0, h1, h2)");
         return NULL;
     }
     uint64_t s, h[3];
-    Py_ssize_t dst = PyLong_AsSsize_t(args[6]);
     if (call_words(args + 2, &s, h) < 0)
         return NULL;
-    if (k->srow == 0 || dst < 0 || dst + k->row_bytes > k->seg.len) {
-        PyErr_SetString(PyExc_ValueError, "reduce_into: no skips set, or a bad destination");
+    if (k->pair == NULL) {
+        PyErr_SetString(PyExc_ValueError, "split: no pair set");
         return NULL;
     }
     Py_buffer xb, ob;
     if (two_buffers(args[0], args[1], &xb, &ob) < 0)
         return NULL;
-    if (xb.len != k->nbytes || ob.len != k->row_bytes)
-        return misfit(&xb, &ob, "reduce_into: the input or the output does not fit");
-    int p = (int)(s & 1), r;
-    Py_ssize_t item = ITEMSIZE[k->dtype];
-    char *mine = k->base + k->mine_off[p], *d = k->base + dst;
-    const char *x = (const char *)xb.buf;
+    const char *x = xb.buf, *o = ob.buf;
+    if (xb.len != k->nbytes || ob.len != k->nbytes ||
+        (x != o && x < o + ob.len && o < x + xb.len))
+        return misfit(&xb, &ob, "split: the input or the output does not fit, or they overlap");
+    int r;
     Py_BEGIN_ALLOW_THREADS
-    memcpy(mine, x, k->skip_lo);
-    memcpy(mine + k->skip_hi, x + k->skip_hi, xb.len - k->skip_hi);
-    r = publish_wait(k, p, s, h);
-    if (r == -1) {
-        char *rows[MAXR];
-        for (Py_ssize_t t = 0; t < ob.len; t += TILE) {
-            Py_ssize_t m = ob.len - t < TILE ? ob.len - t : TILE;
-            row_ptrs(k, p, t, rows);
-            rows[k->srow - 1] = (char *)x + k->skip_lo + t;
-            k->fold(d + t, rows, k->nrows, m / item);
-            memcpy((char *)ob.buf + t, d + t, m);
-        }
-    }
+    r = split_body(k, s, h, xb.buf, ob.buf);
     Py_END_ALLOW_THREADS
     release2(&xb, &ob);
     return PyLong_FromLong(r);
@@ -949,7 +1019,8 @@ static PyObject *Round_reduce_into(Round *k, PyObject *const *args, Py_ssize_t n
 
 /* share(out, s, h0, h1, h2, off, block_bytes, m) -> int: gather() whose own part is
  * already in this rank's cell and in out: publish, wait, copy the peers' m bytes to
- * out + b * block_bytes + off. When not -1, Python finishes the wait and copies. */
+ * out + b * block_bytes + off (a split's second call after Python did its first). When
+ * not -1, Python finishes the wait and copies. */
 static PyObject *Round_share(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "share(out, s, h0, h1, h2, off, block_bytes, m)");
@@ -997,10 +1068,12 @@ static PyMethodDef Round_methods[] = {
      "gather(x, out, s, h0, h1, h2, off, block_bytes): contribute, publish, place"},
     {"skips", (PyCFunction)(void (*)(void))Round_skips, METH_FASTCALL,
      "skips(row, lo, hi): a scatter's own fold row, bytes of the input no peer reads"},
-    {"reduce_into", (PyCFunction)(void (*)(void))Round_reduce_into, METH_FASTCALL,
-     "reduce_into(x, out, s, h0, h1, h2, dst_off): scatter's fold to the segment and out"},
     {"share", (PyCFunction)(void (*)(void))Round_share, METH_FASTCALL,
      "share(out, s, h0, h1, h2, off, block_bytes, m): publish, copy the peers' parts"},
+    {"pair", (PyCFunction)(void (*)(void))Round_pair, METH_FASTCALL,
+     "pair(share_round, dst0, dst1): run with share_round as one split"},
+    {"split", (PyCFunction)(void (*)(void))Round_split, METH_FASTCALL,
+     "split(x, out, s, h0, h1, h2): reduce-scatter call s, then share call s + 1"},
     {"scatter", (PyCFunction)(void (*)(void))Round_scatter, METH_FASTCALL,
      "scatter(x, out, s, h0, h1, h2): run() reading the own block from x"},
     {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,
@@ -1047,7 +1120,8 @@ PyMODINIT_FUNC PyInit__llc(void) {
     Py_INCREF(&RoundType);
     if (PyModule_AddObject(m, "Round", (PyObject *)&RoundType) < 0 ||
         PyModule_AddIntConstant(m, "RING", RING) < 0 ||
-        PyModule_AddIntConstant(m, "NOBUF", NOBUF) < 0) {
+        PyModule_AddIntConstant(m, "NOBUF", NOBUF) < 0 ||
+        PyModule_AddIntConstant(m, "SECOND", SECOND) < 0) {
         Py_DECREF(m);
         return NULL;
     }

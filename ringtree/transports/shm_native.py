@@ -48,6 +48,7 @@ __all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
 
 RING = _llc.RING if _llc is not None else -1
 NOBUF = _llc.NOBUF if _llc is not None else -2  # Round.hot: not the round's buffer
+SECOND = _llc.SECOND if _llc is not None else 1 << 25  # Round.split: call s + 1's code
 
 
 def available() -> bool:

@@ -34,6 +34,7 @@ from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
 from ringtree.runtime.protocols import ll_direct
 from ringtree.runtime.protocols.ll import LLOp, fits
+from ringtree.runtime.protocols.ll_split import Split
 from ringtree.settings import MIN_TIMEOUT, as_timeout
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL, open_ll
@@ -242,6 +243,12 @@ class LLRunner:
         comm.seq, ll.seq = seq, s
         ll.written[s & 1] = None  # the kernel wrote all three header words
         out = x if out is None else out
+        if type(op.run) is Split:  # the split's one entry: LL calls s and s + 1
+            if r == -1:
+                op.run.after(x, out, r, s, 0.0)
+            else:
+                self._finish_hot(comm, op, out, r, s, timeout, x)
+            return out
         if r != -1:
             self._finish_hot(comm, op, out, r, s, timeout)
         ll.synced = s
@@ -322,12 +329,17 @@ class LLRunner:
         flat = x if x.ndim == 1 else x.reshape(-1)
         return self.run_arrays(comm, hit[0], flat, flat, None, x, None, comm.seq, False,
                                timeout)
-    def _finish_hot(self, comm, op: LLOp, out, r: int, s: int, timeout: float | None) -> None:
+    def _finish_hot(self, comm, op: LLOp, out, r: int, s: int, timeout: float | None,
+                    x=None) -> None:
+        """Complete a hot call the kernel returned early from (``x``: a split's input)."""
         fr = comm.flight
+        t = comm.timeout if timeout is None else timeout
         try:
-            native.finish(self.ll, op.hot, r, s, comm.timeout if timeout is None else timeout,
-                          op.describe)
-            op.hot.fold(out, s & 1)
+            if x is not None:
+                op.run.after(x.reshape(-1), out.reshape(-1), r, s, t)
+            else:
+                native.finish(self.ll, op.hot, r, s, t, op.describe)
+                op.hot.fold(out, s & 1)
         except RingtreeError as err:
             err = comm._on_error(err)
             if fr is not None:

@@ -18,7 +18,10 @@ it, copy the other half, as if the peer's memory could be read where it lies):
 Two synchronisations per cell-sized part instead of one, each an ordinary LL call
 number, so the two-parity rule holds as for every call: the fold's destination (the
 cell of parity ``s + 1``) is written only after every rank posted ``s``, i.e. finished
-call ``s - 1``, the last reader of that cell.
+call ``s - 1``, the last reader of that cell. With the kernel both calls of a part are
+one C entry (``Round.split``; ``Round.hot`` when the part is the whole buffer: the
+communicator's hot path), which returns to Python only when a peer sleeps or is late
+(:meth:`Split.after` finishes either call there).
 
 Every element is folded from the same operands in the same order as the fold round
 (the own row is the same bytes, read from the input instead of the segment), so the
@@ -85,6 +88,10 @@ class Split:
             self.k2 = native.round_for(ll, (), 0, code, item, op_code, B, B, B * item)
             cells = [[ll.area(q, p, B * item)[0] for q in range(n)] for p in (0, 1)]
             self.k2.places(cells[0], cells[1], me)
+            self.k1.pair(self.k2, *self.offs)
+            if part == op.count:  # one part: the hot path's one C entry (Round.hot)
+                op.hot = self.k1
+                self.k1.set_head(*op.head)
 
     def __call__(self, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
         if not x.flags.c_contiguous:
@@ -94,30 +101,57 @@ class Split:
         one = self._compiled if self.k1 is not None else self._python
         for lo in range(0, whole, part):
             xp, op_out = x[lo:lo + part], out[lo:lo + part]
-            if one(xp, op_out, red, timeout):
-                continue
-            p = self.ll.seq & 1  # copy the peers' folded blocks out of the segment
-            for b in range(self.n):
-                if b != self.me:
-                    op_out[b * self.B:(b + 1) * self.B] = self.blocks[p][b]
+            if not one(xp, op_out, red, timeout):
+                self._copy_peers(op_out)
         if whole < total:
             tail(self.op, x[whole:], out[whole:], red, timeout)
 
     def _compiled(self, xp: np.ndarray, op_out: np.ndarray, red, timeout: float) -> bool:
-        """One part through the kernel; False when the peers' blocks are still to copy."""
+        """One part in one kernel entry (``Round.split``: calls s and s + 1)."""
+        ll, head = self.ll, self.op.head
+        s = ll.seq + 1
+        if ll.synced < s - 1:
+            ll.parity(timeout, self.op.describe)
+        r = self.k1.split(xp, op_out, s, head[0], head[1] | (s & SEQ_MASK), head[2])
+        self.after(xp, op_out, r, s, timeout)
+        return True
+
+    def after(self, xp: np.ndarray, op_out: np.ndarray, r: int, s: int,
+              timeout: float) -> None:
+        """Complete a part the kernel ran from call ``s`` (``Round.split``, or
+        ``Round.hot`` on the hot path) and that returned ``r``: -1 done; a code of call
+        ``s`` (a peer slept or was late before the fold): Python finishes that wait,
+        folds, and runs the all-gather call; ``native.SECOND`` + a code of call s + 1:
+        Python finishes that wait and copies the peers' blocks."""
         ll, op, k1 = self.ll, self.op, self.k1
-        head, what = op.head, op.describe
-        lo, hi = self.me * self.B, (self.me + 1) * self.B
-        r = run_reduce(ll, k1, xp, op_out[lo:hi], self.offs, head, timeout, what)
-        if r != -1:  # the kernel returned before the fold (a peer slept or was late)
-            s = ll.seq
+        what = op.describe
+        ll.written[0] = ll.written[1] = None  # the kernel wrote both lines' headers
+        if r == -1:
+            ll.seq = ll.synced = s + 1
+            return
+        if r >= native.SECOND // 2:
+            ll.seq = s + 1
+            native.finish(ll, self.k2, r - native.SECOND, s + 1, timeout, what)
+        else:
+            ll.seq = s
+            lo, hi = self.me * self.B, (self.me + 1) * self.B
             p = s & 1
             op.mine[p][lo:hi] = xp[lo:hi]
             native.finish(ll, k1, r, s, timeout, what)
             ll.synced = s
             k1.fold(self.dst[1 - p], p)
             op_out[lo:hi] = self.dst[1 - p]
-        return run_share(ll, self.k2, op_out, self.B * self.item, head, timeout, what)
+            if run_share(ll, self.k2, op_out, self.B * self.item, op.head, timeout, what):
+                return
+        ll.synced = ll.seq
+        self._copy_peers(op_out)
+
+    def _copy_peers(self, op_out: np.ndarray) -> None:
+        """Copy the peers' folded blocks of the last call out of the segment."""
+        p = self.ll.seq & 1
+        for b in range(self.n):
+            if b != self.me:
+                op_out[b * self.B:(b + 1) * self.B] = self.blocks[p][b]
 
     def _python(self, xp: np.ndarray, op_out: np.ndarray, red, timeout: float) -> bool:
         """The same two calls with NumPy."""
@@ -166,25 +200,10 @@ def tail(op, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
     op._fold(p, out, red, m)
 
 
-def run_reduce(ll, k, x, out, offs: tuple[int, int], head, timeout: float, what) -> int:
-    """The reduce-scatter half in the kernel (``Round.reduce_into``). Returns the
-    kernel's answer: -1 when folded, else what :func:`native.finish` takes (the caller
-    then finishes the wait and folds)."""
-    s = ll.seq + 1
-    if ll.synced < s - 1:
-        ll.parity(timeout, what)
-    ll.written[s & 1] = None  # the kernel writes all three header words
-    r = k.reduce_into(x, out, s, head[0], head[1] | (s & SEQ_MASK), head[2],
-                      offs[(s + 1) & 1])
-    ll.seq = s
-    if r == -1:
-        ll.synced = s
-    return r
-
-
 def run_share(ll, k, out, block: int, head, timeout: float, what) -> bool:
-    """The all-gather half (``Round.share``): publish the folded block, wait, copy the
-    peers'. False when Python must copy them (the wait was finished here)."""
+    """The all-gather half alone (``Round.share``: after Python finished the
+    reduce-scatter half): publish the folded block, wait, copy the peers'. False when
+    Python must copy them (the wait was finished here)."""
     s = ll.seq + 1
     ll.written[s & 1] = None
     r = k.share(out, s, head[0], head[1] | (s & SEQ_MASK), head[2], 0, block, block)

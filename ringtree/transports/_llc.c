@@ -384,6 +384,44 @@ static int wait_peers(Round *k, int p, uint64_t s, int first) {
     return -1;
 }
 
+/* copy m bytes to memory this rank will not read again soon, with non-temporal stores
+ * when `stream` (no read for ownership; the lines leave this core's caches), else with
+ * memcpy. Used for an all-gather's output larger than the last-level cache (no eviction
+ * of the cells the peers read), and for what this rank writes into the segment for its
+ * peers from SHARE_NT bytes: a cell's lines were last read by the peers, so a cached
+ * store must first take each line back from their caches, which cost more here than
+ * the peers' reads from memory (docs/design-notes.md, "Streaming stores into the
+ * segment"). The sfence orders them before the sequence word that publishes them. */
+#define STREAM_MIN (8 << 20) /* output bytes from which a gather streams its stores */
+#define SHARE_NT 4096        /* bytes from which a copy into the segment streams */
+static void copy_out(char *dst, const char *src, Py_ssize_t m, int stream) {
+#if defined(__x86_64__)
+    if (stream) {
+        Py_ssize_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+        if (head > m)
+            head = m;
+        memcpy(dst, src, head);
+        dst += head, src += head, m -= head;
+        Py_ssize_t i = 0;
+        for (; i + 64 <= m; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+            _mm_stream_si128((__m128i *)(dst + i), a);
+            _mm_stream_si128((__m128i *)(dst + i + 16), b);
+            _mm_stream_si128((__m128i *)(dst + i + 32), c);
+            _mm_stream_si128((__m128i *)(dst + i + 48), d);
+        }
+        memcpy(dst + i, src + i, m - i);
+        _mm_sfence();
+        return;
+    }
+#endif
+    (void)stream;
+    memcpy(dst, src, m);
+}
+
 #define RING 1000000
 
 /* publish this rank's line: the header, then the sequence word (a release store), a
@@ -461,7 +499,7 @@ static PyObject *misfit(Py_buffer *xb, Py_buffer *ob, const char *msg) {
 static int round_body(Round *k, int p, uint64_t s, const uint64_t h[3], const void *x,
                       Py_ssize_t xlen, void *out, Py_ssize_t olen) {
     if (x != NULL)
-        memcpy(k->base + k->mine_off[p], x, xlen);
+        copy_out(k->base + k->mine_off[p], x, xlen, xlen >= SHARE_NT);
     int r = publish_wait(k, p, s, h);
     if (r == -1 && out != NULL && k->fold != NULL) {
         char *rows[MAXR];
@@ -718,38 +756,6 @@ static PyObject *Round_fold(Round *k, PyObject *const *args, Py_ssize_t nargs) {
  * there: the fewest passes a staged copy allows (each contribution written into the
  * segment once, read once per reader). */
 
-/* copy m bytes to memory this rank will not read again soon: an output larger than the
- * last-level cache is written with non-temporal stores (no read for ownership, no
- * eviction of the cells the peers read), a smaller one with memcpy */
-#define STREAM_MIN (8 << 20) /* output bytes from which a gather streams its stores */
-static void copy_out(char *dst, const char *src, Py_ssize_t m, int stream) {
-#if defined(__x86_64__)
-    if (stream) {
-        Py_ssize_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-        if (head > m)
-            head = m;
-        memcpy(dst, src, head);
-        dst += head, src += head, m -= head;
-        Py_ssize_t i = 0;
-        for (; i + 64 <= m; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-            _mm_stream_si128((__m128i *)(dst + i), a);
-            _mm_stream_si128((__m128i *)(dst + i + 16), b);
-            _mm_stream_si128((__m128i *)(dst + i + 32), c);
-            _mm_stream_si128((__m128i *)(dst + i + 48), d);
-        }
-        memcpy(dst + i, src + i, m - i);
-        _mm_sfence();
-        return;
-    }
-#endif
-    (void)stream;
-    memcpy(dst, src, m);
-}
-
 /* places(rows0, rows1, own) -> None: output block b comes from byte offset rows<p>[b]
  * of the segment; `own` is this rank's block (copied from its input), -1: none */
 static PyObject *Round_places(Round *k, PyObject *const *args, Py_ssize_t nargs) {
@@ -913,21 +919,25 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
  * rank's area of parity p */
 static void stage_others(Round *k, int p, const char *x) {
     char *mine = k->base + k->mine_off[p];
-    memcpy(mine, x, k->skip_lo);
-    memcpy(mine + k->skip_hi, x + k->skip_hi, k->nbytes - k->skip_hi);
+    copy_out(mine, x, k->skip_lo, k->skip_lo >= SHARE_NT);
+    copy_out(mine + k->skip_hi, x + k->skip_hi, k->nbytes - k->skip_hi,
+             k->nbytes - k->skip_hi >= SHARE_NT);
 }
 
 /* d (in the segment) = the fold of the rows of parity p, the own row read from x's
- * skipped bytes, a tile at a time, each tile then copied from L1 to o (row_bytes) */
+ * skipped bytes, a tile at a time into L1, each tile then streamed to d (copy_out) and
+ * copied to o (row_bytes) */
 static void fold_tiles(Round *k, int p, const char *x, char *d, char *o) {
     char *rows[MAXR];
+    char tile[TILE] __attribute__((aligned(64)));
     Py_ssize_t item = ITEMSIZE[k->dtype];
     for (Py_ssize_t t = 0; t < k->row_bytes; t += TILE) {
         Py_ssize_t m = k->row_bytes - t < TILE ? k->row_bytes - t : TILE;
         row_ptrs(k, p, t, rows);
         rows[k->srow - 1] = (char *)x + k->skip_lo + t;
-        k->fold(d + t, rows, k->nrows, m / item);
-        memcpy(o + t, d + t, m);
+        k->fold(tile, rows, k->nrows, m / item);
+        copy_out(d + t, tile, m, 1);
+        memcpy(o + t, tile, m);
     }
 }
 

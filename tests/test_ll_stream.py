@@ -1,8 +1,9 @@
 """Streaming (non-temporal) stores into LL's segment (``copy_out`` in
 ``transports/_llc.c``, from ``SHARE_NT`` = 4096 bytes): contributions just below, at and
 above the boundary, lengths that leave a tail of less than one 64-byte store, a source
-that is not aligned, through the fold round and the split, compiled and in Python, give
-the rank-order fold's bits."""
+that is not aligned, in place and into another array (the fold round then reads the
+own row from the input), through the fold round and the split, compiled and in Python,
+give the rank-order fold's bits."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from ringtree.runtime.protocols import ll_split
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_native
 
-# (dtype, op, element counts): 4095, 4096, 4097 and 4096 + 63 bytes, odd counts
-CASES = [("uint8", "bxor", (4095, 4096, 4097, 4159)), ("float32", "sum", (1023, 1024, 1025)),
+# (dtype, op, element counts): 4095, 4096, 4097 and 4096 + 63 bytes, odd counts, and
+# 36004 bytes (two 16 KiB tiles of the fold and a rest)
+CASES = [("uint8", "bxor", (4095, 4096, 4097, 4159)), ("float32", "sum", (1023, 1024, 1025, 9001)),
          ("float64", "max", (511, 513)), ("bfloat16", "sum", (2047, 2049)),
          ("int64", "prod", (513,))]
 
@@ -38,12 +40,15 @@ def streamed(comm, native: str, split: bool) -> list[str]:
             dt = DType(dname)
             red = resolve(op, dt)
             for count in counts:
-                for shift in (0, 1):  # a source one element past an aligned start
-                    x = np.empty(count + shift, dt.storage)[shift:]
+                for shift, out in ((0, False), (1, False), (0, True), (1, True)):
+                    x = np.empty(count + shift, dt.storage)[shift:]  # maybe not aligned
                     x[...] = _input(r, count, dt, op)
-                    got = c.all_reduce(x.copy() if shift == 0 else x, dt, red)
+                    y = np.empty(count + shift, dt.storage)[shift:] if out else None
+                    got = c.all_reduce(x, dt, red, out=y)
                     if got.tobytes() != _want(n, count, dt, op).tobytes():
-                        bad.append(f"{dname} {op} count={count} shift={shift}")
+                        bad.append(f"{dname} {op} count={count} shift={shift} out={out}")
+                    if out and x.tobytes() != _input(r, count, dt, op).tobytes():
+                        bad.append(f"{dname} {op} count={count}: the input changed")
     finally:
         os.environ.pop("RINGTREE_LL_NATIVE", None)
         c.ll.close()

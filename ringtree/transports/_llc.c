@@ -493,15 +493,48 @@ static PyObject *misfit(Py_buffer *xb, Py_buffer *ob, const char *msg) {
     return NULL;
 }
 
+#define TILE 16384 /* bytes of a fold made in L1, then copied (or streamed) out */
+
+/* a fold round whose contribution x was streamed into the segment (so its lines left
+ * this core's caches): fold the rows into out with this rank's own row, if one is a
+ * part of its contribution, read from x (the same bytes, still cached) a tile at a
+ * time into L1, each tile then copied to out (which may be x). 0: no own row to read */
+static int fold_own(Round *k, int p, const char *x, Py_ssize_t xlen, char *out,
+                    Py_ssize_t olen) {
+    int own = -1;
+    for (int i = 0; i < k->nrows && own < 0; i++) {
+        Py_ssize_t d = k->row_off[p][i] - k->mine_off[p];
+        if (d >= 0 && d + olen <= xlen)  /* rows lie in their ranks' disjoint areas */
+            own = i;
+    }
+    if (own < 0)
+        return 0;
+    const char *mine = x + (k->row_off[p][own] - k->mine_off[p]);
+    char *rows[MAXR];
+    char tile[TILE] __attribute__((aligned(64)));
+    Py_ssize_t item = ITEMSIZE[k->dtype];
+    for (Py_ssize_t t = 0; t < olen; t += TILE) {
+        Py_ssize_t m = olen - t < TILE ? olen - t : TILE;
+        row_ptrs(k, p, t, rows);
+        rows[own] = (char *)mine + t;
+        k->fold(tile, rows, k->nrows, m / item);
+        memcpy(out + t, tile, m);
+    }
+    return 1;
+}
+
 /* one round, the GIL released by the caller: copy `x` (NULL: nothing) into this rank's
  * area, publish, wait for every peer, fold into `out` (NULL: no fold). Round_run's
  * codes. */
 static int round_body(Round *k, int p, uint64_t s, const uint64_t h[3], const void *x,
                       Py_ssize_t xlen, void *out, Py_ssize_t olen) {
+    int streamed = x != NULL && xlen >= SHARE_NT;
     if (x != NULL)
-        copy_out(k->base + k->mine_off[p], x, xlen, xlen >= SHARE_NT);
+        copy_out(k->base + k->mine_off[p], x, xlen, streamed);
     int r = publish_wait(k, p, s, h);
     if (r == -1 && out != NULL && k->fold != NULL) {
+        if (streamed && fold_own(k, p, x, xlen, out, olen))
+            return r;
         char *rows[MAXR];
         row_ptrs(k, p, 0, rows);
         k->fold(out, rows, k->nrows, olen / ITEMSIZE[k->dtype]);
@@ -913,7 +946,6 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
  * publishes that block and copies the peers' folded blocks out: per rank and part of S
  * bytes, (n-1)/n S staged, S read and 2S/n written by the fold, (n-1)/n S copied out
  * (4 S on 2 ranks against run()'s 5 S: copy all in, fold all of every row). */
-#define TILE 16384 /* bytes of the fold written to the segment, then copied from L1 */
 
 /* copy every byte of the input x (nbytes) but the skipped ones (the own block) into this
  * rank's area of parity p */

@@ -22,7 +22,7 @@ from ringtree.testing import run_ranks
 from ringtree.transports import shm_native
 
 # (dtype, op, element counts): 4095, 4096, 4097 and 4096 + 63 bytes, odd counts, and
-# 36004 bytes (two 16 KiB tiles of the fold and a rest)
+# 36004 bytes (four 8 KiB tiles of the fold and a rest)
 CASES = [("uint8", "bxor", (4095, 4096, 4097, 4159)), ("float32", "sum", (1023, 1024, 1025, 9001)),
          ("float64", "max", (511, 513)), ("bfloat16", "sum", (2047, 2049)),
          ("int64", "prod", (513,))]

@@ -493,7 +493,7 @@ static PyObject *misfit(Py_buffer *xb, Py_buffer *ob, const char *msg) {
     return NULL;
 }
 
-#define TILE 16384 /* bytes of a fold made in L1, then copied (or streamed) out */
+#define TILE 8192 /* bytes of a fold made in L1, then copied (or streamed) out */
 
 /* a fold round whose contribution x was streamed into the segment (so its lines left
  * this core's caches): fold the rows into out with this rank's own row, if one is a

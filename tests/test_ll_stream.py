@@ -61,3 +61,34 @@ def test_streamed_contributions_give_the_rank_order_bits(nranks, native, split):
     if native == "1" and not shm_native.available():
         pytest.skip("ringtree.transports._llc not built (no C compiler)")
     assert run_ranks(streamed, nranks, native, split, timeout=90) == [[]] * nranks
+
+
+def blocks(comm) -> list[str]:
+    """All-gather (Round.gather streams its part) and reduce-scatter (Round.scatter
+    streams every block but its own, or all of x in place) around the boundary."""
+    c = _ll(comm, "ntb", cell=64 << 10)
+    n, r = comm.size, comm.rank
+    dt, red = DType.UINT8, resolve("bxor", DType.UINT8)
+    bad = []
+    try:
+        for per in (4095, 4096, 4097, 4159):
+            got = c.all_gather(_input(r, per, dt, "move"), dt)
+            want = np.concatenate([_input(q, per, dt, "move") for q in range(n)])
+            if got.tobytes() != want.tobytes():
+                bad.append(f"all_gather {per}")
+            x = _input(r, per * n, dt, "bxor")
+            want = _want(n, per * n, dt, "bxor")[r * per:(r + 1) * per]
+            for in_place in (False, True):
+                out = x[r * per:(r + 1) * per] if in_place else None
+                got = c.reduce_scatter(x.copy() if not in_place else x, dt, red, out=out)
+                if got.tobytes() != want.tobytes():
+                    bad.append(f"reduce_scatter {per} in_place={in_place}")
+    finally:
+        c.ll.close()
+    return bad
+
+
+def test_streamed_all_gather_and_reduce_scatter_parts():
+    if not shm_native.available():
+        pytest.skip("ringtree.transports._llc not built (no C compiler)")
+    assert run_ranks(blocks, 2, timeout=90) == [[], []]

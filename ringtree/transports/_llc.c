@@ -422,6 +422,15 @@ static void copy_out(char *dst, const char *src, Py_ssize_t m, int stream) {
     memcpy(dst, src, m);
 }
 
+/* copy every byte of the input x (nbytes) but the skipped ones (the own block) into this
+ * rank's area of parity p */
+static void stage_others(Round *k, int p, const char *x) {
+    char *mine = k->base + k->mine_off[p];
+    copy_out(mine, x, k->skip_lo, k->skip_lo >= SHARE_NT);
+    copy_out(mine + k->skip_hi, x + k->skip_hi, k->nbytes - k->skip_hi,
+             k->nbytes - k->skip_hi >= SHARE_NT);
+}
+
 #define RING 1000000
 
 /* publish this rank's line: the header, then the sequence word (a release store), a
@@ -852,7 +861,7 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t m = xb.len;
     char *o = (char *)ob.buf + off;
     Py_BEGIN_ALLOW_THREADS
-    memcpy(k->base + k->mine_off[p], xb.buf, m);
+    copy_out(k->base + k->mine_off[p], xb.buf, m, m >= SHARE_NT);
     r = publish(k, p, s, h);
     int stream = (Py_ssize_t)k->nplace * block >= STREAM_MIN;
     if (r == -1) {
@@ -921,11 +930,9 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
     int staged = o < x + k->skip_hi && x + k->skip_lo < o + ob.len;
     Py_BEGIN_ALLOW_THREADS
     if (staged)
-        memcpy(mine, x, xb.len);
-    else {
-        memcpy(mine, x, k->skip_lo);
-        memcpy(mine + k->skip_hi, x + k->skip_hi, xb.len - k->skip_hi);
-    }
+        copy_out(mine, x, xb.len, xb.len >= SHARE_NT);
+    else
+        stage_others(k, p, x);
     r = publish_wait(k, p, s, h);
     if (r == -1) {
         char *rows[MAXR];
@@ -946,15 +953,6 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
  * publishes that block and copies the peers' folded blocks out: per rank and part of S
  * bytes, (n-1)/n S staged, S read and 2S/n written by the fold, (n-1)/n S copied out
  * (4 S on 2 ranks against run()'s 5 S: copy all in, fold all of every row). */
-
-/* copy every byte of the input x (nbytes) but the skipped ones (the own block) into this
- * rank's area of parity p */
-static void stage_others(Round *k, int p, const char *x) {
-    char *mine = k->base + k->mine_off[p];
-    copy_out(mine, x, k->skip_lo, k->skip_lo >= SHARE_NT);
-    copy_out(mine + k->skip_hi, x + k->skip_hi, k->nbytes - k->skip_hi,
-             k->nbytes - k->skip_hi >= SHARE_NT);
-}
 
 /* d (in the segment) = the fold of the rows of parity p, the own row read from x's
  * skipped bytes, a tile at a time into L1, each tile then streamed to d (copy_out) and

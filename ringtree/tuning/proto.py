@@ -69,13 +69,9 @@ LL_RANK = 2.0e-6
 # communicator (load 3.4-5.3): 4 ranks 2.5-5.2x faster from 1 to 64 MiB, 8 ranks
 # 1.5-2.6x from 2 to 64 MiB, 2 ranks 1.08x at 8 MiB and 1.02x at 16 MiB but 0.78x at
 # 64 MiB (0.67-0.79x from 16 MiB in a slow phase of the machine). Above 8 ranks (64 KiB
-# cells) not measured. Since the split streams what it writes into the segment
-# (non-temporal stores, transports/_llc.c), 2 ranks: LL forced against the ring in
-# alternated jobs (loaded host, load 3.3-5): 0.65-0.85x the ring's time at 32 and 64 MiB
-# in four pairs, equal in two pairs in a slow phase (one pair 2.1x, a slow phase hitting
-# LL's job only), so LL carries 2-rank all-reduces to 64 MiB too.
+# cells) not measured.
 THRESHOLDS: dict[Collective, tuple[int, int]] = {
-    Collective.ALL_REDUCE: (64 << 20, 64 << 20),
+    Collective.ALL_REDUCE: (16 << 20, 64 << 20),
     Collective.REDUCE: (1 << 20, 1 << 20),
     Collective.REDUCE_SCATTER: (1 << 20, 1 << 20),
     Collective.BROADCAST: (256 << 10, 1 << 20),

@@ -158,7 +158,7 @@ class Communicator(Resilient):
         """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
         (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
         if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.blocks_now(self, Collective.ALL_GATHER, x, out, None, timeout)
+            done = self.ll.gather_now(self, x, out, timeout)
             if done is not MISS:
                 return done
         return self._run(api.for_all_gather(self, x, out, algo), async_op, timeout)

@@ -609,6 +609,39 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
     return x + a->len <= o || o + b->len <= x;
 }
 
+/* the flight recorder's entry for call `seq` (bound by record), started now: its marks
+ * row, NULL when no recorder is bound (or its ring was resized) */
+static int64_t *fr_start(Round *k, long long seq) {
+    if (k->fr_ring == NULL || PyList_GET_SIZE(k->fr_ring) != k->fr_size)
+        return NULL;
+    static PyObject *made_name = NULL;
+    if (made_name == NULL && (made_name = PyUnicode_InternFromString("made")) == NULL)
+        PyErr_Clear();
+    PyObject *m = made_name ? PyObject_GetAttr(k->fr_owner, made_name) : NULL;
+    long long made = m ? PyLong_AsLongLong(m) : -1;
+    Py_XDECREF(m);
+    if (made < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    int64_t *ctr = (int64_t *)k->fr_ctr.buf;
+    Py_ssize_t i = (Py_ssize_t)((made + ctr[0]) % k->fr_size);
+    PyObject *old = PyList_GET_ITEM(k->fr_ring, i);
+    Py_INCREF(k->fr_desc);
+    PyList_SET_ITEM(k->fr_ring, i, k->fr_desc);
+    int64_t *mark = (int64_t *)k->fr_marks.buf + 4 * i;
+    mark[0] = seq, mark[1] = 1, mark[2] = real_ns(), mark[3] = 0;
+    ctr[0] += 1, ctr[1] = ctr[2] = seq;
+    Py_XDECREF(old);
+    return mark;
+}
+
+/* call `seq`'s entry (fr_start's mark, NULL: none) completed now */
+static void fr_done(Round *k, int64_t *mark, long long seq) {
+    if (mark != NULL)
+        mark[1] = 2, mark[3] = real_ns(), ((int64_t *)k->fr_ctr.buf)[3] = seq;
+}
+
 /* hot(x, out, s, seq) -> int: Round_run(x, out, s, head with s) (a paired round:
  * split(), calls s and s + 1) for a call of exactly the round's size (out None or x: in place; else an array of x's dtype and shape that does
  * not overlap it), the header from set_head, recorded as collective `seq` in the flight
@@ -649,29 +682,7 @@ static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
         return PyLong_FromLong(NOBUF);
     }
     void *out = inplace ? xb.buf : ob.buf;
-    int64_t *mark = NULL, *ctr = NULL;
-    long long made = -1;
-    if (k->fr_ring != NULL && PyList_GET_SIZE(k->fr_ring) == k->fr_size) {
-        static PyObject *made_name = NULL;
-        if (made_name == NULL && (made_name = PyUnicode_InternFromString("made")) == NULL)
-            PyErr_Clear();
-        PyObject *m = made_name ? PyObject_GetAttr(k->fr_owner, made_name) : NULL;
-        made = m ? PyLong_AsLongLong(m) : -1;
-        Py_XDECREF(m);
-        if (made < 0)
-            PyErr_Clear();
-    }
-    if (made >= 0) {
-        ctr = (int64_t *)k->fr_ctr.buf;
-        Py_ssize_t i = (Py_ssize_t)((made + ctr[0]) % k->fr_size);
-        PyObject *old = PyList_GET_ITEM(k->fr_ring, i);
-        Py_INCREF(k->fr_desc);
-        PyList_SET_ITEM(k->fr_ring, i, k->fr_desc);
-        mark = (int64_t *)k->fr_marks.buf + 4 * i;
-        mark[0] = seq, mark[1] = 1, mark[2] = real_ns(), mark[3] = 0;
-        ctr[0] += 1, ctr[1] = ctr[2] = seq;
-        Py_XDECREF(old);
-    }
+    int64_t *mark = fr_start(k, seq);
     const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
     int r;
     Py_BEGIN_ALLOW_THREADS
@@ -683,8 +694,8 @@ static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     PyBuffer_Release(&xb);
     if (!inplace)
         PyBuffer_Release(&ob);
-    if (r == -1 && mark != NULL)
-        mark[1] = 2, mark[3] = real_ns(), ctr[3] = seq;
+    if (r == -1)
+        fr_done(k, mark, seq);
     return PyLong_FromLong(r);
 }
 
@@ -833,6 +844,27 @@ static PyObject *Round_places(Round *k, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* one part of an all-gather, the GIL released by the caller: x (m bytes) copied into
+ * this rank's area (streamed from SHARE_NT bytes) and published, its own output block's
+ * part copied from x while the peers write theirs, the peers waited for and their parts
+ * copied to o + b * block (o: the output at the part's offset). Round_run's codes; not
+ * -1: the peers' parts are not placed (nor, after RING, the own one). */
+static int gather_body(Round *k, uint64_t s, const uint64_t h[3], const char *x,
+                       Py_ssize_t m, char *o, Py_ssize_t block) {
+    int p = (int)(s & 1);
+    copy_out(k->base + k->mine_off[p], x, m, m >= SHARE_NT);
+    int r = publish(k, p, s, h);
+    int stream = (Py_ssize_t)k->nplace * block >= STREAM_MIN;
+    if (r == -1) {
+        if (k->own >= 0 && o + k->own * block != x)
+            copy_out(o + k->own * block, x, m, stream);
+        r = wait_peers(k, p, s, 0);
+    }
+    if (r == -1)
+        place_peers(k, p, o, block, m);
+    return r;
+}
+
 /* gather(x, out, s, h0, h1, h2, off, block_bytes) -> int: x (this rank's part, at most
  * a contribution) written and published; its own output block's part copied from x;
  * the peers waited for; their parts copied: out + b * block_bytes + off <- block b's
@@ -857,22 +889,57 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
     if (xb.len > k->nbytes || off < 0 || block < 0 || off + xb.len > block ||
         (Py_ssize_t)k->nplace * block > ob.len)
         return misfit(&xb, &ob, "gather: the part or the output does not fit");
-    int p = (int)(s & 1), r;
-    Py_ssize_t m = xb.len;
-    char *o = (char *)ob.buf + off;
+    int r;
     Py_BEGIN_ALLOW_THREADS
-    copy_out(k->base + k->mine_off[p], xb.buf, m, m >= SHARE_NT);
-    r = publish(k, p, s, h);
-    int stream = (Py_ssize_t)k->nplace * block >= STREAM_MIN;
-    if (r == -1) {
-        if (k->own >= 0 && o + k->own * block != xb.buf)
-            copy_out(o + k->own * block, xb.buf, m, stream);
-        r = wait_peers(k, p, s, 0);
-    }
-    if (r == -1)
-        place_peers(k, p, o, block, m);
+    r = gather_body(k, s, h, xb.buf, xb.len, (char *)ob.buf + off, block);
     Py_END_ALLOW_THREADS
     release2(&xb, &ob);
+    return PyLong_FromLong(r);
+}
+
+/* ghot(x, out, s, seq) -> int: the all-gather's one C entry (gather_now): gather(x, out,
+ * s, head with s, 0, len(x)) for a call whose output is the places' blocks of len(x)
+ * bytes each (out: x's format, not overlapping it), the header from set_head, recorded
+ * as collective `seq` as hot() records. NOBUF when the arrays are not that (nothing was
+ * done: the caller takes the general path); otherwise gather()'s codes (not -1: the
+ * entry stays started, the caller places the blocks and completes it). */
+static PyObject *Round_ghot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "ghot(x, out, s, seq)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
+    long long seq = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer xb, ob;
+    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(NOBUF);
+    }
+    if (PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&xb);
+        return PyLong_FromLong(NOBUF);
+    }
+    const char *x = xb.buf, *o = ob.buf;
+    if (k->place_off[0] == NULL || xb.len > k->nbytes || xb.itemsize != ob.itemsize ||
+        strcmp(xb.format ? xb.format : "B", ob.format ? ob.format : "B") != 0 ||
+        ob.len != (Py_ssize_t)k->nplace * xb.len || !(x + xb.len <= o || o + ob.len <= x)) {
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&ob);
+        return PyLong_FromLong(NOBUF);
+    }
+    int64_t *mark = fr_start(k, seq);
+    const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = gather_body(k, s, h, xb.buf, xb.len, ob.buf, xb.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&ob);
+    if (r == -1)
+        fr_done(k, mark, seq);
     return PyLong_FromLong(r);
 }
 
@@ -1106,6 +1173,8 @@ static PyMethodDef Round_methods[] = {
      "places(rows0, rows1, own): where a gather's output blocks come from"},
     {"gather", (PyCFunction)(void (*)(void))Round_gather, METH_FASTCALL,
      "gather(x, out, s, h0, h1, h2, off, block_bytes): contribute, publish, place"},
+    {"ghot", (PyCFunction)(void (*)(void))Round_ghot, METH_FASTCALL,
+     "ghot(x, out, s, seq): an all-gather in one entry, recorded (NOBUF: not for it)"},
     {"skips", (PyCFunction)(void (*)(void))Round_skips, METH_FASTCALL,
      "skips(row, lo, hi): a scatter's own fold row, bytes of the input no peer reads"},
     {"share", (PyCFunction)(void (*)(void))Round_share, METH_FASTCALL,

@@ -32,7 +32,7 @@ from ringtree.ir.program import Collective, Program
 from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
-from ringtree.runtime.protocols import ll_direct
+from ringtree.runtime.protocols import ll_direct, ll_gather
 from ringtree.runtime.protocols.ll import LLOp, fits
 from ringtree.runtime.protocols.ll_split import Split
 from ringtree.settings import MIN_TIMEOUT, as_timeout
@@ -307,12 +307,16 @@ class LLRunner:
                 or out.dtype != x.dtype or not x.flags.c_contiguous or not f.c_contiguous \
                 or not f.writeable or np.may_share_memory(x, out):
             return MISS
+        if gather and hit[0].hot is not None:
+            comm.planner.ready[ll_gather.GATHER] = (x.dtype, x.size, hit[0])
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
         comm.seq += 1
         return self.run_arrays(comm, hit[0], x if x.ndim == 1 else x.reshape(-1),
                                out if out.ndim == 1 else out.reshape(-1), hit[1], out, None,
                                comm.seq, False, timeout)
+
+    gather_now = ll_gather.gather_now  # all_gather's one C entry, else blocks_now
 
     def broadcast_now(self, comm, x: np.ndarray, root, timeout: float | None):
         """:meth:`all_reduce_now`'s twin for an in-place NumPy broadcast whose shape and

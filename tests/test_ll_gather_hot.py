@@ -1,0 +1,118 @@
+"""The all-gather in one C call (``Round.ghot``, ``LLRunner.gather_now``): every NumPy
+dtype gives its exact bytes with the kernel and without it, on 2 and 3 ranks and 4 ranks
+on 2 cores; arrays it must not take (strided, in place, another dtype, read-only) go the
+general way with its answer or error; the flight recorder's entries are written from C;
+a late peer (the kernel returns, Python places the blocks) and an absent one (named,
+the entry failed)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import ringtree
+from ringtree.prof.flight import Entry
+from ringtree.testing import run_ranks
+
+DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64")  # every NumPy dtype ringtree takes
+
+
+def _part(dtype: str, rank: int, count: int, k: int) -> np.ndarray:
+    """Random bytes of ``dtype`` (every bit pattern, NaNs too, for floats)."""
+    rng = np.random.default_rng(7919 * k + rank)
+    return rng.integers(0, 256, count * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
+
+
+def gathers(comm) -> dict:
+    """Repeated all-gathers of every dtype into a separate ``out`` (2-D too), each compared
+    byte for byte with the concatenation in rank order, then arrays the fast path must
+    not take, then what the flight recorder holds."""
+    n, r = comm.size, comm.rank
+    wrong = 0
+    for dtype in DTYPES:
+        for count in (3, 4096):  # inline in the line, and in the cell
+            out = np.empty((n, count), dtype)
+            for k in range(6):
+                x = _part(dtype, r, count, k)
+                got = comm.all_gather(x, out=out if k % 2 else out.reshape(-1))
+                want = np.concatenate([_part(dtype, q, count, k) for q in range(n)])
+                wrong += int(got.tobytes() != want.tobytes() or not np.shares_memory(got, out))
+    base = np.arange(8, dtype=np.float32) + 8 * r
+    full = np.arange(8 * n, dtype=np.float32)
+    results = []
+    out = np.zeros(8 * n, np.float32)
+    comm.all_gather(base, out=out)  # the warm shape
+    inplace = np.zeros(8 * n, np.float32)
+    inplace[8 * r:8 * r + 8] = base
+    comm.all_gather(inplace[8 * r:8 * r + 8], out=inplace)     # in place: general path
+    results.append(inplace.tolist() == full.tolist())
+    wide = np.zeros(16, np.float32)
+    readonly = np.zeros(8 * n, np.float32)
+    readonly.flags.writeable = False
+    errors = []
+    for x, bad in ((wide[::2], out), (base, np.zeros(8 * n, np.float64)), (base, readonly)):
+        try:  # strided input, another dtype, a read-only output
+            comm.all_gather(x, out=bad)
+            errors.append("no error")
+        except (ValueError, TypeError) as e:
+            errors.append(type(e).__name__)
+    fr = comm.flight
+    last = fr.entries(6) if fr is not None else []
+    return {"wrong": wrong, "general": results, "errors": errors,
+            "states": {e["state"] for e in last}, "seq": comm.seq,
+            "seqs": [e["collective_seq_id"] for e in last],
+            "from_c": sum(type(e) is not Entry for e in fr.ring if e is not None)
+            if fr is not None else 0}
+
+
+@pytest.mark.parametrize("nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}),
+                                        (4, {})],
+                         ids=["kernel-2", "kernel-3", "python-2", "kernel-4-on-2-cores"])
+def test_gather_hot_path_bytes_refusals_and_flight_recorder(nranks, env):
+    res = run_ranks(gathers, nranks, timeout=120, env=env)
+    for r, got in enumerate(res):
+        assert got["wrong"] == 0 and got["general"] == [True], (r, got)
+        assert got["errors"] == ["ValueError", "TypeError", "ValueError"], (r, got)
+        seq = got["seq"]
+        assert got["seqs"] == list(range(seq - 5, seq + 1)), (r, got)
+        assert got["states"] == {"completed"}, (r, got)
+        assert (got["from_c"] >= 24) == (not env), (r, got)  # the kernel's own entries
+
+
+def late_and_absent(comm) -> dict:
+    """Rank 1 comes 20 ms late to five all-gathers (rank 0's kernel gives up waiting and
+    Python sleeps and places the blocks), then skips one: rank 0's names it."""
+    x = np.full(1000, comm.rank + 1, np.int32)
+    out = np.empty(2000, np.int32)
+    comm.all_gather(x, out=out)
+    ok = True
+    for k in range(5):
+        if comm.rank == 1:
+            time.sleep(0.02)
+        x[:] = 10 * k + comm.rank
+        out[:] = -1
+        comm.all_gather(x, out=out)
+        ok &= out.tolist() == [10 * k] * 1000 + [10 * k + 1] * 1000
+    if comm.rank == 1:
+        time.sleep(3.0)
+        return {"ok": ok}
+    try:
+        comm.all_gather(x, out=out, timeout=1.5)
+        err = "no error"
+    except ringtree.RingtreeError as e:
+        err = f"{type(e).__name__}: {e}"
+    cur = comm.flight.entries(1)[0]
+    return {"ok": ok, "err": err, "state": cur["state"], "seq": cur["collective_seq_id"],
+            "name": cur["profiling_name"]}
+
+
+def test_late_and_absent_peers_on_the_gather_hot_path():
+    got = run_ranks(late_and_absent, 2, timeout=60)
+    assert got[1]["ok"], got
+    got = got[0]
+    assert got["ok"], got
+    assert got["err"].startswith("CollectiveTimeout") and "rank 1" in got["err"], got
+    assert got["state"] == "failed" and got["seq"] == 7, got

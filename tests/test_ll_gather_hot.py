@@ -3,7 +3,7 @@ dtype gives its exact bytes with the kernel and without it, on 2 and 3 ranks and
 on 2 cores; arrays it must not take (strided, in place, another dtype, read-only) go the
 general way with its answer or error; the flight recorder's entries are written from C;
 a late peer (the kernel returns, Python places the blocks) and an absent one (named,
-the entry failed)."""
+the entry failed); 8 ranks on 2 cores for 2,000 calls."""
 
 from __future__ import annotations
 
@@ -116,3 +116,21 @@ def test_late_and_absent_peers_on_the_gather_hot_path():
     assert got["ok"], got
     assert got["err"].startswith("CollectiveTimeout") and "rank 1" in got["err"], got
     assert got["state"] == "failed" and got["seq"] == 7, got
+
+
+def many_calls(comm) -> tuple[int, int]:
+    """2,000 all-gathers, each element naming its call and rank: the wrong ones, and how
+    many of the flight recorder's entries the kernel wrote."""
+    x, out = np.empty(1000, np.int32), np.empty(1000 * comm.size, np.int32)
+    wrong = 0
+    for k in range(2000):
+        x[:] = 16 * k + comm.rank
+        comm.all_gather(x, out=out)
+        want = 16 * k + np.arange(comm.size, dtype=np.int32)
+        wrong += int(not (out.reshape(comm.size, -1) == want[:, None]).all())
+    return wrong, sum(type(e) is not Entry for e in comm.flight.ring if e is not None)
+
+
+def test_eight_ranks_on_two_cores_through_the_gather_hot_path():
+    for r, (wrong, from_c) in enumerate(run_ranks(many_calls, 8, timeout=120)):
+        assert wrong == 0 and from_c > 100, (r, wrong, from_c)

@@ -88,7 +88,12 @@ def orbits(paths: dict, topo: Topology, g: int, n: int, xor: bool) -> dict[int, 
         if fwd is None:
             return None
         perms.append(fwd)
-    size = n // g
+    return quotient(perms, n // g)
+
+
+def quotient(perms: list[dict[int, int]], size: int) -> dict[int, int] | None:
+    """Link → smallest link of its orbit under the group the link permutations
+    ``perms`` generate, or None unless every orbit has ``size`` links (a free action)."""
     rep: dict[int, int] = {}
     for li in perms[0] if perms else ():
         if li in rep:

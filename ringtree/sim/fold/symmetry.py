@@ -17,6 +17,7 @@ from ringtree.ir.program import Buf, Program, chunk_regions
 from ringtree.sim.compile import renaming, symbolic
 from ringtree.sim.compile.compiled import image
 from ringtree.sim.compile.recent import Recent
+from ringtree.sim.fold import split
 from ringtree.sim.fold.orbits import Fold, Routes
 from ringtree.sim.machine.cluster import Topology
 
@@ -40,17 +41,6 @@ def _ref_ok(x, y, regs: dict, fwd: dict, bwd: dict, kp, kq) -> bool:
         if fwd.setdefault(a, b) != b or bwd.setdefault(b, a) != a:
             return False
     return True
-
-
-def _step_ok(s, t, dr: int, n: int, xg: int) -> bool:
-    if s.reduce != t.reduce or len(s.recv_from) != len(t.recv_from) \
-            or len(s.send_to) != len(t.send_to):
-        return False
-    if xg:
-        return all(a == image(b, dr, xg, n, True) for a, b in zip(s.recv_from + s.send_to,
-                                                                   t.recv_from + t.send_to))
-    return all((a - b - dr) % n == 0 for a, b in zip(s.recv_from + s.send_to,
-                                                     t.recv_from + t.send_to))
 
 
 def same_shape(p: Program, q: Program, dr: int, n: int, regs: dict, in_place: bool,
@@ -87,9 +77,19 @@ def _peers_ok(p: Program, q: Program, dr: int, n: int, xor_g: int) -> bool:
     if (len(p.channels) != len(q.channels) or p.chunks != q.chunks
             or p.scratch != q.scratch):
         return False
-    return all(len(cp_) == len(cq) and all(_step_ok(s, t, dr, n, xor_g)
-                                           for s, t in zip(cp_, cq))
-               for cp_, cq in zip(p.channels, q.channels))
+    xg = xor_g
+    for cp_, cq in zip(p.channels, q.channels):
+        if len(cp_) != len(cq) or [(s.reduce, len(s.recv_from), len(s.send_to))
+                                   for s in cp_] != [(t.reduce, len(t.recv_from),
+                                                      len(t.send_to)) for t in cq]:
+            return False
+        mine = [a for s in cp_ for a in s.recv_from + s.send_to]
+        theirs = [b for t in cq for b in t.recv_from + t.send_to]
+        moved = [((b // xg) ^ dr) * xg + b % xg for b in theirs] if xg else \
+            [(b + dr) % n for b in theirs]       # image(b, dr, xg, n, xg > 0)
+        if mine != moved:
+            return False
+    return True
 
 
 def _positional(p: Program, q: Program, regs: dict, in_place: bool) -> bool:
@@ -171,21 +171,21 @@ def kinds(g: int, n: int) -> tuple[bool, ...]:
     return (False, True) if b > 2 and b & (b - 1) == 0 else (False,)
 
 
-def _parent(r: int, g: int, n: int, xor: bool) -> tuple[int, int]:
-    """(rank, element) with ``image(rank, element) == r``: a spanning tree of the ranks
-    outside block 0 under the generators."""
+def _blocks(g: int, n: int, xor: bool) -> list[tuple[int, int, int]]:
+    """(block, parent block, element) for every block but 0, each parent the block
+    visited just before it: a spanning path of the blocks under the generators (shifts:
+    b − 1; XOR: the Gray code order, whose neighbours differ in one bit)."""
     if not xor:
-        return r - g, 1
-    b = r // g
-    low = b & -b
-    return image(r, low, g, n, True), low
+        return [(b, b - 1, 1) for b in range(1, n // g)]
+    gray = [i ^ (i >> 1) for i in range(n // g)]
+    return [(gray[i], gray[i - 1], gray[i] ^ gray[i - 1]) for i in range(1, n // g)]
 
 
 def find(programs: Sequence[Program], topo: Topology, devices: list[int], count: int,
          aware: bool, in_place: bool = False, key: tuple | None = None) -> Fold | None:
     """The fold of fewest ranks (g a multiple of the ranks per node, shifts tried before
     XOR) under which the run is exactly symmetric, or None: every Program is its parent's
-    (:func:`_parent`) moved by a generator, and the routes are as :meth:`Routes.fold`
+    (:func:`_blocks`) moved by a generator, and the routes are as :meth:`Routes.fold`
     says. ``key`` names what generated ``programs``: what does not depend on the count
     (the routes' folds, the peers and XOR masks of every rank) is then kept for the next
     call (a sweep over sizes)."""
@@ -202,17 +202,37 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
     kept = _kept(("routes", key, id(topo), tuple(devices), aware), topo, key)
     routes = None
     for g, x in tries:
+        scanned = False
         if (g, x) not in kept:
             if routes is None:
-                conns = sorted({(r, q, c) for r, p in enumerate(programs)
-                                for c, ch in enumerate(p.channels) for s in ch
-                                for q in s.send_to})
-                routes = Routes(conns, topo, devices, aware)
+                conns: set = set()           # read by the ranks' pass when it runs
+                if not _all_ranks(programs, g, x, n, regs, in_place, topo, key, conns):
+                    continue
+                scanned = True
+                routes = _routes(conns or _conns(programs), topo, devices, aware)
             kept[(g, x)] = routes.fold(g, n, x)
         f = kept[(g, x)]
-        if f is not None and _all_ranks(programs, g, x, n, regs, in_place, topo, key):
+        if f is not None and (scanned or _all_ranks(programs, g, x, n, regs, in_place,
+                                                    topo, key)):
             return f
     return None
+
+
+def _conns(programs: Sequence[Program], first: int = 0, into: set | None = None) -> set:
+    """(rank, peer, channel) of every send of ``programs`` (rank ``first`` on)."""
+    out = set() if into is None else into
+    out.update((r, q, c) for r, p in enumerate(programs, first)
+               for c, ch in enumerate(p.channels) for s in ch for q in s.send_to)
+    return out
+
+
+def _routes(conns: set, topo: Topology, devices: list[int], aware: bool
+            ) -> Routes | split.SplitRoutes:
+    """The routes of ``conns``: split at the GPUs' hops when there are many
+    (:mod:`.split`), else whole."""
+    got = split.SplitRoutes.make(conns, topo, devices) \
+        if aware and len(conns) >= split.SPLIT_FROM else None
+    return got or Routes(sorted(conns), topo, devices, aware)
 
 
 def _kept(k: tuple, topo: Topology, key: tuple | None) -> dict:
@@ -223,34 +243,53 @@ def _kept(k: tuple, topo: Topology, key: tuple | None) -> dict:
 
 
 def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
-               in_place: bool, topo: Topology, key: tuple | None) -> bool:
-    """Every rank outside block 0 is its parent moved (:func:`same_shape`). What does not
-    depend on the count is kept under ``key``: that every rank's peers move (else False),
-    every rank's XOR masks (None where it has none, or in place) and their union, so that
-    another count needs only the masks' lengths, and the chunk renamings of the ranks whose
-    masks do not keep them (:func:`_renamed`, the part of :func:`same_shape` not kept)."""
+               in_place: bool, topo: Topology, key: tuple | None,
+               conns: set | None = None) -> bool:
+    """Every rank outside block 0 is its parent moved (:func:`same_shape`, parents as
+    :func:`_blocks` says). What does not depend on the count is kept under ``key``: that
+    every rank's peers move (else False), every rank's XOR masks (None where it has none,
+    or in place) and their union, so that another count needs only the masks' lengths,
+    and the chunk renamings of the ranks whose masks do not keep them (:func:`_renamed`,
+    the part of :func:`same_shape` not kept). ``conns`` collects every rank's
+    connections when the Programs are read (each generated once)."""
     kept = _kept(("ranks", key, in_place), topo, key)
     got = kept.get((g, x))
     if got is None:
-        per_rank: list[frozenset | None] = []
-        for r in range(g, n):
-            a, h = _parent(r, g, n, x)
-            p, q = programs[r], programs[a]
-            if not _peers_ok(p, q, h if x else g, n, g if x else 0):
-                got = False
-                break
-            per_rank.append(None if in_place else _xor_masks(p, q))
-        else:
-            union = frozenset().union(*(m for m in per_rank if m is not None))
-            got = (per_rank, union, all(m is not None for m in per_rank))
+        per_rank = _scan(programs, g, x, n, in_place, conns)
+        got = False if per_rank is None else (
+            per_rank, frozenset().union(*(m for _, _, m in per_rank if m is not None)),
+            all(m is not None for _, _, m in per_rank))
         kept[(g, x)] = got
     if got is False:
         return False
     per_rank, union, every = got
     if every and all(_xor_keeps_lengths(regs[b], m) for b, m in union if m):
         return True
-    return all(_renamed(programs[r], programs[_parent(r, g, n, x)[0]], regs, in_place, masks)
-               for r, masks in zip(range(g, n), per_rank))
+    return all(_renamed(programs[r], programs[a], regs, in_place, masks)
+               for r, a, masks in per_rank)
+
+
+def _scan(programs: Sequence[Program], g: int, x: bool, n: int, in_place: bool,
+          conns: set | None) -> list[tuple[int, int, frozenset | None]] | None:
+    """(rank, parent, XOR masks) of every rank outside block 0 whose peers are its
+    parent's moved, block by block in :func:`_blocks`'s order (so each Program is
+    generated once and its parent is at hand); None at the first that is not."""
+    prev = [programs[r] for r in range(g)]
+    if conns is not None:
+        _conns(prev, 0, conns)
+    out: list[tuple[int, int, frozenset | None]] = []
+    for b, pb, h in _blocks(g, n, x):
+        cur = [programs[r] for r in range(b * g, b * g + g)]
+        if conns is not None:
+            _conns(cur, b * g, conns)
+        for o, (p, q) in enumerate(zip(cur, prev)):
+            if not _peers_ok(p, q, h if x else g, n, g if x else 0):
+                if conns is not None:
+                    conns.clear()                # incomplete: read again if needed
+                return None
+            out.append((b * g + o, pb * g + o, None if in_place else _xor_masks(p, q)))
+        prev = cur
+    return out
 
 
 # what find() keeps for a sweep: the routes' folds and the ranks' peers and XOR masks

@@ -115,6 +115,17 @@ class Topology:
         """Link ids of the fixed route from device ``a`` to device ``b``."""
         return self._router.route(a, b, channel)
 
+    def split_route(self, a: int, b: int, channel: int = 0
+                    ) -> tuple[tuple[int, ...], int, int, tuple[int, ...]]:
+        """(head, a', b', tail) with ``route(a, b) == head + route(a', b') + tail``, a GPU
+        end replaced by its NVSwitch where the routing allows it (:meth:`Router.split`)."""
+        return self._router.split(a, b, channel)
+
+    def leaf_hop(self, d: int, channel: int = -1) -> tuple[int, int, int] | None:
+        """(link d → p, link p → d, p) when :meth:`split_route` replaces the end ``d``
+        by p (as a source, and as a destination on ``channel`` if given), else None."""
+        return self._router.leaf_hop(d, channel)
+
     def ancestors(self, d: int) -> frozenset[int]:
         """Devices reachable upward from ``d`` (``updown`` routing only)."""
         return self._router.reach(d)

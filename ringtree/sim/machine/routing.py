@@ -53,6 +53,7 @@ class Router:
         self.ports: dict[tuple[int, int], int] = {}
         self.below: dict[int, list[int]] = {}
         self.rank_of: dict[int, int] | None = None
+        self.into: list[int] | None = None       # links into each device
         if t.routing == "dor":
             self.index = {d.name: i for i, d in enumerate(t.devices)}
             self.npus = math.prod(size for _, size, _, _ in t.dims)
@@ -88,6 +89,47 @@ class Router:
                 r = self._shortest(a, b)
             self.cache[key] = r
         return r
+
+    def leaf_hop(self, d: int, ch: int = -1) -> tuple[int, int, int] | None:
+        """(link d → p, link p → d, p) when every up-down, destination-mod-k route from
+        ``d`` (and to ``d`` on channel ``ch``, if given) passes its one neighbour p
+        (:meth:`split`), else None."""
+        t, ups = self.t, self.ups[d]
+        if t.routing != "updown" or not self.dmodk or len(ups) != 1 or \
+                len(self.out[d]) != 1 or t.devices[d].node < 0:
+            return None
+        if self.into is None:
+            self.into = [0] * len(t.devices)
+            for lk in t.links:
+                self.into[lk.dst] += 1
+        p = t.links[ups[0]].dst
+        back = self.link_of.get((p, d))
+        if back is None or self.into[d] != 1 or t.devices[p].node < 0:
+            return None                          # d is not a leaf hanging off p alone
+        if ch >= 0 and self.port(d, ch) != self.port(p, ch):
+            return None                          # no network switch above d
+        return ups[0], back, p
+
+    def split(self, a: int, b: int, ch: int) -> tuple[tuple[int, ...], int, int,
+                                                        tuple[int, ...]]:
+        """(head, a', b', tail) with ``route(a, b, ch) == head + route(a', b', ch) +
+        tail``: an end with one node-local neighbour p and no other link (a GPU on its
+        NVSwitch, :meth:`leaf_hop`) is replaced by p. Why it holds (up-down,
+        destination-mod-k): from a the climb can only take a → p, a node-local pick that
+        consumes none of the destination's digits, and goes on from p as a route from p
+        would; towards b, reach(b) = {p} ∪ reach(p), port(b, ch) = port(p, ch) (the port
+        walk passes p), so the climb stops at the same top, and the way down, the climb
+        from b reversed, is the climb from p reversed followed by p → b."""
+        head: tuple[int, ...] = ()
+        tail: tuple[int, ...] = ()
+        if a == b:
+            return head, a, b, tail
+        ha, hb = self.leaf_hop(a), self.leaf_hop(b, ch)
+        if ha is not None:
+            head, a = (ha[0],), ha[2]
+        if hb is not None:
+            tail, b = (hb[1],), hb[2]
+        return head, a, b, tail
 
     def _pick(self, d: int, cands: list[int], a: int, b: int, ch: int, key: list[int]
               ) -> int:

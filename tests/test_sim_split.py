@@ -79,3 +79,24 @@ def test_folded_through_the_split_proof_equals_unfolded(make, monkeypatch):
                       list(topo.ranks), count_for(Collective.ALL_REDUCE, 8, topo.nranks),
                       True)
     assert (f is None) == topo.name.endswith("-slow")
+
+
+def test_xor_masks_of_equal_references_are_read_alike():
+    """The shortcut for Programs whose references are their counterparts' gives the
+    masks reading every reference gives, on every all-reduce's pairs of ranks."""
+    from ringtree.schedules import algorithms, generate
+
+    topo = presets.get("dgx_h100", 4)
+    opts, n, taken = choice.options(topo), topo.nranks, 0
+    for algo in algorithms("all_reduce"):
+        if algo.startswith(("collnet", "nvls")):
+            continue
+        progs = [generate(Collective.ALL_REDUCE, algo, n, r, opts) for r in range(n)]
+        for r in range(n):
+            for q in {0, r ^ 8, r ^ 16}:
+                p, o = progs[r], progs[q]
+                if list(map(len, p.channels)) == list(map(len, o.channels)):
+                    assert symmetry._xor_masks(p, o) == symmetry._xor_masks_read(p, o)
+                    taken += r != q and [(s.src, s.dst) for c in p.channels for s in c] \
+                        == [(s.src, s.dst) for c in o.channels for s in c]
+    assert taken

@@ -104,7 +104,20 @@ def _positional(p: Program, q: Program, regs: dict, in_place: bool) -> bool:
 def _xor_masks(p: Program, q: Program) -> frozenset | None:
     """The masks (buffer, m) such that chunk j ↦ j XOR m maps every reference of q onto
     p's as a set, m read off the first single-chunk reference of each buffer; None if
-    there are none. Lengths are not read (:func:`_xor_keeps_lengths` does)."""
+    there are none. Lengths are not read (:func:`_xor_keeps_lengths` does). Where every
+    reference is its counterpart's (recursive doubling's whole channels), the masks are
+    0 for each buffer with a single-chunk reference, which is what the checks below
+    would find."""
+    mine = [(s.src, s.dst) for ch in p.channels for s in ch]
+    theirs = [(t.src, t.dst) for ch in q.channels for t in ch]
+    if list(map(len, p.channels)) == list(map(len, q.channels)) and mine == theirs:
+        return frozenset((x.buf, 0) for pr in mine for x in pr
+                         if x is not None and x.count == 1)
+    return _xor_masks_read(p, q)
+
+
+def _xor_masks_read(p: Program, q: Program) -> frozenset | None:
+    """:func:`_xor_masks` read reference by reference."""
     pairs = [(x, y) for cp_, cq in zip(p.channels, q.channels) for s, t in zip(cp_, cq)
              for x, y in ((s.src, t.src), (s.dst, t.dst))]
     mask: dict = {}

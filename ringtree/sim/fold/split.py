@@ -64,8 +64,8 @@ class SplitRoutes:
         (then :class:`.orbits.Routes` routes them whole). Whether a destination splits
         on a channel depends only on its NVSwitch (the port walk from the GPU passes
         it), so one GPU per NVSwitch is asked per channel."""
-        if any(devices[r] == devices[q] for r, q, _ in conns):
-            return None
+        if len(set(devices)) != len(devices) or any(r == q for r, q, _ in conns):
+            return None                          # a route of no links does not split
         hops: list[tuple[int, int, int]] = []
         for d in devices:
             h = topo.leaf_hop(d)

@@ -158,3 +158,24 @@ def test_block_by_block_gather_and_scatter_are_exact_for_real(count):
             assert k > len(generate(c, "hierarchical", 4, r, flat).channels[0]), (r, c)
         assert ag_ok, f"rank {r}: all_gather"
         assert rs_ok, f"rank {r}: reduce_scatter"
+
+
+def test_touched_runs_are_the_chunks_named():
+    """``_touched`` merges reference ranges into the runs of consecutive chunks that
+    listing every chunk named gives, on the channels of several inter-node programs."""
+    from ringtree.ir.program import Buf, Collective
+    from ringtree.schedules import Options, generate
+    from ringtree.schedules.hierarchical import _touched
+
+    for algo in ("ring", "tree", "rabenseifner", "direct"):
+        for L, c in ((2, 1), (5, 2), (16, 4)):
+            for ch in generate(Collective.ALL_REDUCE, algo, L, 0, Options(channels=c)).channels:
+                js = sorted({j for s in ch for x in (s.src, s.dst)
+                             if x is not None and x.buf is not Buf.SCRATCH for j in x.chunks()})
+                runs: list[tuple[int, int]] = []
+                for j in js:
+                    if runs and sum(runs[-1]) == j:
+                        runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+                    else:
+                        runs.append((j, 1))
+                assert _touched(ch) == runs, (algo, L, c)

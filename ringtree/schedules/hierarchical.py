@@ -74,21 +74,20 @@ def _embed(sub: Program, leaders: list[int], where: dict[Buf, _Place]) -> list[l
     return chans
 
 
-def _runs(chunks: list[int]) -> list[tuple[int, int]]:
-    runs: list[tuple[int, int]] = []
-    for j in sorted(chunks):
-        if runs and sum(runs[-1]) == j:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((j, 1))
-    return runs
-
-
 def _touched(ch: list[Step] | tuple[Step, ...]) -> list[tuple[int, int]]:
-    """Runs of input/output chunks a channel of a one-block collective touches."""
-    js = {j for s in ch for x in (s.src, s.dst) if x is not None and x.buf is not Buf.SCRATCH
-          for j in x.chunks()}
-    return _runs(list(js))
+    """Runs of input/output chunks a channel of a one-block collective touches: the
+    union of its references' ranges, merged where they overlap or meet (the runs of
+    consecutive chunks they name, without listing the chunks)."""
+    spans = sorted({(x.index, x.count) for s in ch for x in (s.src, s.dst)
+                    if x is not None and x.buf is not Buf.SCRATCH and x.count > 0})
+    runs: list[tuple[int, int]] = []
+    for a, c in spans:
+        if runs and a <= runs[-1][0] + runs[-1][1]:
+            end = max(runs[-1][0] + runs[-1][1], a + c)
+            runs[-1] = (runs[-1][0], end - runs[-1][0])
+        else:
+            runs.append((a, c))
+    return runs
 
 
 class _Layout:

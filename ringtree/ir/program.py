@@ -274,11 +274,28 @@ class Program:
         Two equal ways (tests compare them on every schedule): slot by slot, the
         cheapest when steps name a chunk or two; by runs of slots with one history
         (:class:`_Runs`) when references are long, so a step costs the runs it touches,
-        not its chunks (a halving step of 1,024 ranks names hundreds)."""
-        refs = [x for ch in self.channels for s in ch for x in (s.src, s.dst) if x is not None]
+        not its chunks (a halving step of 1,024 ranks names hundreds).
+
+        The answer depends on the steps' references and reduce flags alone (and, in place,
+        on the collective and rank), so it is kept by the identities of those references
+        (:data:`_DEPS`, which holds them, so an identity cannot pass to another object):
+        the ranks of a tree, whose generator shares its Refs, compute it once per shape."""
+        steps = [s for ch in self.channels for s in ch]
+        key = (in_place, self.collective, self.nranks, self.chunks,
+               self.rank if in_place else -1,
+               tuple((id(s.src), id(s.dst), s.reduce and not s.recv_from) for s in steps))
+        got = _DEPS.get(key)
+        if got is not None:
+            return list(got[0])
+        refs = [x for s in steps for x in (s.src, s.dst) if x is not None]
         if sum(x.count for x in refs) > RUNS_FROM_CHUNKS_PER_REF * max(1, len(refs)):
-            return self.deps_by_runs(in_place)
-        return self.deps_by_slots(in_place)
+            deps = self.deps_by_runs(in_place)
+        else:
+            deps = self.deps_by_slots(in_place)
+        if len(_DEPS) >= 1024:
+            _DEPS.clear()
+        _DEPS[key] = (deps, refs)
+        return list(deps)
 
     def deps_by_slots(self, in_place: bool) -> list[tuple[int, ...]]:
         """:meth:`memory_deps`, one storage slot at a time."""
@@ -337,6 +354,8 @@ class Program:
 
 # memory_deps goes by runs when references name more chunks than this on average
 RUNS_FROM_CHUNKS_PER_REF = 8
+# Program.memory_deps by the identities of the references, with the references kept
+_DEPS: dict[tuple, tuple[list[tuple[int, ...]], list[Ref]]] = {}
 
 
 class _Runs:

@@ -364,11 +364,24 @@ def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = Fals
     rep = cp.link_rep
     if shares is None and rep is None:
         # a route and its sums depend on its ends only: every run on ``topo`` shares them
-        ends = topo.paths
-        out = [ends.get(k) or ends.setdefault(k, path(topo, topo.route(*k))) for k in pairs]
+        # and equal routes (a tree's channels inside a node) share one summary
+        ends, by_links = topo.paths, topo.link_paths
+        out = [ends.get(k) or ends.setdefault(k, _summary(topo, topo.route(*k), by_links))
+               for k in pairs]
     else:
         out = [path(topo, topo.route(a, b, c) if rep is None else
                     tuple(rep.get(li, li) for li in topo.route(a, b, c)), shares)
                for a, b, c in pairs]
     cp.memo[key] = (topo, out)
     return out
+
+
+def _summary(topo, links: tuple[int, ...], memo: dict):
+    """:func:`~ringtree.sim.machine.model.path` of ``links`` on ``topo``, kept in ``memo``
+    by the links (a pure function of them)."""
+    from ringtree.sim.machine.model import path
+
+    got = memo.get(links)
+    if got is None:
+        got = memo[links] = path(topo, links)
+    return got

@@ -111,6 +111,11 @@ class Topology:
         for every algorithm and size simulated on it."""
         return {}
 
+    @cached_property
+    def link_paths(self) -> dict:
+        """The same summaries by the route's links, so equal routes share one."""
+        return {}
+
     def route(self, a: int, b: int, channel: int = 0) -> tuple[int, ...]:
         """Link ids of the fixed route from device ``a`` to device ``b``."""
         return self._router.route(a, b, channel)

@@ -43,8 +43,9 @@ class Router:
         self.ups = [[i for i in o if lv[t.links[i].dst] > lv[t.links[i].src]] for o in self.out]
         self.memo: dict[int, frozenset[int]] = {}
         self.gpu_memo: dict[int, frozenset[int]] = {}
-        self.downs: dict[tuple[int, int, int], list[int]] = {}
+        self.downs: dict[tuple[int, int, int], tuple[list[int], bool]] = {}
         self.cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
+        self.used = False           # whether the route being computed read its channel
         self.bfs: dict[int, list[int]] = {}
         if t.uplinks not in UPLINKS:
             raise ValueError(f"{t.name}: unknown uplinks {t.uplinks!r}; expected one of "
@@ -76,9 +77,14 @@ class Router:
         return got
 
     def route(self, a: int, b: int, ch: int) -> tuple[int, ...]:
+        """The route of (a, b) on channel ``ch``. A route none of whose choices read the
+        channel (``self.used`` stays False: every device it left had one candidate, or
+        chose by something else) is the route of every channel, so it is kept once per
+        (a, b) under channel -1: the 16 channels of a tree share its routes inside a node."""
         key = (a, b, ch)
-        r = self.cache.get(key)
+        r = self.cache.get(key) or self.cache.get((a, b, -1))
         if r is None:
+            self.used = False
             if a == b:
                 r = ()
             elif self.t.routing == "updown":
@@ -87,7 +93,7 @@ class Router:
                 r = self._dor(a, b)
             else:
                 r = self._shortest(a, b)
-            self.cache[key] = r
+            self.cache[key if self.used else (a, b, -1)] = r
         return r
 
     def leaf_hop(self, d: int, ch: int = -1) -> tuple[int, int, int] | None:
@@ -135,6 +141,8 @@ class Router:
               ) -> int:
         """The uplink of ``d`` among ``cands``; ``key`` holds what is left of the
         destination's D-mod-K digits (consumed here)."""
+        if len(cands) > 1:                      # the key comes from port(b, ch)
+            self.used = True
         if self.t.devices[d].node >= 0:
             return cands[ch % len(cands)]
         if self.dmodk:
@@ -221,14 +229,19 @@ class Router:
         got = self.downs.get(key) if self.dmodk else None
         if got is None:
             links = self.t.links
+            was, self.used = self.used, False
             got = [self.link_of[(links[li].dst, links[li].src)] for li in
                    reversed(self._climb(b, top, a, b, ch,
                                         [self.port(b, ch)] if self.dmodk else [0]))]
+            got = (got, self.used)
+            self.used |= was
             if self.dmodk:
                 if len(self.downs) >= GPU_REACH_KEPT:
                     self.downs.clear()
                 self.downs[key] = got
-        return got
+        else:
+            self.used |= got[1]
+        return got[0]
 
     def _switch_of(self, d: int) -> tuple[int, list[int]] | None:
         """(dimension, coordinates of its first member) of a ``dor`` switch device."""

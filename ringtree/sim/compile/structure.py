@@ -42,6 +42,9 @@ from ringtree.sim.compile.compiled import (
 
 __all__ = ["Structure", "Sweep"]
 
+# a step's kind, one tuple per kind (what its name stands for)
+_KINDS: dict[tuple, tuple] = {}
+
 # a sweep keeps the structure of runs of at most this many steps (what it holds is about
 # the size of one compiled run; bigger runs compile per size, as without a sweep)
 STRUCTURE_STEPS = 1_000_000
@@ -232,55 +235,84 @@ class Structure:
 
     def _layout(self, progs: list[Program], base: dict, count: int, itemsize: int,
                 slice_bytes: int) -> _Layout:
+        """Every step of ``progs`` numbered as the compiler does. What the compiler gives a
+        step other than its peers (dependencies, passes, name, chunk range) is a function
+        of the Program's *shape*: its collective, chunks, scratch, channel lengths and each
+        step's references (by identity: ``progs`` holds them alive), receive count, whether
+        it sends and whether it reduces (and, in place, of the rank). A shape is compiled
+        once (:meth:`_shape`, with the first rank's Program) and laid out for every rank
+        of that shape with its own peers: a tree's 16,384 ranks have a handful."""
         lay = _Layout()
-        n = self.n
-        names: dict[tuple, str] = {}
-        kinds: dict[tuple, tuple] = {}
+        shapes: dict[tuple, tuple] = {}
         refs: list[tuple[int, int, int]] = []
         for rank, p in enumerate(progs):
-            ib, ob = p.collective.blocks(n)
-            try:
-                compiled = compile_program(p, [count] * ib, [count] * ob, count, itemsize,
-                                           slice_bytes, self.in_place)
-            except ValueError as e:
-                raise ValueError(f"rank {rank}: {e}") from None
-            lk = (p.collective, p.chunks, p.scratch)
+            steps = [s for ch in p.channels for s in ch]
+            sig = (p.collective, p.chunks, p.scratch, rank if self.in_place else -1,
+                   tuple(len(ch) for ch in p.channels),
+                   tuple((id(s.src), id(s.dst), len(s.recv_from), bool(s.send_to), s.reduce)
+                         for s in steps))
+            shape = shapes.get(sig)
+            if shape is None:
+                shape = shapes[sig] = self._shape(rank, p, base, count, itemsize,
+                                                  slice_bytes)
+            chan, prev, deps, ops, own, kind, lo, hi, srefs = shape
             first = len(lay.step_rank)
-            for c, chan in enumerate(compiled):
-                prev = -1
-                for cs in chan:
-                    s = cs.step
-                    gid = first + cs.gid
-                    lay.step_rank.append(rank)
-                    lay.step_chan.append(c)
-                    lay.step_prev.append(prev)
-                    lay.step_deps.append(tuple(first + d for d in cs.deps))
-                    lay.step_ops.append(passes(cs))
-                    nk = (s.src is not None, s.dst is not None, bool(s.recv_from),
-                          bool(s.send_to), s.reduce)
-                    nk = kinds.get(nk) or kinds.setdefault(nk, nk)
-                    lay.step_name.append(names.get(nk) or names.setdefault(nk, s.name))
-                    lay.step_own.append(s.name)
-                    lay.step_kind.append(nk)
-                    lay.send_to.append(s.send_to)
-                    lay.recv_from.append(s.recv_from)
-                    for x in (s.src, s.dst):
-                        if x is not None:
-                            at = base[(*lk, x.buf)] + x.index
-                            refs.append((gid, at, at + x.count))
-                    ref = s.dst if s.dst is not None else s.src
-                    if ref is None:
-                        lay.lo.append(0)
-                        lay.hi.append(0)
-                    else:
-                        at = base[(*lk, ref.buf)] + ref.index
-                        lay.lo.append(at)
-                        lay.hi.append(at + ref.count)
-                    prev = gid
+            lay.step_rank += [rank] * len(steps)
+            lay.step_chan += chan
+            lay.step_prev += [first + x if x >= 0 else -1 for x in prev]
+            lay.step_deps += [tuple([first + d for d in ds]) if ds else () for ds in deps]
+            lay.step_ops += ops
+            lay.step_name += own
+            lay.step_own += own
+            lay.step_kind += kind
+            lay.send_to += [s.send_to for s in steps]
+            lay.recv_from += [s.recv_from for s in steps]
+            lay.lo += lo
+            lay.hi += hi
+            refs += [(first + g, a, z) for g, a, z in srefs]
         lay.arrays = (np.asarray(lay.lo, np.intp), np.asarray(lay.hi, np.intp))
         lay.refs = tuple(np.asarray(x, np.intp) for x in zip(*refs)) if refs else \
             (np.zeros(0, np.intp),) * 3
         return lay
+
+    def _shape(self, rank: int, p: Program, base: dict, count: int, itemsize: int,
+               slice_bytes: int) -> tuple:
+        """One Program compiled (:func:`~ringtree.runtime.plan.compile_program`), as the
+        lists :meth:`_layout` lays out, numbered from 0: per step its channel, previous
+        step, dependencies, passes, name, kind and chunk range, and its references."""
+        ib, ob = p.collective.blocks(self.n)
+        try:
+            compiled = compile_program(p, [count] * ib, [count] * ob, count, itemsize,
+                                       slice_bytes, self.in_place)
+        except ValueError as e:
+            raise ValueError(f"rank {rank}: {e}") from None
+        lk = (p.collective, p.chunks, p.scratch)
+        out: tuple[list, ...] = tuple([] for _ in range(8))
+        chan, prev, deps, ops, own, kind, lo, hi = out
+        refs: list[tuple[int, int, int]] = []
+        for c, csteps in enumerate(compiled):
+            last = -1
+            for cs in csteps:
+                s = cs.step
+                chan.append(c)
+                prev.append(last)
+                deps.append(tuple(cs.deps))
+                ops.append(passes(cs))
+                nk = (s.src is not None, s.dst is not None, bool(s.recv_from),
+                      bool(s.send_to), s.reduce)
+                nk = _KINDS.get(nk) or _KINDS.setdefault(nk, nk)
+                own.append(s.name)
+                kind.append(nk)
+                for x in (s.src, s.dst):
+                    if x is not None:
+                        at = base[(*lk, x.buf)] + x.index
+                        refs.append((cs.gid, at, at + x.count))
+                ref = s.dst if s.dst is not None else s.src
+                at = 0 if ref is None else base[(*lk, ref.buf)] + ref.index
+                lo.append(at)
+                hi.append(at if ref is None else at + ref.count)
+                last = cs.gid
+        return (*out, refs)
 
     def _pairing(self, lay: _Layout, mask: np.ndarray) -> _Pairing | None:
         fold = self.fold

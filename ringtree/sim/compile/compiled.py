@@ -94,9 +94,8 @@ class _Builder:
         base = cp.nsteps
         for c, chan in enumerate(compiled):
             prev = -1
-            for cs in chan:
-                gid = base + cs.gid
-                s = cs.step
+            for cs, s in zip(chan, p.channels[c]):   # the peers are p's own (a shape's
+                gid = base + cs.gid                   # compilation may be another rank's)
                 sl = self.slice_cache.get((cs.slices, itemsize))
                 if sl is None:
                     sl = self.slice_cache[(cs.slices, itemsize)] = tuple(
@@ -137,6 +136,18 @@ class _Builder:
         """Pair the i-th send with the i-th receive of every connection."""
         pair(self.cp, self.sends, self.recvs, self.send_ids, self.recv_ids,
              self.cp.step_slices)
+
+
+def shape(p: Program, rank: int) -> tuple:
+    """What :func:`~ringtree.runtime.plan.compile_program` reads of ``p`` besides its
+    steps' peers: collective, chunks, scratch, channel lengths, each step's references
+    (by identity: the caller keeps them alive), receive count, whether it sends and
+    reduces; ``rank`` (−1 out of place) for the in-place storage map. Programs of one
+    shape compile to the same steps but for the peers, so a tree compiles a handful.
+    The caller keeps a Program of each shape alive while it compares shapes."""
+    return (p.collective, p.chunks, p.scratch, rank, tuple(len(ch) for ch in p.channels),
+            tuple((id(s.src), id(s.dst), len(s.recv_from), bool(s.send_to), s.reduce)
+                  for ch in p.channels for s in ch))
 
 
 def image(r: int, b: int, g: int, n: int, xor: bool) -> int:
@@ -304,6 +315,9 @@ def compile_programs(programs: Sequence[Program], count: int, itemsize: int,
     cp = Compiled(len(programs) if fold else n, fold=fold, world=n, xor=xor)
     b = _Builder(cp, fold, shares)
     cache: dict[tuple, tuple[int, int]] = {}
+    # compiled once per shape, with the Program whose references the shape names (kept
+    # alive, so no other reference can take their identities)
+    shapes: dict[tuple, tuple[list, Program]] = {}
     lengths = Lengths(n, count)
     for rank, p in enumerate(programs):
         if p.rank != rank:
@@ -315,12 +329,15 @@ def compile_programs(programs: Sequence[Program], count: int, itemsize: int,
             p, drop = moving(p, lengths.of(p), in_place)
             for c in drop if shares else ():     # still declared (unaware shares)
                 cp.declared.update((rank, q, c) for s in full.channels[c] for q in s.send_to)
-        try:
-            compiled = compile_program(p, [count] * ib, [count] * ob, count, itemsize,
-                                       slice_bytes, in_place)
-        except ValueError as e:
-            raise ValueError(f"rank {rank}: {e}") from None
-        b.add_program(rank, p, compiled, itemsize)
+        sig = shape(p, rank if in_place else -1)
+        got = shapes.get(sig)
+        if got is None:
+            try:
+                got = shapes[sig] = (compile_program(
+                    p, [count] * ib, [count] * ob, count, itemsize, slice_bytes, in_place), p)
+            except ValueError as e:
+                raise ValueError(f"rank {rank}: {e}") from None
+        b.add_program(rank, p, got[0], itemsize)
     b.pair()
     return cp
 

@@ -38,6 +38,7 @@ from ringtree.sim.compile.compiled import (
     compile_programs,
     moving,
     passes,
+    shape,
 )
 
 __all__ = ["Structure", "Sweep"]
@@ -243,19 +244,15 @@ class Structure:
         once (:meth:`_shape`, with the first rank's Program) and laid out for every rank
         of that shape with its own peers: a tree's 16,384 ranks have a handful."""
         lay = _Layout()
-        shapes: dict[tuple, tuple] = {}
+        shapes: dict[tuple, tuple] = {}       # ``progs`` keeps their references alive
         refs: list[tuple[int, int, int]] = []
         for rank, p in enumerate(progs):
             steps = [s for ch in p.channels for s in ch]
-            sig = (p.collective, p.chunks, p.scratch, rank if self.in_place else -1,
-                   tuple(len(ch) for ch in p.channels),
-                   tuple((id(s.src), id(s.dst), len(s.recv_from), bool(s.send_to), s.reduce)
-                         for s in steps))
-            shape = shapes.get(sig)
-            if shape is None:
-                shape = shapes[sig] = self._shape(rank, p, base, count, itemsize,
-                                                  slice_bytes)
-            chan, prev, deps, ops, own, kind, lo, hi, srefs = shape
+            sig = shape(p, rank if self.in_place else -1)
+            got = shapes.get(sig)
+            if got is None:
+                got = shapes[sig] = self._shape(rank, p, base, count, itemsize, slice_bytes)
+            chan, prev, deps, ops, own, kind, lo, hi, srefs = got
             first = len(lay.step_rank)
             lay.step_rank += [rank] * len(steps)
             lay.step_chan += chan

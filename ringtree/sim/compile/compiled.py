@@ -89,28 +89,48 @@ class _Builder:
         self.send_ids: list[list[int]] = []      # message ids per step, filled by pair()
         self.recv_ids: list[list[int]] = []
 
-    def add_program(self, rank: int, p: Program, compiled, itemsize: int) -> None:
-        cp, fold = self.cp, self.fold
-        base = cp.nsteps
-        for c, chan in enumerate(compiled):
-            prev = -1
-            for cs, s in zip(chan, p.channels[c]):   # the peers are p's own (a shape's
-                gid = base + cs.gid                   # compilation may be another rank's)
+    def rows(self, compiled, itemsize: int) -> tuple[list, ...]:
+        """What a compiled Program adds besides its peers, numbered from 0: per step its
+        channel, previous step, dependencies, slices (bytes), passes and name; the same
+        for every Program of its shape (:func:`shape`)."""
+        out: tuple[list, ...] = tuple([] for _ in range(6))
+        chan, prev, deps, slices, ops, names = out
+        for c, csteps in enumerate(compiled):
+            last = -1
+            for cs in csteps:
                 sl = self.slice_cache.get((cs.slices, itemsize))
                 if sl is None:
                     sl = self.slice_cache[(cs.slices, itemsize)] = tuple(
                         ln * itemsize for _, ln in cs.slices)
-                cp.step_rank.append(rank)
-                cp.step_chan.append(c)
-                cp.step_prev.append(prev)
-                cp.step_deps.append(tuple(base + d for d in cs.deps))
-                cp.step_slices.append(sl)
-                cp.step_ops.append(passes(cs))
-                cp.step_name.append(self._name(s))
+                chan.append(c)
+                prev.append(last)
+                deps.append(tuple(cs.deps))
+                slices.append(sl)
+                ops.append(passes(cs))
+                names.append(self._name(cs.step))
+                last = cs.gid
+        return out
+
+    def add_program(self, rank: int, p: Program, rows: tuple[list, ...]) -> None:
+        """Rank ``rank``'s steps: its shape's ``rows`` (:meth:`rows`) renumbered, with
+        the peers of ``p``'s own steps."""
+        cp, fold = self.cp, self.fold
+        base = cp.nsteps
+        chan, prev, deps, slices, ops, names = rows
+        cp.step_rank += [rank] * len(chan)
+        cp.step_chan += chan
+        cp.step_prev += [base + x if x >= 0 else -1 for x in prev]
+        cp.step_deps += [tuple([base + d for d in ds]) if ds else () for ds in deps]
+        cp.step_slices += slices
+        cp.step_ops += ops
+        cp.step_name += names
+        gid = base
+        for c, steps in enumerate(p.channels):
+            for s in steps:
                 if self.shares:
                     for q in s.send_to:
                         cp.declared.add((rank, q, c))
-                if sl:
+                if slices[gid - base]:
                     for pos, q in enumerate(s.send_to):
                         self.sends.setdefault((rank, q, c), []).append((gid, pos))
                     for pos, q in enumerate(s.recv_from):
@@ -122,7 +142,7 @@ class _Builder:
                 else:
                     self.send_ids.append([])
                     self.recv_ids.append([])
-                prev = gid
+                gid += 1
 
     def _name(self, s) -> str:
         nk = (s.src is not None, s.dst is not None, bool(s.recv_from), bool(s.send_to),
@@ -317,7 +337,7 @@ def compile_programs(programs: Sequence[Program], count: int, itemsize: int,
     cache: dict[tuple, tuple[int, int]] = {}
     # compiled once per shape, with the Program whose references the shape names (kept
     # alive, so no other reference can take their identities)
-    shapes: dict[tuple, tuple[list, Program]] = {}
+    shapes: dict[tuple, tuple[tuple[list, ...], Program]] = {}
     lengths = Lengths(n, count)
     for rank, p in enumerate(programs):
         if p.rank != rank:
@@ -333,11 +353,12 @@ def compile_programs(programs: Sequence[Program], count: int, itemsize: int,
         got = shapes.get(sig)
         if got is None:
             try:
-                got = shapes[sig] = (compile_program(
-                    p, [count] * ib, [count] * ob, count, itemsize, slice_bytes, in_place), p)
+                got = shapes[sig] = (b.rows(compile_program(
+                    p, [count] * ib, [count] * ob, count, itemsize, slice_bytes, in_place),
+                    itemsize), p)
             except ValueError as e:
                 raise ValueError(f"rank {rank}: {e}") from None
-        b.add_program(rank, p, got[0], itemsize)
+        b.add_program(rank, p, got[0])
     b.pair()
     return cp
 

@@ -199,19 +199,18 @@ def pair(cp: Compiled, sends: dict, recvs: dict, send_ids: list, recv_ids: list,
         cid = len(cp.conns)
         cp.conns.append(conn)
         cp.conn_ranks.append((conn[0], conn[1]))
+        m, k = len(cp.msg_src), len(ss)
         for i, ((a, pa), (b, pb)) in enumerate(zip(ss, rr)):
             if sizes is not None and sizes[a] != sizes[b]:
                 raise ValueError(f"connection {conn}: message {i} sizes differ "
                                  f"({sum(sizes[a])} vs {sum(sizes[b])} B)")
-            m = len(cp.msg_src)
-            cp.msg_src.append(conn[0])
-            cp.msg_dst.append(conn[1])
-            cp.msg_chan.append(conn[2])
-            cp.msg_conn.append(cid)
-            cp.msg_sstep.append(a)
-            cp.msg_rstep.append(b)
-            send_ids[a][pa] = m
-            recv_ids[b][pb] = m
+            send_ids[a][pa] = recv_ids[b][pb] = m + i
+        cp.msg_src += [conn[0]] * k
+        cp.msg_dst += [conn[1]] * k
+        cp.msg_chan += [conn[2]] * k
+        cp.msg_conn += [cid] * k
+        cp.msg_sstep += [a for a, _ in ss]
+        cp.msg_rstep += [b for b, _ in rr]
     empty: tuple[int, ...] = ()
     cp.step_send = [tuple(x) if x else empty for x in send_ids]
     cp.step_recv = [tuple(x) if x else empty for x in recv_ids]

@@ -24,7 +24,6 @@ from ringtree import api, failure
 from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
 from ringtree.errors import CommAborted, CommRevoked
-from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
 from ringtree.prof import attach, detach
 from ringtree.resilience.methods import Resilient
@@ -168,7 +167,7 @@ class Communicator(Resilient):
         """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
         r block r of the result, in ``out`` or a new array."""
         if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.blocks_now(self, Collective.REDUCE_SCATTER, x, out, op, timeout)
+            done = self.ll.scatter_now(self, x, out, op, timeout)
             if done is not MISS:
                 return done
         return self._run(api.for_reduce_scatter(self, x, op, out, algo), async_op, timeout)

@@ -897,6 +897,38 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(r);
 }
 
+/* the arguments (x, out, s, seq) of ghot and shot: x and out as C-contiguous buffers
+ * of one format (out writable) whose memory does not overlap. 0: both held (release2);
+ * 1: not such buffers (nothing held: NOBUF); -1: an exception (bad call words) */
+static int hot_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
+                    uint64_t *s, long long *seq, Py_buffer *xb, Py_buffer *ob) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *s = PyLong_AsUnsignedLongLong(args[2]);
+    *seq = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return -1;
+    if (PyObject_GetBuffer(args[0], xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (PyObject_GetBuffer(args[1], ob, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(xb);
+        return 1;
+    }
+    const char *x = xb->buf, *o = ob->buf;
+    if (xb->itemsize != ob->itemsize ||
+        strcmp(xb->format ? xb->format : "B", ob->format ? ob->format : "B") != 0 ||
+        !(x + xb->len <= o || o + ob->len <= x)) {
+        release2(xb, ob);
+        return 1;
+    }
+    return 0;
+}
+
 /* ghot(x, out, s, seq) -> int: the all-gather's one C entry (gather_now): gather(x, out,
  * s, head with s, 0, len(x)) for a call whose output is the places' blocks of len(x)
  * bytes each (out: x's format, not overlapping it), the header from set_head, recorded
@@ -904,30 +936,15 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
  * done: the caller takes the general path); otherwise gather()'s codes (not -1: the
  * entry stays started, the caller places the blocks and completes it). */
 static PyObject *Round_ghot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "ghot(x, out, s, seq)");
-        return NULL;
-    }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
-    long long seq = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred())
-        return NULL;
+    uint64_t s;
+    long long seq;
     Py_buffer xb, ob;
-    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyErr_Clear();
-        return PyLong_FromLong(NOBUF);
-    }
-    if (PyObject_GetBuffer(args[1], &ob, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
-        PyErr_Clear();
-        PyBuffer_Release(&xb);
-        return PyLong_FromLong(NOBUF);
-    }
-    const char *x = xb.buf, *o = ob.buf;
-    if (k->place_off[0] == NULL || xb.len > k->nbytes || xb.itemsize != ob.itemsize ||
-        strcmp(xb.format ? xb.format : "B", ob.format ? ob.format : "B") != 0 ||
-        ob.len != (Py_ssize_t)k->nplace * xb.len || !(x + xb.len <= o || o + ob.len <= x)) {
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&ob);
+    int a = hot_args("ghot(x, out, s, seq)", args, nargs, &s, &seq, &xb, &ob);
+    if (a != 0)
+        return a < 0 ? NULL : PyLong_FromLong(NOBUF);
+    if (k->place_off[0] == NULL || xb.len > k->nbytes ||
+        ob.len != (Py_ssize_t)k->nplace * xb.len) {
+        release2(&xb, &ob);
         return PyLong_FromLong(NOBUF);
     }
     int64_t *mark = fr_start(k, seq);
@@ -936,8 +953,7 @@ static PyObject *Round_ghot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     Py_BEGIN_ALLOW_THREADS
     r = gather_body(k, s, h, xb.buf, xb.len, ob.buf, xb.len);
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&ob);
+    release2(&xb, &ob);
     if (r == -1)
         fr_done(k, mark, seq);
     return PyLong_FromLong(r);
@@ -968,6 +984,29 @@ static PyObject *Round_skips(Round *k, PyObject *const *args, Py_ssize_t nargs) 
     Py_RETURN_NONE;
 }
 
+/* a reduce-scatter's round, the GIL released by the caller: x (nbytes) but its skipped
+ * bytes (all of it when `staged`) copied into this rank's area, published, the peers
+ * waited for, the rows folded into out (row_bytes) with the own row read from x (from
+ * the segment when staged). Round_run's codes; not -1: out is not written, and unless
+ * staged the own block is not in the segment. */
+static int scatter_body(Round *k, uint64_t s, const uint64_t h[3], const char *x,
+                        char *out, int staged) {
+    int p = (int)(s & 1);
+    if (staged)
+        copy_out(k->base + k->mine_off[p], x, k->nbytes, k->nbytes >= SHARE_NT);
+    else
+        stage_others(k, p, x);
+    int r = publish_wait(k, p, s, h);
+    if (r == -1) {
+        char *rows[MAXR];
+        row_ptrs(k, p, 0, rows);
+        if (!staged)
+            rows[k->srow - 1] = (char *)x + k->skip_lo;
+        k->fold(out, rows, k->nrows, k->row_bytes / ITEMSIZE[k->dtype]);
+    }
+    return r;
+}
+
 /* scatter(x, out, s, h0, h1, h2) -> int: run() without copying the skipped bytes of x
  * into the segment, folding them from x. When not -1 (a peer slept or came late) out is
  * not written: Python writes the skipped bytes into the segment, finishes the wait and
@@ -989,27 +1028,44 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     if (xb.len != k->nbytes || ob.len != k->row_bytes)
         return misfit(&xb, &ob, "scatter: the input or the output does not fit");
-    int p = (int)(s & 1), r;
-    char *mine = k->base + k->mine_off[p];
     const char *x = (const char *)xb.buf, *o = (const char *)ob.buf;
     /* in place (out is the own block of x): the fold would overwrite what it still reads,
      * so the own block is staged and read from the segment as run() does */
-    int staged = o < x + k->skip_hi && x + k->skip_lo < o + ob.len;
+    int staged = o < x + k->skip_hi && x + k->skip_lo < o + ob.len, r;
     Py_BEGIN_ALLOW_THREADS
-    if (staged)
-        copy_out(mine, x, xb.len, xb.len >= SHARE_NT);
-    else
-        stage_others(k, p, x);
-    r = publish_wait(k, p, s, h);
-    if (r == -1) {
-        char *rows[MAXR];
-        row_ptrs(k, p, 0, rows);
-        if (!staged)
-            rows[k->srow - 1] = (char *)x + k->skip_lo;
-        k->fold(ob.buf, rows, k->nrows, ob.len / ITEMSIZE[k->dtype]);
-    }
+    r = scatter_body(k, s, h, x, ob.buf, staged);
     Py_END_ALLOW_THREADS
     release2(&xb, &ob);
+    return PyLong_FromLong(r);
+}
+
+/* shot(x, out, s, seq) -> int: the reduce-scatter's one C entry (scatter_now):
+ * scatter(x, out, s, head with s) for x of the round's nbytes and out of its row_bytes
+ * (x's format, not overlapping it: the own block is read from x), the header from
+ * set_head, recorded as collective `seq` as hot() records. NOBUF when the arrays are
+ * not that (nothing was done: the caller takes the general path); otherwise scatter()'s
+ * codes (not -1: the entry stays started; the caller writes the own block into the
+ * segment, completes the wait, folds and completes the entry). */
+static PyObject *Round_shot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t s;
+    long long seq;
+    Py_buffer xb, ob;
+    int a = hot_args("shot(x, out, s, seq)", args, nargs, &s, &seq, &xb, &ob);
+    if (a != 0)
+        return a < 0 ? NULL : PyLong_FromLong(NOBUF);
+    if (k->srow == 0 || k->fold == NULL || xb.len != k->nbytes || ob.len != k->row_bytes) {
+        release2(&xb, &ob);
+        return PyLong_FromLong(NOBUF);
+    }
+    int64_t *mark = fr_start(k, seq);
+    const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = scatter_body(k, s, h, xb.buf, ob.buf, 0);
+    Py_END_ALLOW_THREADS
+    release2(&xb, &ob);
+    if (r == -1)
+        fr_done(k, mark, seq);
     return PyLong_FromLong(r);
 }
 
@@ -1185,6 +1241,8 @@ static PyMethodDef Round_methods[] = {
      "split(x, out, s, h0, h1, h2): reduce-scatter call s, then share call s + 1"},
     {"scatter", (PyCFunction)(void (*)(void))Round_scatter, METH_FASTCALL,
      "scatter(x, out, s, h0, h1, h2): run() reading the own block from x"},
+    {"shot", (PyCFunction)(void (*)(void))Round_shot, METH_FASTCALL,
+     "shot(x, out, s, seq): a reduce-scatter in one entry, recorded (NOBUF: not for it)"},
     {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,
      "hot(x, out, s, seq): the round from x into out, recorded (NOBUF: not for it)"},
     {"record", (PyCFunction)(void (*)(void))Round_record, METH_FASTCALL,

@@ -40,8 +40,10 @@ from ringtree.settings import MIN_TIMEOUT, as_timeout
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_native import NOBUF
 
-# planner.ready's key for the last all-gather shape gather_now took (cleared with it)
+# planner.ready's keys for the last all-gather and reduce-scatter shapes gather_now and
+# scatter_now took (cleared with it)
 GATHER = "gather_now: the last shape"
+SCATTER = "scatter_now: the last shape"
 
 
 def runner(op, placed: tuple[int, ...]) -> Callable:
@@ -73,26 +75,52 @@ def gather_now(runner, comm, x: np.ndarray, out, timeout: float | None):
     ``x``'s format, no overlap), writes the flight recorder's entry, publishes, copies
     the own block while the peers write theirs, waits and places. Python's part is the
     O(1) checks of ``all_reduce_now``; the layers it skips cost ~5 µs a call."""
+    return _one_entry(runner, comm, Collective.ALL_GATHER, GATHER, x, out, None, timeout)
+
+
+def scatter_now(runner, comm, x: np.ndarray, out, op, timeout: float | None):
+    """``LLRunner.scatter_now``: :func:`gather_now` for a reduce-scatter (``op`` matched by
+    identity, as the caller wrote it): ``Round.shot`` checks the memory (``x`` the round's
+    input, ``out`` one block of its format, no overlap), writes the flight recorder's
+    entry, stages every block of ``x`` but its own, publishes, waits and folds block
+    ``rank`` in the Program's order with the own row read from ``x``: the bits of the
+    rank-order fold, as ``Round.scatter``'s. AVG and PREMUL_SUM, a chunked op and an op the
+    kernel does not fold go :meth:`~.ll_runner.LLRunner.blocks_now`'s way."""
+    return _one_entry(runner, comm, Collective.REDUCE_SCATTER, SCATTER, x, out, op, timeout)
+
+
+def entry(op, x: np.ndarray, red) -> tuple:
+    """``planner.ready``'s entry for the one-entry path of ``op`` (its ``hot`` set): the
+    dtype, size and op (None: an all-gather) matched, the LLOp, the C entry, and what
+    Python does after a late peer (``after(x, out, parity)``)."""
+    if red is None:
+        return (x.dtype, x.size, None, op, op.hot.ghot,
+                lambda x, out, p: place(op, p, out.reshape(-1), x.size, 0, x.size))
+    return (x.dtype, x.size, red, op, op.hot.shot, op.run.after)
+
+
+def _one_entry(runner, comm, coll: Collective, key: str, x: np.ndarray, out, red,
+               timeout: float | None):
     if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
         timeout = as_timeout(timeout)  # refused before the call is numbered, as _run
-    m = comm.planner.ready.get(GATHER)
+    m = comm.planner.ready.get(key)
     ex, ll = comm.executor, runner.ll
     s = ll.seq + 1
-    if m is None or x.dtype is not m[0] or x.size != m[1] or type(out) is not np.ndarray \
-            or comm._group is not None or comm.health.broken is not None or \
-            runner.pending or comm._closed or ex._batches or ex.observer.active or \
-            ll.synced < s - 1:
-        return runner.blocks_now(comm, Collective.ALL_GATHER, x, out, None, timeout)
+    if m is None or x.dtype is not m[0] or x.size != m[1] or red is not m[2] or \
+            type(out) is not np.ndarray or comm._group is not None or \
+            comm.health.broken is not None or runner.pending or comm._closed or \
+            ex._batches or ex.observer.active or ll.synced < s - 1:
+        return runner.blocks_now(comm, coll, x, out, red, timeout)
     if comm._owner.ident != get_ident() and not comm.background:
         comm._owner.check(comm.rank)
-    op, fr = m[2], comm.flight
+    op, fr = m[3], comm.flight
     if op.rec is not fr:
         op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc, fr)
         op.rec = fr
     seq = comm.seq + 1
-    r = op.hot.ghot(x, out, s, seq)
+    r = m[4](x, out, s, seq)
     if r == NOBUF:
-        return runner.blocks_now(comm, Collective.ALL_GATHER, x, out, None, timeout)
+        return runner.blocks_now(comm, coll, x, out, red, timeout)
     comm.seq, ll.seq = seq, s
     ll.written[s & 1] = None  # the kernel wrote all three header words
     if r != -1:
@@ -104,7 +132,7 @@ def gather_now(runner, comm, x: np.ndarray, out, timeout: float | None):
             if fr is not None:
                 fr.end_native(err)
             raise err from None
-        place(op, s & 1, out.reshape(-1), x.size, 0, x.size)
+        m[5](x, out, s & 1)
         if fr is not None:
             fr.end_native()
     ll.synced = s
@@ -148,7 +176,9 @@ def place(op, p: int, out: np.ndarray, total: int, lo: int, m: int) -> None:
 def scatter_runner(op, block: int, order: tuple[int, ...]) -> Callable:
     """The compiled ``run(x, out, red, timeout)`` of a reduce-scatter's
     :class:`~ringtree.runtime.protocols.ll.LLOp` (``op.k`` set, not PREMUL_SUM) that
-    folds ``block`` of the ranks in ``order``."""
+    folds ``block`` of the ranks in ``order``; one part, not AVG: also ``op.hot``, the
+    kernel :func:`scatter_now` calls, and ``run.after``, its completion after a late
+    peer (the own block written into the segment, then the fold from it)."""
     count, k = op.count, op.k
     size = count * op.dtype.storage.itemsize
     k.skips(order.index(op.ll.rank), block * size, (block + 1) * size)
@@ -164,4 +194,13 @@ def scatter_runner(op, block: int, order: tuple[int, ...]) -> Callable:
         native.run_scatter(op.ll, k, x, out, op.head, timeout, op.describe, own)
         if op.avg:
             red.postdivide(out, len(order))
+
+    def after(x: np.ndarray, out: np.ndarray, p: int) -> None:
+        op.mine[p][lo:hi] = x.reshape(-1)[lo:hi]
+        k.fold(out, p)
+
+    run.after = after
+    if not op.chunk and not op.avg:
+        op.hot = k
+        k.set_head(*op.head)
     return run

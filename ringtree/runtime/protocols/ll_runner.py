@@ -307,8 +307,9 @@ class LLRunner:
                 or out.dtype != x.dtype or not x.flags.c_contiguous or not f.c_contiguous \
                 or not f.writeable or np.may_share_memory(x, out):
             return MISS
-        if gather and hit[0].hot is not None:
-            comm.planner.ready[ll_gather.GATHER] = (x.dtype, x.size, hit[0])
+        if hit[0].hot is not None:  # the next call of this shape: one C entry
+            comm.planner.ready[ll_gather.GATHER if gather else ll_gather.SCATTER] = \
+                ll_gather.entry(hit[0], x, op)
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
         comm.seq += 1
@@ -317,6 +318,7 @@ class LLRunner:
                                comm.seq, False, timeout)
 
     gather_now = ll_gather.gather_now  # all_gather's one C entry, else blocks_now
+    scatter_now = ll_gather.scatter_now  # reduce_scatter's one C entry, else blocks_now
 
     def broadcast_now(self, comm, x: np.ndarray, root, timeout: float | None):
         """:meth:`all_reduce_now`'s twin for an in-place NumPy broadcast whose shape and

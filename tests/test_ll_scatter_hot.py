@@ -1,0 +1,162 @@
+"""The reduce-scatter in one C call (``Round.shot``, ``LLRunner.scatter_now``): every
+dtype and op the kernel folds gives the rank-order fold's exact bytes with the kernel and
+without it, at odd sizes, on 2 and 3 ranks and 4 ranks on 2 cores; AVG, float16 and
+arrays the entry must not take (strided, overlapping, another dtype, read-only) go the
+general way with its answer or error; the flight recorder's entries are written from C;
+a late peer (the kernel returns, Python folds), an absent one (named, the entry failed)
+and a killed one (named)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ringtree
+from ringtree.prof.flight import Entry
+from ringtree.testing import run_ranks
+
+INTS = ("int8", "uint8", "int32", "uint32", "int64", "uint64")
+UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+          "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+
+
+def _cases():
+    for dtype in INTS + ("float32", "float64", "float16"):  # float16: the general path
+        for op in UFUNCS:
+            if op in ("band", "bor", "bxor") and dtype not in INTS:
+                continue
+            yield dtype, op
+
+
+def _input(dtype: str, op: str, rank: int, n: int, count: int, k: int) -> np.ndarray:
+    """Small values (0-3, products of three of them fit int8): every fold is exact."""
+    rng = np.random.default_rng(7919 * k + 31 * rank + count)
+    return rng.integers(0, 4 if op == "prod" else 40, n * count).astype(dtype)
+
+
+def scatters(comm) -> dict:
+    """Repeated reduce-scatters of every case into a separate ``out`` (2-D too), each
+    compared byte for byte with NumPy's fold in rank order, then arrays the entry must
+    not take, then what the flight recorder holds."""
+    n, r = comm.size, comm.rank
+    wrong = []
+    for dtype, op in _cases():
+        for count in (1, 3, 1001, 4097):  # inline, odd, over a streamed copy
+            out = np.empty((1, count), dtype)
+            for k in range(4):
+                xs = [_input(dtype, op, q, n, count, k) for q in range(n)]
+                want = xs[0]
+                for q in range(1, n):
+                    want = UFUNCS[op](want, xs[q])
+                got = comm.reduce_scatter(xs[r], op, out=out if k % 2 else out.reshape(-1))
+                if got.tobytes() != want[r * count:(r + 1) * count].tobytes() or \
+                        not np.shares_memory(got, out):
+                    wrong.append((dtype, op, count, k))
+    x = np.arange(8 * n, dtype=np.float32) * (r + 1)
+    out = np.zeros(8, np.float32)
+    full = np.arange(8 * n, dtype=np.float32) * (n * (n + 1) // 2)
+    comm.reduce_scatter(x, out=out)  # the warm shape
+    general = [out.tolist() == full[8 * r:8 * r + 8].tolist()]
+    inplace = x.copy()  # out is x's own block: the general path
+    comm.reduce_scatter(inplace, out=inplace[8 * r:8 * r + 8])
+    general.append(inplace[8 * r:8 * r + 8].tolist() == full[8 * r:8 * r + 8].tolist())
+    avg = comm.reduce_scatter(x, "avg", out=np.zeros(8, np.float32))
+    general.append(avg.tolist() == (full[8 * r:8 * r + 8] / n).tolist())
+    wide = np.zeros(16 * n, np.float32)
+    readonly = np.zeros(8, np.float32)
+    readonly.flags.writeable = False
+    errors = []
+    for xx, bad in ((wide[::2], out), (x, np.zeros(8, np.float64)), (x, readonly),
+                    (x, np.zeros(9, np.float32))):
+        try:  # strided input, another dtype, a read-only output, a wrong size
+            comm.reduce_scatter(xx, out=bad)
+            errors.append("no error")
+        except (ValueError, TypeError) as e:
+            errors.append(type(e).__name__)
+    fr = comm.flight
+    last = fr.entries(4) if fr is not None else []
+    return {"wrong": wrong, "general": general, "errors": errors,
+            "states": {e["state"] for e in last}, "seq": comm.seq,
+            "seqs": [e["collective_seq_id"] for e in last],
+            "from_c": sum(type(e) is not Entry for e in fr.ring if e is not None)
+            if fr is not None else 0}
+
+
+@pytest.mark.parametrize("nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}),
+                                        (4, {})],
+                         ids=["kernel-2", "kernel-3", "python-2", "kernel-4-on-2-cores"])
+def test_scatter_hot_path_bits_refusals_and_flight_recorder(nranks, env):
+    res = run_ranks(scatters, nranks, timeout=120, env=env)
+    for r, got in enumerate(res):
+        assert got["wrong"] == [] and got["general"] == [True] * 3, (r, got)
+        assert got["errors"] == ["ValueError", "TypeError", "ValueError", "ValueError"], \
+            (r, got)
+        seq = got["seq"]
+        assert got["seqs"] == list(range(seq - 3, seq + 1)), (r, got)
+        assert got["states"] == {"completed"}, (r, got)
+        assert (got["from_c"] >= 20) == (not env), (r, got)  # the kernel's own entries
+
+
+def late_and_absent(comm) -> dict:
+    """Rank 1 comes 20 ms late to five reduce-scatters (rank 0's kernel gives up waiting
+    and Python sleeps, stages its own block and folds), then skips one: rank 0's names
+    it."""
+    x = np.zeros(2000, np.int32)
+    out = np.empty(1000, np.int32)
+    comm.reduce_scatter(x, out=out)
+    comm.reduce_scatter(x, out=out)
+    ok = True
+    for k in range(5):
+        if comm.rank == 1:
+            time.sleep(0.02)
+        x[:1000], x[1000:] = 10 * k + comm.rank, 100 * k + comm.rank
+        out[:] = -1
+        comm.reduce_scatter(x, out=out)
+        ok &= out.tolist() == [(20 * k + 1) if comm.rank == 0 else (200 * k + 1)] * 1000
+    if comm.rank == 1:
+        time.sleep(3.0)
+        return {"ok": ok}
+    try:
+        comm.reduce_scatter(x, out=out, timeout=1.5)
+        err = "no error"
+    except ringtree.RingtreeError as e:
+        err = f"{type(e).__name__}: {e}"
+    cur = comm.flight.entries(1)[0]
+    return {"ok": ok, "err": err, "state": cur["state"], "seq": cur["collective_seq_id"],
+            "from_c": type(cur) is not Entry}
+
+
+def test_late_and_absent_peers_on_the_scatter_hot_path():
+    got = run_ranks(late_and_absent, 2, timeout=60)
+    assert got[1]["ok"], got
+    got = got[0]
+    assert got["ok"], got
+    assert got["err"].startswith("CollectiveTimeout") and "rank 1" in got["err"], got
+    assert got["state"] == "failed" and got["seq"] == 8, got
+
+
+def killed(comm) -> tuple[int | None, str]:
+    x = np.ones(3000 * comm.size, np.float32)
+    out = np.empty(3000, np.float32)
+    for _ in range(3):
+        comm.reduce_scatter(x, out=out)
+    if comm.rank == 1:
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.reduce_scatter(x, out=out)
+    except ringtree.RingtreeError as e:
+        return getattr(e, "peer", None), str(e)
+    return None, "no error"
+
+
+def test_a_peer_killed_during_the_scatter_kernel_wait_is_named():
+    res = run_ranks(killed, 3, timeout=60, env={"RINGTREE_LL_YIELD_US": "200000"})
+    assert isinstance(res[1], BaseException)
+    for r in (0, 2):
+        peer, msg = res[r]
+        assert "rank 1" in msg and "died" in msg, (r, peer, msg)

@@ -1,6 +1,7 @@
 """The reduce-scatter's one C entry (``Round.shot``, ``LLRunner.scatter_now``) against
 the path it replaced (``LLRunner.blocks_now``: ``run_arrays``, the runner, the flight
-recorder's Python entry, ``Round.scatter``), alternated in one ``ringtree run`` job.
+recorder's Python entry, ``Round.scatter``), alternated in one ``ringtree run`` job;
+``--coll broadcast``: ``Round.bshot`` against ``LLRunner.broadcast_blocks``.
 
 Float32 sums into a separate ``out``; for each input size, blocks of calls of each path
 alternate (old, new, old, new ...) after a barrier, every call timed alone with
@@ -9,6 +10,7 @@ per-call times of the slowest rank (means of blocks carry the 2-20 ms preemption
 loaded host), and new ÷ old, with the load average at the start and the end.
 
     python benchmarks/ll_scatter_hot.py --ranks 2 --sizes 8K 64K 256K 1M
+    python benchmarks/ll_scatter_hot.py --coll broadcast --ranks 2 4 --sizes 8K 64K 256K
 """
 
 from __future__ import annotations
@@ -26,17 +28,26 @@ import json, sys, time
 import numpy as np
 import ringtree
 from ringtree.ir.program import Collective
+from ringtree.runtime.protocols.ll_runner import MISS
 sizes, blocks, calls = [int(s) for s in sys.argv[1].split(",")], int(sys.argv[2]), int(sys.argv[3])
+bcast = sys.argv[4] == "broadcast"
 c = ringtree.init()
 clock, RS = time.perf_counter_ns, Collective.REDUCE_SCATTER
 res = {}
 for nbytes in sizes:
     x = np.ones(nbytes // 4, np.float32) * (c.rank + 1)
     out = np.empty(x.size // c.size, np.float32)
-    old = lambda: c.ll.blocks_now(c, RS, x, out, "sum", None)
-    new = lambda: c.reduce_scatter(x, "sum", out=out)
-    for _ in range(3):
-        old(), new()
+    if bcast:  # in place from rank 0
+        old = lambda: c.ll.broadcast_blocks(c, x, 0, None)
+        new = lambda: c.broadcast(x, root=0)
+    else:
+        old = lambda: c.ll.blocks_now(c, RS, x, out, "sum", None)
+        new = lambda: c.reduce_scatter(x, "sum", out=out)
+    new()  # planned (the general path), then the old path's answer tells if it is on LL
+    if old() is MISS:
+        res[nbytes] = None
+        continue
+    new(), old(), new()
     fr = c.flight
     before = int(fr.native[0]) if fr else 0  # entries the kernel made
     t = {"old": [], "new": []}
@@ -63,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", default=["8K", "64K", "256K", "1M"])
     p.add_argument("--blocks", type=int, default=15, help="blocks of each path, alternated")
     p.add_argument("--calls", type=int, default=60, help="calls per block")
+    p.add_argument("--coll", choices=("reduce_scatter", "broadcast"), default="reduce_scatter")
     a = p.parse_args(argv)
     sizes = [parse_size(s, "--sizes") for s in a.sizes]
     with open("/proc/loadavg") as f:
@@ -70,18 +82,24 @@ def main(argv: list[str] | None = None) -> int:
     launcher = os.path.join(os.path.dirname(sys.executable), "ringtree")
     for n in a.ranks:
         cmd = [launcher, "run", "-n", str(n), sys.executable, "-c", JOB,
-               ",".join(map(str, sizes)), str(a.blocks), str(a.calls)]
+               ",".join(map(str, sizes)), str(a.blocks), str(a.calls), a.coll]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
         if not lines:
             raise RuntimeError(f"{n} ranks failed:\n{done.stdout[-2000:]}"
                                f"{done.stderr[-2000:]}")
-        print(f"\n{n} ranks, float32 sum reduce-scatter into out, µs per call (slowest "
+        what = "in-place broadcast from rank 0" if a.coll == "broadcast" else \
+            "sum reduce-scatter into out"
+        print(f"\n{n} ranks, float32 {what}, µs per call (slowest "
               "rank's median and p10; 'C entries': calls the kernel recorded, "
               f"of {a.blocks * a.calls} new ones)")
         print(f"{'input':>9} {'old med':>9} {'new med':>9} {'old p10':>9} {'new p10':>9} "
               f"{'new÷old':>8} {'C entries':>10}")
-        for size, (om, o10, nm, n10, hot) in json.loads(lines[0][7:]).items():
+        for size, row in json.loads(lines[0][7:]).items():
+            if row is None:
+                print(f"{size:>9}  not on LL here (the general path): not compared")
+                continue
+            om, o10, nm, n10, hot = row
             print(f"{size:>9} {om:>9.2f} {nm:>9.2f} {o10:>9.2f} {n10:>9.2f} "
                   f"{nm / om:>8.2f} {hot:>10}")
     with open("/proc/loadavg") as f:

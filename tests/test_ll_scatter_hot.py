@@ -160,3 +160,50 @@ def test_a_peer_killed_during_the_scatter_kernel_wait_is_named():
     for r in (0, 2):
         peer, msg = res[r]
         assert "rank 1" in msg and "died" in msg, (r, peer, msg)
+
+
+def broadcasts(comm) -> dict:
+    """In-place broadcasts from every root (``Round.bshot``): random bytes of every dtype,
+    1-D and 2-D, each compared with the root's; a late root and a late receiver (the
+    kernel returns, Python completes the wait and copies); arrays the entry must not take
+    (strided: refused; a read-only root's buffer: sent) go the general way."""
+    n, r = comm.size, comm.rank
+    wrong = []
+    for dtype in INTS + ("float16", "float32", "float64"):
+        for count in (1, 3, 1001, 4097):
+            for root in range(n):
+                for k in range(4):
+                    rng = np.random.default_rng(k + 10 * root + count)
+                    want = rng.integers(0, 256, count * np.dtype(dtype).itemsize,
+                                        dtype=np.uint8).view(dtype)
+                    x = want.copy() if r == root else np.zeros(count, dtype)
+                    comm.broadcast(x if k % 2 else x.reshape(1, -1), root=root)
+                    if x.tobytes() != want.tobytes():
+                        wrong.append((dtype, count, root, k))
+    late = 0
+    for k in range(6):
+        if r == k % 2:
+            time.sleep(0.02)
+        x = np.full(1000, k, np.int64) if r == 0 else np.zeros(1000, np.int64)
+        comm.broadcast(x, root=0)
+        late += int(x.tolist() != [k] * 1000)
+    try:  # strided: refused on every rank
+        comm.broadcast(np.zeros(16, np.int64)[::2], root=0)
+        general = ["no error"]
+    except ValueError as e:
+        general = [type(e).__name__]
+    x = np.full(8, 5 if r == 0 else 0, np.int64)
+    x.flags.writeable = r != 0  # a read-only root's buffer: sent by the general path
+    comm.broadcast(x, root=0)
+    general.append(x.tolist() == [5] * 8)
+    return {"wrong": wrong, "late": late, "general": general,
+            "from_c": int(comm.flight.native[0])}
+
+
+@pytest.mark.parametrize("nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"})],
+                         ids=["kernel-2", "kernel-3", "python-2"])
+def test_broadcast_hot_path_bytes_late_peers_and_refusals(nranks, env):
+    for r, got in enumerate(run_ranks(broadcasts, nranks, timeout=120, env=env)):
+        assert got["wrong"] == [] and got["late"] == 0, (r, got)
+        assert got["general"] == ["ValueError", True], (r, got)
+        assert (got["from_c"] >= 100) == (not env), (r, got)

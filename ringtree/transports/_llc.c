@@ -1069,6 +1069,53 @@ static PyObject *Round_shot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLong(r);
 }
 
+/* ---- a broadcast in one entry ------------------------------------------------------ */
+
+/* bshot(x, out, s, seq) -> int: an in-place broadcast's one C entry (broadcast_now): the
+ * root (no places set) copies x into its area (streamed from SHARE_NT bytes) and
+ * publishes; every other rank (places: the root's contribution, own -1) publishes,
+ * waits and copies the root's bytes into x. x: C-contiguous, writable, the round's
+ * row_bytes; out: None or x. The header from set_head, recorded as collective `seq` as
+ * hot() records. NOBUF when x is not that (nothing was done: the general path);
+ * otherwise run()'s codes (not -1: the entry stays started; a rank but the root
+ * copies the root's bytes after completing the wait). */
+static PyObject *Round_bshot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "bshot(x, out, s, seq)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
+    long long seq = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer xb;
+    if ((args[1] != Py_None && args[1] != args[0]) ||
+        PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(NOBUF);
+    }
+    int root = k->nplace == 0;
+    if (xb.len != k->row_bytes || (root ? xb.len > k->nbytes : k->nplace != 1 || k->own != -1)) {
+        PyBuffer_Release(&xb);
+        return PyLong_FromLong(NOBUF);
+    }
+    int64_t *mark = fr_start(k, seq);
+    const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
+    int p = (int)(s & 1), r;
+    char *x = xb.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (root)
+        copy_out(k->base + k->mine_off[p], x, xb.len, xb.len >= SHARE_NT);
+    r = publish_wait(k, p, s, h);
+    if (r == -1 && !root)
+        memcpy(x, k->base + k->place_off[p][0], xb.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xb);
+    if (r == -1)
+        fr_done(k, mark, seq);
+    return PyLong_FromLong(r);
+}
+
 /* ---- an all-reduce as a reduce-scatter and an all-gather through the segment ---------
  * Each rank stages (n-1)/n of its part (every block but its own), folds its own block of
  * every rank's part in the Program's order (its own from the input) into its cell of the
@@ -1241,6 +1288,8 @@ static PyMethodDef Round_methods[] = {
      "split(x, out, s, h0, h1, h2): reduce-scatter call s, then share call s + 1"},
     {"scatter", (PyCFunction)(void (*)(void))Round_scatter, METH_FASTCALL,
      "scatter(x, out, s, h0, h1, h2): run() reading the own block from x"},
+    {"bshot", (PyCFunction)(void (*)(void))Round_bshot, METH_FASTCALL,
+     "bshot(x, out, s, seq): an in-place broadcast in one entry (NOBUF: not for it)"},
     {"shot", (PyCFunction)(void (*)(void))Round_shot, METH_FASTCALL,
      "shot(x, out, s, seq): a reduce-scatter in one entry, recorded (NOBUF: not for it)"},
     {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,

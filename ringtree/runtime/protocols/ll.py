@@ -233,6 +233,8 @@ class LLOp:
             self.run = self._place_native if self.k is not None else self._place_round
         else:
             self.run = self._write_native if self.k is not None else self._write_round
+        if coll is Collective.BROADCAST and self.k is not None and not self.chunk:
+            ll_gather.broadcast_hot(self)  # LLRunner.broadcast_now's one C entry
 
     def describe(self) -> str:
         root = f", root={self.root}" if self.root >= 0 else ""

@@ -40,10 +40,11 @@ from ringtree.settings import MIN_TIMEOUT, as_timeout
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_native import NOBUF
 
-# planner.ready's keys for the last all-gather and reduce-scatter shapes gather_now and
-# scatter_now took (cleared with it)
+# planner.ready's keys for the last all-gather, reduce-scatter and broadcast shapes the
+# one-entry paths took (cleared with it)
 GATHER = "gather_now: the last shape"
 SCATTER = "scatter_now: the last shape"
+BCAST = "broadcast_now: the last shape"
 
 
 def runner(op, placed: tuple[int, ...]) -> Callable:
@@ -89,14 +90,48 @@ def scatter_now(runner, comm, x: np.ndarray, out, op, timeout: float | None):
     return _one_entry(runner, comm, Collective.REDUCE_SCATTER, SCATTER, x, out, op, timeout)
 
 
+def broadcast_now(runner, comm, x: np.ndarray, root, timeout: float | None):
+    """``LLRunner.broadcast_now``: :func:`gather_now` for an in-place broadcast (``root``
+    matched by identity): ``Round.bshot`` checks the memory (contiguous, writeable, the
+    round's size), writes the flight recorder's entry; the root streams ``x`` into its
+    cell and publishes, every other rank publishes, waits and copies the root's bytes."""
+    return _one_entry(runner, comm, Collective.BROADCAST, BCAST, x, x, root, timeout)
+
+
+def broadcast_hot(op) -> None:
+    """Give ``op`` (a broadcast's compiled one-part LLOp) :func:`broadcast_now`'s entry: a
+    rank but the root copies the root's contribution from its cell (``Round.places``)."""
+    if not op.writes:
+        base = np.frombuffer(op.ll.seg.mm, np.uint8, count=1).ctypes.data
+        op.k.places(*([src.ctypes.data - base] for src in op.src), -1)
+    op.hot = op.k
+    op.k.set_head(*op.head)
+
+
 def entry(op, x: np.ndarray, red) -> tuple:
     """``planner.ready``'s entry for the one-entry path of ``op`` (its ``hot`` set): the
-    dtype, size and op (None: an all-gather) matched, the LLOp, the C entry, and what
-    Python does after a late peer (``after(x, out, parity)``)."""
-    if red is None:
+    dtype, size and op (None: an all-gather; a broadcast's root) matched, the LLOp, the
+    C entry, and what Python does after a late peer (``after(x, out, parity)``)."""
+    if op.coll is Collective.ALL_GATHER:
         return (x.dtype, x.size, None, op, op.hot.ghot,
                 lambda x, out, p: place(op, p, out.reshape(-1), x.size, 0, x.size))
+    if op.coll is Collective.BROADCAST:
+        return (x.dtype, x.size, red, op, op.hot.bshot, _after_broadcast(op))
     return (x.dtype, x.size, red, op, op.hot.shot, op.run.after)
+
+
+def _after_broadcast(op) -> Callable:
+    def after(x: np.ndarray, out: np.ndarray, p: int) -> None:
+        if not op.writes:  # the root's bytes, from its cell
+            x.reshape(-1)[...] = op.src[p]
+    return after
+
+
+def _general(runner, comm, coll: Collective, x: np.ndarray, out, red,
+             timeout: float | None):
+    if coll is Collective.BROADCAST:
+        return runner.broadcast_blocks(comm, x, red, timeout)
+    return runner.blocks_now(comm, coll, x, out, red, timeout)
 
 
 def _one_entry(runner, comm, coll: Collective, key: str, x: np.ndarray, out, red,
@@ -110,7 +145,7 @@ def _one_entry(runner, comm, coll: Collective, key: str, x: np.ndarray, out, red
             type(out) is not np.ndarray or comm._group is not None or \
             comm.health.broken is not None or runner.pending or comm._closed or \
             ex._batches or ex.observer.active or ll.synced < s - 1:
-        return runner.blocks_now(comm, coll, x, out, red, timeout)
+        return _general(runner, comm, coll, x, out, red, timeout)
     if comm._owner.ident != get_ident() and not comm.background:
         comm._owner.check(comm.rank)
     op, fr = m[3], comm.flight
@@ -120,7 +155,7 @@ def _one_entry(runner, comm, coll: Collective, key: str, x: np.ndarray, out, red
     seq = comm.seq + 1
     r = m[4](x, out, s, seq)
     if r == NOBUF:
-        return runner.blocks_now(comm, coll, x, out, red, timeout)
+        return _general(runner, comm, coll, x, out, red, timeout)
     comm.seq, ll.seq = seq, s
     ll.written[s & 1] = None  # the kernel wrote all three header words
     if r != -1:

@@ -320,7 +320,9 @@ class LLRunner:
     gather_now = ll_gather.gather_now  # all_gather's one C entry, else blocks_now
     scatter_now = ll_gather.scatter_now  # reduce_scatter's one C entry, else blocks_now
 
-    def broadcast_now(self, comm, x: np.ndarray, root, timeout: float | None):
+    broadcast_now = ll_gather.broadcast_now  # broadcast's one C entry, else:
+
+    def broadcast_blocks(self, comm, x: np.ndarray, root, timeout: float | None):
         """:meth:`all_reduce_now`'s twin for an in-place NumPy broadcast whose shape and
         root the planner planned on LL (a read-only root buffer goes the general way).
         :data:`MISS` when the call needs the general path."""
@@ -331,6 +333,8 @@ class LLRunner:
             return MISS
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
+        if hit[0].hot is not None:  # the next call of this shape: one C entry
+            comm.planner.ready[ll_gather.BCAST] = ll_gather.entry(hit[0], x, root)
         comm.seq += 1
         flat = x if x.ndim == 1 else x.reshape(-1)
         return self.run_arrays(comm, hit[0], flat, flat, None, x, None, comm.seq, False,

@@ -207,3 +207,25 @@ def test_broadcast_hot_path_bytes_late_peers_and_refusals(nranks, env):
         assert got["wrong"] == [] and got["late"] == 0, (r, got)
         assert got["general"] == ["ValueError", True], (r, got)
         assert (got["from_c"] >= 100) == (not env), (r, got)
+
+
+def many_calls(comm) -> tuple[int, int]:
+    """500 reduce-scatters and 500 broadcasts, each element naming its call: the wrong
+    ones, and how many calls the kernel recorded."""
+    n, r = comm.size, comm.rank
+    x, out, b = np.empty(100 * n, np.int32), np.empty(100, np.int32), np.empty(100, np.int32)
+    wrong = 0
+    for k in range(500):
+        x[:] = 16 * k + r + np.arange(100 * n, dtype=np.int32) // 100
+        comm.reduce_scatter(x, out=out)
+        wrong += int(not (out == n * (16 * k + r) + n * (n - 1) // 2).all())
+        root = k // 100 % n  # a root for 100 calls: the one entry keeps the last one
+        b[:] = k if r == root else -1
+        comm.broadcast(b, root=root)
+        wrong += int(not (b == k).all())
+    return wrong, int(comm.flight.native[0])
+
+
+def test_eight_ranks_on_two_cores_through_the_one_entry_paths():
+    for r, (wrong, from_c) in enumerate(run_ranks(many_calls, 8, timeout=120)):
+        assert wrong == 0 and from_c > 900, (r, wrong, from_c)

@@ -52,20 +52,42 @@ def gathers(comm) -> dict:
     wide = np.zeros(16, np.float32)
     readonly = np.zeros(8 * n, np.float32)
     readonly.flags.writeable = False
+    errors = errors_of(lambda x, bad: comm.all_gather(x, out=bad),  # strided input,
+                       ((wide[::2], out), (base, np.zeros(8 * n, np.float64)),  # another
+                        (base, readonly)))  # dtype, a read-only output
+    return {"wrong": wrong, "general": results, "errors": errors, **recorded(comm, 6)}
+
+
+def errors_of(call, cases) -> list[str]:
+    """The error's class name (or "no error") of ``call(x, out)`` for each case."""
     errors = []
-    for x, bad in ((wide[::2], out), (base, np.zeros(8 * n, np.float64)), (base, readonly)):
-        try:  # strided input, another dtype, a read-only output
-            comm.all_gather(x, out=bad)
+    for x, bad in cases:
+        try:
+            call(x, bad)
             errors.append("no error")
         except (ValueError, TypeError) as e:
             errors.append(type(e).__name__)
+    return errors
+
+
+def recorded(comm, last: int) -> dict:
+    """The flight recorder's ``last`` entries (their states and sequence numbers), the
+    communicator's sequence number and how many entries the kernel wrote."""
     fr = comm.flight
-    last = fr.entries(6) if fr is not None else []
-    return {"wrong": wrong, "general": results, "errors": errors,
-            "states": {e["state"] for e in last}, "seq": comm.seq,
-            "seqs": [e["collective_seq_id"] for e in last],
+    entries = fr.entries(last) if fr is not None else []
+    return {"states": {e["state"] for e in entries}, "seq": comm.seq,
+            "seqs": [e["collective_seq_id"] for e in entries],
             "from_c": sum(type(e) is not Entry for e in fr.ring if e is not None)
             if fr is not None else 0}
+
+
+def assert_recorded(r: int, got: dict, last: int, kernel: bool, least: int) -> None:
+    """The last ``last`` calls completed, numbered in order; the kernel wrote at least
+    ``least`` entries with it, none without."""
+    seq = got["seq"]
+    assert got["seqs"] == list(range(seq - last + 1, seq + 1)), (r, got)
+    assert got["states"] == {"completed"}, (r, got)
+    assert (got["from_c"] >= least) == kernel, (r, got)  # the kernel's own entries
 
 
 @pytest.mark.parametrize("nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}),
@@ -76,10 +98,7 @@ def test_gather_hot_path_bytes_refusals_and_flight_recorder(nranks, env):
     for r, got in enumerate(res):
         assert got["wrong"] == 0 and got["general"] == [True], (r, got)
         assert got["errors"] == ["ValueError", "TypeError", "ValueError"], (r, got)
-        seq = got["seq"]
-        assert got["seqs"] == list(range(seq - 5, seq + 1)), (r, got)
-        assert got["states"] == {"completed"}, (r, got)
-        assert (got["from_c"] >= 24) == (not env), (r, got)  # the kernel's own entries
+        assert_recorded(r, got, 6, not env, 24)
 
 
 def late_and_absent(comm) -> dict:

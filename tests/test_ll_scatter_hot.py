@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from test_ll_gather_hot import assert_recorded, errors_of, recorded
 
 import ringtree
 from ringtree.prof.flight import Entry
@@ -69,21 +70,10 @@ def scatters(comm) -> dict:
     wide = np.zeros(16 * n, np.float32)
     readonly = np.zeros(8, np.float32)
     readonly.flags.writeable = False
-    errors = []
-    for xx, bad in ((wide[::2], out), (x, np.zeros(8, np.float64)), (x, readonly),
-                    (x, np.zeros(9, np.float32))):
-        try:  # strided input, another dtype, a read-only output, a wrong size
-            comm.reduce_scatter(xx, out=bad)
-            errors.append("no error")
-        except (ValueError, TypeError) as e:
-            errors.append(type(e).__name__)
-    fr = comm.flight
-    last = fr.entries(4) if fr is not None else []
-    return {"wrong": wrong, "general": general, "errors": errors,
-            "states": {e["state"] for e in last}, "seq": comm.seq,
-            "seqs": [e["collective_seq_id"] for e in last],
-            "from_c": sum(type(e) is not Entry for e in fr.ring if e is not None)
-            if fr is not None else 0}
+    errors = errors_of(lambda xx, bad: comm.reduce_scatter(xx, out=bad),  # strided input,
+                       ((wide[::2], out), (x, np.zeros(8, np.float64)),  # another dtype,
+                        (x, readonly), (x, np.zeros(9, np.float32))))  # read-only, size
+    return {"wrong": wrong, "general": general, "errors": errors, **recorded(comm, 4)}
 
 
 @pytest.mark.parametrize("nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}),
@@ -95,10 +85,7 @@ def test_scatter_hot_path_bits_refusals_and_flight_recorder(nranks, env):
         assert got["wrong"] == [] and got["general"] == [True] * 3, (r, got)
         assert got["errors"] == ["ValueError", "TypeError", "ValueError", "ValueError"], \
             (r, got)
-        seq = got["seq"]
-        assert got["seqs"] == list(range(seq - 3, seq + 1)), (r, got)
-        assert got["states"] == {"completed"}, (r, got)
-        assert (got["from_c"] >= 20) == (not env), (r, got)  # the kernel's own entries
+        assert_recorded(r, got, 4, not env, 20)
 
 
 def late_and_absent(comm) -> dict:

@@ -935,28 +935,10 @@ static int hot_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
  * as collective `seq` as hot() records. NOBUF when the arrays are not that (nothing was
  * done: the caller takes the general path); otherwise gather()'s codes (not -1: the
  * entry stays started, the caller places the blocks and completes it). */
+static PyObject *blocks_entry(Round *k, PyObject *const *args, Py_ssize_t nargs,
+                              int scatter);
 static PyObject *Round_ghot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t s;
-    long long seq;
-    Py_buffer xb, ob;
-    int a = hot_args("ghot(x, out, s, seq)", args, nargs, &s, &seq, &xb, &ob);
-    if (a != 0)
-        return a < 0 ? NULL : PyLong_FromLong(NOBUF);
-    if (k->place_off[0] == NULL || xb.len > k->nbytes ||
-        ob.len != (Py_ssize_t)k->nplace * xb.len) {
-        release2(&xb, &ob);
-        return PyLong_FromLong(NOBUF);
-    }
-    int64_t *mark = fr_start(k, seq);
-    const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-    r = gather_body(k, s, h, xb.buf, xb.len, ob.buf, xb.len);
-    Py_END_ALLOW_THREADS
-    release2(&xb, &ob);
-    if (r == -1)
-        fr_done(k, mark, seq);
-    return PyLong_FromLong(r);
+    return blocks_entry(k, args, nargs, 0);
 }
 
 /* ---- a fold round that reads its own block in place: reduce-scatter ------------------
@@ -1047,13 +1029,24 @@ static PyObject *Round_scatter(Round *k, PyObject *const *args, Py_ssize_t nargs
  * codes (not -1: the entry stays started; the caller writes the own block into the
  * segment, completes the wait, folds and completes the entry). */
 static PyObject *Round_shot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    return blocks_entry(k, args, nargs, 1);
+}
+
+/* ghot (scatter 0) and shot (scatter 1) */
+static PyObject *blocks_entry(Round *k, PyObject *const *args, Py_ssize_t nargs,
+                              int scatter) {
     uint64_t s;
     long long seq;
     Py_buffer xb, ob;
-    int a = hot_args("shot(x, out, s, seq)", args, nargs, &s, &seq, &xb, &ob);
+    int a = hot_args(scatter ? "shot(x, out, s, seq)" : "ghot(x, out, s, seq)", args, nargs,
+                     &s, &seq, &xb, &ob);
     if (a != 0)
         return a < 0 ? NULL : PyLong_FromLong(NOBUF);
-    if (k->srow == 0 || k->fold == NULL || xb.len != k->nbytes || ob.len != k->row_bytes) {
+    int fits = scatter ? k->srow != 0 && k->fold != NULL && xb.len == k->nbytes &&
+                             ob.len == k->row_bytes
+                       : k->place_off[0] != NULL && xb.len <= k->nbytes &&
+                             ob.len == (Py_ssize_t)k->nplace * xb.len;
+    if (!fits) {
         release2(&xb, &ob);
         return PyLong_FromLong(NOBUF);
     }
@@ -1061,7 +1054,10 @@ static PyObject *Round_shot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
     int r;
     Py_BEGIN_ALLOW_THREADS
-    r = scatter_body(k, s, h, xb.buf, ob.buf, 0);
+    if (scatter)
+        r = scatter_body(k, s, h, xb.buf, ob.buf, 0);
+    else
+        r = gather_body(k, s, h, xb.buf, xb.len, ob.buf, xb.len);
     Py_END_ALLOW_THREADS
     release2(&xb, &ob);
     if (r == -1)

@@ -25,6 +25,12 @@ its peers read every block of its input but that one; the kernel's ``Round.scatt
 copies ``(n-1)/n`` of the input into the segment instead of all of it and folds the own
 block from the input, in its place in the Program's order (the same operands in the
 same order: the same bits).
+
+A call of the last shape one of these ran, all-gather, reduce-scatter or in-place
+broadcast, is one C entry on the communicator's hot path (:func:`gather_now`,
+:func:`scatter_now`, :func:`broadcast_now`: ``Round.ghot``, ``Round.shot``,
+``Round.bshot``), the flight recorder's entry written from C; a late peer hands the
+rest of the call back to Python.
 """
 
 from __future__ import annotations

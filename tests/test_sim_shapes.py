@@ -1,8 +1,9 @@
 """Work the tree's ranks share, kept exact: a Program shape compiled once
 (:func:`ringtree.sim.compile.compiled.shape`), memory dependencies kept by reference
-identity, and routes that read no channel kept once per pair. Each is compared with the
-same work done with nothing shared: Programs deep-copied (no two share a reference, so
-every rank is compiled alone) and a fresh router per route."""
+identity, routes that read no channel kept once per pair, and connections routed once
+per pair of devices. Each is compared with the same work done with nothing shared:
+Programs deep-copied (no two share a reference, so every rank is compiled alone) and a
+fresh router per route."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import pytest
 from ringtree.ir.program import Program
 from ringtree.sim import count_for, place, programs_for
 from ringtree.sim.compile.compiled import Compiled, compile_programs
+from ringtree.sim.compile.routes import summaries
 from ringtree.sim.compile.structure import Structure
 from ringtree.sim.machine import presets
+from ringtree.sim.machine.model import path
 from ringtree.sim.machine.routing import Router
 
 FIELDS = [f.name for f in dataclasses.fields(Compiled) if f.name not in ("memo", "declined")]
@@ -62,3 +65,25 @@ def test_a_route_kept_for_every_channel_is_each_channels_own(topo_name, kw):
     # inside a node the channels share a route; across nodes each rail has its own
     kept = {k for k in shared.cache if k[2] == -1}
     assert kept or topo.routing != "updown"
+
+
+@pytest.mark.parametrize("topo_name,nodes,kw,algo", [
+    ("dgx_h100", 3, {}, "tree"), ("dgx_h100", 2, {"uplinks": "hash"}, "tree"),
+    ("fat_tree3", 4, {}, "tree"), ("dgx_a100_sharp", 2, {}, "collnet_chain"),
+    ("torus", 6, {}, "tree"), ("dgx_a100", 3, {}, "ring"), ("dgx_h100", 2, {}, "rabenseifner")])
+def test_connections_routed_per_pair_are_each_connections_own(topo_name, nodes, kw, algo):
+    topo = presets.get(topo_name, nodes, **kw)
+    progs = programs_for("all_reduce", algo, topo)
+    devices = place(progs, topo)
+    cp = compile_programs(progs, count_for(progs[0].collective, 64 << 10, topo.nranks), 4,
+                          1 << 20, False)
+    lat, bott, first, links, shared = summaries(cp, topo, devices)
+    users: dict[int, set[int]] = {}
+    for cid, ((s, d), (_, _, ch)) in enumerate(zip(cp.conn_ranks, cp.conns)):
+        own = path(topo, Router(topo).route(devices[s], devices[d], ch))
+        assert (lat[cid], bott[cid], first[cid], links[cid]) == (
+            own.latency, own.bottleneck, own.first, own.links), (s, d, ch)
+        for li in own.links:
+            users.setdefault(li, set()).add(cid)
+    assert shared == [len(users.get(li, ())) > 1 for li in range(len(topo.links))]
+    assert len({id(t) for t in links}) < len(links)      # the pairs did share

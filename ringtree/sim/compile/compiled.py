@@ -393,22 +393,22 @@ def connection_routes(cp: Compiled, topo, devices: list[int], share: bool = Fals
     got = cp.memo.get(key)
     if got is not None and got[0] is topo:
         return got[1]
-    pairs = [(devices[s], devices[d], c) for (s, d), (_, _, c) in zip(cp.conn_ranks, cp.conns)]
     shares = None
     if share:
         shares = channel_shares((s, topo.route(devices[s], devices[d], c))
                                 for s, d, c in declared_connections(cp))
     rep = cp.link_rep
     if shares is None and rep is None:
-        # a route and its sums depend on its ends only: every run on ``topo`` shares them
-        # and equal routes (a tree's channels inside a node) share one summary
-        ends, by_links = topo.paths, topo.link_paths
-        out = [ends.get(k) or ends.setdefault(k, _summary(topo, topo.route(*k), by_links))
-               for k in pairs]
+        # routed once per pair of devices, equal routes sharing one summary (.routes)
+        from ringtree.sim.compile.routes import route_table
+
+        uniq, idx = route_table(cp, topo, devices)
+        out = list(map(uniq.__getitem__, idx.tolist()))
     else:
         out = [path(topo, topo.route(a, b, c) if rep is None else
                     tuple(rep.get(li, li) for li in topo.route(a, b, c)), shares)
-               for a, b, c in pairs]
+               for a, b, c in ((devices[s], devices[d], c)
+                               for (s, d), (_, _, c) in zip(cp.conn_ranks, cp.conns))]
     cp.memo[key] = (topo, out)
     return out
 

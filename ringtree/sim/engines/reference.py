@@ -36,6 +36,7 @@ from functools import cached_property
 import numpy as np
 
 from ringtree.sim.compile.compiled import Compiled, connection_routes
+from ringtree.sim.compile.routes import summaries
 from ringtree.sim.engines.contract import Declined, Job, Outcome, Result
 from ringtree.sim.machine.cluster import Topology
 from ringtree.sim.machine.model import Rules, compute_ns
@@ -90,6 +91,8 @@ class _Network:
 def _connections(cp: Compiled, topo: Topology, devices: list[int], aware: bool) -> tuple:
     """Latency, bottleneck, first-link rate and links of every connection, and which links
     more than one connection uses."""
+    if aware and cp.link_rep is None:
+        return summaries(cp, topo, devices)
     paths = connection_routes(cp, topo, devices, share=not aware)
     shared = [False] * len(topo.links)
     if aware:

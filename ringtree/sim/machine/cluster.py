@@ -105,13 +105,6 @@ class Topology:
         return Router(self)
 
     @cached_property
-    def paths(self) -> dict:
-        """Every run's :func:`~ringtree.sim.machine.model.path` of a route by its ends
-        (source, destination, channel): a pure function of the topology, so kept with it
-        for every algorithm and size simulated on it."""
-        return {}
-
-    @cached_property
     def link_paths(self) -> dict:
         """The same summaries by the route's links, so equal routes share one."""
         return {}
@@ -119,6 +112,11 @@ class Topology:
     def route(self, a: int, b: int, channel: int = 0) -> tuple[int, ...]:
         """Link ids of the fixed route from device ``a`` to device ``b``."""
         return self._router.route(a, b, channel)
+
+    def channel_free(self, a: int, b: int) -> bool:
+        """Whether the route from ``a`` to ``b``, once asked for on any channel, read no
+        channel, so that it is the route of every channel (:meth:`Router.route`)."""
+        return (a, b, -1) in self._router.cache
 
     def split_route(self, a: int, b: int, channel: int = 0
                     ) -> tuple[tuple[int, ...], int, int, tuple[int, ...]]:

@@ -1,0 +1,70 @@
+"""Every connection's route looked up once per pair of devices, not once per connection.
+
+A tree all-reduce on 131,072 ranks has 4.2 M connections but far fewer pairs of devices
+that talk: its 16 channels join the same ranks, and a route that reads no channel is the
+route of every channel (:meth:`~ringtree.sim.machine.routing.Router.route` keeps it once,
+under channel −1). So the pairs are found with one ``np.unique`` over the connections'
+ends, each pair is routed once (on its first connection's channel), and only the pairs
+whose route did read the channel are routed per connection. Whether a route reads the
+channel is a property of the pair, not of the channel: a walk that made no choice by
+channel on one channel makes the same choices on every other, so it never reads one.
+
+What the engines need of the routes — latency, bottleneck and first-hop rate per
+connection, and which links more than one connection crosses — is then taken from the
+distinct summaries by index (:func:`summaries`), the same objects and floats the
+per-connection loop gave.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+__all__ = ["route_table", "summaries"]
+
+
+def route_table(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
+    """(distinct route summaries, the index of every connection's) for ``cp`` on ``topo``
+    (``devices[r]``: the device of rank r), kept in ``cp.memo`` for a sweep's sizes."""
+    from ringtree.sim.compile.compiled import _summary
+
+    key = ("route_table", id(topo), tuple(devices))
+    got = cp.memo.get(key)
+    if got is not None and got[0] is topo:
+        return got[1], got[2]
+    n = len(cp.conns)
+    dev = np.asarray(devices, np.int64)
+    ends = np.fromiter(chain.from_iterable(cp.conn_ranks), np.int64, 2 * n).reshape(n, 2)
+    a, b = dev[ends[:, 0]], dev[ends[:, 1]]
+    al, bl = a.tolist(), b.tolist()
+    cl = [c for _, _, c in cp.conns]
+    _, first, idx = np.unique(a * len(topo.devices) + b, return_index=True,
+                              return_inverse=True)
+    idx = idx.reshape(-1)
+    by_links, uniq, free = topo.link_paths, [], np.zeros(len(first), bool)
+    for i, j in enumerate(first.tolist()):
+        uniq.append(_summary(topo, topo.route(al[j], bl[j], cl[j]), by_links))
+        free[i] = topo.channel_free(al[j], bl[j])
+    rest = np.flatnonzero(~free[idx])
+    if len(rest):                      # routes that read the channel: one per connection
+        idx[rest] = np.arange(len(uniq), len(uniq) + len(rest))
+        uniq.extend(_summary(topo, topo.route(al[j], bl[j], cl[j]), by_links)
+                    for j in rest.tolist())
+    cp.memo[key] = (topo, uniq, idx)
+    return uniq, idx
+
+
+def summaries(cp, topo, devices: list[int]) -> tuple[list, list, list, list, list]:
+    """Latency, bottleneck, first-link rate and links of every connection, and whether
+    each link of ``topo`` carries more than one connection (a route crosses a link once
+    at most in the count: the links of one route are taken as a set)."""
+    uniq, idx = route_table(cp, topo, devices)
+    at = idx.tolist()
+    users = np.zeros(len(topo.links), np.int64)
+    for p, w in zip(uniq, np.bincount(idx, minlength=len(uniq)).tolist()):
+        if w and p.links:
+            users[list(set(p.links))] += w
+    cols = ([p.latency for p in uniq], [p.bottleneck for p in uniq],
+            [p.first for p in uniq], [p.links for p in uniq])
+    return (*(list(map(col.__getitem__, at)) for col in cols), (users > 1).tolist())

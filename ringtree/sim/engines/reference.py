@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Callable
 from functools import cached_property
 
@@ -341,24 +342,21 @@ class _Engine(_Network):
 
     def result(self) -> Result:
         cp, done = self.cp, self.done
-        if any(d < 0.0 for d in done):
-            stuck = [s for s in range(cp.nsteps) if done[s] < 0.0][:4]
+        at = np.asarray(done, np.float64)
+        if (at < 0.0).any():
+            stuck = np.flatnonzero(at < 0.0)[:4].tolist()
             desc = "; ".join(f"rank {cp.step_rank[s]} ch {cp.step_chan[s]} step "
                              f"{cp.step_name[s]}" for s in stuck)
             raise RuntimeError(f"simulation deadlocked: {desc}")
-        rank_done = [0.0] * cp.nranks
-        for s in range(cp.nsteps):
-            r = cp.step_rank[s]
-            if r < cp.nranks and done[s] > rank_done[r]:
-                rank_done[r] = done[s]
-        sums: dict[int, int] = {}                # steps share their slices' tuples
-        nbytes = 0
-        for s in cp.msg_sstep:
-            sl = cp.step_slices[s]
-            b = sums.get(id(sl))
-            if b is None:
-                b = sums[id(sl)] = sum(sl)
-            nbytes += b
+        # each rank's latest step (times are sums from +0.0: no -0.0 for max to order)
+        rk = np.asarray(cp.step_rank, np.int64)
+        real = rk < cp.nranks
+        latest = np.zeros(cp.nranks, np.float64)
+        np.maximum.at(latest, rk[real], at[real])
+        rank_done = latest.tolist()
+        sent = list(map(cp.step_slices.__getitem__, cp.msg_sstep))  # shared tuples
+        by_id = dict(zip(map(id, sent), sent))
+        nbytes = sum(sum(by_id[k]) * n for k, n in Counter(map(id, sent)).items())
         return Result(max(rank_done, default=0.0), rank_done, cp.nmsgs, nbytes, self.events,
                       self.start, done, self.transfers)
 

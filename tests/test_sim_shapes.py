@@ -1,9 +1,9 @@
 """Work the tree's ranks share, kept exact: a Program shape compiled once
 (:func:`ringtree.sim.compile.compiled.shape`), memory dependencies kept by reference
-identity, routes that read no channel kept once per pair, and connections routed once
-per pair of devices. Each is compared with the same work done with nothing shared:
-Programs deep-copied (no two share a reference, so every rank is compiled alone) and a
-fresh router per route."""
+identity, routes kept once per pair (or per residue of the channel they read), and
+connections routed once per pair of devices. Each is compared with the same work done
+with nothing shared: Programs deep-copied (no two share a reference, so every rank is
+compiled alone) and a fresh router per route."""
 
 from __future__ import annotations
 
@@ -65,6 +65,9 @@ def test_a_route_kept_for_every_channel_is_each_channels_own(topo_name, kw):
     # inside a node the channels share a route; across nodes each rail has its own
     kept = {k for k in shared.cache if k[2] == -1}
     assert kept or topo.routing != "updown"
+    # across DGX nodes a route reads the channel as its rail (mod 8): c and c + 8 share it
+    if topo_name.startswith("dgx"):
+        assert {period for period, _ in shared.periodic.values()} == {8}
 
 
 @pytest.mark.parametrize("topo_name,nodes,kw,algo", [

@@ -43,9 +43,13 @@ class Router:
         self.ups = [[i for i in o if lv[t.links[i].dst] > lv[t.links[i].src]] for o in self.out]
         self.memo: dict[int, frozenset[int]] = {}
         self.gpu_memo: dict[int, frozenset[int]] = {}
-        self.downs: dict[tuple[int, int, int], tuple[list[int], bool]] = {}
+        self.downs: dict[tuple[int, int, int], tuple[list[int], int]] = {}
         self.cache: dict[tuple[int, int, int], tuple[int, ...]] = {}
-        self.used = False           # whether the route being computed read its channel
+        # the channel's residues the route being computed read: lcm of the moduli
+        # (1: none, 0: the channel itself, in a hash); routes by (a, b): (period, {residue})
+        self.mod = 1
+        self.periodic: dict[tuple[int, int], tuple[int, dict[int, tuple[int, ...]]]] = {}
+        self.port_mod: dict[tuple[int, int], int] = {}
         self.bfs: dict[int, list[int]] = {}
         if t.uplinks not in UPLINKS:
             raise ValueError(f"{t.name}: unknown uplinks {t.uplinks!r}; expected one of "
@@ -78,13 +82,21 @@ class Router:
 
     def route(self, a: int, b: int, ch: int) -> tuple[int, ...]:
         """The route of (a, b) on channel ``ch``. A route none of whose choices read the
-        channel (``self.used`` stays False: every device it left had one candidate, or
-        chose by something else) is the route of every channel, so it is kept once per
-        (a, b) under channel -1: the 16 channels of a tree share its routes inside a node."""
+        channel (``self.mod`` stays 1: every device it left had one candidate, or chose by
+        something else) is the route of every channel, so it is kept once per (a, b) under
+        channel -1: the 16 channels of a tree share its routes inside a node. A route that
+        read the channel only as residues ``ch mod m`` (a node-local pick among m, a port
+        found through such picks) is the route of every channel with the same residues,
+        since each choice of the walk is then the same: it is kept under ``ch mod P``, P
+        the lcm of the moduli of the pair's first route (when this one's divides it), so
+        on ``dgx_h100`` channels c and c + 8 share one route across nodes."""
         key = (a, b, ch)
         r = self.cache.get(key) or self.cache.get((a, b, -1))
+        per = self.periodic.get((a, b)) if r is None and ch >= 0 else None
+        if per is not None:
+            r = per[1].get(ch % per[0])
         if r is None:
-            self.used = False
+            self.mod = 1
             if a == b:
                 r = ()
             elif self.t.routing == "updown":
@@ -93,8 +105,24 @@ class Router:
                 r = self._dor(a, b)
             else:
                 r = self._shortest(a, b)
-            self.cache[key if self.used else (a, b, -1)] = r
+            self._keep(a, b, ch, r)
         return r
+
+    def _keep(self, a: int, b: int, ch: int, r: tuple[int, ...]) -> None:
+        """Keep route ``r`` of (a, b, ch) for the channels it is the route of (:meth:`route`)."""
+        m = self.mod
+        if m == 1:
+            self.cache[(a, b, -1)] = r
+            return
+        per = self.periodic.setdefault((a, b), (m, {})) if m > 1 and ch >= 0 else None
+        if per is not None and per[0] % m == 0:
+            per[1][ch % per[0]] = r
+        else:
+            self.cache[(a, b, ch)] = r
+
+    def _read(self, m: int) -> None:
+        """The route being computed read the channel modulo ``m`` (0: the channel)."""
+        self.mod = 0 if m == 0 or self.mod == 0 else math.lcm(self.mod, m)
 
     def leaf_hop(self, d: int, ch: int = -1) -> tuple[int, int, int] | None:
         """(link d → p, link p → d, p) when every up-down, destination-mod-k route from
@@ -141,15 +169,19 @@ class Router:
               ) -> int:
         """The uplink of ``d`` among ``cands``; ``key`` holds what is left of the
         destination's D-mod-K digits (consumed here)."""
-        if len(cands) > 1:                      # the key comes from port(b, ch)
-            self.used = True
+        if len(cands) > 1 and self.t.devices[d].node >= 0:
+            self._read(len(cands))
         if self.t.devices[d].node >= 0:
             return cands[ch % len(cands)]
         if self.dmodk:
             k = len(cands)
+            if k > 1:                           # the key comes from port(b, ch)
+                self._read(self.port_mod[(b, ch)])
             x = key[0]
             key[0] = x // k
             return cands[x % k]
+        if len(cands) > 1:
+            self._read(0)
         h = (a * 2654435761 ^ b * 40503 ^ (ch + 1) * 97) & 0x7FFFFFFF
         return cands[h % len(cands)]
 
@@ -160,16 +192,17 @@ class Router:
         destination that is itself a switch has its device id."""
         got = self.ports.get((b, ch))
         if got is None:
-            t, d, got = self.t, b, b
+            t, d, got, m = self.t, b, b, 1
             while t.devices[d].node >= 0 and self.ups[d]:
                 ups = self.ups[d]
+                m = math.lcm(m, len(ups))
                 nxt = t.links[ups[ch % len(ups)]].dst
                 if t.devices[nxt].node < 0:
                     downs = self._downs(nxt)
                     got = self._ordinal(nxt) * len(downs) + downs.index(d)
                     break
                 d = nxt
-            self.ports[(b, ch)] = got
+            self.ports[(b, ch)], self.port_mod[(b, ch)] = got, m
         return got
 
     def _downs(self, s: int) -> list[int]:
@@ -229,18 +262,19 @@ class Router:
         got = self.downs.get(key) if self.dmodk else None
         if got is None:
             links = self.t.links
-            was, self.used = self.used, False
+            was, self.mod = self.mod, 1
             got = [self.link_of[(links[li].dst, links[li].src)] for li in
                    reversed(self._climb(b, top, a, b, ch,
                                         [self.port(b, ch)] if self.dmodk else [0]))]
-            got = (got, self.used)
-            self.used |= was
+            got = (got, self.mod)
+            self.mod, sub = was, self.mod
+            self._read(sub)
             if self.dmodk:
                 if len(self.downs) >= GPU_REACH_KEPT:
                     self.downs.clear()
                 self.downs[key] = got
         else:
-            self.used |= got[1]
+            self._read(got[1])
         return got[0]
 
     def _switch_of(self, d: int) -> tuple[int, list[int]] | None:

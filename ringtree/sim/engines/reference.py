@@ -361,20 +361,26 @@ class _Engine(_Network):
                       self.start, done, self.transfers)
 
 
-def _dependents(cp: Compiled) -> tuple[list[int], list[list[int]], list[int]]:
-    """The next step of every step's channel, the steps waiting on it, and how many
-    steps every step waits for."""
+def _dependents(cp: Compiled) -> tuple[list[int], list, list[int]]:
+    """The next step of every step's channel, the steps waiting on it (in step order;
+    one shared empty tuple for the many that none waits on), and how many steps every
+    step waits for. A channel's steps form a chain, so no two steps name the same
+    previous one."""
     ns = cp.nsteps
-    nxt_in_chan, dependents, pend = [-1] * ns, [[] for _ in range(ns)], [0] * ns
-    for s in range(ns):
-        p = cp.step_prev[s]
-        if p >= 0:
-            nxt_in_chan[p] = s
-            pend[s] += 1
+    prev = np.asarray(cp.step_prev, np.int64)
+    has = prev >= 0
+    nxt = np.full(ns, -1, np.int64)
+    nxt[prev[has]] = np.flatnonzero(has)
+    ndeps = np.fromiter(map(len, cp.step_deps), np.int64, ns)
+    none: tuple[int, ...] = ()
+    dependents: list = [none] * ns
+    for s in np.flatnonzero(ndeps).tolist():
         for d in cp.step_deps[s]:
-            dependents[d].append(s)
-            pend[s] += 1
-    return nxt_in_chan, dependents, pend
+            if dependents[d] is none:
+                dependents[d] = [s]
+            else:
+                dependents[d].append(s)
+    return nxt.tolist(), dependents, (has + ndeps).tolist()
 
 
 def engine_for(job: Job, fresh: bool = True) -> _Engine:

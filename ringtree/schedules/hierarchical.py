@@ -34,6 +34,7 @@ Only L − 1 … 2(L−1) messages cross the network per leader instead of p −
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ringtree.ir import program as ir
 from ringtree.ir.program import Buf, Collective, Program, Ref, Step, copy, inp, out, scr
@@ -53,8 +54,16 @@ class _Place:
     def ref(self, r: Ref) -> Ref:
         if self.stride:
             assert r.count == 1, "a strided place maps single chunks"
-            return Ref(self.buf, self.offset + r.index * self.stride, 1)
-        return Ref(self.buf, self.offset + r.index * self.scale, r.count * self.scale)
+            return _ref(self.buf, self.offset + r.index * self.stride, 1)
+        return _ref(self.buf, self.offset + r.index * self.scale, r.count * self.scale)
+
+
+@lru_cache(maxsize=1 << 16)
+def _ref(buf: Buf, index: int, count: int = 1) -> Ref:
+    """``Ref(buf, index, count)`` made once (Refs are immutable), as the tree does: the
+    chain ranks of one node then hold the same objects, and a simulator compiles each
+    shape of Program once (it keys on reference identities). The Programs are equal."""
+    return Ref(buf, index, count)
 
 
 def _embed(sub: Program, leaders: list[int], where: dict[Buf, _Place]) -> list[list[Step]]:
@@ -225,20 +234,44 @@ def all_reduce(n: int, r: int, opts: Options) -> Program:
              Buf.SCRATCH: _Place(Buf.SCRATCH)}
     inter = _embed(sub, lay.leaders, where) if leader else [[] for _ in sub.channels]
     chans = []
-    for c in range(len(sub.channels) // pieces):
-        group = range(c * pieces, (c + 1) * pieces)
-        subs = [sub.channels[j] for j in group]
-        steps = _interleave([inter[j] for j in group])
-        if pieces == 1:
-            runs = _touched(subs[0])
-            up = [lay.chain_up(inp(a, ln), Ref(stage, stage_off + a, ln)) for a, ln in runs]
-            down = [lay.chain_down(out(a, ln)) for a, ln in runs]
-        else:
-            order = _interleave(subs)
-            up = [lay.chain_up(inp(j, 1), Ref(stage, stage_off + j, 1)) for j in _first_use(order)]
-            down = [lay.chain_down(out(j, 1)) for j in _first_use(order, last=True)]
+    for c, (ups, downs) in enumerate(_chain_runs(sub, pieces)):
+        steps = _interleave([inter[j] for j in range(c * pieces, (c + 1) * pieces)])
+        up = [lay.chain_up(_ref(Buf.INPUT, a, ln), _ref(stage, stage_off + a, ln))
+              for a, ln in ups]
+        down = [lay.chain_down(_ref(Buf.OUTPUT, a, ln)) for a, ln in downs]
         chans.append([s for s in up if s is not None] + steps + [s for s in down if s is not None])
     return _program(Collective.ALL_REDUCE, n, r, C, chans, lay, scratch=scratch)
+
+
+# the chain runs of the last few inter-node Programs, by identity (the Program is kept,
+# so its identity cannot pass to another): every rank of a node reads its leader's
+_CHAIN_RUNS: dict[int, tuple[Program, int, list]] = {}
+
+
+def _chain_runs(sub: Program, pieces: int) -> list[tuple[list, list]]:
+    """Per channel of an all-reduce in ``pieces`` pieces over the inter-node Program
+    ``sub``: the (chunk, count) runs its chain reduce delivers, in the order the
+    inter-node steps first read them, and those its chain broadcast sends, in the order
+    they are last written (one piece: the runs the channel touches, both ways). Every
+    rank of a node computes the same from the same ``sub`` (the registry's), so it is
+    computed once per node."""
+    got = _CHAIN_RUNS.get(id(sub))
+    if got is not None and got[0] is sub and got[1] == pieces:
+        return got[2]
+    got_runs: list[tuple[list, list]] = []
+    for c in range(len(sub.channels) // pieces):
+        subs = [sub.channels[j] for j in range(c * pieces, (c + 1) * pieces)]
+        if pieces == 1:
+            runs = _touched(subs[0])
+            got_runs.append((runs, runs))
+        else:
+            order = _interleave(subs)
+            got_runs.append(([(j, 1) for j in _first_use(order)],
+                             [(j, 1) for j in _first_use(order, last=True)]))
+    if len(_CHAIN_RUNS) >= 16:
+        _CHAIN_RUNS.clear()
+    _CHAIN_RUNS[id(sub)] = (sub, pieces, got_runs)
+    return got_runs
 
 
 def pieces_for(nbytes: int, nodes: tuple[int, ...] | None, channels: int = 1,

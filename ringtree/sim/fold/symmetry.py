@@ -214,19 +214,20 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
         return None
     kept = _kept(("routes", key, id(topo), tuple(devices), aware), topo, key)
     routes = None
+    scans: dict = {}                         # the ranks' pass, where the routes needed it
     for g, x in tries:
-        scanned = False
         if (g, x) not in kept:
             if routes is None:
                 conns: set = set()           # read by the ranks' pass when it runs
-                if not _all_ranks(programs, g, x, n, regs, in_place, topo, key, conns):
+                got = scans[(g, x)] = _scanned(programs, g, x, n, in_place, topo, key, conns)
+                if got is False:
                     continue
-                scanned = True
                 routes = _routes(conns or _conns(programs), topo, devices, aware)
             kept[(g, x)] = routes.fold(g, n, x)
         f = kept[(g, x)]
-        if f is not None and (scanned or _all_ranks(programs, g, x, n, regs, in_place,
-                                                    topo, key)):
+        # the chunks' renamings (the costly part) only where the routes keep the fold
+        if f is not None and _all_ranks(programs, g, x, n, regs, in_place, topo, key,
+                                        scans.get((g, x))):
             return f
     return None
 
@@ -255,15 +256,11 @@ def _kept(k: tuple, topo: Topology, key: tuple | None) -> dict:
     return _FIND.lookup(k, dict, topo)
 
 
-def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
-               in_place: bool, topo: Topology, key: tuple | None,
-               conns: set | None = None) -> bool:
-    """Every rank outside block 0 is its parent moved (:func:`same_shape`, parents as
-    :func:`_blocks` says). What does not depend on the count is kept under ``key``: that
-    every rank's peers move (else False), every rank's XOR masks (None where it has none,
-    or in place) and their union, so that another count needs only the masks' lengths,
-    and the chunk renamings of the ranks whose masks do not keep them (:func:`_renamed`,
-    the part of :func:`same_shape` not kept). ``conns`` collects every rank's
+def _scanned(programs: Sequence[Program], g: int, x: bool, n: int, in_place: bool,
+             topo: Topology, key: tuple | None, conns: set | None = None):
+    """What :func:`_all_ranks` reads that does not depend on the count, kept under
+    ``key``: that every rank's peers move (else False), every rank's XOR masks (None
+    where it has none, or in place) and their union. ``conns`` collects every rank's
     connections when the Programs are read (each generated once)."""
     kept = _kept(("ranks", key, in_place), topo, key)
     got = kept.get((g, x))
@@ -273,6 +270,18 @@ def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
             per_rank, frozenset().union(*(m for _, _, m in per_rank if m is not None)),
             all(m is not None for _, _, m in per_rank))
         kept[(g, x)] = got
+    return got
+
+
+def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
+               in_place: bool, topo: Topology, key: tuple | None, got=None) -> bool:
+    """Every rank outside block 0 is its parent moved (:func:`same_shape`, parents as
+    :func:`_blocks` says): the peers and masks of :func:`_scanned` (``got``, when the
+    caller has it), so that another count needs only the masks' lengths, and the chunk
+    renamings of the ranks whose masks do not keep them (:func:`_renamed`, the part of
+    :func:`same_shape` not kept)."""
+    if got is None:
+        got = _scanned(programs, g, x, n, in_place, topo, key)
     if got is False:
         return False
     per_rank, union, every = got

@@ -119,8 +119,9 @@ class _Builder:
         chan, prev, deps, slices, ops, names = rows
         cp.step_rank += [rank] * len(chan)
         cp.step_chan += chan
-        cp.step_prev += [base + x if x >= 0 else -1 for x in prev]
-        cp.step_deps += [tuple([base + d for d in ds]) if ds else () for ds in deps]
+        links = rebased(base, prev, deps)
+        cp.step_prev += links[0]
+        cp.step_deps += links[1]
         cp.step_slices += slices
         cp.step_ops += ops
         cp.step_name += names
@@ -156,6 +157,13 @@ class _Builder:
         """Pair the i-th send with the i-th receive of every connection."""
         pair(self.cp, self.sends, self.recvs, self.send_ids, self.recv_ids,
              self.cp.step_slices)
+
+
+def rebased(first: int, prev: list[int], deps: list[tuple]) -> tuple[list[int], list[tuple]]:
+    """A shape's step links (previous step, memory dependencies) renumbered for a rank
+    whose steps start at ``first``; ``-1`` (no previous step) stays ``-1``."""
+    return ([first + x if x >= 0 else -1 for x in prev],
+            [tuple([first + d for d in ds]) if ds else () for ds in deps])
 
 
 def shape(p: Program, rank: int) -> tuple:

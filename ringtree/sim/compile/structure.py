@@ -38,6 +38,7 @@ from ringtree.sim.compile.compiled import (
     compile_programs,
     moving,
     passes,
+    rebased,
     shape,
 )
 
@@ -256,8 +257,9 @@ class Structure:
             first = len(lay.step_rank)
             lay.step_rank += [rank] * len(steps)
             lay.step_chan += chan
-            lay.step_prev += [first + x if x >= 0 else -1 for x in prev]
-            lay.step_deps += [tuple([first + d for d in ds]) if ds else () for ds in deps]
+            links = rebased(first, prev, deps)
+            lay.step_prev += links[0]
+            lay.step_deps += links[1]
             lay.step_ops += ops
             lay.step_name += own
             lay.step_own += own

@@ -1,10 +1,10 @@
 """The Communicator (``ncclComm_t``): a group of ranks that run collectives together.
 
-One class holds the layers of a call: each collective method validates its arguments
-into a frozen call spec (:mod:`ringtree.api`), the planner (:mod:`ringtree.runtime.planner`)
-turns the spec into a ready-to-run call, and the communicator issues it — now, into an
-open :meth:`group`, or as async work — to the executor (:mod:`ringtree.runtime.executor`),
-driven by :mod:`ringtree.runtime.progress`. Around that it owns the lifecycle: creation
+The collective methods (:mod:`ringtree.collectives`) validate their arguments into a
+frozen call spec (:mod:`ringtree.api`) or take the one-entry hot path; the planner
+(:mod:`ringtree.runtime.planner`) turns the spec into a ready-to-run call, and the
+communicator issues it — now, into an open :meth:`group`, or as async work — to the
+executor (:mod:`ringtree.runtime.executor`), driven by :mod:`ringtree.runtime.progress`. Around that it owns the lifecycle: creation
 (rendezvous and transports), ``split``/``new_group``, failure and shutdown.
 
 Failure propagation (the first rank that sees an error records it in the store for every
@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
 from contextlib import contextmanager
 
 import numpy as np
 
-from ringtree import api, failure
+from ringtree import failure
 from ringtree.bootstrap.netcheck import check_listener
 from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
+from ringtree.collectives import Collectives
 from ringtree.errors import CommAborted, CommRevoked
-from ringtree.ops import ReduceOp
 from ringtree.prof import attach, detach
 from ringtree.resilience.methods import Resilient
 from ringtree.runtime.aliasing import run_group
@@ -33,7 +32,7 @@ from ringtree.runtime.owner import ThreadOwner
 from ringtree.runtime.plan import Call
 from ringtree.runtime.planner import CallSpec, Planner, link_kind
 from ringtree.runtime.progress import Progress
-from ringtree.runtime.protocols.ll_runner import MISS, LLRunner
+from ringtree.runtime.protocols.ll_runner import LLRunner
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
 from ringtree.tuning.links import tune_for
@@ -42,7 +41,7 @@ from ringtree.tuning.tuner import parse_algo_spec
 from ringtree.work import Work
 
 
-class Communicator(Resilient):
+class Communicator(Collectives, Resilient):
     """A group of ranks that run collectives together (``ncclComm_t``).
 
     Collectives take ``torch.distributed`` names and semantics. With ``async_op=True``
@@ -125,102 +124,6 @@ class Communicator(Resilient):
         self._check_abort()
         if self.ll is not None:
             self.ll.check()
-
-    # ---- collectives: validate (api), plan (planner), issue ----------------------------
-
-    def all_reduce(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
-                   algo: str | None = None, timeout: float | None = None):
-        """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
-        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None \
-                and (out is None or type(out) is np.ndarray):
-            done = self.ll.all_reduce_now(self, x, op, out, timeout)  # the hot path
-            if done is not MISS:
-                return done
-        return self._run(api.for_all_reduce(self, x, op, out, algo), async_op, timeout)
-
-    def broadcast(self, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,
-                  timeout: float | None = None):
-        """Copy root's ``x`` into ``x`` on every rank."""
-        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.broadcast_now(self, x, root, timeout)  # the hot path
-            if done is not MISS:
-                return done
-        return self._run(api.for_broadcast(self, x, root, algo), async_op, timeout)
-
-    def reduce(self, x, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
-               algo: str | None = None, timeout: float | None = None):
-        """Reduce to ``root``: its ``x`` (or ``out``) gets the result; others are untouched."""
-        return self._run(api.for_reduce(self, x, root, op, out, algo), async_op, timeout)
-
-    def all_gather(self, x, *, out=None, async_op: bool = False, algo: str | None = None,
-                   timeout: float | None = None):
-        """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
-        (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
-        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.gather_now(self, x, out, timeout)
-            if done is not MISS:
-                return done
-        return self._run(api.for_all_gather(self, x, out, algo), async_op, timeout)
-
-    def reduce_scatter(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
-                       algo: str | None = None, timeout: float | None = None):
-        """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
-        r block r of the result, in ``out`` or a new array."""
-        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.scatter_now(self, x, out, op, timeout)
-            if done is not MISS:
-                return done
-        return self._run(api.for_reduce_scatter(self, x, op, out, algo), async_op, timeout)
-
-    def gather(self, x, root: int = 0, *, out=None, async_op: bool = False,
-               algo: str | None = None, timeout: float | None = None):
-        """Root receives every rank's ``x`` (shape ``(size, *x.shape)``); others get None."""
-        return self._run(api.for_gather(self, x, root, out, algo), async_op, timeout)
-
-    def scatter(self, x, root: int = 0, *, out=None, async_op: bool = False,
-                algo: str | None = None, timeout: float | None = None):
-        """Rank r receives block r of root's ``x`` (``size`` equal blocks) into ``out``.
-        Non-root ranks may pass ``x=None`` but then must pass ``out``."""
-        return self._run(api.for_scatter(self, x, root, out, algo), async_op, timeout)
-
-    def all_to_all(self, x, *, out=None, send_splits: Sequence[int] | None = None,
-                   recv_splits: Sequence[int] | None = None, async_op: bool = False,
-                   algo: str | None = None, timeout: float | None = None):
-        """Rank r sends block j of ``x`` to rank j and receives block r of every rank.
-
-        Equal blocks by default; ``send_splits``/``recv_splits`` give uneven block sizes
-        in rows of dimension 0 (torch's ``all_to_all_single``). Missing ``recv_splits``
-        are exchanged first.
-        """
-        spec = api.for_all_to_all(self, x, out, send_splits, recv_splits, algo)
-        return self._run(spec, async_op, timeout)
-
-    def barrier(self, *, async_op: bool = False, timeout: float | None = None):
-        """Return once every rank has entered the barrier (dissemination algorithm)."""
-        return self._run(api.for_barrier(), async_op, timeout)
-
-    def send(self, x, dst: int, tag: int = 0, *, timeout: float | None = None):
-        """Send ``x`` to rank ``dst`` (matched in order per (dst, tag))."""
-        return self._run(api.for_p2p(self, x, dst, tag, True), False, timeout)
-
-    def recv(self, x, src: int, tag: int = 0, *, timeout: float | None = None):
-        """Receive into ``x`` from rank ``src``; returns ``x``."""
-        return self._run(api.for_p2p(self, x, src, tag, False), False, timeout)
-
-    def isend(self, x, dst: int, tag: int = 0) -> Work:
-        return self._run(api.for_p2p(self, x, dst, tag, True), True, None)
-
-    def irecv(self, x, src: int, tag: int = 0) -> Work:
-        return self._run(api.for_p2p(self, x, src, tag, False), True, None)
-
-    def broadcast_object(self, obj: object = None, root: int = 0) -> object:
-        """Root's picklable ``obj`` on every rank. Unpickles what root sent: use only
-        within a trusted job."""
-        return api.broadcast_object(self, obj, root)
-
-    def all_gather_object(self, obj: object) -> list:
-        """Every rank's picklable ``obj``, in rank order (unpickles peers' data)."""
-        return api.all_gather_object(self, obj)
 
     # ---- issuing ------------------------------------------------------------------------
 

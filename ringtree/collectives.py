@@ -51,6 +51,10 @@ class Collectives:
     def reduce(self, x, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
                algo: str | None = None, timeout: float | None = None):
         """Reduce to ``root``: its ``x`` (or ``out``) gets the result; others are untouched."""
+        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
+            done = self.ll.reduce_now(self, x, root, op, out, timeout)  # the hot path
+            if done is not MISS:
+                return done
         return self._run(api.for_reduce(self, x, root, op, out, algo), async_op, timeout)
 
     def all_gather(self, x, *, out=None, async_op: bool = False, algo: str | None = None,

@@ -13,7 +13,8 @@ It owns every decision between the API and the executor:
   it announces in the LL segment when it runs on Simple;
 - *hot path*: :attr:`Planner.ready` gives an in-place NumPy all-reduce whose shape was
   planned on LL its prepared op with one dictionary look-up (:attr:`Planner.ready_blocks`
-  the same for an all-gather or reduce-scatter into a separate NumPy ``out``, a broadcast);
+  the same for an all-gather or reduce-scatter into a separate NumPy ``out``, a broadcast,
+  a reduce);
 - *fallbacks*: an algorithm that cannot run in place gets a private copy of the input;
   PREMUL_SUM reduces a pre-scaled copy (the user's input is never changed);
 - *scratch*: a plan keeps its scratch and staging buffers and lends them to one call at a
@@ -116,14 +117,19 @@ class Planner:
 
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
         """Give :attr:`ready` a NumPy all-reduce planned on LL, :attr:`ready_blocks` an
-        all-gather or reduce-scatter into a NumPy ``out`` apart, or a broadcast (not bfloat16,
+        all-gather or reduce-scatter into a NumPy ``out`` apart, a broadcast, or a reduce (not bfloat16,
         whose storage is not its dtype, PREMUL_SUM, whose factor is per call, a user op)."""
         x, op, coll, red = spec.result, spec.op, spec.coll, spec.reducer
+        if coll is Collective.REDUCE:  # every rank (a non-root's result is None)
+            x = spec.inp
         if type(x) is not np.ndarray or spec.dtype is DType.BFLOAT16 or \
                 op is ReduceOp.PREMUL_SUM or red is not None and red.user is not None:
             return
         if coll is Collective.ALL_REDUCE:
             self.ready[(x.dtype, x.size, op, spec.in_place)] = (plan.ll_op, red)
+        elif coll is Collective.REDUCE:  # key: (REDUCE, dtype, count, op, root, in place)
+            self.ready_blocks[(coll, x.dtype, spec.count, op, spec.root, spec.in_place)] = \
+                (plan.ll_op, red)
         elif coll in BLOCK_HOT and spec.in_place is (coll is Collective.BROADCAST) and \
                 spec.post is None:  # key: (coll, dtype, count, op, or root if op is None)
             self.ready_blocks[(coll, x.dtype, spec.count, op or spec.root)] = (plan.ll_op, red)

@@ -1112,6 +1112,50 @@ static PyObject *Round_bshot(Round *k, PyObject *const *args, Py_ssize_t nargs) 
     return PyLong_FromLong(r);
 }
 
+/* ---- a reduce in one entry ---------------------------------------------------------- */
+
+/* rhot(x, out, s, seq) -> int: a reduce's one C entry (reduce_now). At the root (the
+ * round folds every rank's row in the Program's order): hot(x, out, s, seq), the
+ * all-reduce's entry. At any other rank (the round folds nothing): x, C-contiguous (it
+ * may be read-only) of the round's nbytes, written into this rank's area (streamed from
+ * SHARE_NT bytes), published and waited for; out must be None (the rank's buffers are
+ * not written). The header from set_head, recorded as collective `seq` as hot() records.
+ * NOBUF when the arrays are not that (nothing was done: the general path); otherwise
+ * run()'s codes (not -1: the entry stays started; the caller completes the wait, the
+ * root folds with fold(), and completes the entry). */
+static PyObject *Round_rhot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (k->fold != NULL)
+        return Round_hot(k, args, nargs);
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "rhot(x, out, s, seq)");
+        return NULL;
+    }
+    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
+    long long seq = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer xb;
+    if (args[1] != Py_None || k->nrows != 0 ||
+        PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(NOBUF);
+    }
+    if (xb.len != k->nbytes) {
+        PyBuffer_Release(&xb);
+        return PyLong_FromLong(NOBUF);
+    }
+    int64_t *mark = fr_start(k, seq);
+    const uint64_t h[3] = {k->head[0], k->head[1] | (s & 0xFFFFFFFFu), k->head[2]};
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = round_body(k, (int)(s & 1), s, h, xb.buf, xb.len, NULL, 0);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&xb);
+    if (r == -1)
+        fr_done(k, mark, seq);
+    return PyLong_FromLong(r);
+}
+
 /* ---- an all-reduce as a reduce-scatter and an all-gather through the segment ---------
  * Each rank stages (n-1)/n of its part (every block but its own), folds its own block of
  * every rank's part in the Program's order (its own from the input) into its cell of the
@@ -1288,6 +1332,8 @@ static PyMethodDef Round_methods[] = {
      "bshot(x, out, s, seq): an in-place broadcast in one entry (NOBUF: not for it)"},
     {"shot", (PyCFunction)(void (*)(void))Round_shot, METH_FASTCALL,
      "shot(x, out, s, seq): a reduce-scatter in one entry, recorded (NOBUF: not for it)"},
+    {"rhot", (PyCFunction)(void (*)(void))Round_rhot, METH_FASTCALL,
+     "rhot(x, out, s, seq) -> int: a reduce's one entry (the root: hot; others write)"},
     {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,
      "hot(x, out, s, seq): the round from x into out, recorded (NOBUF: not for it)"},
     {"record", (PyCFunction)(void (*)(void))Round_record, METH_FASTCALL,

@@ -208,12 +208,12 @@ class LLOp:
         self.k = None if n == 1 or op_code == USER_OP or not native.enabled() else \
             native.round_for(ll, shape.order, shape.block, dt.code, storage.itemsize, op_code,
                              count, per, size)
-        # the all-reduce hot path's one C entry (LLRunner.all_reduce_now): a plain fold
+        # one C entry: an all-reduce's plain fold (all_reduce_now), a reduce (reduce_now)
         split = folds and n > 1 and coll is Collective.ALL_REDUCE and \
             ll_split.applies(self, op_code, self.count * storage.itemsize)
         self.hot = self.rec = None  # rec: the flight recorder hot writes to (its caller sets)
-        if folds and self.k is not None and not (self.chunk or self.premul or self.avg or
-                                                 split) and coll is Collective.ALL_REDUCE:
+        if self.k is not None and not (self.chunk or self.premul or self.avg or split) and \
+                (folds and coll is Collective.ALL_REDUCE or coll is Collective.REDUCE):
             self.hot = self.k
             self.k.set_head(*self.head)
         if folds and n == 1:

@@ -30,21 +30,18 @@ A call of the last shape one of these ran, all-gather, reduce-scatter or in-plac
 broadcast, is one C entry on the communicator's hot path (:func:`gather_now`,
 :func:`scatter_now`, :func:`broadcast_now`: ``Round.ghot``, ``Round.shot``,
 ``Round.bshot``), the flight recorder's entry written from C; a late peer hands the
-rest of the call back to Python.
+rest of the call back to Python (:func:`~.ll_entry.enter`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from threading import get_ident
 
 import numpy as np
 
-from ringtree.errors import RingtreeError
 from ringtree.ir.program import Collective
-from ringtree.settings import MIN_TIMEOUT, as_timeout
+from ringtree.runtime.protocols.ll_entry import enter, timeout_of
 from ringtree.transports import shm_native as native
-from ringtree.transports.shm_native import NOBUF
 
 # planner.ready's keys for the last all-gather, reduce-scatter and broadcast shapes the
 # one-entry paths took (cleared with it)
@@ -142,41 +139,11 @@ def _general(runner, comm, coll: Collective, x: np.ndarray, out, red,
 
 def _one_entry(runner, comm, coll: Collective, key: str, x: np.ndarray, out, red,
                timeout: float | None):
-    if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
-        timeout = as_timeout(timeout)  # refused before the call is numbered, as _run
+    timeout = timeout_of(timeout)
     m = comm.planner.ready.get(key)
-    ex, ll = comm.executor, runner.ll
-    s = ll.seq + 1
     if m is None or x.dtype is not m[0] or x.size != m[1] or red is not m[2] or \
-            type(out) is not np.ndarray or comm._group is not None or \
-            comm.health.broken is not None or runner.pending or comm._closed or \
-            ex._batches or ex.observer.active or ll.synced < s - 1:
+            type(out) is not np.ndarray or not enter(runner, comm, m, x, out, timeout):
         return _general(runner, comm, coll, x, out, red, timeout)
-    if comm._owner.ident != get_ident() and not comm.background:
-        comm._owner.check(comm.rank)
-    op, fr = m[3], comm.flight
-    if op.rec is not fr:
-        op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc, fr)
-        op.rec = fr
-    seq = comm.seq + 1
-    r = m[4](x, out, s, seq)
-    if r == NOBUF:
-        return _general(runner, comm, coll, x, out, red, timeout)
-    comm.seq, ll.seq = seq, s
-    ll.written[s & 1] = None  # the kernel wrote all three header words
-    if r != -1:
-        try:
-            native.finish(ll, op.hot, r, s, comm.timeout if timeout is None else timeout,
-                          op.describe)
-        except RingtreeError as err:
-            err = comm._on_error(err)
-            if fr is not None:
-                fr.end_native(err)
-            raise err from None
-        m[5](x, out, s & 1)
-        if fr is not None:
-            fr.end_native()
-    ll.synced = s
     return out
 
 

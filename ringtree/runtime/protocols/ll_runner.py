@@ -32,7 +32,7 @@ from ringtree.ir.program import Collective, Program
 from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
-from ringtree.runtime.protocols import ll_direct, ll_gather
+from ringtree.runtime.protocols import ll_direct, ll_entry, ll_gather
 from ringtree.runtime.protocols.ll import LLOp, fits
 from ringtree.runtime.protocols.ll_split import Split
 from ringtree.settings import MIN_TIMEOUT, as_timeout
@@ -41,7 +41,7 @@ from ringtree.transports.shm_ll import LL, open_ll
 from ringtree.transports.shm_native import NOBUF
 from ringtree.work import Work
 
-MISS = object()          # all_reduce_now: the call takes the general path
+MISS = ll_entry.MISS     # all_reduce_now: the call takes the general path
 # the key of planner.ready's entry for the last shape all_reduce_now took (so clearing
 # ready clears it too): a str, whose hash is kept, that no call's key tuple equals
 HOT = "all_reduce_now: the last shape"
@@ -320,6 +320,7 @@ class LLRunner:
     gather_now = ll_gather.gather_now  # all_gather's one C entry, else blocks_now
     scatter_now = ll_gather.scatter_now  # reduce_scatter's one C entry, else blocks_now
 
+    reduce_now = ll_entry.reduce_now  # reduce's one C entry, else MISS
     broadcast_now = ll_gather.broadcast_now  # broadcast's one C entry, else:
 
     def broadcast_blocks(self, comm, x: np.ndarray, root, timeout: float | None):

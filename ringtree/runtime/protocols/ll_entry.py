@@ -1,0 +1,124 @@
+"""The one C entry of a call whose shape ran before, and the reduce's.
+
+The communicator's hot paths for an all-gather, a reduce-scatter, a broadcast
+(:mod:`.ll_gather`) and a reduce (:func:`reduce_now`) keep the last shape each ran on a
+one-part compiled op in ``planner.ready`` (cleared with it) as a tuple whose fields 3-5
+are the :class:`~ringtree.runtime.protocols.ll.LLOp`, its C entry (``Round.ghot``,
+``shot``, ``bshot``, ``rhot``) and what Python does after a late peer. Once the caller
+matched the shape by identity, :func:`enter` makes the O(1) checks of ``_run`` (group,
+broken, closed, async LL calls pending, async Simple work in flight, an active profiler,
+the parity, the issuing thread), calls the entry, which checks the memory (``NOBUF``:
+nothing was done, the general path runs and refuses or copes as before) and writes the
+flight recorder's entry, and completes a call whose wait the kernel handed back
+(:func:`~ringtree.transports.shm_native.finish`: a sleeping peer rung, a late one waited
+for with the liveness checks that name a dead rank, the timeout).
+
+A reduce (``Communicator.reduce``) runs the same round as the general path's LL op: the
+root folds every rank's contribution in the Program's order (``Round.hot``'s body, so
+the bits of the rank-order fold), every other rank writes its contribution and waits
+(``Round.rhot``); a non-root's buffers are never written.
+"""
+
+from __future__ import annotations
+
+from threading import get_ident
+
+import numpy as np
+
+from ringtree.errors import RingtreeError
+from ringtree.ir.program import Collective
+from ringtree.ops import OP_NAMES
+from ringtree.settings import MIN_TIMEOUT, as_timeout
+from ringtree.transports import shm_native as native
+from ringtree.transports.shm_native import NOBUF
+
+MISS = object()          # a hot path's answer: the call takes the general path
+REDUCE = "reduce_now: the last shape"  # planner.ready's key for it
+
+
+def timeout_of(timeout) -> float | None:
+    """``timeout`` checked before the call is numbered, as ``_run`` does."""
+    if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
+        return as_timeout(timeout)
+    return timeout
+
+
+def enter(runner, comm, m: tuple, x: np.ndarray, out, timeout: float | None) -> bool:
+    """Run one call of the shape ``m`` (``planner.ready``'s entry) in its C entry with
+    ``x`` and ``out`` as the entry takes them. False: nothing was done (a check or the
+    entry refused), the caller takes the general path; True: the call completed (a
+    failure raised, recorded for every rank and in the flight recorder)."""
+    ex, ll = comm.executor, runner.ll
+    s = ll.seq + 1
+    if comm._group is not None or comm.health.broken is not None or runner.pending or \
+            comm._closed or ex._batches or ex.observer.active or ll.synced < s - 1:
+        return False
+    if comm._owner.ident != get_ident() and not comm.background:
+        comm._owner.check(comm.rank)
+    op, fr = m[3], comm.flight
+    if op.rec is not fr:
+        op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc, fr)
+        op.rec = fr
+    seq = comm.seq + 1
+    r = m[4](x, out, s, seq)
+    if r == NOBUF:
+        return False
+    comm.seq, ll.seq = seq, s
+    ll.written[s & 1] = None  # the kernel wrote all three header words
+    if r != -1:
+        try:
+            native.finish(ll, op.hot, r, s, comm.timeout if timeout is None else timeout,
+                          op.describe)
+        except RingtreeError as err:
+            err = comm._on_error(err)
+            if fr is not None:
+                fr.end_native(err)
+            raise err from None
+        m[5](x, out, s & 1)
+        if fr is not None:
+            fr.end_native()
+    ll.synced = s
+    return True
+
+
+def reduce_now(runner, comm, x: np.ndarray, root, op, out, timeout: float | None):
+    """``LLRunner.reduce_now``: a NumPy reduce (``out`` a NumPy array or None) whose shape,
+    root and op (matched by identity, as the caller wrote them) ran on a compiled
+    one-part LL op, in one C call, ``Round.rhot``: the root folds in place or into
+    ``out`` (x's dtype and shape, not overlapping it), the other ranks write and wait.
+    AVG and PREMUL_SUM, float16 and user ops, a torch tensor or a first call of a shape
+    answer :data:`MISS` (the general path, which then keeps the shape)."""
+    timeout = timeout_of(timeout)
+    m = comm.planner.ready.get(REDUCE)
+    if m is None or x.dtype is not m[0] or x.size != m[1] or root is not m[2] or \
+            op is not m[6] or m[7] is not None and (out is None or out is x) is not m[7]:
+        m = _learn(comm, x, root, op, out)
+        if m is None:
+            return MISS
+    mine = m[7] is not None
+    if not enter(runner, comm, m, x, out if mine else None, timeout):
+        return MISS
+    return (x if out is None else out) if mine else None
+
+
+def _learn(comm, x: np.ndarray, root, op, out) -> tuple | None:
+    """The planned reduce of this shape (``planner.ready_blocks``) as ``ready[REDUCE]``,
+    if its op has the one entry; None otherwise."""
+    if type(root) is not int or not (type(out) is np.ndarray or out is None):
+        return None
+    mine = comm.rank == root
+    in_place = mine and (out is None or out is x)
+    hit = comm.planner.ready_blocks.get((Collective.REDUCE, x.dtype, x.size, OP_NAMES.get(
+        op.lower()) if type(op) is str else op, root, in_place))
+    if hit is None or hit[0].hot is None:
+        return None
+    lop = hit[0]
+    k = lop.hot
+
+    def after(x: np.ndarray, o, p: int) -> None:  # a late peer: the root folds
+        if mine:
+            k.fold(x if o is None else o, p)
+
+    m = comm.planner.ready[REDUCE] = (x.dtype, x.size, root, lop, k.rhot, after, op,
+                                      in_place if mine else None)
+    return m

@@ -1,7 +1,10 @@
 """The reduce-scatter's one C entry (``Round.shot``, ``LLRunner.scatter_now``) against
 the path it replaced (``LLRunner.blocks_now``: ``run_arrays``, the runner, the flight
 recorder's Python entry, ``Round.scatter``), alternated in one ``ringtree run`` job;
-``--coll broadcast``: ``Round.bshot`` against ``LLRunner.broadcast_blocks``.
+``--coll broadcast``: ``Round.bshot`` against ``LLRunner.broadcast_blocks``; ``--coll
+reduce``: ``Round.rhot`` (``LLRunner.reduce_now``) against the general path every reduce
+took before it (``api.for_reduce``, the planner, ``LLRunner.run``), a sum to rank 0 into
+a separate ``out``.
 
 Float32 sums into a separate ``out``; for each input size, blocks of calls of each path
 alternate (old, new, old, new ...) after a barrier, every call timed alone with
@@ -11,6 +14,7 @@ loaded host), and new ÷ old, with the load average at the start and the end.
 
     python benchmarks/ll_scatter_hot.py --ranks 2 --sizes 8K 64K 256K 1M
     python benchmarks/ll_scatter_hot.py --coll broadcast --ranks 2 4 --sizes 8K 64K 256K
+    python benchmarks/ll_scatter_hot.py --coll reduce --ranks 2 --sizes 8 8K 64K 256K
 """
 
 from __future__ import annotations
@@ -27,24 +31,32 @@ JOB = r"""
 import json, sys, time
 import numpy as np
 import ringtree
+from ringtree import api
 from ringtree.ir.program import Collective
+from ringtree.runtime.protocols.ll_entry import REDUCE
 from ringtree.runtime.protocols.ll_runner import MISS
 sizes, blocks, calls = [int(s) for s in sys.argv[1].split(",")], int(sys.argv[2]), int(sys.argv[3])
-bcast = sys.argv[4] == "broadcast"
+bcast, red = sys.argv[4] == "broadcast", sys.argv[4] == "reduce"
 c = ringtree.init()
 clock, RS = time.perf_counter_ns, Collective.REDUCE_SCATTER
 res = {}
 for nbytes in sizes:
     x = np.ones(nbytes // 4, np.float32) * (c.rank + 1)
     out = np.empty(x.size // c.size, np.float32)
-    if bcast:  # in place from rank 0
+    if red:  # to rank 0, into out
+        out = np.empty_like(x)
+        old = lambda: c._run(api.for_reduce(c, x, 0, "sum", out, None), False, None)
+        new = lambda: c.reduce(x, 0, "sum", out=out)
+    elif bcast:  # in place from rank 0
         old = lambda: c.ll.broadcast_blocks(c, x, 0, None)
         new = lambda: c.broadcast(x, root=0)
     else:
         old = lambda: c.ll.blocks_now(c, RS, x, out, "sum", None)
         new = lambda: c.reduce_scatter(x, "sum", out=out)
     new()  # planned (the general path), then the old path's answer tells if it is on LL
-    if old() is MISS:
+    if red:
+        new()  # the second call keeps the shape (planner.ready) and takes the C entry
+    if c.planner.ready.get(REDUCE) is None if red else old() is MISS:
         res[nbytes] = None
         continue
     new(), old(), new()
@@ -74,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", default=["8K", "64K", "256K", "1M"])
     p.add_argument("--blocks", type=int, default=15, help="blocks of each path, alternated")
     p.add_argument("--calls", type=int, default=60, help="calls per block")
-    p.add_argument("--coll", choices=("reduce_scatter", "broadcast"), default="reduce_scatter")
+    p.add_argument("--coll", choices=("reduce_scatter", "broadcast", "reduce"), default="reduce_scatter")
     a = p.parse_args(argv)
     sizes = [parse_size(s, "--sizes") for s in a.sizes]
     with open("/proc/loadavg") as f:
@@ -88,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         if not lines:
             raise RuntimeError(f"{n} ranks failed:\n{done.stdout[-2000:]}"
                                f"{done.stderr[-2000:]}")
-        what = "in-place broadcast from rank 0" if a.coll == "broadcast" else \
-            "sum reduce-scatter into out"
+        what = {"broadcast": "in-place broadcast from rank 0", "reduce": "sum reduce to "
+                "rank 0 into out"}.get(a.coll, "sum reduce-scatter into out")
         print(f"\n{n} ranks, float32 {what}, µs per call (slowest "
               "rank's median and p10; 'C entries': calls the kernel recorded, "
               f"of {a.blocks * a.calls} new ones)")

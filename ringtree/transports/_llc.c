@@ -508,14 +508,18 @@ static PyObject *misfit(Py_buffer *xb, Py_buffer *ob, const char *msg) {
  * this core's caches): fold the rows into out with this rank's own row, if one is a
  * part of its contribution, read from x (the same bytes, still cached) a tile at a
  * time into L1, each tile then copied to out (which may be x). 0: no own row to read */
-static int fold_own(Round *k, int p, const char *x, Py_ssize_t xlen, char *out,
-                    Py_ssize_t olen) {
-    int own = -1;
-    for (int i = 0; i < k->nrows && own < 0; i++) {
+static int own_row(Round *k, int p, Py_ssize_t xlen, Py_ssize_t olen) {
+    for (int i = 0; i < k->nrows; i++) {
         Py_ssize_t d = k->row_off[p][i] - k->mine_off[p];
         if (d >= 0 && d + olen <= xlen)  /* rows lie in their ranks' disjoint areas */
-            own = i;
+            return i;
     }
+    return -1;
+}
+
+static int fold_own(Round *k, int p, const char *x, Py_ssize_t xlen, char *out,
+                    Py_ssize_t olen) {
+    int own = own_row(k, p, xlen, olen);
     if (own < 0)
         return 0;
     const char *mine = x + (k->row_off[p][own] - k->mine_off[p]);
@@ -652,9 +656,11 @@ static void fr_done(Round *k, int64_t *mark, long long seq) {
  * FlightRecorder.end_native). */
 #define NOBUF (-RING)
 static int split_body(Round *k, uint64_t s, const uint64_t h[3], const char *x, char *out);
-static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+static int root_body(Round *k, int p, uint64_t s, const uint64_t h[3], const char *x,
+                     Py_ssize_t len, char *out);
+static PyObject *hot_entry(Round *k, PyObject *const *args, Py_ssize_t nargs, int unread) {
     if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "hot(x, out, s, seq)");
+        PyErr_SetString(PyExc_TypeError, unread ? "rhot(x, out, s, seq)" : "hot(x, out, s, seq)");
         return NULL;
     }
     uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
@@ -688,6 +694,8 @@ static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     Py_BEGIN_ALLOW_THREADS
     if (k->pair != NULL)
         r = split_body(k, s, h, xb.buf, out);
+    else if (unread)
+        r = root_body(k, (int)(s & 1), s, h, xb.buf, xb.len, out);
     else
         r = round_body(k, (int)(s & 1), s, h, xb.buf, xb.len, out, xb.len);
     Py_END_ALLOW_THREADS
@@ -697,6 +705,10 @@ static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (r == -1)
         fr_done(k, mark, seq);
     return PyLong_FromLong(r);
+}
+
+static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    return hot_entry(k, args, nargs, 0);
 }
 
 /* record(ring, marks, ctr, desc, recorder) -> None: bind the flight recorder hot
@@ -1114,18 +1126,35 @@ static PyObject *Round_bshot(Round *k, PyObject *const *args, Py_ssize_t nargs) 
 
 /* ---- a reduce in one entry ---------------------------------------------------------- */
 
+/* the root of a reduce, the GIL released by the caller: no peer reads its contribution,
+ * so it is not copied into the segment; publish, wait, fold the rows with its own read
+ * from x (fold_own: the same operands in the same order, a tile at a time, so out may
+ * be x). Round_run's codes; not -1: out is not written and the own row is not in the
+ * segment (the caller writes it there, then folds). Without an own row: round_body. */
+static int root_body(Round *k, int p, uint64_t s, const uint64_t h[3], const char *x,
+                     Py_ssize_t len, char *out) {
+    if (own_row(k, p, len, len) < 0)
+        return round_body(k, p, s, h, x, len, out, len);
+    int r = publish_wait(k, p, s, h);
+    if (r == -1)
+        fold_own(k, p, x, len, out, len);
+    return r;
+}
+
 /* rhot(x, out, s, seq) -> int: a reduce's one C entry (reduce_now). At the root (the
  * round folds every rank's row in the Program's order): hot(x, out, s, seq), the
- * all-reduce's entry. At any other rank (the round folds nothing): x, C-contiguous (it
- * may be read-only) of the round's nbytes, written into this rank's area (streamed from
- * SHARE_NT bytes), published and waited for; out must be None (the rank's buffers are
- * not written). The header from set_head, recorded as collective `seq` as hot() records.
- * NOBUF when the arrays are not that (nothing was done: the general path); otherwise
- * run()'s codes (not -1: the entry stays started; the caller completes the wait, the
- * root folds with fold(), and completes the entry). */
+ * all-reduce's entry, but for its own contribution, which is folded from x and never
+ * copied into the segment (root_body). At any other rank (the round folds nothing): x,
+ * C-contiguous (it may be read-only) of the round's nbytes, written into this rank's
+ * area (streamed from SHARE_NT bytes), published and waited for; out must be None (the
+ * rank's buffers are not written). The header from set_head, recorded as collective
+ * `seq` as hot() records. NOBUF when the arrays are not that (nothing was done: the
+ * general path); otherwise run()'s codes (not -1: the entry stays started; the caller
+ * completes the wait, the root writes its contribution into the segment and folds with
+ * fold(), and completes the entry). */
 static PyObject *Round_rhot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (k->fold != NULL)
-        return Round_hot(k, args, nargs);
+        return hot_entry(k, args, nargs, 1);
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "rhot(x, out, s, seq)");
         return NULL;

@@ -13,10 +13,11 @@ flight recorder's entry, and completes a call whose wait the kernel handed back
 (:func:`~ringtree.transports.shm_native.finish`: a sleeping peer rung, a late one waited
 for with the liveness checks that name a dead rank, the timeout).
 
-A reduce (``Communicator.reduce``) runs the same round as the general path's LL op: the
-root folds every rank's contribution in the Program's order (``Round.hot``'s body, so
-the bits of the rank-order fold), every other rank writes its contribution and waits
-(``Round.rhot``); a non-root's buffers are never written.
+A reduce (``Communicator.reduce``) runs the same round as the general path's LL op
+(``Round.rhot``): the root folds every rank's contribution in the Program's order, its
+own read from its input (no peer reads it, so it is not copied into the segment; the
+same operands in the same order: the bits of the rank-order fold); every other rank
+writes its contribution and waits, its buffers never written.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def _learn(comm, x: np.ndarray, root, op, out) -> tuple | None:
     k = lop.hot
 
     def after(x: np.ndarray, o, p: int) -> None:  # a late peer: the root folds
-        if mine:
+        if mine:  # with its contribution, which the kernel did not copy, in the segment
+            lop.mine[p][...] = x.reshape(-1)
             k.fold(x if o is None else o, p)
 
     m = comm.planner.ready[REDUCE] = (x.dtype, x.size, root, lop, k.rhot, after, op,

@@ -29,7 +29,7 @@ def test_defaults_are_nccl_tests():
     o = parse_args(["all_reduce"])
     assert (o.min_bytes, o.max_bytes, o.step_bytes, o.step_factor) == (32 << 20, 32 << 20,
                                                                        1 << 20, 1)
-    assert (o.iters, o.warmup, o.agg, o.cycles, o.check) == (20, 1, 1, 1, 1)
+    assert (o.iters, o.warmup, o.agg, o.cycles, o.check) == (0, 1, 1, 1, 1)
     assert (o.ops, o.dtypes, o.root, o.blocking, o.average) == (["sum"], [DType.FLOAT32], 0,
                                                                 0, 1)
     assert (o.timeout, o.cputime, o.timestamps, o.json, o.backend) == (0, 0, 0, None,

@@ -37,6 +37,8 @@ def check_table(out: str, nranks: int, sizes: list[int], device: str) -> list[li
     assert re.fullmatch(r"# nThread 1 nGpus 1 minBytes \d+ maxBytes \d+ step: \d+\((factor|"
                         r"bytes)\) warmup iters: \d+ iters: \d+ agg iters: \d+ validation: \d+ "
                         r"graph: 0 unalign: 0", lines[2])
+    if lines[3].startswith("# Iters 0: per size"):  # -n 0, the default
+        del lines[3]
     assert lines[3:5] == ["#", "# Using devices"]
     rank_lines = lines[5:5 + nranks]
     for r, line in enumerate(rank_lines):

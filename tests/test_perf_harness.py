@@ -15,7 +15,7 @@ import pytest
 from ringtree.perf import format as fmt
 from ringtree.perf.backends import RingtreeBackend
 from ringtree.perf.bench import Harness
-from ringtree.perf.flags import parse_args
+from ringtree.perf.flags import auto_iters, parse_args
 from ringtree.testing import RankPool, raise_first
 
 
@@ -159,3 +159,17 @@ def test_z0_issues_blocking_calls_unless_async(pool3):
         assert rc == 0 and seen == {False}
     for rc, seen in raise_first(pool3.run(_issued, True)):
         assert rc == 0 and True in seen
+
+
+def test_default_iterations_per_size(pool3, tmp_path):
+    """``-n`` left at 0 times 1,000 calls of a small size and nccl-tests' 20 from 1.6 MB
+    (a 20-call train of 2 µs calls would mostly time the ranks' skew leaving the barrier)."""
+    assert (auto_iters(8), auto_iters(64 << 10), auto_iters(2 << 20)) == (1000, 512, 20)
+    path = str(tmp_path / "n.json")
+    rc, text = raise_first(pool3.run(_run, ["all_reduce", "-b", "8", "-e", "2M", "-f", "512",
+                                            "-J", path]))[0]
+    assert rc == 0, text
+    assert "iters: 0 agg iters" in text and "# Iters 0: per size" in text
+    doc = fmt.load_json(path)
+    assert [(r["size"], r["actual_iterations"]) for r in doc["results"]] == \
+        [(8, 1000), (4096, 1000), (2 << 20, 20)]

@@ -51,8 +51,9 @@ from __future__ import annotations
 import contextlib
 import platform
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -158,6 +159,11 @@ class Backend:
     def run(self, o: Operands, blocking: bool) -> None:
         """Issue one collective; with ``blocking`` it has completed on return."""
         raise NotImplementedError
+
+    def issuer(self, o: Operands, blocking: bool) -> Callable[[], object]:
+        """:meth:`run` of ``o`` as a prepared call for the timed loop (a backend whose
+        per-call decisions cost time next to the call decides them here, once)."""
+        return partial(self.run, o, blocking)
 
     @contextlib.contextmanager
     def group(self) -> Iterator[None]:
@@ -271,42 +277,58 @@ class RingtreeBackend(Backend):
         return o.op
 
     def run(self, o: Operands, blocking: bool) -> None:
+        self.issuer(o, blocking)()
+
+    def issuer(self, o: Operands, blocking: bool) -> Callable[[], object]:
+        """The call as a user writes it, with everything decided once: bfloat16 views,
+        the op (``premul_sum``'s scalar), the keywords. Blocking calls are
+        ``functools.partial`` objects of the communicator's methods, so the timed loop
+        adds nothing to what the call itself costs (:meth:`Communicator.all_reduce`'s
+        hot path sees the arrays and ``timeout=`` the harness hands it)."""
         if o.dtype is DType.BFLOAT16:
             wrap = self._bf16
             o = replace(o, send=None if o.send is None else wrap(o.send),
                         recv=None if o.recv is None else wrap(o.recv))
-        c, kw = self.comm, {"timeout": self.timeout}
-        algo = {"algo": self.algo} if self.algo else {}
-        asy = not blocking and self.issue_async and c._group is None
         if o.coll == "sendrecv":
-            self._sendrecv(o)
-            return
-        if o.coll == "all_reduce":  # in place as users write it: no out=
-            w = c.all_reduce(o.recv if o.in_place else o.send, self._op(o),
-                             out=None if o.in_place else o.recv, async_op=asy, **algo, **kw)
-        elif o.coll == "all_gather":
-            w = c.all_gather(o.send, out=o.recv, async_op=asy, **algo, **kw)
-        elif o.coll == "reduce_scatter":
-            w = c.reduce_scatter(o.send, self._op(o), out=o.recv, async_op=asy, **algo, **kw)
-        elif o.coll == "broadcast":
-            if self.rank == o.root and not o.in_place:
-                o.recv[...] = o.send
-            w = c.broadcast(o.recv, o.root, async_op=asy, **algo, **kw)
-        elif o.coll == "reduce":
-            out = o.recv if self.rank == o.root else None
-            w = c.reduce(o.send, o.root, self._op(o), out=out, async_op=asy, **algo, **kw)
-        elif o.coll == "alltoall":
-            w = c.all_to_all(o.send, out=o.recv, async_op=asy, **algo, **kw)
-        elif o.coll == "gather":
-            out = o.recv if self.rank == o.root else None
-            w = c.gather(o.send, o.root, out=out, async_op=asy, **algo, **kw)
-        elif o.coll == "scatter":
-            send = o.send if self.rank == o.root else None
-            w = c.scatter(send, o.root, out=o.recv, async_op=asy, **algo, **kw)
-        else:
-            raise ValueError(f"unknown collective {o.coll}")
+            return partial(self._sendrecv, o)
+        c, kw = self.comm, {"timeout": self.timeout}
+        if self.algo:
+            kw["algo"] = self.algo
+        asy = not blocking and self.issue_async and c._group is None
         if asy:
-            self._works.append(w)
+            kw["async_op"] = True
+        call = self._bound(c, o, kw)
+        if not asy:
+            return call
+        works = self._works
+        return lambda: works.append(call())
+
+    def _bound(self, c, o: Operands, kw: dict) -> Callable[[], object]:
+        """``o`` as one communicator call with its arguments bound."""
+        root = self.rank == o.root
+        if o.coll == "all_reduce":  # in place as users write it: no out=
+            if o.in_place:
+                return partial(c.all_reduce, o.recv, self._op(o), **kw)
+            return partial(c.all_reduce, o.send, self._op(o), out=o.recv, **kw)
+        if o.coll == "all_gather":
+            return partial(c.all_gather, o.send, out=o.recv, **kw)
+        if o.coll == "reduce_scatter":
+            return partial(c.reduce_scatter, o.send, self._op(o), out=o.recv, **kw)
+        if o.coll == "broadcast":
+            bcast = partial(c.broadcast, o.recv, o.root, **kw)
+            if not root or o.in_place:
+                return bcast
+            return lambda: (np.copyto(o.recv, o.send), bcast())[1]
+        if o.coll == "reduce":
+            return partial(c.reduce, o.send, o.root, self._op(o),
+                           out=o.recv if root else None, **kw)
+        if o.coll == "alltoall":
+            return partial(c.all_to_all, o.send, out=o.recv, **kw)
+        if o.coll == "gather":
+            return partial(c.gather, o.send, o.root, out=o.recv if root else None, **kw)
+        if o.coll == "scatter":
+            return partial(c.scatter, o.send if root else None, o.root, out=o.recv, **kw)
+        raise ValueError(f"unknown collective {o.coll}")
 
     def _sendrecv(self, o: Operands) -> None:
         n = self.size

@@ -75,6 +75,9 @@ def preamble(version: str, headers: int, library: int, program: str, cfg: Option
     elif cfg.blocking == 3:
         lines.append("# Blocking Enabled: wait and barrier after each outer iteration (-n); "
                      "time excludes barrier ")
+    if not cfg.iters:
+        lines.append("# Iters 0: per size, 20 calls from 1.6 MB, more below (up to 1000; "
+                     "each row's count in -J's actual_iterations) ")
     if cfg.parallel_init:
         lines.append("# Parallel Init Enabled: threads call into NcclInitRank concurrently ")
     lines.append("#")

@@ -4,7 +4,7 @@ every NumPy dtype and bfloat16 torch tensors, odd sizes, in place and not, piece
 in rank order, 1-3 ranks; the crossovers; the probe's fallback (switched off, a refused
 read on one rank); a killed peer named, a vanished one too; a failed read raised on every
 rank with the inputs untouched; ranks on different paths a mismatch; the compiled and the
-ctypes reads alike."""
+ctypes reads alike; the all-gather's streamed own block (compiled and NumPy) alike."""
 
 from __future__ import annotations
 
@@ -120,6 +120,16 @@ def through_ctypes(comm, counts: list[int], dtypes: list[str]) -> list[str]:
         cma._cma = compiled
 
 
+def streamed(comm, counts: list[int], dtypes: list[str]) -> list[str]:
+    """:func:`every_case` with the all-gather's own block streamed at every size
+    (``ll_direct.STREAM_MIN``), compiled and through NumPy."""
+    least, ll_direct.STREAM_MIN = ll_direct.STREAM_MIN, 1
+    try:
+        return every_case(comm, counts, dtypes) + through_ctypes(comm, counts, dtypes)
+    finally:
+        ll_direct.STREAM_MIN = least
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_direct_gives_simples_bits(n):
     with RankPool(n, env=ALL_DIRECT) as pool:
@@ -127,10 +137,30 @@ def test_direct_gives_simples_bits(n):
         for r, bad in enumerate(pool.run_ok(every_case, COUNTS if n == 2 else COUNTS[1:3],
                                             DTYPES if n == 2 else ["float32", "int8"])):
             assert bad == [], f"rank {r}: {bad}"
+        for r, bad in enumerate(pool.run_ok(streamed, COUNTS[1:3], ["int8", "float32"])):
+            assert bad == [], f"rank {r}, streamed: {bad}"
         if n != 2:
             return
         for r, bad in enumerate(pool.run_ok(through_ctypes, COUNTS[1:], ["float32"])):
             assert bad == [], f"rank {r}, through ctypes: {bad}"
+
+
+def test_streamed_copy_is_a_copy():
+    """``shm_cma.stream`` (non-temporal stores after an aligning head, a tail) against
+    NumPy's copy: every length around the 16- and 64-byte steps, every alignment."""
+    src = np.random.default_rng(5).integers(0, 256, 4096 + 64, dtype=np.uint8)
+    for m in (0, 1, 15, 16, 17, 63, 64, 65, 127, 200, 4096):
+        for a in range(0, 17, 3):
+            for b in (0, 1, 8):
+                want = np.zeros(m + 64, np.uint8)
+                want[a:a + m] = src[b:b + m]
+                for python in (False, True):
+                    got = np.zeros(m + 64, np.uint8)
+                    cma.stream(got[a:a + m], src[b:b + m], python=python)
+                    assert np.array_equal(got, want), (m, a, b, python)
+    if cma.compiled():
+        with pytest.raises(ValueError, match="3 destination bytes for 4 source bytes"):
+            cma.stream(np.zeros(3, np.uint8), src[:4])
 
 
 def at_crossover(comm) -> list[tuple[str, int, bool, bool]]:

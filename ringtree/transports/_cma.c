@@ -12,6 +12,14 @@
  *   failure's errno is returned: ESRCH (the process is gone), EPERM (ptrace access
  *   refused), EFAULT (an address is not mapped), ENOSYS (no CMA in this kernel).
  *
+ * stream(dst, src) -> None
+ *   copy the buffer src into the writable dst of the same length with non-temporal
+ *   stores (x86-64; memcpy elsewhere), GIL released: the single-copy all-gather's own
+ *   block, which no rank reads again in the call. A cached store first reads each
+ *   destination line for ownership; a streamed one writes it without reading: half the
+ *   memory traffic of a copy larger than the caches (docs/design-notes.md, "Single-copy
+ *   all-gather ...").
+ *
  * Written in C for the call's cost, not the copy's: the kernel copies either way, and
  * ctypes' call releases the GIL too, but a ctypes call with its Structure arguments costs
  * several microseconds, a 64 KiB read about as much again.
@@ -21,8 +29,13 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #define IOV_BATCH 64
 
@@ -111,6 +124,62 @@ static PyObject *cma_read(PyObject *self, PyObject *args)
     return PyLong_FromLong(err);
 }
 
+/* m bytes from src to dst: 16-byte streaming stores after a head that aligns dst, a
+ * memcpy'd tail, and an sfence so that the stores are visible before the call's next
+ * synchronisation publishes them */
+static void stream_copy(char *dst, const char *src, size_t m)
+{
+#if defined(__x86_64__)
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15, i = 0;
+    if (head > m)
+        head = m;
+    memcpy(dst, src, head);
+    dst += head, src += head, m -= head;
+    for (; i + 64 <= m; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + i, src + i, m - i);
+    _mm_sfence();
+#else
+    memcpy(dst, src, m);
+#endif
+}
+
+static PyObject *cma_stream(PyObject *self, PyObject *args)
+{
+    PyObject *dst_obj, *src_obj;
+    Py_buffer dst, src;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO", &dst_obj, &src_obj))
+        return NULL;
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_ANY_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (dst.len != src.len) {
+        PyErr_Format(PyExc_ValueError, "stream: %zd destination bytes for %zd source bytes",
+                     dst.len, src.len);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        stream_copy(dst.buf, src.buf, (size_t)src.len);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* address(buffer) -> the address of a contiguous buffer's first byte (NumPy's
  * __array_interface__ builds a dictionary for it: about 100x the cost) */
 static PyObject *cma_address(PyObject *self, PyObject *obj)
@@ -129,6 +198,8 @@ static PyMethodDef methods[] = {
     {"read", cma_read, METH_VARARGS,
      "read(pid, [(local, remote, nbytes), ...]) -> 0 or errno: process_vm_readv, GIL "
      "released"},
+    {"stream", cma_stream, METH_VARARGS,
+     "stream(dst, src): copy src into dst (same length) with non-temporal stores"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -89,6 +89,17 @@ def compiled() -> bool:
     return _cma is not None
 
 
+def stream(dst: np.ndarray, src: np.ndarray, *, python: bool = False) -> None:
+    """Copy contiguous ``src`` into contiguous ``dst`` (as many bytes) with non-temporal
+    stores where ``_cma`` is compiled (x86-64), else as NumPy copies (the same bytes).
+    For a copy no one reads again soon and larger than the caches: a cached store reads
+    each destination line first (for ownership), a streamed one does not."""
+    if _cma is not None and not python:
+        _cma.stream(dst, src)
+    else:
+        dst[...] = src
+
+
 def read_into(pid: int, into: np.ndarray, remote: int, nbytes: int) -> None:
     """Copy ``nbytes`` at ``remote`` in process ``pid`` into the contiguous ``into``.
     Raises OSError (ESRCH: the process is gone; EPERM: not allowed; EFAULT: bad address)."""

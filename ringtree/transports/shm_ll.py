@@ -176,6 +176,12 @@ class LL:
         :meth:`parity`) with ``head`` (:meth:`WireHeader.call_words` with sequence number
         0: the line's carries ``seq``), wait for every rank's, compare their headers.
         Returns the parity to read."""
+        return self.collect(self.post(head), timeout, what)
+
+    def post(self, head: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The first half of :meth:`sync`: publish this rank's call and wake sleeping
+        peers, without waiting; :meth:`collect` with what it returns waits. Work done in
+        between overlaps the wait (the single-copy all-gather's own block)."""
         W = self.W
         s = self.seq + 1
         p = s & 1
@@ -195,6 +201,14 @@ class LL:
             for r, j in self.peer_sleep:
                 if W[j]:
                     seg.ring_bell(self.peer_bells[r])
+        return h0, h1, h2
+
+    def collect(self, mine: tuple[int, int, int], timeout: float, what) -> int:
+        """The second half of :meth:`sync`: wait for every rank's post of our call and
+        compare its header words with ``mine`` (:meth:`post`'s). Returns the parity."""
+        W, s = self.W, self.seq
+        p = s & 1
+        h0, h1, h2 = mine
         for r, j in self.peer_seq[p]:
             if W[j] < s:
                 self._wait(r, lambda j=j: W[j] >= s, s, timeout, what, (h0, h1, h2))

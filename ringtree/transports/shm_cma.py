@@ -18,7 +18,8 @@ messages ≥ 1 MiB only when the host's ranks outnumber its cores
 The LL segment's single-copy all-gather and reduce-scatter
 (:mod:`ringtree.runtime.protocols.ll_direct`) read with it too, through the compiled
 ``_cma`` (the same system call with the GIL released, several spans a call, and a
-buffer's address without NumPy's ``__array_interface__``), or ctypes without a compiler.
+buffer's address without NumPy's ``__array_interface__``), or ctypes without a compiler;
+the all-gather copies its own block with :func:`stream` (non-temporal stores).
 
 It needs ptrace permission over the peer (same user; Yama ``ptrace_scope`` ≤ 1 with
 ``PR_SET_PTRACER``; not blocked by seccomp). :func:`allow_readers` opts this process in and

@@ -13,7 +13,8 @@ so does this path. One call:
    a dead peer is named, nothing is spun on when ranks outnumber cores);
 2. read: all-gather — every peer's contribution straight into its block of the output
    (one system call per peer, :mod:`ringtree.transports.shm_cma`, GIL released), the own
-   block copied while the peers read theirs; reduce-scatter — block ``r`` of every
+   block copied in step 3 between the post and the wait, with streaming stores from
+   :data:`STREAM_MIN`; reduce-scatter — block ``r`` of every
    peer's input, a cache-sized piece at a time, folded into the output in the Program's
    rank order (the same operands in the same order as the segment's path: the same
    bits; :meth:`Reducer.combine`, no fused multiply-add); broadcast — every rank but the

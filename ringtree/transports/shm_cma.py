@@ -95,8 +95,9 @@ def stream(dst: np.ndarray, src: np.ndarray, *, python: bool = False) -> None:
     stores where ``_cma`` is compiled (x86-64), else as NumPy copies (the same bytes).
     For a copy no one reads again soon and larger than the caches: a cached store reads
     each destination line first (for ownership), a streamed one does not."""
-    if _cma is not None and not python:
-        _cma.stream(dst, src)
+    fast = getattr(_cma, "stream", None)  # None: no compiler, or a build from before it
+    if fast is not None and not python:
+        fast(dst, src)
     else:
         dst[...] = src
 

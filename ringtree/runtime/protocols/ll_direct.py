@@ -82,7 +82,7 @@ MIN_BYTES: dict[tuple[Collective, bool], int] = {
 }
 PIECE = 256 << 10   # bytes of a peer's block read and folded at a time (L2 is 2 MiB)
 # all-gather output bytes from which the own block is copied with streaming stores (as
-# LL's gather in transports/_llc.c): 0.85-0.9x the call's CPU time at 8 and 16 MiB on 2
+# LL's gather in transports/_llc.c): 0.81-0.87x the call's CPU time at 8-64 MiB on 2
 # ranks, a tie at 4.5 MiB, where the output may still serve the caller from the caches
 STREAM_MIN = 8 << 20
 PROBE = 0x434D41    # the probe's "count": its header differs from every call's

@@ -125,3 +125,50 @@ def test_blocking_fast_path_raises_bad_arguments_to_the_caller(pool):
     for errors, t in pool.run_ok(_bad_arguments):
         assert all(e is not None for e in errors), errors
         assert t == [3.0] * 8
+
+
+def _hot_entry(ctx):
+    """Once a shape is planned, a blocking call enters the communicator's one-call hot
+    path directly: none reaches the communicator's general methods, each is one call."""
+    from ringtree.transports import shm_native as native
+
+    comm, n = ctx.group.comm, ctx.size
+    names = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+    general: list[str] = []
+
+    def counted(name):
+        method = getattr(comm, name)
+        return lambda *a, **k: (general.append(name), method(*a, **k))[1]
+
+    t, blk, big = torch.ones(16), torch.ones(16), torch.zeros(16 * n)
+
+    def calls() -> None:
+        t.fill_(ctx.rank + 1.0)
+        dist.all_reduce(t)
+        dist.broadcast(t, 1)
+        blk.fill_(ctx.rank + 2.0)
+        dist.all_gather_into_tensor(big, blk)
+        dist.reduce_scatter_tensor(blk, big)
+
+    for name in names:
+        setattr(comm, name, counted(name))
+    try:
+        for _ in range(3):  # the first calls plan the shapes
+            calls()
+        warm, seq = len(general), comm.seq
+        for _ in range(5):
+            calls()
+        hot = comm.ll is not None and native.enabled()  # else the general methods run
+        return hot, general[warm:], comm.seq - seq, t.tolist(), big.tolist(), blk.tolist(), \
+            ctx.rank
+    finally:
+        for name in names:
+            delattr(comm, name)
+
+
+def test_blocking_fast_path_enters_the_hot_path_directly(pool):
+    for hot, general, calls, t, big, blk, rank in pool.run_ok(_hot_entry):
+        assert calls == 20 and (general == [] or not hot), general
+        assert t == [3.0] * 16
+        assert big == [2.0] * 16 + [3.0] * 16
+        assert blk == [2.0 * (rank + 2)] * 16

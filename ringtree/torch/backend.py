@@ -48,7 +48,7 @@ def _timeout_s(timeout: Any, default: float) -> float:
     return default if t is None else t
 
 
-class RingtreeProcessGroup(CollectiveOps, BlockingPath, dist.ProcessGroup):
+class RingtreeProcessGroup(BlockingPath, CollectiveOps, dist.ProcessGroup):
     """A ringtree communicator behind torch's ProcessGroup interface (CPU tensors)."""
 
     def __init__(self, comm: ringtree.Communicator, timeout: float | None = None):

@@ -54,10 +54,6 @@ class CollectiveOps:
     # ---- collectives ---------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        if len(tensors) == 1 and self._fast(opts):
-            done = self._fast_allreduce(tensors, opts)
-            if done is not None:
-                return done
         opts = opts if opts is not None else dist.AllreduceOptions()
         t = _one(tensors, "allreduce")
         tmo = self._tmo(opts)
@@ -94,10 +90,6 @@ class CollectiveOps:
             for st, op in staged], [st.finish for st, _ in staged])
 
     def broadcast(self, tensors, opts=None):
-        if len(tensors) == 1 and self._fast(opts):
-            done = self._fast_broadcast(tensors, opts)
-            if done is not None:
-                return done
         opts = opts if opts is not None else dist.BroadcastOptions()
         root = int(opts.rootRank)
         st = for_move(_one(tensors, "broadcast"), writes=self.rank() != root)
@@ -162,10 +154,6 @@ class CollectiveOps:
                             [o.finish for outs in staged for o in outs], timeout=tmo)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
-        if self._fast(opts):
-            done = self._fast_all_gather(output, input, opts)
-            if done is not None:
-                return done
         o, i = for_move(output), for_move(input, writes=False)
         tmo = self._tmo(opts)
         return self._launch("all_gather_single", [output], lambda: [
@@ -228,10 +216,6 @@ class CollectiveOps:
                                      async_op=True, timeout=tmo)], [out.finish])
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
-        if self._fast(opts):
-            done = self._fast_reduce_scatter(output, input, opts)
-            if done is not None:
-                return done
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         out, op = for_reduce(output, opts.reduceOp)
         inp, _ = for_reduce(input, opts.reduceOp, writes=False)

@@ -13,11 +13,20 @@ each call used to rebuild is cached here:
   alive; a larger tensor gets a fresh view, whose cost is nothing next to its data.
 - the timeout: torch passes a new ``timedelta`` each call; the last one's seconds are kept.
 
-The view then reaches the communicator's own hot entries (``Communicator.all_reduce``,
-``all_gather``, ``reduce_scatter``, ``broadcast`` with NumPy arrays: one C call for an
-all-reduce of a seen shape), which check the memory, number the call and record it in
-the flight recorder. A failure goes the general way: the error is carried by a
-:class:`~ringtree.torch.work.RingtreeWork` and raised from ``wait()``, as before.
+- the reduce operator: the last plain one, with its ``RedOpType``.
+
+The view then enters the communicator's one-call hot path itself
+(``LLRunner.all_reduce_now``, ``broadcast_now``, ``gather_now``, ``scatter_now``: the
+C entries ``Round.hot``, ``bshot``, ``ghot``, ``shot`` for a shape seen before), exactly
+as ``Communicator.all_reduce`` (``broadcast``, ``all_gather``, ``reduce_scatter``) does
+first for a blocking NumPy call, one Python layer less; the kernel checks the memory,
+numbers the call and records it in the flight recorder. A call it does not take (MISS)
+goes through the communicator's method. Each entry is one method of the group placed
+before the general ones (:class:`BlockingPath` precedes
+:class:`~ringtree.torch.collectives.CollectiveOps`), so a blocking call costs torch's
+own wrapper, the three option reads (pybind properties, ~0.3 µs each), the view, the
+group's lock and the communicator's call. A failure goes the general way: the error is
+carried by a :class:`~ringtree.torch.work.RingtreeWork` and raised from ``wait()``.
 Tensors the fast path does not take (non-contiguous, dtypes NumPy lacks — bfloat16, bool,
 int16, complex —, sparse, with ``requires_grad`` through their detached view: taken)
 go the general path of :mod:`ringtree.torch.collectives`.
@@ -32,6 +41,7 @@ import torch
 
 from ringtree.errors import CommAborted
 from ringtree.ops import ReduceOp
+from ringtree.runtime.protocols.ll_runner import MISS
 from ringtree.torch.tensors import _NUMPY, reduce_op
 from ringtree.torch.work import DoneWork, RingtreeWork, _seconds
 
@@ -41,13 +51,81 @@ _STRIDED = torch.strided
 
 
 class BlockingPath:
-    """Mixed into RingtreeProcessGroup (which provides ``comm``, ``timeout``, ``_lock``,
-    ``_closed``, ``_coalescing``, ``_finish`` and ``_dispatch``)."""
+    """Put before :class:`~ringtree.torch.collectives.CollectiveOps` in
+    RingtreeProcessGroup's bases (which provide ``comm``, ``timeout``, ``_lock``,
+    ``_closed``, ``_coalescing``, ``_finish`` and ``_dispatch``): each entry below takes a
+    blocking call it can serve and hands every other to the general method (``super()``)."""
 
     _views: dict | None = None
     _td: tuple = (None, None)
     _last_op: tuple | None = None
     _done_work: DoneWork | None = None
+
+    # ---- the entries torch calls ------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        if opts is None or opts.asyncOp or self._coalescing is not None or len(tensors) != 1:
+            return super().allreduce(tensors, opts)
+        x = self._view(tensors[0])
+        if x is None:
+            return super().allreduce(tensors, opts)
+        return self._run_blocking("allreduce", tensors, _all_reduce, x, None,
+                              self._op_of(opts.reduceOp), self._seconds_of(opts.timeout))
+
+    def broadcast(self, tensors, opts=None):
+        if opts is None or opts.asyncOp or self._coalescing is not None or len(tensors) != 1:
+            return super().broadcast(tensors, opts)
+        x = self._view(tensors[0])
+        if x is None:
+            return super().broadcast(tensors, opts)
+        return self._run_blocking("broadcast", tensors, _broadcast, x, None, int(opts.rootRank),
+                              self._seconds_of(opts.timeout))
+
+    def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
+        if opts is None or opts.asyncOp or self._coalescing is not None:
+            return super().all_gather_single(output, input, opts)
+        xo, xi = self._view(output), self._view(input)
+        if xo is None or xi is None:
+            return super().all_gather_single(output, input, opts)
+        return self._run_blocking("all_gather_single", [output], _all_gather, xi, xo, None,
+                              self._seconds_of(opts.timeout))
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
+        if opts is None or opts.asyncOp or self._coalescing is not None:
+            return super().reduce_scatter_single(output, input, opts)
+        xo, xi = self._view(output), self._view(input)
+        if xo is None or xi is None:
+            return super().reduce_scatter_single(output, input, opts)
+        return self._run_blocking("reduce_scatter_single", [output], _reduce_scatter, xi, xo,
+                              self._op_of(opts.reduceOp), self._seconds_of(opts.timeout))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    # ---- what the entries share -------------------------------------------------------
+
+    def _run_blocking(self, name: str, value: Any, entry, x, out, arg, tmo: float):
+        """Run ``entry(comm, x, out, arg, tmo)`` on this thread, in this group's issue
+        order; the group's one finished Work holding ``value`` (torch waits on a blocking
+        call's Work at once and drops it), or a failed Work of its own that raises
+        torch's form of the error from ``wait()``."""
+        with self._lock:
+            if self._closed:
+                raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
+            try:
+                entry(self.comm, x, out, arg, tmo)
+            except BaseException as e:  # noqa: BLE001 - the Work carries it
+                work = RingtreeWork(name, value, self._dispatch)
+                work._timeout_s = tmo
+                self._finish(work, [], e)
+                return work
+        w = self._done_work
+        if w is None:
+            w = self._done_work = DoneWork(value)
+        else:
+            w._result = value
+        return w
 
     def _view(self, t: torch.Tensor) -> np.ndarray | None:
         """``t``'s memory as a NumPy array, or None when the fast path cannot take it."""
@@ -72,12 +150,9 @@ class BlockingPath:
             views[key] = x
         return x
 
-    def _fast(self, opts: Any) -> bool:
-        """Does a blocking call with these options take the fast path?"""
-        return opts is not None and self._coalescing is None and not opts.asyncOp
-
-    def _seconds_of(self, opts: Any) -> float:
-        td = opts.timeout
+    def _seconds_of(self, td: Any) -> float:
+        """The call's timeout from torch's ``opts.timeout`` (the last ``timedelta``'s
+        seconds are kept: torch passes a new, equal one each call)."""
         last = self._td
         if td == last[0]:
             s = last[1]
@@ -86,11 +161,10 @@ class BlockingPath:
             self._td = (td, s)
         return self.timeout if s is None else s
 
-    def _op_of(self, opts: Any):
-        """ringtree's operator for ``opts.reduceOp``. The last plain one is kept with its
-        ``RedOpType`` (a ``ReduceOp`` equals a kind by kind: cheap; a PREMUL_SUM, whose
-        factor counts, is never kept)."""
-        r = opts.reduceOp
+    def _op_of(self, r: Any):
+        """ringtree's operator for torch's ``opts.reduceOp``. The last plain one is kept
+        with its ``RedOpType`` (a ``ReduceOp`` equals a kind by kind: cheap; a PREMUL_SUM,
+        whose factor counts, is never kept)."""
         last = self._last_op
         if last is not None and r == last[0]:
             return last[1]
@@ -98,81 +172,35 @@ class BlockingPath:
         self._last_op = (r.op, op) if type(op) is ReduceOp else None
         return op
 
-    def _entered(self) -> None:
-        if self._closed:
-            raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
-
-    def _failed(self, name: str, value: Any, err: BaseException, tmo: float) -> RingtreeWork:
-        """A failed blocking call's Work: ``wait()`` raises torch's form of ``err``."""
-        work = RingtreeWork(name, value, self._dispatch)
-        work._timeout_s = tmo
-        self._finish(work, [], err)
-        return work
-
-    def _succeeded(self, value: Any) -> DoneWork:
-        """The group's one finished Work, now holding ``value`` (torch waits on a blocking
-        call's Work at once and drops it; a failed call gets a Work of its own)."""
-        w = self._done_work
-        if w is None:
-            w = self._done_work = DoneWork(value)
-        else:
-            w._result = value
-        return w
-
     def _drop_views(self) -> None:
         self._views = self._done_work = None
 
-    # ---- the collectives ------------------------------------------------------------------
 
-    def _fast_allreduce(self, tensors, opts):
-        """``allreduce`` of one tensor, blocking; None when the general path must run."""
-        x = self._view(tensors[0])
-        if x is None:
-            return None
-        op, tmo = self._op_of(opts), self._seconds_of(opts)
-        with self._lock:
-            self._entered()
-            try:
-                self.comm.all_reduce(x, op, timeout=tmo)
-            except BaseException as e:  # noqa: BLE001 - the Work carries it
-                return self._failed("allreduce", tensors, e, tmo)
-        return self._succeeded(tensors)
+# ---- the communicator's hot entries, entered directly ---------------------------------------
+# Each is what ``Communicator.all_reduce`` (``broadcast``, ``all_gather``,
+# ``reduce_scatter``) does first for a blocking NumPy call without ``algo``; a call the
+# hot entry does not take (MISS: not planned yet, a subgroup, a broken communicator ...)
+# goes through the communicator's method, which takes the general path.
 
-    def _fast_broadcast(self, tensors, opts):
-        x = self._view(tensors[0])
-        if x is None:
-            return None
-        root, tmo = int(opts.rootRank), self._seconds_of(opts)
-        with self._lock:
-            self._entered()
-            try:
-                self.comm.broadcast(x, root, timeout=tmo)
-            except BaseException as e:  # noqa: BLE001
-                return self._failed("broadcast", tensors, e, tmo)
-        return self._succeeded(tensors)
+def _all_reduce(comm, x: np.ndarray, out: None, op: Any, tmo: float) -> None:
+    ll = comm.ll
+    if ll is None or ll.all_reduce_now(comm, x, op, None, tmo) is MISS:
+        comm.all_reduce(x, op, timeout=tmo)
 
-    def _fast_all_gather(self, output, input, opts):  # noqa: A002 - torch's name
-        xo, xi = self._view(output), self._view(input)
-        if xo is None or xi is None:
-            return None
-        tmo = self._seconds_of(opts)
-        with self._lock:
-            self._entered()
-            try:
-                self.comm.all_gather(xi, out=xo, timeout=tmo)
-            except BaseException as e:  # noqa: BLE001
-                return self._failed("all_gather_single", [output], e, tmo)
-        return self._succeeded([output])
 
-    def _fast_reduce_scatter(self, output, input, opts):  # noqa: A002
-        xo, xi = self._view(output), self._view(input)
-        if xo is None or xi is None:
-            return None
-        op, tmo = self._op_of(opts), self._seconds_of(opts)
-        with self._lock:
-            self._entered()
-            try:
-                self.comm.reduce_scatter(xi, op, out=xo, timeout=tmo)
-            except BaseException as e:  # noqa: BLE001
-                return self._failed("reduce_scatter_single", [output], e, tmo)
-        return self._succeeded([output])
+def _broadcast(comm, x: np.ndarray, out: None, root: int, tmo: float) -> None:
+    ll = comm.ll
+    if ll is None or ll.broadcast_now(comm, x, root, tmo) is MISS:
+        comm.broadcast(x, root, timeout=tmo)
+
+
+def _all_gather(comm, x: np.ndarray, out: np.ndarray, _: None, tmo: float) -> None:
+    ll = comm.ll
+    if ll is None or ll.gather_now(comm, x, out, tmo) is MISS:
+        comm.all_gather(x, out=out, timeout=tmo)
+
+
+def _reduce_scatter(comm, x: np.ndarray, out: np.ndarray, op: Any, tmo: float) -> None:
+    ll = comm.ll
+    if ll is None or ll.scatter_now(comm, x, out, op, tmo) is MISS:
+        comm.reduce_scatter(x, op, out=out, timeout=tmo)

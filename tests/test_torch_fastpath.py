@@ -49,6 +49,7 @@ def _same_bits(ctx):
             x = _data(r, k, dtype)
             for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
                 pairs.append(_both(lambda t, a, op=op: dist.all_reduce(t, op, async_op=a), x))
+                pairs.append(_both(lambda t, a, op=op: dist.reduce(t, 1, op, async_op=a), x))
             pairs.append(_both(lambda t, a: dist.broadcast(t, 1, async_op=a), x))
             pairs.append(_both(lambda o, i, a: dist.all_gather_into_tensor(o, i, async_op=a),
                                torch.zeros(k * n, dtype=dtype), x))
@@ -133,7 +134,7 @@ def _hot_entry(ctx):
     from ringtree.transports import shm_native as native
 
     comm, n = ctx.group.comm, ctx.size
-    names = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+    names = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
     general: list[str] = []
 
     def counted(name):
@@ -146,6 +147,7 @@ def _hot_entry(ctx):
         t.fill_(ctx.rank + 1.0)
         dist.all_reduce(t)
         dist.broadcast(t, 1)
+        dist.reduce(t, 0)
         blk.fill_(ctx.rank + 2.0)
         dist.all_gather_into_tensor(big, blk)
         dist.reduce_scatter_tensor(blk, big)
@@ -168,7 +170,7 @@ def _hot_entry(ctx):
 
 def test_blocking_fast_path_enters_the_hot_path_directly(pool):
     for hot, general, calls, t, big, blk, rank in pool.run_ok(_hot_entry):
-        assert calls == 20 and (general == [] or not hot), general
-        assert t == [3.0] * 16
+        assert calls == 25 and (general == [] or not hot), general
+        assert t == [6.0 if rank == 0 else 3.0] * 16
         assert big == [2.0] * 16 + [3.0] * 16
         assert blk == [2.0 * (rank + 2)] * 16

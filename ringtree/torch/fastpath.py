@@ -16,9 +16,10 @@ each call used to rebuild is cached here:
 - the reduce operator: the last plain one, with its ``RedOpType``.
 
 The view then enters the communicator's one-call hot path itself
-(``LLRunner.all_reduce_now``, ``broadcast_now``, ``gather_now``, ``scatter_now``: the
-C entries ``Round.hot``, ``bshot``, ``ghot``, ``shot`` for a shape seen before), exactly
-as ``Communicator.all_reduce`` (``broadcast``, ``all_gather``, ``reduce_scatter``) does
+(``LLRunner.all_reduce_now``, ``broadcast_now``, ``reduce_now``, ``gather_now``,
+``scatter_now``: the C entries ``Round.hot``, ``bshot``, ``rhot``, ``ghot``, ``shot`` for a
+shape seen before), exactly as ``Communicator.all_reduce`` (``broadcast``, ``reduce``,
+``all_gather``, ``reduce_scatter``) does
 first for a blocking NumPy call, one Python layer less; the kernel checks the memory,
 numbers the call and records it in the flight recorder. A call it does not take (MISS)
 goes through the communicator's method. Each entry is one method of the group placed
@@ -81,6 +82,15 @@ class BlockingPath:
         return self._run_blocking("broadcast", tensors, _broadcast, x, None, int(opts.rootRank),
                               self._seconds_of(opts.timeout))
 
+    def reduce(self, tensors, opts=None):
+        if opts is None or opts.asyncOp or self._coalescing is not None or len(tensors) != 1:
+            return super().reduce(tensors, opts)
+        x = self._view(tensors[0])
+        if x is None:
+            return super().reduce(tensors, opts)
+        return self._run_blocking("reduce", tensors, _reduce, x, int(opts.rootRank),
+                                  self._op_of(opts.reduceOp), self._seconds_of(opts.timeout))
+
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         if opts is None or opts.asyncOp or self._coalescing is not None:
             return super().all_gather_single(output, input, opts)
@@ -105,8 +115,8 @@ class BlockingPath:
 
     # ---- what the entries share -------------------------------------------------------
 
-    def _run_blocking(self, name: str, value: Any, entry, x, out, arg, tmo: float):
-        """Run ``entry(comm, x, out, arg, tmo)`` on this thread, in this group's issue
+    def _run_blocking(self, name: str, value: Any, entry, x, a, b, tmo: float):
+        """Run ``entry(comm, x, a, b, tmo)`` on this thread, in this group's issue
         order; the group's one finished Work holding ``value`` (torch waits on a blocking
         call's Work at once and drops it), or a failed Work of its own that raises
         torch's form of the error from ``wait()``."""
@@ -114,7 +124,7 @@ class BlockingPath:
             if self._closed:
                 raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
             try:
-                entry(self.comm, x, out, arg, tmo)
+                entry(self.comm, x, a, b, tmo)
             except BaseException as e:  # noqa: BLE001 - the Work carries it
                 work = RingtreeWork(name, value, self._dispatch)
                 work._timeout_s = tmo
@@ -177,7 +187,7 @@ class BlockingPath:
 
 
 # ---- the communicator's hot entries, entered directly ---------------------------------------
-# Each is what ``Communicator.all_reduce`` (``broadcast``, ``all_gather``,
+# Each is what ``Communicator.all_reduce`` (``broadcast``, ``reduce``, ``all_gather``,
 # ``reduce_scatter``) does first for a blocking NumPy call without ``algo``; a call the
 # hot entry does not take (MISS: not planned yet, a subgroup, a broken communicator ...)
 # goes through the communicator's method, which takes the general path.
@@ -192,6 +202,12 @@ def _broadcast(comm, x: np.ndarray, out: None, root: int, tmo: float) -> None:
     ll = comm.ll
     if ll is None or ll.broadcast_now(comm, x, root, tmo) is MISS:
         comm.broadcast(x, root, timeout=tmo)
+
+
+def _reduce(comm, x: np.ndarray, root: int, op: Any, tmo: float) -> None:
+    ll = comm.ll
+    if ll is None or ll.reduce_now(comm, x, root, op, None, tmo) is MISS:
+        comm.reduce(x, root, op, timeout=tmo)
 
 
 def _all_gather(comm, x: np.ndarray, out: np.ndarray, _: None, tmo: float) -> None:

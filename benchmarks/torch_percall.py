@@ -49,7 +49,7 @@ class _Null(dist.ProcessGroup):
     def _done(self, *args, **kwargs):
         return _Done()
 
-    allreduce = broadcast = all_gather_single = reduce_scatter_single = _done
+    allreduce = broadcast = reduce = all_gather_single = reduce_scatter_single = _done
 
 
 def _null_group():
@@ -83,6 +83,9 @@ def _cases(n: int, nbytes: int, gloo, comm, null) -> dict:
         "broadcast": (lambda: dist.broadcast(t, 0), lambda: comm.broadcast(x, 0),
                       lambda: dist.broadcast(t, 0, group=gloo),
                       lambda: dist.broadcast(t, 0, group=null)),
+        "reduce": (lambda: dist.reduce(t, 0), lambda: comm.reduce(x, 0),
+                   lambda: dist.reduce(t, 0, group=gloo),
+                   lambda: dist.reduce(t, 0, group=null)),
     }
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from ringtree.dtypes import DType
 from ringtree.ir.program import Buf, Collective, Program, Step, inp, out, split_even
 from ringtree.ir.wire import P2P_CODE, PROTO_SIMPLE, WireHeader, algo_code
-from ringtree.ops import ReduceOp
+from ringtree.ops import ReduceOp, premul_sum
 from ringtree.runtime import imported, protocols
 from ringtree.runtime.callspec import _COPY, _PREMUL, SHAPE_FIELDS, CallSpec, Plan
 from ringtree.runtime.plan import CStep, Region, compile_program
@@ -118,13 +118,19 @@ class Planner:
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
         """Give :attr:`ready` a NumPy all-reduce planned on LL, :attr:`ready_blocks` an
         all-gather or reduce-scatter into a NumPy ``out`` apart, a broadcast, or a reduce (not bfloat16,
-        whose storage is not its dtype, PREMUL_SUM, whose factor is per call, a user op)."""
+        whose storage is not its dtype, nor a user op). PREMUL_SUM's key is the caller's
+        op, ``premul_sum(scalar)``, but for a scalar of 0 (equal to -0.0, whose products
+        differ) or NaN."""
         x, op, coll, red = spec.result, spec.op, spec.coll, spec.reducer
         if coll is Collective.REDUCE:  # every rank (a non-root's result is None)
             x = spec.inp
         if type(x) is not np.ndarray or spec.dtype is DType.BFLOAT16 or \
-                op is ReduceOp.PREMUL_SUM or red is not None and red.user is not None:
+                red is not None and red.user is not None:
             return
+        if op is ReduceOp.PREMUL_SUM:
+            if red is None or not red.scalar or red.scalar != red.scalar:
+                return
+            op = premul_sum(red.scalar)
         if coll is Collective.ALL_REDUCE:
             self.ready[(x.dtype, x.size, op, spec.in_place)] = (plan.ll_op, red)
         elif coll is Collective.REDUCE:  # key: (REDUCE, dtype, count, op, root, in place)

@@ -226,6 +226,11 @@ typedef struct {
      * rank's folded block goes, by parity (see split_body) */
     PyObject *pair;
     Py_ssize_t pair_dst[2];
+    /* one rank (alone): every entry's bytes (-1: not alone) and PREMUL_SUM's scale */
+    Py_ssize_t alone;
+    int scaled;
+    double fscale;
+    uint64_t iscale;
 } Round;
 
 static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
@@ -315,6 +320,7 @@ static PyObject *Round_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         return NULL;
     k->npeers = (int)np_, k->nrows = (int)nr, k->dtype = dtype, k->op = op, k->fold = fold;
     k->spin_ns = spin, k->yield_ns = yld, k->nbytes = nbytes, k->row_bytes = row_bytes;
+    k->alone = -1;
     Py_ssize_t *mem = PyMem_Calloc(3 * np_ + 2 * nr + 1, sizeof(Py_ssize_t));
     if (mem == NULL) {
         Py_DECREF(k);
@@ -646,6 +652,105 @@ static void fr_done(Round *k, int64_t *mark, long long seq) {
         mark[1] = 2, mark[3] = real_ns(), ((int64_t *)k->fr_ctr.buf)[3] = seq;
 }
 
+/* ---- one rank: no segment, no peers ------------------------------------------------
+ * A communicator of one rank folds only its own contribution: every entry (hot, rhot,
+ * ghot, shot, bshot) of a Round set alone() checks its buffers as it does for a real
+ * round, writes the flight recorder's entry and copies x into out when out is not x,
+ * or writes scale * x (PREMUL_SUM's pre-op, as Reducer.premultiply: one IEEE multiply
+ * in the dtype, NaNs as fmul; integers wrap); AVG is x / 1, the same bits. */
+#define SCALE(T, U, V)                                                                     \
+    for (Py_ssize_t i = 0; i < m / (Py_ssize_t)sizeof(T); i++)                             \
+        ((T *)out)[i] = (T)(U)((U)((const T *)x)[i] * (U)(V));
+static void alone_body(Round *k, const char *x, char *out, Py_ssize_t m) {
+    if (!k->scaled) {
+        if (out != x)
+            memcpy(out, x, m);
+        return;
+    }
+    float f = (float)k->fscale;
+    double d = k->fscale;
+    switch (k->dtype) {
+    case D_FLOAT32:
+        for (Py_ssize_t i = 0; i < m / 4; i++)
+            ((float *)out)[i] = fmul_f32(((const float *)x)[i], f);
+        break;
+    case D_FLOAT64:
+        for (Py_ssize_t i = 0; i < m / 8; i++)
+            ((double *)out)[i] = fmul_f64(((const double *)x)[i], d);
+        break;
+    case D_INT8: SCALE(int8_t, uint8_t, k->iscale) break;
+    case D_UINT8: SCALE(uint8_t, uint8_t, k->iscale) break;
+    case D_INT32: SCALE(int32_t, uint32_t, k->iscale) break;
+    case D_UINT32: SCALE(uint32_t, uint32_t, k->iscale) break;
+    case D_INT64: SCALE(int64_t, uint64_t, k->iscale) break;
+    case D_UINT64: SCALE(uint64_t, uint64_t, k->iscale) break;
+    default: break; /* alone() refuses a scale for float16 and bfloat16 */
+    }
+}
+
+#define NOBUF (-RING)           /* an entry's answer: not its buffers, nothing done */
+#define ALONE_NOGIL (256 << 10) /* bytes from which the copy releases the GIL */
+/* an entry of a Round set alone(): x (and out: NULL, in place) held; `fits` the entry's
+ * check of their shapes. NOBUF (nothing done) or -1 (done, recorded as call `seq`) */
+static PyObject *alone_entry(Round *k, Py_buffer *xb, Py_buffer *ob, int fits,
+                             long long seq) {
+    char *out = ob != NULL ? ob->buf : xb->buf;
+    fits = fits && xb->len == k->alone;
+    if (fits) {
+        int64_t *mark = fr_start(k, seq);
+        if (xb->len >= ALONE_NOGIL) {
+            Py_BEGIN_ALLOW_THREADS
+            alone_body(k, xb->buf, out, xb->len);
+            Py_END_ALLOW_THREADS
+        } else {
+            alone_body(k, xb->buf, out, xb->len);
+        }
+        fr_done(k, mark, seq);
+    }
+    PyBuffer_Release(xb);
+    if (ob != NULL)
+        PyBuffer_Release(ob);
+    return PyLong_FromLong(fits ? -1 : NOBUF);
+}
+
+/* alone(nbytes, scale) -> None: this Round is one rank's (see alone_entry): calls of
+ * nbytes; scale None, or PREMUL_SUM's (a float for float32/float64, an int already in
+ * the integer dtype's range) */
+static PyObject *Round_alone(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "alone(nbytes, scale)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[0]);
+    if (n < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "alone: nbytes < 0");
+        return NULL;
+    }
+    int scaled = args[1] != Py_None;
+    if (scaled && (k->dtype == D_FLOAT16 || k->dtype == D_BFLOAT16)) {
+        PyErr_SetString(PyExc_ValueError, "alone: no scale for float16 or bfloat16");
+        return NULL;
+    }
+    if (scaled && (k->dtype == D_FLOAT32 || k->dtype == D_FLOAT64)) {
+        double d = PyFloat_AsDouble(args[1]);
+        if (d == -1.0 && PyErr_Occurred())
+            return NULL;
+        k->fscale = d;
+    } else if (scaled) {
+        long long v = PyLong_AsLongLong(args[1]);
+        if (v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            v = (long long)PyLong_AsUnsignedLongLong(args[1]);
+            if (PyErr_Occurred())
+                return NULL;
+        }
+        k->iscale = (uint64_t)v;
+    }
+    k->alone = n, k->scaled = scaled;
+    Py_RETURN_NONE;
+}
+
 /* hot(x, out, s, seq) -> int: Round_run(x, out, s, head with s) (a paired round:
  * split(), calls s and s + 1) for a call of exactly the round's size (out None or x: in place; else an array of x's dtype and shape that does
  * not overlap it), the header from set_head, recorded as collective `seq` in the flight
@@ -654,7 +759,6 @@ static void fr_done(Round *k, int64_t *mark, long long seq) {
  * was done, the caller takes the general path. Otherwise Round_run's codes (not -1:
  * the entry stays started, the caller completes the wait and the entry,
  * FlightRecorder.end_native). */
-#define NOBUF (-RING)
 static int split_body(Round *k, uint64_t s, const uint64_t h[3], const char *x, char *out);
 static int root_body(Round *k, int p, uint64_t s, const uint64_t h[3], const char *x,
                      Py_ssize_t len, char *out);
@@ -680,6 +784,8 @@ static PyObject *hot_entry(Round *k, PyObject *const *args, Py_ssize_t nargs, in
         PyBuffer_Release(&xb);
         return PyLong_FromLong(NOBUF);
     }
+    if (k->alone >= 0)
+        return alone_entry(k, &xb, inplace ? NULL : &ob, inplace || same_shape(&xb, &ob), seq);
     if (k->fold == NULL || xb.len != (k->pair ? k->nbytes : k->row_bytes) ||
         xb.len > k->nbytes || (!inplace && !same_shape(&xb, &ob))) {
         PyBuffer_Release(&xb);
@@ -1054,6 +1160,8 @@ static PyObject *blocks_entry(Round *k, PyObject *const *args, Py_ssize_t nargs,
                      &s, &seq, &xb, &ob);
     if (a != 0)
         return a < 0 ? NULL : PyLong_FromLong(NOBUF);
+    if (k->alone >= 0)  /* one block: out is x's copy */
+        return alone_entry(k, &xb, &ob, ob.len == xb.len, seq);
     int fits = scatter ? k->srow != 0 && k->fold != NULL && xb.len == k->nbytes &&
                              ob.len == k->row_bytes
                        : k->place_off[0] != NULL && xb.len <= k->nbytes &&
@@ -1102,6 +1210,8 @@ static PyObject *Round_bshot(Round *k, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_Clear();
         return PyLong_FromLong(NOBUF);
     }
+    if (k->alone >= 0)  /* the root's x, as it is */
+        return alone_entry(k, &xb, NULL, 1, seq);
     int root = k->nplace == 0;
     if (xb.len != k->row_bytes || (root ? xb.len > k->nbytes : k->nplace != 1 || k->own != -1)) {
         PyBuffer_Release(&xb);
@@ -1153,7 +1263,7 @@ static int root_body(Round *k, int p, uint64_t s, const uint64_t h[3], const cha
  * completes the wait, the root writes its contribution into the segment and folds with
  * fold(), and completes the entry). */
 static PyObject *Round_rhot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    if (k->fold != NULL)
+    if (k->fold != NULL || k->alone >= 0)
         return hot_entry(k, args, nargs, 1);
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "rhot(x, out, s, seq)");
@@ -1365,6 +1475,8 @@ static PyMethodDef Round_methods[] = {
      "rhot(x, out, s, seq) -> int: a reduce's one entry (the root: hot; others write)"},
     {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,
      "hot(x, out, s, seq): the round from x into out, recorded (NOBUF: not for it)"},
+    {"alone", (PyCFunction)(void (*)(void))Round_alone, METH_FASTCALL,
+     "alone(nbytes, scale): one rank's round: every entry copies or scales x into out"},
     {"record", (PyCFunction)(void (*)(void))Round_record, METH_FASTCALL,
      "record(ring, marks, ctr, desc, recorder): the flight recorder hot writes"},
     {"set_head", (PyCFunction)(void (*)(void))Round_set_head, METH_FASTCALL,

@@ -113,6 +113,16 @@ def round_for(ll, order: Sequence[int], block: int, dtype_code: int, itemsize: i
                       op_code if order else 0)
 
 
+def alone_round(ll, dtype_code: int, nbytes: int):
+    """One rank's round (``Round.alone``): no peers, no rows; every entry checks its
+    buffers of ``nbytes``, writes the flight recorder's entry and copies (or scales) x
+    into out, or does nothing in place."""
+    k = _llc.Round(ll.seg.mm, ll.my_seq, (0, 0), (), (), (), (), (), dtype_code, 0, 0, 0,
+                   0, 0)
+    k.alone(nbytes, None)
+    return k
+
+
 def run_round(ll, k, x, out, head: tuple[int, int, int], timeout: float, what) -> int:
     """:meth:`LL.parity`, then the whole round of ``ll`` in the kernel ``k`` (a
     :func:`make_round`): ``x`` (None: already in place, or nothing to send) written,

@@ -51,7 +51,7 @@ from ringtree.ir.wire import PROTO_LL, USER_OP, WireHeader, algo_code
 from ringtree.ops import _UFUNC, ReduceOp, Reducer, quiet
 from ringtree.runtime.plan import Desc
 from ringtree.runtime.protocols import LL as LL_PROTO
-from ringtree.runtime.protocols import ll_gather, ll_split, register
+from ringtree.runtime.protocols import ll_entry, ll_gather, ll_split, register
 from ringtree.schedules import Options, generate
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import INLINE, LL
@@ -216,6 +216,8 @@ class LLOp:
                 (folds and coll is Collective.ALL_REDUCE or coll is Collective.REDUCE):
             self.hot = self.k
             self.k.set_head(*self.head)
+        elif n == 1:  # one rank: every collective's one C entry copies (Round.alone)
+            self.hot = ll_entry.alone(self, op_code)
         if folds and n == 1:
             self.run = self._alone
         elif split:  # a reduce-scatter and an all-gather through the segment

@@ -111,7 +111,7 @@ def _learn(comm, x: np.ndarray, root, op, out) -> tuple | None:
     in_place = mine and (out is None or out is x)
     hit = comm.planner.ready_blocks.get((Collective.REDUCE, x.dtype, x.size, OP_NAMES.get(
         op.lower()) if type(op) is str else op, root, in_place))
-    if hit is None or hit[0].hot is None:
+    if hit is None or hit[0].hot is None or not scaled(hit[0], hit[1]):
         return None
     lop = hit[0]
     k = lop.hot
@@ -124,3 +124,32 @@ def _learn(comm, x: np.ndarray, root, op, out) -> tuple | None:
     m = comm.planner.ready[REDUCE] = (x.dtype, x.size, root, lop, k.rhot, after, op,
                                       in_place if mine else None)
     return m
+
+
+def alone(op, op_code: int):
+    """The one C entry of a one-rank :class:`~ringtree.runtime.protocols.ll.LLOp`
+    (``shm_native.alone_round``), or None (no kernel, a barrier, PREMUL_SUM on float16 or
+    bfloat16: the general path, ``LLOp._alone``). Its rank folds only its own
+    contribution: a copy when out is not x (AVG: x / 1, the same bits), PREMUL_SUM's
+    scale set by :func:`scaled` when a hot path takes the shape."""
+    dt = op.dtype
+    if op.coll is Collective.BARRIER or not native.enabled() or \
+            op.premul and dt.is_float and dt.itemsize == 2:
+        return None
+    return native.alone_round(op.ll, dt.code, op.count * dt.storage.itemsize)
+
+
+def scaled(op, red) -> bool:
+    """Before a hot path keeps the shape of ``op`` (its ``hot`` set) with reducer ``red``:
+    a one-rank PREMUL_SUM round takes ``red``'s scalar as ``Reducer.premultiply`` does
+    (False: the scalar does not fit the integer dtype, the general path raises)."""
+    if not op.premul or op.ll.n != 1:
+        return True
+    st = op.dtype.storage
+    try:
+        v = float(st.type(red.scalar)) if st.kind == "f" else \
+            int(st.type(int(red.scalar or 0)))
+    except (OverflowError, ValueError):
+        return False
+    op.hot.alone(op.count * st.itemsize, v)
+    return True

@@ -120,7 +120,7 @@ def entry(op, x: np.ndarray, red) -> tuple:
                 lambda x, out, p: place(op, p, out.reshape(-1), x.size, 0, x.size))
     if op.coll is Collective.BROADCAST:
         return (x.dtype, x.size, red, op, op.hot.bshot, _after_broadcast(op))
-    return (x.dtype, x.size, red, op, op.hot.shot, op.run.after)
+    return (x.dtype, x.size, red, op, op.hot.shot, getattr(op.run, "after", None))
 
 
 def _after_broadcast(op) -> Callable:

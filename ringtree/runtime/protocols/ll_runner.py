@@ -275,7 +275,7 @@ class LLRunner:
             if out.dtype != x.dtype or out.shape != x.shape or not f.c_contiguous or \
                     not f.writeable or np.may_share_memory(x, out):
                 return MISS
-        if hit[0].hot is not None:
+        if hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):
             comm.planner.ready[HOT] = (x.dtype, x.size, op, in_place, hit[0])
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
@@ -307,7 +307,7 @@ class LLRunner:
                 or out.dtype != x.dtype or not x.flags.c_contiguous or not f.c_contiguous \
                 or not f.writeable or np.may_share_memory(x, out):
             return MISS
-        if hit[0].hot is not None:  # the next call of this shape: one C entry
+        if hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):  # next: one entry
             comm.planner.ready[ll_gather.GATHER if gather else ll_gather.SCATTER] = \
                 ll_gather.entry(hit[0], x, op)
         if comm._owner.ident != get_ident() and not comm.background:

@@ -81,6 +81,13 @@ def alone(comm) -> dict:
                                 wrong.append((dtype, str(op), count, name, k))
                         if made[0] > before:
                             native.add((dtype, str(op), name))
+    for dtype in ("int8", "float64"):  # larger than a cell: streamed on more ranks
+        x, out = _input(dtype, (1 << 20) + 3, 0), np.zeros((1 << 20) + 3, dtype)
+        for name, call, res in _calls(comm, dtype, "sum", x, out):
+            for _ in range(3):
+                keep = x.tobytes()
+                if call() is not res or res.tobytes() != keep or x.tobytes() != keep:
+                    wrong.append((dtype, "sum", x.size, name))
     x = np.arange(64, dtype=np.float32)
     work = comm.all_reduce(x, async_op=True)
     asynced = work.wait() is not None and x.tolist() == list(range(64))

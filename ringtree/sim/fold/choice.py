@@ -13,7 +13,7 @@ from typing import overload
 from ringtree.ir.program import Collective, Program
 from ringtree.schedules import Options, generate
 from ringtree.sim import budget
-from ringtree.sim.compile import ring_chain, sparse, symbolic, template
+from ringtree.sim.compile import ring_chain, sparse, symbolic, template, tree_wired
 from ringtree.sim.compile.compiled import Compiled, compile_programs
 from ringtree.sim.compile.recent import Recent
 from ringtree.sim.compile.structure import Sweep
@@ -202,10 +202,16 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
                      max_work, f"folded onto {g}" if g else "no symmetry to fold")
     run = progs[:g] if g else progs
     xor = bool(f and f.xor)
-    if sweep is not None and programs is None:
+    if programs is None and not g and prune and aware and not in_place and \
+            topo.nranks * progs[0].steps >= tree_wired.FROM_STEPS:
+        cp = tree_wired.compile_tree(coll, algo, topo.nranks, opts, count, itemsize,
+                                     slice_bytes)            # None: not a tree's wiring
+    else:
+        cp = None
+    if cp is None and sweep is not None and programs is None:
         cp = sweep.compile((coll, algo, topo.nranks, opts), run, count, itemsize,
                            slice_bytes, in_place, g, prune, not aware, xor)
-    else:
+    elif cp is None:
         cp = compile_programs(run, count, itemsize, slice_bytes, in_place, fold=g,
                               prune=prune, shares=not aware, xor=xor)
     cp.link_rep = f.links if f else None

@@ -43,9 +43,10 @@ from ringtree.sim.compile.compiled import Compiled, Lengths, _Builder, moving, s
 __all__ = ["ALGOS", "FROM_STEPS", "compile_tree"]
 
 ALGOS = ("tree", "tree_updown")
-# from this many steps on the caller takes this path (below, a sweep's structure keeps
-# what the sizes share, which this path does not)
-FROM_STEPS = 1 << 20
+# from this many steps on (ranks × rank 0's steps) the caller takes this path: the tree
+# on 16,384 ranks (1.0 M) and up; below, a sweep's structure keeps what its sizes share,
+# which this path does not
+FROM_STEPS = 1 << 19
 
 _I = np.int64
 
@@ -198,8 +199,10 @@ def _pair(cp: Compiled, ends: list[tuple[np.ndarray, ...]], slices: list[tuple],
     sends and receives differ in number or a message's ends in slices."""
     gs, ps, ss, ds, cs = ends[0]
     gr, pr, rr, qr, cr = ends[1]
-    so = np.lexsort((ps, gs, cs, ds, ss))            # by (sender, receiver, channel)
-    ro = np.lexsort((pr, gr, cr, rr, qr))
+    n = int(max(ss.max(initial=0), rr.max(initial=0))) + 1
+    nc = int(cs.max(initial=0)) + 1
+    so = _by_connection(ss, ds, cs, gs, ps, n, nc)   # (sender, receiver, channel)
+    ro = _by_connection(qr, rr, cr, gr, pr, n, nc)
     a, d, c = ss[so], ds[so], cs[so]
     if so.size != ro.size or not (np.array_equal(a, qr[ro]) and np.array_equal(d, rr[ro])
                                   and np.array_equal(c, cr[ro])):
@@ -225,6 +228,16 @@ def _pair(cp: Compiled, ends: list[tuple[np.ndarray, ...]], slices: list[tuple],
     return True
 
 
+def _by_connection(a: np.ndarray, b: np.ndarray, c: np.ndarray, step: np.ndarray,
+                   pos: np.ndarray, n: int, nc: int) -> np.ndarray:
+    """The order of ends sorting them by connection (a, b, c), ties in program order
+    (step, then position): program order first, then a stable sort by connection."""
+    width = int(pos.max(initial=0)) + 1
+    first = np.argsort(step * width + pos, kind="stable")
+    conn = (a * n + b) * nc + c
+    return first[np.argsort(conn[first], kind="stable")]
+
+
 def _ids(total: int, step: np.ndarray, pos: np.ndarray) -> list[tuple[int, ...]]:
     """Every step's message ids in position order (the empty tuple for none): message m
     is the end at (``step[m]``, ``pos[m]``)."""
@@ -232,12 +245,17 @@ def _ids(total: int, step: np.ndarray, pos: np.ndarray) -> list[tuple[int, ...]]
     grid = np.full((total, max(width, 1)), -1, _I)
     grid[step, pos] = np.arange(step.size, dtype=_I)
     empty: tuple[int, ...] = ()
-    out: list[tuple[int, ...]] = [empty] * total
     have = (grid >= 0).sum(axis=1)
+    if not (grid[have > 0, 0] >= 0).all() or not (grid[np.arange(total), have - 1] >= 0)[
+            have > 0].all():
+        raise AssertionError("a step's message ids are not its first positions")
+    if width <= 2:                   # a binary tree's steps: one comprehension
+        cols = grid[:, 0].tolist(), grid[:, -1].tolist()
+        return [empty if h == 0 else (x,) if h == 1 else (x, y)
+                for h, x, y in zip(have.tolist(), *cols)]
+    out: list[tuple[int, ...]] = [empty] * total
     for k in range(1, width + 1):
         rows = np.flatnonzero(have == k)
-        if not (grid[rows, :k] >= 0).all():
-            raise AssertionError("a step's message ids are not its first positions")
         vals = zip(*(grid[rows, j].tolist() for j in range(k)))
         for i, v in zip(rows.tolist(), vals):
             out[i] = v

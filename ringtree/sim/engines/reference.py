@@ -33,6 +33,8 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from functools import cached_property
+from itertools import compress
+from operator import mul, not_
 
 import numpy as np
 
@@ -132,7 +134,7 @@ class _Engine(_Network):
         ops, sl, rk, red = cp.step_ops, cp.step_slices, cp.step_rank, self.red
         memo: dict[tuple[int, int, float], list[float]] = {}   # slices are shared tuples
         comp: list[list[float] | None] = [None] * cp.nsteps
-        for s in (s for s in range(cp.nsteps) if ops[s]):
+        for s in compress(range(cp.nsteps), ops):
             k = (id(sl[s]), ops[s], red[rk[s]])
             got = memo.get(k)
             comp[s] = got if got is not None else memo.setdefault(
@@ -149,9 +151,9 @@ class _Engine(_Network):
         self.maxin = [0.0] * ns
         self.nxt = [0] * ns
         self.last = [0.0] * ns
-        self.unsent = [len(sl[s]) * len(cp.step_send[s]) for s in range(ns)]
+        self.unsent = list(map(mul, map(len, sl), map(len, cp.step_send)))
         self.sdone = [0.0] * ns          # latest send completion of the step
-        self.work = [s for s in range(ns) if self.pend[s] == 0]
+        self.work = list(compress(range(ns), map(not_, self.pend)))   # pend == 0
 
     # -- network side ---------------------------------------------------------------
 

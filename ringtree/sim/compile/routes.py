@@ -61,10 +61,13 @@ def summaries(cp, topo, devices: list[int]) -> tuple[list, list, list, list, lis
     at most in the count: the links of one route are taken as a set)."""
     uniq, idx = route_table(cp, topo, devices)
     at = idx.tolist()
-    users = np.zeros(len(topo.links), np.int64)
-    for p, w in zip(uniq, np.bincount(idx, minlength=len(uniq)).tolist()):
-        if w and p.links:
-            users[list(set(p.links))] += w
+    w = np.bincount(idx, minlength=len(uniq))
+    used = np.flatnonzero(w)
+    sets = [set(uniq[i].links) for i in used.tolist()]
+    flat = np.fromiter(chain.from_iterable(sets), np.int64)
+    weight = np.repeat(w[used], [len(x) for x in sets]).astype(np.float64)
+    # connections per link: integer sums in float64, exact below 2^53
+    users = np.bincount(flat, weight, minlength=len(topo.links))
     cols = ([p.latency for p in uniq], [p.bottleneck for p in uniq],
             [p.first for p in uniq], [p.links for p in uniq])
     return (*(list(map(col.__getitem__, at)) for col in cols), (users > 1).tolist())

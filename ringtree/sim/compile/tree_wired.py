@@ -225,7 +225,21 @@ def _pair(cp: Compiled, ends: list[tuple[np.ndarray, ...]], slices: list[tuple],
     cp.msg_sstep, cp.msg_rstep = sstep.tolist(), rstep.tolist()
     cp.step_send = _ids(total, sstep, ps[so])
     cp.step_recv = _ids(total, rstep, pr[ro])
+    # the arrays the compiled heap packs these lists into, left for it (``packed``)
+    cp.memo["packed"] = {id(rows): (rows, *arrays) for rows, arrays in (
+        (cp.msg_conn, ((np.cumsum(new) - 1).astype(_I),)),
+        (cp.msg_sstep, (sstep.astype(_I),)), (cp.msg_rstep, (rstep.astype(_I),)),
+        (cp.step_send, _csr(total, sstep, ps[so])), (cp.step_recv, _csr(total, rstep, pr[ro])))}
     return True
+
+
+def _csr(total: int, step: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, ids) of :func:`_ids`'s rows, packed: message m is the end at
+    (``step[m]``, ``pos[m]``), each step's ids in position order."""
+    width = int(pos.max()) + 1 if pos.size else 1
+    off = np.zeros(total + 1, _I)
+    np.cumsum(np.bincount(step, minlength=total), out=off[1:])
+    return off, np.argsort(step * width + pos, kind="stable").astype(_I)
 
 
 def _by_connection(a: np.ndarray, b: np.ndarray, c: np.ndarray, step: np.ndarray,

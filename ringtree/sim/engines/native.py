@@ -106,6 +106,20 @@ def _csr(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return off, np.fromiter(chain.from_iterable(rows), _I, int(off[-1]))
 
 
+def _array(rows: Sequence[int]) -> tuple[np.ndarray]:
+    return (np.asarray(rows, _I),)
+
+
+def packed(cp, rows: Sequence, make: Callable[[Sequence], tuple]) -> tuple:
+    """``make(rows)``, or the same arrays the compiler built from its own and left in
+    ``cp.memo["packed"]`` for these very ``rows`` (the tree from its wiring,
+    :func:`~ringtree.sim.compile.tree_wired.compile_tree`): no list read back."""
+    got = cp.memo.get("packed", {}).get(id(rows))
+    if got is not None and got[0] is rows:
+        return got[1:]
+    return make(rows)
+
+
 def _structure(eng) -> tuple[np.ndarray, ...]:
     """What of the packed run depends on its steps, messages and routes only: receives,
     sends, the next step of each channel, dependents, messages' connections and steps,
@@ -117,13 +131,14 @@ def _structure(eng) -> tuple[np.ndarray, ...]:
     key = ("native", *map(id, src))
     got = cp.memo.get(key)
     if got is None:
-        rv_off, rv = _csr(cp.step_recv)
-        sd_off, sd = _csr(cp.step_send)
+        rv_off, rv = packed(cp, cp.step_recv, _csr)
+        sd_off, sd = packed(cp, cp.step_send, _csr)
         dp_off, dp = _csr(eng.dependents)
         cl_off, cl = _csr(eng.conn_links)
+        msg = [packed(cp, rows, _array)[0] for rows in (cp.msg_conn, cp.msg_rstep,
+                                                        cp.msg_sstep)]
         arrays = (rv_off, rv, sd_off, sd, np.asarray(eng.nxt_in_chan, _I), dp_off, dp,
-                  np.asarray(cp.msg_conn, _I), np.asarray(cp.msg_rstep, _I),
-                  np.asarray(cp.msg_sstep, _I), cl_off, cl, np.asarray(eng.shared, _I))
+                  *msg, cl_off, cl, np.asarray(eng.shared, _I))
         got = cp.memo[key] = (src, arrays)
     return got[1]
 

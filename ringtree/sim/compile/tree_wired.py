@@ -223,23 +223,14 @@ def _pair(cp: Compiled, ends: list[tuple[np.ndarray, ...]], slices: list[tuple],
     cp.msg_src, cp.msg_dst, cp.msg_chan = a.tolist(), d.tolist(), c.tolist()
     cp.msg_conn = (np.cumsum(new) - 1).tolist()
     cp.msg_sstep, cp.msg_rstep = sstep.tolist(), rstep.tolist()
-    cp.step_send = _ids(total, sstep, ps[so])
-    cp.step_recv = _ids(total, rstep, pr[ro])
+    cp.step_send, send = _ids(total, sstep, ps[so])
+    cp.step_recv, recv = _ids(total, rstep, pr[ro])
     # the arrays the compiled heap packs these lists into, left for it (``packed``)
     cp.memo["packed"] = {id(rows): (rows, *arrays) for rows, arrays in (
         (cp.msg_conn, ((np.cumsum(new) - 1).astype(_I),)),
         (cp.msg_sstep, (sstep.astype(_I),)), (cp.msg_rstep, (rstep.astype(_I),)),
-        (cp.step_send, _csr(total, sstep, ps[so])), (cp.step_recv, _csr(total, rstep, pr[ro])))}
+        (cp.step_send, send), (cp.step_recv, recv))}
     return True
-
-
-def _csr(total: int, step: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, ids) of :func:`_ids`'s rows, packed: message m is the end at
-    (``step[m]``, ``pos[m]``), each step's ids in position order."""
-    width = int(pos.max()) + 1 if pos.size else 1
-    off = np.zeros(total + 1, _I)
-    np.cumsum(np.bincount(step, minlength=total), out=off[1:])
-    return off, np.argsort(step * width + pos, kind="stable").astype(_I)
 
 
 def _by_connection(a: np.ndarray, b: np.ndarray, c: np.ndarray, step: np.ndarray,
@@ -252,9 +243,10 @@ def _by_connection(a: np.ndarray, b: np.ndarray, c: np.ndarray, step: np.ndarray
     return first[np.argsort(conn[first], kind="stable")]
 
 
-def _ids(total: int, step: np.ndarray, pos: np.ndarray) -> list[tuple[int, ...]]:
-    """Every step's message ids in position order (the empty tuple for none): message m
-    is the end at (``step[m]``, ``pos[m]``)."""
+def _ids(total: int, step: np.ndarray, pos: np.ndarray
+         ) -> tuple[list[tuple[int, ...]], tuple[np.ndarray, np.ndarray]]:
+    """Every step's message ids in position order (the empty tuple for none), and the
+    same packed (offsets, ids): message m is the end at (``step[m]``, ``pos[m]``)."""
     width = int(pos.max()) + 1 if pos.size else 0
     grid = np.full((total, max(width, 1)), -1, _I)
     grid[step, pos] = np.arange(step.size, dtype=_I)
@@ -263,14 +255,17 @@ def _ids(total: int, step: np.ndarray, pos: np.ndarray) -> list[tuple[int, ...]]
     if not (grid[have > 0, 0] >= 0).all() or not (grid[np.arange(total), have - 1] >= 0)[
             have > 0].all():
         raise AssertionError("a step's message ids are not its first positions")
+    off = np.zeros(total + 1, _I)
+    np.cumsum(have, out=off[1:])
+    csr = off, grid[grid >= 0]                  # row by row: each step's ids in order
     if width <= 2:                   # a binary tree's steps: one comprehension
         cols = grid[:, 0].tolist(), grid[:, -1].tolist()
         return [empty if h == 0 else (x,) if h == 1 else (x, y)
-                for h, x, y in zip(have.tolist(), *cols)]
+                for h, x, y in zip(have.tolist(), *cols)], csr
     out: list[tuple[int, ...]] = [empty] * total
     for k in range(1, width + 1):
         rows = np.flatnonzero(have == k)
         vals = zip(*(grid[rows, j].tolist() for j in range(k)))
         for i, v in zip(rows.tolist(), vals):
             out[i] = v
-    return out
+    return out, csr

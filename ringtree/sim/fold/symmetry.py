@@ -199,9 +199,11 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
     """The fold of fewest ranks (g a multiple of the ranks per node, shifts tried before
     XOR) under which the run is exactly symmetric, or None: every Program is its parent's
     (:func:`_blocks`) moved by a generator, and the routes are as :meth:`Routes.fold`
-    says. ``key`` names what generated ``programs``: what does not depend on the count
-    (the routes' folds, the peers and XOR masks of every rank) is then kept for the next
-    call (a sweep over sizes)."""
+    says. ``key`` names what generated ``programs`` (its first four fields the Programs,
+    as the registry's cache does): what does not depend on the count is then kept for
+    the next call (a sweep over sizes): the routes' folds per topology; the ranks' scan,
+    connections and (per chunk-length pattern) renamings for any topology, so the
+    topologies NCCL's protocols price (other rates only) prove them once."""
     n = topo.nranks
     if len(programs) != n or n < 2:
         return None
@@ -222,14 +224,28 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
                 got = scans[(g, x)] = _scanned(programs, g, x, n, in_place, topo, key, conns)
                 if got is False:
                     continue
-                routes = _routes(conns or _conns(programs), topo, devices, aware)
+                conns = conns or _kept(("conns", key and key[:4]), topo, key).get(0) or \
+                    _conns(programs)
+                routes = _routes(conns, topo, devices, aware)
             kept[(g, x)] = routes.fold(g, n, x)
         f = kept[(g, x)]
         # the chunks' renamings (the costly part) only where the routes keep the fold
-        if f is not None and _all_ranks(programs, g, x, n, regs, in_place, topo, key,
+        if f is not None and _renamings(programs, g, x, n, regs, in_place, topo, key,
                                         scans.get((g, x))):
             return f
     return None
+
+
+def _renamings(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
+               in_place: bool, topo: Topology, key: tuple | None, got=None) -> bool:
+    """:func:`_all_ranks`, kept per chunk-length pattern for the Programs ``key`` names
+    (the renamings read the lengths only through which are equal, :func:`pattern`)."""
+    if key is None:
+        return _all_ranks(programs, g, x, n, regs, in_place, topo, key, got)
+    kept = _RENAMED.lookup((key[:4], in_place, g, x, _labels(regs)), dict)
+    if 0 not in kept:
+        kept[0] = _all_ranks(programs, g, x, n, regs, in_place, topo, key, got)
+    return kept[0]
 
 
 def _conns(programs: Sequence[Program], first: int = 0, into: set | None = None) -> set:
@@ -250,10 +266,11 @@ def _routes(conns: set, topo: Topology, devices: list[int], aware: bool
 
 
 def _kept(k: tuple, topo: Topology, key: tuple | None) -> dict:
-    """The dict kept under ``k`` (a fresh one when ``key`` is None)."""
+    """The dict kept under ``k`` (a fresh one when ``key`` is None), held with ``topo``
+    for the routes, for every topology for what reads the Programs alone."""
     if key is None:
         return {}
-    return _FIND.lookup(k, dict, topo)
+    return _FIND.lookup(k, dict, topo) if k[0] == "routes" else _FIND.lookup(k, dict)
 
 
 def _scanned(programs: Sequence[Program], g: int, x: bool, n: int, in_place: bool,
@@ -262,7 +279,7 @@ def _scanned(programs: Sequence[Program], g: int, x: bool, n: int, in_place: boo
     ``key``: that every rank's peers move (else False), every rank's XOR masks (None
     where it has none, or in place) and their union. ``conns`` collects every rank's
     connections when the Programs are read (each generated once)."""
-    kept = _kept(("ranks", key, in_place), topo, key)
+    kept = _kept(("ranks", key and key[:4], in_place), topo, key)
     got = kept.get((g, x))
     if got is None:
         per_rank = _scan(programs, g, x, n, in_place, conns)
@@ -270,7 +287,12 @@ def _scanned(programs: Sequence[Program], g: int, x: bool, n: int, in_place: boo
             per_rank, frozenset().union(*(m for _, _, m in per_rank if m is not None)),
             all(m is not None for _, _, m in per_rank))
         kept[(g, x)] = got
+        if conns and len(conns) <= KEEP_CONNS:  # the next topology's routes read them
+            _kept(("conns", key and key[:4]), topo, key)[0] = frozenset(conns)
     return got
+
+
+KEEP_CONNS = 1 << 18      # connections kept with the ranks' scan (for other topologies)
 
 
 def _all_ranks(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
@@ -316,6 +338,7 @@ def _scan(programs: Sequence[Program], g: int, x: bool, n: int, in_place: bool,
 
 # what find() keeps for a sweep: the routes' folds and the ranks' peers and XOR masks
 _FIND = Recent("folds tried", 4 * symbolic.KEEP)
+_RENAMED = Recent("renamings proved", 4 * symbolic.KEEP)   # per Programs and pattern
 
 
 def period(programs: Sequence[Program], topo: Topology, devices: list[int], count: int,
@@ -380,8 +403,12 @@ def pattern(p: Program, count: int) -> tuple:
     """Which chunks of each buffer have equal lengths at ``count`` (each chunk labelled by
     the first chunk of its length): all that :func:`same_shape` reads of the lengths, so
     two counts with one pattern fold alike."""
+    return _labels(regions(p, count))
+
+
+def _labels(regs: dict) -> tuple:                 # pattern() of regions()
     out = []
-    for b, rg in regions(p, count).items():
+    for b, rg in regs.items():
         first: dict[int, int] = {}
         out.append((b, tuple(first.setdefault(ln, j) for j, ln in enumerate(rg))))
     return tuple(out)

@@ -63,7 +63,7 @@ from dataclasses import dataclass, replace
 
 from ringtree.ir.program import Collective, Program, parse_collective
 from ringtree.schedules import Options, generate, options_for
-from ringtree.sim import budget
+from ringtree.sim import budget, egress
 from ringtree.sim.compile import template
 from ringtree.sim.compile.compiled import DEFAULT_SLICE_BYTES
 from ringtree.sim.compile.structure import Sweep
@@ -325,12 +325,18 @@ def simulate_sizes(coll: Collective | str, algo: str, topo: Topology, sizes: Seq
     :func:`simulate`: with several protocols each size's fastest is kept."""
     protos = _protos(coll, algo, proto, topo.nranks)
     if len(protos) > 1:
-        per = [simulate_sizes(coll, algo, topo, sizes, model=model, itemsize=itemsize,
-                              root=root, channels=channels, slice_bytes=slice_bytes,
-                              in_place=in_place, params=params, symmetry=symmetry,
-                              sweep=None if sweep is None else Sweep(), max_work=max_work,
-                              engine=engine, proto=p) for p in protos]
-        best = [min(row, key=lambda r: r.time_ns) for row in zip(*per)]
+        shared = None if sweep is None else Sweep()     # the structures read no prices
+
+        def priced(p: str, todo: list[int]) -> list[SimRun]:
+            return simulate_sizes(coll, algo, topo, todo, model=model, itemsize=itemsize,
+                                  root=root, channels=channels, slice_bytes=slice_bytes,
+                                  in_place=in_place, params=params, symmetry=symmetry,
+                                  sweep=shared,
+                                  max_work=max_work, engine=engine, proto=p)
+
+        calls = {p: _call(coll, algo, topo, model, itemsize, root, channels, params,
+                          slice_bytes, in_place, engine, p) for p in protos}
+        best = _fastest(calls, sizes, priced)
         for i, run in enumerate(best):
             if each is not None:
                 each(i, run)
@@ -348,6 +354,34 @@ def simulate_sizes(coll: Collective | str, algo: str, topo: Topology, sizes: Seq
         for group in _groups(call, sizes, symmetry, sweep, max_work):
             _flush(call, group, sizes, done)
     return runs  # type: ignore[return-value]
+
+
+def _fastest(calls: dict[str, _Call], sizes: Sequence[int],
+             priced: Callable[[str, list[int]], list[SimRun]]) -> list[SimRun]:
+    """Each size's fastest protocol (the first of ``calls``' order among equals): Simple
+    first, then each other protocol at the sizes where :mod:`.egress`'s lower bound of
+    its time does not already exceed the fastest so far (congestion-aware, real-valued
+    time only; else at every size). The answers are those of pricing every protocol at
+    every size: a protocol left out is slower than one run."""
+    order = sorted(calls, key=lambda p: p != "simple")
+    runs: dict[str, dict[int, SimRun]] = {}
+    for p in order:
+        todo = [i for i in range(len(sizes)) if not runs or not _slower(calls[p], sizes[i], [
+            r[i].time_ns for r in runs.values() if i in r])]
+        runs[p] = dict(zip(todo, priced(p, [sizes[i] for i in todo]))) if todo else {}
+    return [min((runs[p][i] for p in calls if i in runs[p]), key=lambda r: r.time_ns)
+            for i in range(len(sizes))]
+
+
+def _slower(call: _Call, nbytes: int, times: list[float]) -> bool:
+    """Is ``call`` at ``nbytes`` surely slower than the fastest of ``times``
+    (:func:`.egress.exceeds` on ranks 0 and n − 1)?"""
+    if not times or not call.rules.aware or call.rules.integer_ns:
+        return False
+    n, count, opts = call.topo.nranks, call.count(nbytes), call.options(nbytes)
+    bound = max(egress.lower_bound_ns(generate(call.coll, call.algo, n, r, opts), call.topo,
+                                      count, call.itemsize) for r in {0, n - 1})
+    return egress.exceeds(bound, min(times))
 
 
 def _groups(call: _Call, sizes: Sequence[int], symmetry: bool, sweep, max_work):

@@ -29,6 +29,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "_stream.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
@@ -401,31 +403,10 @@ static int wait_peers(Round *k, int p, uint64_t s, int first) {
 #define STREAM_MIN (8 << 20) /* output bytes from which a gather streams its stores */
 #define SHARE_NT 4096        /* bytes from which a copy into the segment streams */
 static void copy_out(char *dst, const char *src, Py_ssize_t m, int stream) {
-#if defined(__x86_64__)
-    if (stream) {
-        Py_ssize_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-        if (head > m)
-            head = m;
-        memcpy(dst, src, head);
-        dst += head, src += head, m -= head;
-        Py_ssize_t i = 0;
-        for (; i + 64 <= m; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-            _mm_stream_si128((__m128i *)(dst + i), a);
-            _mm_stream_si128((__m128i *)(dst + i + 16), b);
-            _mm_stream_si128((__m128i *)(dst + i + 32), c);
-            _mm_stream_si128((__m128i *)(dst + i + 48), d);
-        }
-        memcpy(dst + i, src + i, m - i);
-        _mm_sfence();
-        return;
-    }
-#endif
-    (void)stream;
-    memcpy(dst, src, m);
+    if (stream)
+        stream_copy(dst, src, (size_t)m);
+    else
+        memcpy(dst, src, m);
 }
 
 /* copy every byte of the input x (nbytes) but the skipped ones (the own block) into this
@@ -762,14 +743,24 @@ static PyObject *Round_alone(Round *k, PyObject *const *args, Py_ssize_t nargs) 
 static int split_body(Round *k, uint64_t s, const uint64_t h[3], const char *x, char *out);
 static int root_body(Round *k, int p, uint64_t s, const uint64_t h[3], const char *x,
                      Py_ssize_t len, char *out);
-static PyObject *hot_entry(Round *k, PyObject *const *args, Py_ssize_t nargs, int unread) {
+/* the call words of a one-entry call (x, out, s, seq): 0, or -1 with an exception (a
+ * wrong count: TypeError naming `usage`; words that are not integers) */
+static int entry_words(const char *usage, PyObject *const *args, Py_ssize_t nargs,
+                       uint64_t *s, long long *seq) {
     if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, unread ? "rhot(x, out, s, seq)" : "hot(x, out, s, seq)");
-        return NULL;
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
     }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
-    long long seq = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred())
+    *s = PyLong_AsUnsignedLongLong(args[2]);
+    *seq = PyLong_AsLongLong(args[3]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *hot_entry(Round *k, PyObject *const *args, Py_ssize_t nargs, int unread) {
+    uint64_t s;
+    long long seq;
+    if (entry_words(unread ? "rhot(x, out, s, seq)" : "hot(x, out, s, seq)", args, nargs,
+                    &s, &seq) < 0)
         return NULL;
     int inplace = args[1] == Py_None || args[1] == args[0];
     Py_buffer xb, ob;
@@ -1020,13 +1011,7 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
  * 1: not such buffers (nothing held: NOBUF); -1: an exception (bad call words) */
 static int hot_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
                     uint64_t *s, long long *seq, Py_buffer *xb, Py_buffer *ob) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, usage);
-        return -1;
-    }
-    *s = PyLong_AsUnsignedLongLong(args[2]);
-    *seq = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred())
+    if (entry_words(usage, args, nargs, s, seq) < 0)
         return -1;
     if (PyObject_GetBuffer(args[0], xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
@@ -1196,13 +1181,9 @@ static PyObject *blocks_entry(Round *k, PyObject *const *args, Py_ssize_t nargs,
  * otherwise run()'s codes (not -1: the entry stays started; a rank but the root
  * copies the root's bytes after completing the wait). */
 static PyObject *Round_bshot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "bshot(x, out, s, seq)");
-        return NULL;
-    }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
-    long long seq = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred())
+    uint64_t s;
+    long long seq;
+    if (entry_words("bshot(x, out, s, seq)", args, nargs, &s, &seq) < 0)
         return NULL;
     Py_buffer xb;
     if ((args[1] != Py_None && args[1] != args[0]) ||
@@ -1265,13 +1246,9 @@ static int root_body(Round *k, int p, uint64_t s, const uint64_t h[3], const cha
 static PyObject *Round_rhot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (k->fold != NULL || k->alone >= 0)
         return hot_entry(k, args, nargs, 1);
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "rhot(x, out, s, seq)");
-        return NULL;
-    }
-    uint64_t s = PyLong_AsUnsignedLongLong(args[2]);
-    long long seq = PyLong_AsLongLong(args[3]);
-    if (PyErr_Occurred())
+    uint64_t s;
+    long long seq;
+    if (entry_words("rhot(x, out, s, seq)", args, nargs, &s, &seq) < 0)
         return NULL;
     Py_buffer xb;
     if (args[1] != Py_None || k->nrows != 0 ||

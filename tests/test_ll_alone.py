@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_ll_gather_hot import assert_recorded, errors_of, recorded
+from hot_entry_cases import assert_recorded, errors_of, recorded
 
 import ringtree
 from ringtree.dtypes import DType

@@ -8,11 +8,12 @@ the entry failed); 8 ranks on 2 cores for 2,000 calls."""
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 import pytest
+from hot_entry_cases import absent_peer, assert_absent_named, assert_recorded, errors_of, recorded
 
-import ringtree
 from ringtree.prof.flight import Entry
 from ringtree.testing import run_ranks
 
@@ -58,38 +59,6 @@ def gathers(comm) -> dict:
     return {"wrong": wrong, "general": results, "errors": errors, **recorded(comm, 6)}
 
 
-def errors_of(call, cases) -> list[str]:
-    """The error's class name (or "no error") of ``call(x, out)`` for each case."""
-    errors = []
-    for x, bad in cases:
-        try:
-            call(x, bad)
-            errors.append("no error")
-        except (ValueError, TypeError) as e:
-            errors.append(type(e).__name__)
-    return errors
-
-
-def recorded(comm, last: int) -> dict:
-    """The flight recorder's ``last`` entries (their states and sequence numbers), the
-    communicator's sequence number and how many entries the kernel wrote."""
-    fr = comm.flight
-    entries = fr.entries(last) if fr is not None else []
-    return {"states": {e["state"] for e in entries}, "seq": comm.seq,
-            "seqs": [e["collective_seq_id"] for e in entries],
-            "from_c": sum(type(e) is not Entry for e in fr.ring if e is not None)
-            if fr is not None else 0}
-
-
-def assert_recorded(r: int, got: dict, last: int, kernel: bool, least: int) -> None:
-    """The last ``last`` calls completed, numbered in order; the kernel wrote at least
-    ``least`` entries with it, none without."""
-    seq = got["seq"]
-    assert got["seqs"] == list(range(seq - last + 1, seq + 1)), (r, got)
-    assert got["states"] == {"completed"}, (r, got)
-    assert (got["from_c"] >= least) == kernel, (r, got)  # the kernel's own entries
-
-
 @pytest.mark.parametrize("nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}),
                                         (4, {})],
                          ids=["kernel-2", "kernel-3", "python-2", "kernel-4-on-2-cores"])
@@ -115,26 +84,11 @@ def late_and_absent(comm) -> dict:
         out[:] = -1
         comm.all_gather(x, out=out)
         ok &= out.tolist() == [10 * k] * 1000 + [10 * k + 1] * 1000
-    if comm.rank == 1:
-        time.sleep(3.0)
-        return {"ok": ok}
-    try:
-        comm.all_gather(x, out=out, timeout=1.5)
-        err = "no error"
-    except ringtree.RingtreeError as e:
-        err = f"{type(e).__name__}: {e}"
-    cur = comm.flight.entries(1)[0]
-    return {"ok": ok, "err": err, "state": cur["state"], "seq": cur["collective_seq_id"],
-            "name": cur["profiling_name"]}
+    return absent_peer(comm, partial(comm.all_gather, x, out=out), ok)
 
 
 def test_late_and_absent_peers_on_the_gather_hot_path():
-    got = run_ranks(late_and_absent, 2, timeout=60)
-    assert got[1]["ok"], got
-    got = got[0]
-    assert got["ok"], got
-    assert got["err"].startswith("CollectiveTimeout") and "rank 1" in got["err"], got
-    assert got["state"] == "failed" and got["seq"] == 7, got
+    assert_absent_named(run_ranks(late_and_absent, 2, timeout=60), 7)
 
 
 def many_calls(comm) -> tuple[int, int]:

@@ -9,17 +9,23 @@ and a killed one (named); 8 ranks on 2 cores."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
+from functools import partial
 
 import numpy as np
 import pytest
-from test_ll_gather_hot import assert_recorded, errors_of, recorded
+from hot_entry_cases import (
+    KILL_ENV,
+    absent_peer,
+    assert_absent_named,
+    assert_killed_named,
+    assert_recorded,
+    errors_of,
+    killed_peer,
+    recorded,
+)
 from test_ll_scatter_hot import UFUNCS, _cases
 
-import ringtree
-from ringtree.prof.flight import Entry
 from ringtree.testing import run_ranks
 
 
@@ -105,48 +111,20 @@ def late_and_absent(comm) -> dict:
             got = comm.reduce(x, root)
             want = [20 * k + 1] * 1000 if comm.rank == root else [10 * k + comm.rank] * 1000
             ok &= x.tolist() == want and (got is None) == (comm.rank != root)
-    if comm.rank == 1:
-        time.sleep(3.0)
-        return {"ok": ok}
-    try:
-        comm.reduce(x, 0, timeout=1.5)
-        err = "no error"
-    except ringtree.RingtreeError as e:
-        err = f"{type(e).__name__}: {e}"
-    cur = comm.flight.entries(1)[0]
-    return {"ok": ok, "err": err, "state": cur["state"], "seq": cur["collective_seq_id"],
-            "from_c": type(cur) is not Entry}
+    return absent_peer(comm, partial(comm.reduce, x, 0), ok)
 
 
 def test_late_and_absent_peers_on_the_reduce_hot_path():
-    got = run_ranks(late_and_absent, 2, timeout=60)
-    assert got[1]["ok"], got
-    got = got[0]
-    assert got["ok"], got
-    assert got["err"].startswith("CollectiveTimeout") and "rank 1" in got["err"], got
-    assert got["state"] == "failed" and got["seq"] == 15 and got["from_c"], got
+    assert assert_absent_named(run_ranks(late_and_absent, 2, timeout=60), 15)["from_c"]
 
 
 def killed(comm) -> tuple[int | None, str]:
     x = np.ones(3000, np.float32)
-    for _ in range(3):
-        comm.reduce(x, 2)
-    if comm.rank == 1:
-        time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        comm.reduce(x, 2)
-    except ringtree.RingtreeError as e:
-        return getattr(e, "peer", None), str(e)
-    return None, "no error"
+    return killed_peer(comm, partial(comm.reduce, x, 2))
 
 
 def test_a_peer_killed_during_the_reduce_kernel_wait_is_named():
-    res = run_ranks(killed, 3, timeout=60, env={"RINGTREE_LL_YIELD_US": "200000"})
-    assert isinstance(res[1], BaseException)
-    for r in (0, 2):
-        peer, msg = res[r]
-        assert "rank 1" in msg and "died" in msg, (r, peer, msg)
+    assert_killed_named(run_ranks(killed, 3, timeout=60, env=KILL_ENV))
 
 
 def many_calls(comm) -> tuple[int, int]:

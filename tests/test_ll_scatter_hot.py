@@ -8,16 +8,22 @@ and a killed one (named)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
+from functools import partial
 
 import numpy as np
 import pytest
-from test_ll_gather_hot import assert_recorded, errors_of, recorded
+from hot_entry_cases import (
+    KILL_ENV,
+    absent_peer,
+    assert_absent_named,
+    assert_killed_named,
+    assert_recorded,
+    errors_of,
+    killed_peer,
+    recorded,
+)
 
-import ringtree
-from ringtree.prof.flight import Entry
 from ringtree.testing import run_ranks
 
 INTS = ("int8", "uint8", "int32", "uint32", "int64", "uint64")
@@ -104,49 +110,21 @@ def late_and_absent(comm) -> dict:
         out[:] = -1
         comm.reduce_scatter(x, out=out)
         ok &= out.tolist() == [(20 * k + 1) if comm.rank == 0 else (200 * k + 1)] * 1000
-    if comm.rank == 1:
-        time.sleep(3.0)
-        return {"ok": ok}
-    try:
-        comm.reduce_scatter(x, out=out, timeout=1.5)
-        err = "no error"
-    except ringtree.RingtreeError as e:
-        err = f"{type(e).__name__}: {e}"
-    cur = comm.flight.entries(1)[0]
-    return {"ok": ok, "err": err, "state": cur["state"], "seq": cur["collective_seq_id"],
-            "from_c": type(cur) is not Entry}
+    return absent_peer(comm, partial(comm.reduce_scatter, x, out=out), ok)
 
 
 def test_late_and_absent_peers_on_the_scatter_hot_path():
-    got = run_ranks(late_and_absent, 2, timeout=60)
-    assert got[1]["ok"], got
-    got = got[0]
-    assert got["ok"], got
-    assert got["err"].startswith("CollectiveTimeout") and "rank 1" in got["err"], got
-    assert got["state"] == "failed" and got["seq"] == 8, got
+    assert_absent_named(run_ranks(late_and_absent, 2, timeout=60), 8)
 
 
 def killed(comm) -> tuple[int | None, str]:
     x = np.ones(3000 * comm.size, np.float32)
     out = np.empty(3000, np.float32)
-    for _ in range(3):
-        comm.reduce_scatter(x, out=out)
-    if comm.rank == 1:
-        time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        comm.reduce_scatter(x, out=out)
-    except ringtree.RingtreeError as e:
-        return getattr(e, "peer", None), str(e)
-    return None, "no error"
+    return killed_peer(comm, partial(comm.reduce_scatter, x, out=out))
 
 
 def test_a_peer_killed_during_the_scatter_kernel_wait_is_named():
-    res = run_ranks(killed, 3, timeout=60, env={"RINGTREE_LL_YIELD_US": "200000"})
-    assert isinstance(res[1], BaseException)
-    for r in (0, 2):
-        peer, msg = res[r]
-        assert "rank 1" in msg and "died" in msg, (r, peer, msg)
+    assert_killed_named(run_ranks(killed, 3, timeout=60, env=KILL_ENV))
 
 
 def broadcasts(comm) -> dict:

@@ -7,13 +7,13 @@ during the wait named, and the entry's refusals."""
 from __future__ import annotations
 
 import os
-import signal
 import time
+from functools import partial
 
 import numpy as np
 import pytest
+from hot_entry_cases import KILL_ENV, assert_killed_named, killed_peer
 
-import ringtree
 from ringtree.runtime.protocols import ll_split
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_native
@@ -114,25 +114,11 @@ def test_a_peer_late_for_either_call_of_the_split_is_waited_for():
 
 
 def killed(comm) -> tuple[int | None, str]:
-    x = np.ones(COUNT, np.float32)
-    for _ in range(3):
-        comm.all_reduce(x)
-    if comm.rank == 1:
-        time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        comm.all_reduce(x)
-    except ringtree.RingtreeError as e:
-        return getattr(e, "peer", None), str(e)
-    return None, "no error"
+    return killed_peer(comm, partial(comm.all_reduce, np.ones(COUNT, np.float32)))
 
 
 def test_a_peer_killed_during_the_split_kernel_wait_is_named():
-    res = run_ranks(killed, 3, timeout=60, env={"RINGTREE_LL_YIELD_US": "200000"})
-    assert isinstance(res[1], BaseException)
-    for r in (0, 2):
-        peer, msg = res[r]
-        assert "rank 1" in msg and "died" in msg, (r, peer, msg)
+    assert_killed_named(run_ranks(killed, 3, timeout=60, env=KILL_ENV))
 
 
 def refusals(comm) -> list[str]:

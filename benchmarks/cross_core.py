@@ -32,12 +32,9 @@ import time
 
 import numpy as np
 
+from ringtree.perf.flags import parse_size
+
 MODES = ("own", "peer", "peer add")
-
-
-def size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
 
 
 def _side(me: int, seg: mmap.mmap, sizes: list[int], reps: int, barrier, out) -> None:
@@ -72,7 +69,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
-    sizes = [size(s) for s in args.sizes.split(",")]
+    sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
     seg = mmap.mmap(-1, 2 * max(sizes))
     barrier, out = mp.Barrier(2), mp.Queue()
     procs = [mp.Process(target=_side, args=(me, seg, sizes, args.reps, barrier, out))

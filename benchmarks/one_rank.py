@@ -18,12 +18,8 @@ import time
 
 import numpy as np
 
+from ringtree.perf.flags import parse_size
 from ringtree.testing import run_ranks
-
-
-def _size(s: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1].upper(), 1)
-    return int(s[:-1] if mult > 1 else s) * mult
 
 
 def _calls(comm, n: int) -> list:
@@ -62,7 +58,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
-    res = run_ranks(measure, 1, [_size(s) for s in a.sizes], a.calls, a.reps,
+    res = run_ranks(measure, 1, [parse_size(s, "--sizes") for s in a.sizes], a.calls, a.reps,
                     timeout=600)[0]
     if isinstance(res, BaseException):
         raise res

@@ -11,10 +11,16 @@ import signal
 import time
 from collections.abc import Callable
 
+import pytest
+
 import ringtree
 from ringtree.prof.flight import Entry
 
 KILL_ENV = {"RINGTREE_LL_YIELD_US": "200000"}  # the survivors wait in the kernel
+# a hot entry's test on 2 and 3 ranks, without the kernel, and 4 ranks on 2 cores
+RANKS_AND_KERNEL = pytest.mark.parametrize(
+    "nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}), (4, {})],
+    ids=["kernel-2", "kernel-3", "python-2", "kernel-4-on-2-cores"])
 
 
 def errors_of(call, cases) -> list[str]:

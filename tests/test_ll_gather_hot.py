@@ -11,8 +11,14 @@ import time
 from functools import partial
 
 import numpy as np
-import pytest
-from hot_entry_cases import absent_peer, assert_absent_named, assert_recorded, errors_of, recorded
+from hot_entry_cases import (
+    RANKS_AND_KERNEL,
+    absent_peer,
+    assert_absent_named,
+    assert_recorded,
+    errors_of,
+    recorded,
+)
 
 from ringtree.prof.flight import Entry
 from ringtree.testing import run_ranks
@@ -59,9 +65,7 @@ def gathers(comm) -> dict:
     return {"wrong": wrong, "general": results, "errors": errors, **recorded(comm, 6)}
 
 
-@pytest.mark.parametrize("nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}),
-                                        (4, {})],
-                         ids=["kernel-2", "kernel-3", "python-2", "kernel-4-on-2-cores"])
+@RANKS_AND_KERNEL
 def test_gather_hot_path_bytes_refusals_and_flight_recorder(nranks, env):
     res = run_ranks(gathers, nranks, timeout=120, env=env)
     for r, got in enumerate(res):

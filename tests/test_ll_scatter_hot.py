@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hot_entry_cases import (
     KILL_ENV,
+    RANKS_AND_KERNEL,
     absent_peer,
     assert_absent_named,
     assert_killed_named,
@@ -82,9 +83,7 @@ def scatters(comm) -> dict:
     return {"wrong": wrong, "general": general, "errors": errors, **recorded(comm, 4)}
 
 
-@pytest.mark.parametrize("nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}),
-                                        (4, {})],
-                         ids=["kernel-2", "kernel-3", "python-2", "kernel-4-on-2-cores"])
+@RANKS_AND_KERNEL
 def test_scatter_hot_path_bits_refusals_and_flight_recorder(nranks, env):
     res = run_ranks(scatters, nranks, timeout=120, env=env)
     for r, got in enumerate(res):

@@ -314,9 +314,10 @@ class Harness:
         o, be, dog = self.o, self.be, self.dog
         grouped = o.agg > 1 and not blocking
         trains = [] if grouped else [[be.issuer(c, blocking) for c in ops] for ops in calls]
-        flat = [f for fs in trains for f in fs]
+        bare = not grouped and dog.seconds <= 0 and o.blocking not in (1, 3)
+        flat = [f for fs in trains for f in fs] if bare else []
         be.barrier()
-        if not grouped and dog.seconds <= 0 and o.blocking not in (1, 3):
+        if bare:
             t0 = time.perf_counter()
             for f in flat:
                 f()

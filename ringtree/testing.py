@@ -11,6 +11,7 @@ Functions must be importable by reference (module-level), as with multiprocessin
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import secrets
 import socket
@@ -35,10 +36,27 @@ class RemoteError(Exception):
     """An exception raised on a rank that could not be sent back as itself."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(span: int = 1) -> int:
+    """A loopback port p such that p .. p + span - 1 are all free when this returns.
+
+    ``span`` > 1 is for jobs that bind beside the given port (torchrun's convention
+    puts the store on ``MASTER_PORT + 1``); the ports are probed together, so a
+    neighbour taken by another program is never handed out.
+    """
+    if span < 1:
+        raise ValueError(f"free_port: span must be >= 1, got {span}")
+    for _ in range(100):
+        with contextlib.ExitStack() as held:
+            first = held.enter_context(socket.socket())
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                for k in range(1, span):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port + k))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"free_port: no {span} consecutive free loopback ports in 100 tries")
 
 
 def _ctx():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from ringtree.testing import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -249,12 +250,6 @@ def test_second_signal_kills():
     assert time.monotonic() - t0 < 15
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_on_one_machine():
     port = free_port()
     env = child_env(RINGTREE_TOKEN="shared-multi-node-token")
@@ -351,3 +346,20 @@ def test_sigusr1_is_forwarded_so_every_rank_dumps_its_flight_recorder(tmp_path):
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=60) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fr_rank0.json", "fr_rank1.json"]
+
+
+def test_free_port_span_leaves_the_neighbours_free():
+    import socket
+
+    port = free_port(span=3)
+    held = []
+    try:
+        for k in range(3):  # every port of the span binds now
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", port + k))
+    finally:
+        for s in held:
+            s.close()
+    with pytest.raises(ValueError, match="span"):
+        free_port(span=0)

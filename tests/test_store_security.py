@@ -141,7 +141,7 @@ MODES = {
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_outsider_cannot_write_the_store(mode):
     make, offset = MODES[mode]
-    port = free_port()
+    port = free_port(span=offset + 1)
     wins, results = _run_mode([make(0, port), make(1, port)], port + offset, 2)
     assert wins == [], f"{mode}: an outsider wrote the store via {wins}"
     for status, value in results:
@@ -186,7 +186,7 @@ def test_ringtree_run_store_is_private(tmp_path):
 
 @pytest.mark.skipif(OTHER_IP is None, reason="needs a non-loopback local address")
 def test_multi_host_without_secret_warns_and_binds_only_the_master_address():
-    port = free_port()
+    port = free_port(span=2)
     envs = [{"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
              "MASTER_ADDR": OTHER_IP, "MASTER_PORT": str(port),
              "RINGTREE_HOST_ID": f"host{r}", "RINGTREE_TRANSPORT": "tcp"} for r in range(2)]

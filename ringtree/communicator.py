@@ -32,6 +32,7 @@ from ringtree.runtime.owner import ThreadOwner
 from ringtree.runtime.plan import Call
 from ringtree.runtime.planner import CallSpec, Planner, link_kind
 from ringtree.runtime.progress import Progress
+from ringtree.runtime.protocols import ll_reg
 from ringtree.runtime.protocols.ll_runner import LLRunner
 from ringtree.settings import as_timeout, current
 from ringtree.transports.tcp import make_listener
@@ -303,6 +304,22 @@ class Communicator(Collectives, Resilient):
             raise ValueError(f"new_group: invalid ranks {ranks} for size {self.size}")
         inside = self.rank in ranks
         return self.split(0 if inside else -1, ranks.index(self.rank) if inside else 0)
+
+    def empty(self, shape, dtype="float32") -> np.ndarray:
+        """An uninitialised NumPy array in this rank's registered memory (NCCL's
+        ``ncclMemAlloc``): collectives whose every rank passes such buffers read the
+        peers' data where it lies (:mod:`ringtree.runtime.protocols.ll_reg`). Not
+        collective. Ranks that do not all share a host get a plain NumPy array."""
+        reg = ll_reg.of(self)
+        if reg is None:
+            return np.empty(shape, np.dtype(dtype))
+        return reg.arena.empty(shape, dtype)
+
+    def zeros(self, shape, dtype="float32") -> np.ndarray:
+        """:meth:`empty`, filled with zeros."""
+        x = self.empty(shape, dtype)
+        x[...] = 0
+        return x
 
     def abort(self) -> None:
         """Tear down at once (``ncclCommAbort``): peers blocked on us get an error."""

@@ -71,6 +71,7 @@ class LLRunner:
         self._thread: threading.Thread | None = None
         self._gone: threading.Thread | None = None  # the thread last let go (exit joins it)
         self.direct: ll_direct.Direct | None = None  # peers' buffers readable: ll_direct
+        self.reg = None  # registered buffers (ll_reg.Registered, made by Communicator.empty)
 
     @classmethod
     def for_comm(cls, comm) -> LLRunner | None:

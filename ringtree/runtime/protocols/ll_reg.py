@@ -1,0 +1,287 @@
+"""Collectives on registered buffers: every rank reads its peers' data where it lies.
+
+A rank's registered memory is an arena of shared memory
+(:mod:`ringtree.transports.shm_arena`, ``Communicator.empty``/``zeros``): its peers can
+map it, so an all-reduce needs no staging. Per rank and call, for ``S`` bytes on ``n``
+ranks (reads + writes), against the split through the LL segment
+(:mod:`.ll_split`: 4 S on 2 ranks):
+
+- all-reduce: fold block ``me`` of every rank's *input*, where it lies, in rank order
+  into the own output block (S read, S/n written), one synchronisation, copy every
+  peer's folded block out of *its output* (2 (n-1)/n S), one more: 2.5 S on 2 ranks, the
+  bound of ``benchmarks/cpu_peers.py``'s memory limit;
+- all-gather: copy every peer's input into the output, one synchronisation;
+- reduce-scatter: fold block ``me`` of every input into the output, one synchronisation.
+
+The last synchronisation is what lets a caller reuse its buffers: no rank returns while
+a peer may still read them (the all-reduce's first one also keeps a rank from
+overwriting, in place, an input block a peer still folds).
+
+*Agreement.* Registration is each rank's own business, so a call may be mixed. Before
+anything else a rank whose buffers are all registered writes, in its LL state line (not
+in the parity lines, which a rank on the segment's path posts), the call's LL number,
+where its input and output lie, and the call's header, then waits until each peer has
+either done the same (registered) or posted or announced the call (a rank on the
+ordinary path: on LL it posts after staging, on Simple it announces; neither waits for
+anything first, so no wait here can deadlock). The marks are written before any post,
+so a peer seen posted is registered exactly when its mark shows the call. Every rank
+then knows the same set: all registered — the paths above; otherwise every registered
+rank takes the ordinary path, as the unregistered ones already did. The call's LL
+number is not taken by the agreement, so the ordinary path runs as if it had not been.
+
+*Bits.* Every element is folded from the same operands in the same order as the
+rank-order fold (``Reducer.combine``: a ufunc per pair, no fused multiply-add, no
+reassociation), so the bits are those of every other path; a rank whose output block
+is its input (in place) and comes third or later in the order folds through a scratch
+piece.
+
+*Failure.* The waits are the LL waits (liveness, timeout, doorbell when ranks outnumber
+cores): a dead peer is named. A peer's memory stays mapped after it died, so a read of
+it cannot fault; the next wait names the rank.
+"""
+
+from __future__ import annotations
+
+from threading import get_ident
+
+import numpy as np
+
+from ringtree.dtypes import DType, parse_dtype
+from ringtree.errors import MismatchError, RingtreeError
+from ringtree.ir.program import Collective
+from ringtree.ir.wire import PROTO_LL, WireHeader, algo_code
+from ringtree.ops import ReduceOp, Reducer, resolve
+from ringtree.runtime.plan import Desc
+from ringtree.runtime.protocols.ll_entry import MISS, timeout_of
+from ringtree.transports import shm_segment as seg
+from ringtree.transports.shm_arena import Arena
+from ringtree.transports.shm_ll import ANN_SEQ, SEQ_MASK
+
+# state-line words (shm_ll uses 0-5): the call's LL number, input and output location
+# words (shm_arena.Arena.locate), the call's header (three words)
+REG_SEQ, REG_IN, REG_OUT, REG_HEAD = 8, 9, 10, 11
+# smallest call (bytes of the larger buffer) run on registered buffers; below, the
+# segment's one-entry paths (one synchronisation, in C) are cheaper than two
+MIN_BYTES = {Collective.ALL_REDUCE: 256 << 10, Collective.ALL_GATHER: 64 << 10,
+             Collective.REDUCE_SCATTER: 64 << 10}
+PIECE = 256 << 10       # bytes folded at a time when the fold keeps an accumulator
+SKIP = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
+ALGO = algo_code("registered (in place)")
+
+
+def of(comm, create: bool = True):
+    """The communicator's :class:`Registered` (made on first use), or None when its
+    ranks do not share an LL segment."""
+    runner = comm.ll
+    if runner is None:
+        return None
+    if runner.reg is None and create:
+        runner.reg = Registered(runner)
+        comm.fabric.closers.append(runner.reg.arena.close)
+    return runner.reg
+
+
+class RegOp:
+    """One call shape: what ``LLRunner.run_arrays`` needs (name, desc, coll, run)."""
+
+    __slots__ = ("name", "coll", "desc", "head", "run", "describe")
+
+    def __init__(self, coll: Collective, dt: DType, count: int, red: Reducer | None, run):
+        self.name, self.coll, self.run = coll.value, coll, run
+        code = red.code if red is not None else 0
+        self.desc = Desc(self.name, count, dt.value, dt.code, red.name if red else "-",
+                         code, 0, 0, "registered", coll.code, PROTO_LL)
+        self.head = WireHeader(0, count, 0, ALGO, coll.code, dt.code, code, PROTO_LL,
+                               0).call_words()
+        text = f"{self.name}(count={count}, {dt.value}, registered buffers)"
+        self.describe = lambda: text
+
+
+class Registered:
+    """A communicator's registered memory and the calls that read it in place."""
+
+    def __init__(self, runner):
+        ll = self.ll = runner.ll
+        self.runner = runner
+        tag = ll.seg.name[len(seg.PREFIX):].split("-")[0]
+        me = ll.peers[ll.rank]
+        self.arena = Arena(tag, ll.rank, me.pid, me.ns)
+        self.min_bytes = dict(MIN_BYTES)
+        self.ops: dict[tuple, RegOp] = {}
+        self.locs: list = []
+        self.current: RegOp | None = None
+        self.in_place = False
+        self._scratch = np.empty(0, np.uint8)
+
+    # ---- the call --------------------------------------------------------------------
+
+    def call(self, comm, coll: Collective, x: np.ndarray, out, op, timeout):
+        """Run the call on registered buffers when every rank's are; :data:`MISS` (the
+        ordinary path) otherwise. Collective when this rank's buffers are registered."""
+        t = timeout_of(timeout)
+        runner, ll = self.runner, self.ll
+        if comm._group is not None or comm.health.broken is not None or runner.pending \
+                or comm._closed or comm.executor.busy or ll.n == 1:
+            return MISS
+        words = self._locate(coll, x, out)
+        if words is None:
+            return MISS
+        try:
+            dt = parse_dtype(x.dtype)
+            red = resolve(op, dt) if coll.reduces else None
+        except (TypeError, ValueError):
+            return MISS  # the ordinary path refuses it on every rank
+        count = x.size if coll is not Collective.REDUCE_SCATTER else x.size // ll.n
+        if (red is not None and (red.user is not None or red.op in SKIP)) or \
+                max(x.nbytes, (out if out is not None else x).nbytes) < self.min_bytes[coll]:
+            return MISS
+        if comm._owner.ident != get_ident() and not comm.background:
+            comm._owner.check(comm.rank)
+        key = (coll, dt, count, red)
+        rop = self.ops.get(key)
+        if rop is None:
+            run = self._all_reduce if coll is Collective.ALL_REDUCE else \
+                self._all_gather if coll is Collective.ALL_GATHER else self._scatter
+            rop = self.ops[key] = RegOp(coll, dt, count, red, run)
+        try:
+            locs = self._agree(rop, words, comm.timeout if t is None else t)
+        except RingtreeError as err:
+            raise comm._on_error(err) from None
+        if locs is None:
+            return MISS
+        self.locs, self.current = locs, rop
+        comm.seq += 1
+        result = x if out is None else out
+        st = dt.storage  # (bfloat16: its uint16 bits)
+        return runner.run_arrays(comm, rop, x.reshape(-1).view(st),
+                                 result.reshape(-1).view(st), red, result, None, comm.seq,
+                                 False, t)
+
+    def _locate(self, coll: Collective, x: np.ndarray, out) -> tuple[int, int] | None:
+        """This rank's (input, output) location words, or None when its buffers are not
+        both registered, contiguous and shaped for ``coll``; sets :attr:`in_place`."""
+        if out is None and coll is Collective.ALL_REDUCE:
+            out = x
+        if type(out) is not np.ndarray or not x.flags.c_contiguous or \
+                not out.flags.c_contiguous or not out.flags.writeable or out.dtype != x.dtype:
+            return None
+        a, n, me = self.arena, self.ll.n, self.ll.rank
+        wi, wo = a.locate(x), a.locate(out)
+        if wi < 0 or wo < 0:
+            return None
+        if coll is Collective.ALL_REDUCE:
+            fits, same = out.size == x.size, wi == wo
+        elif coll is Collective.ALL_GATHER:
+            fits, same = out.size == n * x.size, wi == wo + me * x.nbytes
+        else:
+            fits, same = x.size == n * out.size, wo == wi + me * out.nbytes
+        if not fits or (not same and np.may_share_memory(x, out)):
+            return None
+        self.in_place = same
+        return wi, wo
+
+    def _agree(self, rop: RegOp, words: tuple[int, int], t: float) -> list | None:
+        """Mark this call registered in the state line and learn the peers' choice:
+        every rank's (input, output) words when all are registered, else None."""
+        ll, W = self.ll, self.ll.W
+        s = ll.seq + 1
+        k = ll.my_state
+        h = rop.head
+        W[k + REG_IN], W[k + REG_OUT] = words
+        W[k + REG_HEAD], W[k + REG_HEAD + 1], W[k + REG_HEAD + 2] = \
+            h[0], h[1] | (s & SEQ_MASK), h[2]
+        seg.fence()
+        W[k + REG_SEQ] = s
+        seg.fence()  # our mark before their sleep flags (Dekker with LL._sleep)
+        for r, j in ll.peer_sleep:
+            if W[j]:
+                seg.ring_bell(ll.peer_bells[r])
+        locs: list = [None] * ll.n
+        locs[ll.rank] = words
+        plain = False
+        for r, st in ll.peer_state:
+            line = ll.seq_word(r, s & 1)
+
+            def done(st=st, line=line) -> bool:
+                return W[st + REG_SEQ] == s or W[line] >= s or W[st + ANN_SEQ] >= s
+            if not done():
+                ll._wait(r, done, s, t, rop.describe, None)
+            if W[st + REG_SEQ] != s:  # read after what done() saw: a mark came first
+                plain = True
+                continue
+            mine, theirs = W[k + REG_HEAD:k + REG_HEAD + 3], W[st + REG_HEAD:st + REG_HEAD + 3]
+            if mine != theirs:
+                raise MismatchError(ll._mismatch(r, mine, theirs, s, rop.describe))
+            locs[r] = (int(W[st + REG_IN]), int(W[st + REG_OUT]))
+        return None if plain else locs
+
+    def _sync(self, rop: RegOp, t: float) -> None:
+        self.ll.parity(t, rop.describe)
+        self.ll.sync(rop.head, t, rop.describe)
+
+    def _peer(self, q: int, word: int, dtype: np.dtype, count: int) -> np.ndarray:
+        info = self.ll.peers[q]
+        try:
+            return self.arena.peer(q, info.pid, info.ns, word, dtype, count)
+        except (OSError, TypeError) as e:
+            raise RingtreeError(f"rank {self.ll.rank} cannot map rank {q}'s registered "
+                                f"buffer: {e}") from None
+
+    # ---- the paths -------------------------------------------------------------------
+
+    def _all_reduce(self, x: np.ndarray, out: np.ndarray, red: Reducer, t: float) -> None:
+        n, me, rop = self.ll.n, self.ll.rank, self.current
+        m = x.size
+        b = [q * m // n for q in range(n + 1)]
+        lo, hi = b[me], b[me + 1]
+        rows = [x[lo:hi] if q == me else self._peer(q, self.locs[q][0], x.dtype, m)[lo:hi]
+                for q in range(n)]
+        self._fold(rows, out[lo:hi], red, self.in_place and me >= 2)
+        self._sync(rop, t)
+        for q in range(n):
+            if q != me and b[q + 1] > b[q]:
+                out[b[q]:b[q + 1]] = self._peer(q, self.locs[q][1], x.dtype, m)[b[q]:b[q + 1]]
+        self._sync(rop, t)
+
+    def _all_gather(self, x: np.ndarray, out: np.ndarray, red, t: float) -> None:
+        me, c = self.ll.rank, x.size
+        for q in range(self.ll.n):
+            if q != me and c:
+                out[q * c:(q + 1) * c] = self._peer(q, self.locs[q][0], x.dtype, c)
+        if not self.in_place:
+            out[me * c:(me + 1) * c] = x
+        self._sync(self.current, t)
+
+    def _scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer, t: float) -> None:
+        n, me, c = self.ll.n, self.ll.rank, out.size
+        rows = [x[me * c:(me + 1) * c] if q == me else
+                self._peer(q, self.locs[q][0], x.dtype, n * c)[me * c:(me + 1) * c]
+                for q in range(n)]
+        self._fold(rows, out, red, self.in_place and me >= 2)
+        self._sync(self.current, t)
+
+    def _fold(self, rows: list, dst: np.ndarray, red: Reducer, alias: bool) -> None:
+        """dst = ((rows[0] ⊕ rows[1]) ⊕ rows[2]) ⊕ …, a piece at a time when an
+        accumulator is kept (3+ rows, bfloat16); through a scratch piece when ``dst``
+        is a row read after the first two (``alias``)."""
+        m = dst.size
+        if len(rows) == 2 and red.dtype is not DType.BFLOAT16:
+            red.combine(dst, rows[0], rows[1])
+            return
+        step = max(1, PIECE // dst.itemsize)
+        tmp = None
+        if alias:
+            if self._scratch.dtype != dst.dtype or self._scratch.size < min(step, m):
+                self._scratch = np.empty(min(step, m), dst.dtype)
+            tmp = self._scratch
+        for lo in range(0, m, step):
+            hi = min(m, lo + step)
+            d = dst[lo:hi] if tmp is None else tmp[:hi - lo]
+            red.combine(d, rows[0][lo:hi], rows[1][lo:hi])
+            for r in rows[2:]:
+                red.combine(d, d, r[lo:hi])
+            if tmp is not None:
+                dst[lo:hi] = d
+
+
+__all__ = ["MIN_BYTES", "Registered", "of"]

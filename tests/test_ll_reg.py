@@ -1,0 +1,171 @@
+"""Registered buffers (``Communicator.empty``, ``transports/shm_arena.py``,
+``runtime/protocols/ll_reg.py``): all-reduce, all-gather and reduce-scatter reading the
+peers' buffers where they lie give the rank-order fold's bits for every dtype and op the
+split takes, in place and not, odd counts, 2-4 ranks; a call where one rank's buffers are
+not registered falls back on every rank; a killed peer is named."""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+from hot_entry_cases import KILL_ENV, assert_killed_named, killed_peer
+from test_ll_native import _input
+
+from ringtree.dtypes import DType
+from ringtree.ops import resolve
+from ringtree.runtime.protocols import ll_reg
+from ringtree.testing import run_ranks
+
+CASES = [("float32", "sum"), ("float64", "max"), ("int32", "prod"), ("bfloat16", "sum"),
+         ("float16", "sum"), ("uint8", "bxor"), ("float32", "min"), ("int64", "sum")]
+
+
+def _fold(n: int, count: int, dt: DType, op: str) -> np.ndarray:
+    """The rank-order fold of every rank's input (storage dtype)."""
+    red = resolve(op, dt)
+    want = _input(0, count, dt, op).copy()
+    for q in range(1, n):
+        red.combine(want, want, _input(q, count, dt, op))
+    return want
+
+
+def _np(dt: DType):
+    if dt is DType.BFLOAT16:
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return dt.storage
+
+
+def _reg(comm, src: np.ndarray, dt: DType, registered: bool = True) -> np.ndarray:
+    x = comm.empty(src.size, _np(dt)) if registered else np.empty(src.size, _np(dt))
+    x.view(dt.storage)[:] = src
+    return x
+
+
+def _bits(a: np.ndarray, dt: DType) -> bytes:
+    return a.view(dt.storage).tobytes()
+
+
+def calls(comm) -> list[str]:
+    """Every case through the communicator, registered; the direct path must run."""
+    reg = ll_reg.of(comm)
+    reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
+    ran = []
+    reg_run = reg.runner.run_arrays
+
+    def spy(c, rop, *a):
+        ran.append(rop.coll)
+        return reg_run(c, rop, *a)
+    reg.runner.run_arrays = spy
+    n, r = comm.size, comm.rank
+    bad = []
+    for dname, op in CASES:
+        dt = DType(dname)
+        for count in (1, n * 7 + 3, 4099):
+            want = _fold(n, count, dt, op)
+            for in_place in (True, False):
+                x = _reg(comm, _input(r, count, dt, op), dt)
+                out = None if in_place else comm.empty(count, _np(dt))
+                before = len(ran)
+                got = comm.all_reduce(x, op, out=out)
+                if _bits(got, dt) != want.tobytes():
+                    bad.append(f"all_reduce {dname} {op} count={count} in_place={in_place}")
+                if len(ran) != before + 1:
+                    bad.append(f"all_reduce {dname} {count}: not on registered buffers")
+                if not in_place and _bits(x, dt) != _input(r, count, dt, op).tobytes():
+                    bad.append(f"all_reduce {dname} {op} count={count}: input changed")
+            # reduce-scatter: block r of the fold of n*count elements
+            full = _fold(n, n * count, dt, op)
+            for in_place in (True, False):
+                x = _reg(comm, _input(r, n * count, dt, op), dt)
+                out = x[r * count:(r + 1) * count] if in_place else comm.empty(count, _np(dt))
+                got = comm.reduce_scatter(x, op, out=out)
+                if _bits(got, dt) != full[r * count:(r + 1) * count].tobytes():
+                    bad.append(f"reduce_scatter {dname} {op} count={count} {in_place}")
+        count = n * 5 + 1
+        whole = np.concatenate([_input(q, count, dt, "sum") for q in range(n)])
+        for in_place in (True, False):
+            out = comm.empty(n * count, _np(dt))
+            if in_place:
+                x = out[r * count:(r + 1) * count]
+                x.view(dt.storage)[:] = _input(r, count, dt, "sum")
+            else:
+                x = _reg(comm, _input(r, count, dt, "sum"), dt)
+            got = comm.all_gather(x, out=out)
+            if _bits(got, dt) != whole.tobytes():
+                bad.append(f"all_gather {dname} count={count} in_place={in_place}")
+    if ran.count(ran[0]) == len(ran):
+        bad.append(f"only {ran[0]} ran registered")
+    return bad
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_registered_calls_give_the_rank_order_bits(nranks):
+    assert run_ranks(calls, nranks, timeout=120) == [[]] * nranks
+
+
+def mixed(comm) -> list[str]:
+    """Rank 1's buffers are plain in every other call (and rank 0's in a third): the
+    call falls back on every rank and still gives the fold's bits."""
+    reg = ll_reg.of(comm)
+    reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
+    n, r = comm.size, comm.rank
+    bad = []
+    dt = DType.FLOAT32
+    for i in range(6):
+        count = 1000 + 17 * i
+        registered = not ((r == 1 and i % 2) or (r == 0 and i % 3 == 2))
+        for in_place in (True, False):
+            x = _reg(comm, _input(r, count, dt, "sum"), dt, registered)
+            out = None if in_place else (comm.empty(count) if registered else
+                                         np.empty(count, np.float32))
+            got = comm.all_reduce(x, "sum", out=out)
+            if got.tobytes() != _fold(n, count, dt, "sum").tobytes():
+                bad.append(f"call {i} in_place={in_place} registered={registered}")
+        if r == 1 and i == 3:
+            time.sleep(0.05)  # the others wait for its mark or post
+    return bad
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_mixed_call_falls_back_on_every_rank(nranks):
+    assert run_ranks(mixed, nranks, timeout=60) == [[]] * nranks
+
+
+def killed(comm) -> tuple[int | None, str]:
+    """Rank 1 dies before a registered all-reduce; the others name it."""
+    x = comm.zeros(1 << 18)
+    return killed_peer(comm, partial(comm.all_reduce, x))
+
+
+def test_a_killed_peer_is_named():
+    assert_killed_named(run_ranks(killed, 3, timeout=60, env=KILL_ENV))
+
+
+def test_arena_allocates_frees_and_locates():
+    from ringtree.transports.shm_arena import OFF_BITS, Arena
+
+    a = Arena("t" + os.urandom(3).hex(), 0, os.getpid(), "0")
+    try:
+        x = a.empty((3, 5), np.float64)
+        y = a.empty(100, np.int8)
+        assert x.shape == (3, 5) and x.flags.writeable and a.locate(x) == 0
+        assert a.locate(y) == 4096 and a.locate(np.zeros(3)) == -1
+        assert a.locate(x[1]) == 40
+        v = x[1:]
+        del x
+        assert a.free[0][1] >= 8192  # x still viewed: not freed
+        del v
+        assert a.free[0] == [0, 0, 4096]
+        z = a.empty(1 << 27, np.uint8)  # larger than a chunk: a chunk of its own
+        assert a.locate(z) == 1 << OFF_BITS
+        peer = a.peer(0, os.getpid(), "0", a.locate(y), np.int8, 100)
+        y[:] = 7
+        assert peer.sum() == 700
+    finally:
+        a.close()
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"ringtree-{a.tag}-")]

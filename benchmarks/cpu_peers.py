@@ -26,7 +26,10 @@ How it measures, so that numbers can be compared:
 - *The limit* is measured in the same rounds: the adds and copies every shared-memory
   algorithm must do (``Limit`` in the worker), by as many processes pinned the same way.
   "of limit" is limit time ÷ the library's time (1.0 = at the machine's limit).
-- ``ratio`` is ringtree's time ÷ the best peer's (below 1: ringtree is faster).
+- ``ratio`` is ringtree's time ÷ the best peer's (below 1: ringtree is faster), for
+  ringtree on the caller's own buffers. ``ringtree (registered)`` is the same library on
+  buffers from ``Communicator.zeros`` (registered memory the peers read in place, as
+  nccl-tests' ``-R 1``): an extra column with its own fraction of the limit.
 
 Prints one table per rank count and collective, and ``--json`` keeps every sample.
 """
@@ -54,8 +57,14 @@ from ringtree.testing import free_port
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "cpu_peers_worker.py")
 SIZES = ["8", "64K", "1M", "16M", "64M"]
-ORDER = ["ringtree", "impi", "mpich", "ompi", "oneccl", "vllm", "deepspeed", "gloo", "limit"]
-NAMES = {"ringtree": "ringtree", "impi": "Intel MPI", "mpich": "MPICH", "ompi": "Open MPI",
+ORDER = ["ringtree", "ringtree-reg", "impi", "mpich", "ompi", "oneccl", "vllm", "deepspeed",
+         "gloo", "limit"]
+# ringtree's rows: the plain one is the headline (user buffers as they come, compared with
+# the peers); "ringtree-reg" runs the same calls on registered buffers (Communicator.zeros,
+# nccl-tests' -R 1), an extra row that is never counted as the best peer
+OURS = ("ringtree", "ringtree-reg")
+NAMES = {"ringtree": "ringtree", "ringtree-reg": "ringtree (registered)", "impi": "Intel MPI",
+         "mpich": "MPICH", "ompi": "Open MPI",
          "oneccl": "oneCCL", "vllm": "vLLM shm", "deepspeed": "DeepSpeed shm",
          "gloo": "torch gloo", "limit": "limit"}
 
@@ -74,16 +83,16 @@ class Peer:
     @property
     def per_rank(self) -> bool:
         """Started as one process per rank (else through a launcher of its own)."""
-        return self.name not in ("ringtree", "limit") and not self.mpiexec
+        return self.name not in (*OURS, "limit") and not self.mpiexec
 
     def command(self, n: int, pin: bool, out: str, args) -> list[list[str]]:
         """One command (an MPI launcher, ``ringtree run``, the limit) or one per rank."""
         common = ["--out", out, "--colls", ",".join(args.colls), "--reps", str(args.reps),
                   "--warmup", str(args.warmup), "--sizes", *map(str, args.sizes)]
-        if self.name == "ringtree":
+        if self.name in OURS:
             run = os.path.join(os.path.dirname(self.python), "ringtree")
             return [[run, "run", "-n", str(n), "--bind-to", "core" if pin else "none",
-                     self.python, WORKER, "ringtree", *common]]
+                     self.python, WORKER, self.name, *common]]
         if self.name == "limit":
             return [[self.python, WORKER, "limit", *common, "--nranks", str(n),
                      *(["--pin"] if pin else [])]]
@@ -100,7 +109,8 @@ class Peer:
 
 def peers(root: str | None) -> dict[str, Peer]:
     """Every library, with ``why_not`` set where it is not installed under ``root``."""
-    found = {"ringtree": Peer("ringtree"), "limit": Peer("limit")}
+    found = {"ringtree": Peer("ringtree"), "ringtree-reg": Peer("ringtree-reg"),
+             "limit": Peer("limit")}
     try:
         import torch  # noqa: F401
         found["gloo"] = Peer("gloo")
@@ -252,21 +262,26 @@ def tables(data: dict, args) -> str:
             libs = [lib for lib in ORDER if coll in got.get(lib, {})]
             if not libs:
                 continue
+            reg = int("ringtree-reg" in libs)
             lines += [f"### {coll}, {n} rank{'s' * (n > 1)}", "",
                       "| size | " + " | ".join(NAMES[lib] for lib in libs)
-                      + " | best peer | ringtree ÷ best | ringtree of limit |",
-                      "|---" * (len(libs) + 4) + "|"]
+                      + " | best peer | ringtree ÷ best | ringtree of limit |"
+                      + (" registered of limit |" if reg else ""),
+                      "|---" * (len(libs) + 4 + reg) + "|"]
             for s in args.sizes:
                 med = {lib: statistics.median(got[lib][coll][s]) for lib in libs
                        if s in got[lib][coll]}
                 cells = [_us(med.get(lib)) for lib in libs]
                 rt, lim = med.get("ringtree"), med.get("limit")
-                others = {k: v for k, v in med.items() if k not in ("ringtree", "limit")}
+                others = {k: v for k, v in med.items() if k not in (*OURS, "limit")}
                 best = min(others, key=others.get) if others else None
                 ratio = f"{rt / others[best]:.2f}" if rt and best else "—"
                 of_lim = f"{lim / rt:.2f}" if rt and lim and n > 1 else "—"
+                rg = med.get("ringtree-reg")
+                of_reg = "" if not reg else \
+                    f" {lim / rg:.2f} |" if rg and lim and n > 1 else " — |"
                 lines.append(f"| {show_size(s)} | " + " | ".join(cells) +
-                             f" | {NAMES[best] if best else '—'} | {ratio} | {of_lim} |")
+                             f" | {NAMES[best] if best else '—'} | {ratio} | {of_lim} |{of_reg}")
             lines.append("")
     return "\n".join(lines)
 

@@ -78,6 +78,14 @@ class Ringtree(Lib):
         self.comm.close()
 
 
+class RingtreeRegistered(Ringtree):
+    """ringtree on buffers from ``Communicator.zeros`` (registered memory, which the
+    peers read in place): nccl-tests' ``-R 1``."""
+
+    def zeros(self, count: int):
+        return self.comm.zeros(count, np.float32)
+
+
 class Gloo(Lib):
     colls = COLLS
 
@@ -311,7 +319,7 @@ def run_limit(args) -> None:
         raise SystemExit(f"limit: a process exited with {[p.exitcode for p in procs]}")
 
 
-LIBS = {"ringtree": Ringtree, "gloo": Gloo, "mpi": Mpi, "vllm": Vllm, "deepspeed": Deepspeed}
+LIBS = {"ringtree": Ringtree, "ringtree-reg": RingtreeRegistered, "gloo": Gloo, "mpi": Mpi, "vllm": Vllm, "deepspeed": Deepspeed}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,6 +128,11 @@ def mixed(comm) -> list[str]:
                 bad.append(f"call {i} in_place={in_place} registered={registered}")
         if r == 1 and i == 3:
             time.sleep(0.05)  # the others wait for its mark or post
+    if n == 2:  # 17 MiB on 2 ranks runs on Simple: rank 1 announces instead of posting
+        count = 17 << 18
+        x = _reg(comm, np.full(count, r + 1, np.float32), dt, r == 0)
+        if comm.all_reduce(x).min() != 3 or x.max() != 3:
+            bad.append("17 MiB with rank 1 unregistered")
     return bad
 
 

@@ -193,6 +193,11 @@ class Backend:
     def _allgather_u8(self, buf: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def zeros(self, nbytes: int, registered: bool) -> np.ndarray:
+        """A zeroed byte buffer; ``registered`` (``-R``): in the library's registered
+        memory where it has one (ringtree's :meth:`Communicator.zeros`)."""
+        return np.zeros(nbytes, dtype=np.uint8)
+
     def close(self) -> None:
         pass
 
@@ -222,6 +227,11 @@ class RingtreeBackend(Backend):
         self.transport = transport or self.comm.settings.transport
         self._works: list = []
         self._bf16 = self._bf16_view()
+
+    def zeros(self, nbytes: int, registered: bool) -> np.ndarray:
+        if registered:
+            return self.comm.zeros(nbytes, np.uint8)
+        return np.zeros(nbytes, dtype=np.uint8)
 
     def describe(self) -> str:
         """e.g. ``ringtree 0.1.0 (shm), AMD EPYC``: the transports this rank really uses."""

@@ -132,8 +132,8 @@ class Harness:
                 library=version_code(be.version), cfg=self.config(), devices=devices,
                 extra_config={"backend": be.name, "collective": o.coll})
         pad = (o.unalign + 8) * 8
-        self.sendbuf = np.zeros(self.max_bytes + pad, dtype=np.uint8)
-        self.recvbuf = np.zeros(self.max_bytes + pad, dtype=np.uint8)
+        self.sendbuf = be.zeros(self.max_bytes + pad, bool(o.local_register))
+        self.recvbuf = be.zeros(self.max_bytes + pad, bool(o.local_register))
         self.p.lines(fmt.header(bool(o.cputime), bool(o.timestamps)))
         nsizes = len(list(self._sizes()))
         total = len(combos) * nsizes * o.cycles if o.cycles else None

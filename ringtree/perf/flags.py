@@ -57,6 +57,7 @@ class Options:
     json: str | None = None
     average: int = 1
     unalign: int = 0
+    local_register: int = 0  # -R: 1/2, buffers from the communicator's registered memory
     algo: str | None = None
     transport: str | None = None
     backend: str = "ringtree"
@@ -138,7 +139,8 @@ _FLAGS = [  # short, long, dest, help
     ("J", "output_file", "json", "<file> write JSON output to filepath (.json)"),
     ("a", "average", "average", "<0/1/2/3> report time of <0=RANK0/1=AVG/2=MIN/3=MAX>"),
     ("u", "unalign", "unalign", "<elements> misalign buffers by N elements (default 0)"),
-    ("R", "local_register", "local_register", "<0/1/2> (accepted, no effect)"),
+    ("R", "local_register", "local_register", "<0/1/2> 1 or 2: buffers in registered memory "
+     "(Communicator.empty: peers read them in place; default 0)"),
     ("x", "cta_policy", "cta_policy", "<0/1/2> (accepted, no effect)"),
     ("M", "memory", "memory", "<0/1> (accepted, no effect)"),
 ]
@@ -199,7 +201,7 @@ def parse_args(argv: list[str]) -> Options:
             setattr(o, dest, parse_size(getattr(ns, dest), what))
     ints = ("nthreads", "ngpus", "step_factor", "iters", "agg", "warmup", "cycles",
             "parallel_init", "check", "blocking", "timeout", "graph", "cputime",
-            "timestamps", "average", "unalign")
+            "timestamps", "average", "unalign", "local_register")
     for dest in ints:
         if getattr(ns, dest) is not None:
             setattr(o, dest, _int(getattr(ns, dest), f"--{dest}"))
@@ -233,6 +235,8 @@ def _validate(o: Options) -> None:
         raise UsageError(f"-a must be 0, 1, 2 or 3, got {o.average}")
     if o.blocking not in (0, 1, 2, 3):
         raise UsageError(f"-z must be 0, 1, 2 or 3, got {o.blocking}")
+    if o.local_register not in (0, 1, 2):
+        raise UsageError(f"-R must be 0, 1 or 2, got {o.local_register}")
     for what, v in (("-n", o.iters), ("-m", o.agg), ("-w", o.warmup), ("-c", o.check),
                     ("-N", o.cycles), ("-u", o.unalign), ("-T", o.timeout)):
         if v < 0:

@@ -118,11 +118,12 @@ class Registered:
     def call(self, comm, coll: Collective, x: np.ndarray, out, op, timeout):
         """Run the call on registered buffers when every rank's are; :data:`MISS` (the
         ordinary path) otherwise. Collective when this rank's buffers are registered."""
-        t = timeout_of(timeout)
         runner, ll = self.runner, self.ll
-        if comm._group is not None or comm.health.broken is not None or runner.pending \
-                or comm._closed or comm.executor.busy or ll.n == 1:
-            return MISS
+        if max(x.nbytes, out.nbytes if type(out) is np.ndarray else 0) < \
+                self.min_bytes[coll] or comm._group is not None or runner.pending or \
+                comm.health.broken is not None or comm._closed or comm.executor.busy or ll.n == 1:
+            return MISS  # (the size first: every rank's answer is the same)
+        t = timeout_of(timeout)
         words = self._locate(coll, x, out)
         if words is None:
             return MISS
@@ -132,8 +133,7 @@ class Registered:
         except (TypeError, ValueError):
             return MISS  # the ordinary path refuses it on every rank
         count = x.size if coll is not Collective.REDUCE_SCATTER else x.size // ll.n
-        if (red is not None and (red.user is not None or red.op in SKIP)) or \
-                max(x.nbytes, (out if out is not None else x).nbytes) < self.min_bytes[coll]:
+        if red is not None and (red.user is not None or red.op in SKIP):
             return MISS
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)

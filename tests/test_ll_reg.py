@@ -50,8 +50,11 @@ def _bits(a: np.ndarray, dt: DType) -> bytes:
     return a.view(dt.storage).tobytes()
 
 
-def calls(comm) -> list[str]:
-    """Every case through the communicator, registered; the direct path must run."""
+def calls(comm, stream: bool) -> list[str]:
+    """Every case through the communicator, registered; the direct path must run
+    (``stream``: every copy of a peer's block with streaming stores)."""
+    if stream:
+        ll_reg.STREAM_MIN = 0  # this process only
     reg = ll_reg.of(comm)
     reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
     ran = []
@@ -103,9 +106,9 @@ def calls(comm) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_registered_calls_give_the_rank_order_bits(nranks):
-    assert run_ranks(calls, nranks, timeout=120) == [[]] * nranks
+@pytest.mark.parametrize("nranks,stream", [(2, False), (2, True), (3, True), (4, False)])
+def test_registered_calls_give_the_rank_order_bits(nranks, stream):
+    assert run_ranks(calls, nranks, stream, timeout=120) == [[]] * nranks
 
 
 def mixed(comm) -> list[str]:

@@ -1,0 +1,128 @@
+"""Registered buffers (``Communicator.zeros``: the peers read them in place,
+``runtime/protocols/ll_reg.py``) against the same calls on plain NumPy buffers and the
+machine's limit, alternated in one job.
+
+For each rank count, one ``ringtree run`` job (pinned when the ranks fit the cores); in
+it, for each collective and size, blocks of back-to-back calls of three variants in
+turn (A B C A B C ...): ``plain`` (``np.ones`` buffers: the library's ordinary path),
+``registered`` (the same call on ``comm.zeros`` buffers) and ``limit`` (the adds and
+copies of ``benchmarks/cpu_peers_worker.py``'s ``Limit``, by the same processes). Prints
+the median over blocks of the slowest rank's µs per call, registered ÷ plain, and each
+one's fraction of the limit (limit time ÷ its time; 1.0 = at the limit). All-reduce in
+place; all-gather and reduce-scatter into a separate output; float32 sum.
+
+    python benchmarks/ll_reg.py --ranks 2 4 --sizes 1M 16M 64M --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VARIANTS = ("plain", "registered", "limit")
+
+
+def _calls(c, coll: str, count: int) -> dict:
+    """Each variant's call (buffers allocated once) for ``count`` float32 elements of the
+    larger buffer."""
+    sys.path.insert(0, HERE)
+    from cpu_peers_worker import Limit
+
+    n = c.size
+    per = count // n
+    lim = Limit(c.rank, n, c.barrier)
+    out = {}
+    for v, alloc in (("plain", lambda m: np.ones(m, np.float32)),
+                     ("registered", lambda m: c.zeros(m, np.float32) + 1)):
+        if coll == "all_reduce":
+            x = alloc(count)
+            out[v] = lambda x=x: c.all_reduce(x)
+        elif coll == "all_gather":
+            x, y = alloc(per), alloc(per * n)
+            out[v] = lambda x=x, y=y: c.all_gather(x, out=y)
+        else:
+            x, y = alloc(per * n), alloc(per)
+            out[v] = lambda x=x, y=y: c.reduce_scatter(x, out=y)
+    x = np.ones(count, np.float32)
+    out["limit"] = lambda: getattr(lim, coll)(x, x) if coll != "all_reduce" else lim.all_reduce(x)
+    return out
+
+
+def worker(args) -> None:
+    import ringtree
+
+    c = ringtree.init()
+    res: dict = {}
+    for coll in args.colls.split(","):
+        for nbytes in args.sizes:
+            calls = _calls(c, coll, nbytes // 4)
+            iters = max(2, min(50, (16 << 20) // nbytes))
+            got: dict = {v: [] for v in VARIANTS}
+            for k in range(args.rounds + 1):
+                for v in VARIANTS:
+                    c.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        calls[v]()
+                    if k:  # the first round warms up
+                        got[v].append((time.perf_counter() - t0) / iters)
+            slow = np.array([got[v] for v in VARIANTS], np.float64)
+            c.all_reduce(slow, op="max")  # the slowest rank's time of each block
+            res.setdefault(coll, {})[nbytes] = slow.tolist()
+    if c.rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(res, f)
+    c.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ringtree.perf.flags import parse_size
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--sizes", nargs="+", default=["1M", "16M", "64M"])
+    ap.add_argument("--colls", default="all_reduce,all_gather,reduce_scatter")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.sizes = [parse_size(s, "--sizes") if isinstance(s, str) else s for s in args.sizes]
+    if args.worker:
+        worker(args)
+        return 0
+    run = os.path.join(os.path.dirname(sys.executable), "ringtree")
+    cpus = len(os.sched_getaffinity(0))
+    print(f"# load {os.getloadavg()[0]:.2f} at start; {args.rounds} alternated blocks; "
+          f"µs per call, medians of the slowest rank")
+    for n in args.ranks:
+        out = tempfile.mktemp(suffix=".json")
+        subprocess.run([run, "run", "-n", str(n), "--bind-to", "core" if n <= cpus else
+                        "none", sys.executable, __file__, "--worker", "--out", out,
+                        "--rounds", str(args.rounds), "--colls", args.colls, "--sizes",
+                        *map(str, args.sizes)], check=True)
+        with open(out) as f:
+            res = json.load(f)
+        os.unlink(out)
+        for coll, per in res.items():
+            print(f"\n### {coll}, {n} ranks{' (pinned)' if n <= cpus else ''}\n")
+            print("| size | plain | registered | limit | registered ÷ plain | plain of limit "
+                  "| registered of limit |\n|---|---|---|---|---|---|---|")
+            for nbytes, slow in per.items():
+                p, r, lim = (statistics.median(v) * 1e6 for v in slow)
+                print(f"| {int(nbytes) / 2 ** 20:g} MiB | {p:,.0f} | {r:,.0f} | {lim:,.0f} | "
+                      f"{r / p:.2f} | {lim / p:.2f} | {lim / r:.2f} |")
+    print(f"\n# load {os.getloadavg()[0]:.2f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

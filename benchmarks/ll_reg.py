@@ -7,8 +7,10 @@ it, for each collective and size, blocks of back-to-back calls of three variants
 turn (A B C A B C ...): ``plain`` (``np.ones`` buffers: the library's ordinary path),
 ``registered`` (the same call on ``comm.zeros`` buffers) and ``limit`` (the adds and
 copies of ``benchmarks/cpu_peers_worker.py``'s ``Limit``, by the same processes). Prints
-the median over blocks of the slowest rank's µs per call, registered ÷ plain, and each
-one's fraction of the limit (limit time ÷ its time; 1.0 = at the limit). All-reduce in
+the median over blocks of the slowest rank's µs per call, wall time and the calling
+thread's CPU time (on a loaded host a rank is often descheduled while its peer waits:
+wall time then measures the load, CPU time what the calls cost), registered ÷ plain,
+and each one's fraction of the limit (limit time ÷ its time; 1.0 = at the limit). All-reduce in
 place; all-gather and reduce-scatter into a separate output; float32 sum.
 
     python benchmarks/ll_reg.py --ranks 2 4 --sizes 1M 16M 64M --rounds 5
@@ -41,8 +43,12 @@ def _calls(c, coll: str, count: int) -> dict:
     per = count // n
     lim = Limit(c.rank, n, c.barrier)
     out = {}
-    for v, alloc in (("plain", lambda m: np.ones(m, np.float32)),
-                     ("registered", lambda m: c.zeros(m, np.float32) + 1)):
+    def registered(m: int) -> np.ndarray:
+        a = c.empty(m, np.float32)
+        a[...] = 1
+        return a
+
+    for v, alloc in (("plain", lambda m: np.ones(m, np.float32)), ("registered", registered)):
         if coll == "all_reduce":
             x = alloc(count)
             out[v] = lambda x=x: c.all_reduce(x)
@@ -53,7 +59,10 @@ def _calls(c, coll: str, count: int) -> dict:
             x, y = alloc(per * n), alloc(per)
             out[v] = lambda x=x, y=y: c.reduce_scatter(x, out=y)
     x = np.ones(count, np.float32)
-    out["limit"] = lambda: getattr(lim, coll)(x, x) if coll != "all_reduce" else lim.all_reduce(x)
+    def limit() -> None:
+        with np.errstate(over="ignore"):  # its adds repeat on the same arrays
+            getattr(lim, coll)(x, x) if coll != "all_reduce" else lim.all_reduce(x)
+    out["limit"] = limit
     return out
 
 
@@ -66,16 +75,17 @@ def worker(args) -> None:
         for nbytes in args.sizes:
             calls = _calls(c, coll, nbytes // 4)
             iters = max(2, min(50, (16 << 20) // nbytes))
-            got: dict = {v: [] for v in VARIANTS}
+            got: dict = {v: ([], []) for v in VARIANTS}  # wall, CPU (this thread's)
             for k in range(args.rounds + 1):
                 for v in VARIANTS:
                     c.barrier()
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     for _ in range(iters):
                         calls[v]()
                     if k:  # the first round warms up
-                        got[v].append((time.perf_counter() - t0) / iters)
-            slow = np.array([got[v] for v in VARIANTS], np.float64)
+                        got[v][0].append((time.perf_counter() - t0) / iters)
+                        got[v][1].append((time.thread_time() - c0) / iters)
+            slow = np.array([[got[v][i] for v in VARIANTS] for i in (0, 1)], np.float64)
             c.all_reduce(slow, op="max")  # the slowest rank's time of each block
             res.setdefault(coll, {})[nbytes] = slow.tolist()
     if c.rank == 0:
@@ -113,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
             res = json.load(f)
         os.unlink(out)
         for coll, per in res.items():
-            print(f"\n### {coll}, {n} ranks{' (pinned)' if n <= cpus else ''}\n")
-            print("| size | plain | registered | limit | registered ÷ plain | plain of limit "
-                  "| registered of limit |\n|---|---|---|---|---|---|---|")
-            for nbytes, slow in per.items():
-                p, r, lim = (statistics.median(v) * 1e6 for v in slow)
-                print(f"| {int(nbytes) / 2 ** 20:g} MiB | {p:,.0f} | {r:,.0f} | {lim:,.0f} | "
-                      f"{r / p:.2f} | {lim / p:.2f} | {lim / r:.2f} |")
+            for i, what in enumerate(("wall time", "CPU time")):
+                print(f"\n### {coll}, {n} ranks{' (pinned)' if n <= cpus else ''}, {what}\n")
+                print("| size | plain | registered | limit | registered ÷ plain | plain of "
+                      "limit | registered of limit |\n|---|---|---|---|---|---|---|")
+                for nbytes, slow in per.items():
+                    p, r, lim = (statistics.median(v) * 1e6 for v in slow[i])
+                    print(f"| {int(nbytes) / 2 ** 20:g} MiB | {p:,.0f} | {r:,.0f} | "
+                          f"{lim:,.0f} | {r / p:.2f} | {lim / p:.2f} | {lim / r:.2f} |")
     print(f"\n# load {os.getloadavg()[0]:.2f} at the end")
     return 0
 

@@ -61,10 +61,14 @@ from ringtree.transports.shm_ll import ANN_SEQ, SEQ_MASK
 # state-line words (shm_ll uses 0-5): the call's LL number, input and output location
 # words (shm_arena.Arena.locate), the call's header (three words)
 REG_SEQ, REG_IN, REG_OUT, REG_HEAD = 8, 9, 10, 11
-# smallest call (bytes of the larger buffer) run on registered buffers; below, the
-# segment's one-entry paths (one synchronisation, in C) are cheaper than two
-MIN_BYTES = {Collective.ALL_REDUCE: 256 << 10, Collective.ALL_GATHER: 64 << 10,
-             Collective.REDUCE_SCATTER: 64 << 10}
+# smallest call (bytes of the larger buffer) run on registered buffers, by (collective,
+# more than 2 ranks); below, the segment's one-entry paths (in C) cost less than this
+# path's Python and its synchronisations: where registered buffers took less CPU time
+# per call than plain ones in benchmarks/ll_reg.py (one loaded run, docs/design-notes.md)
+MIN_BYTES = {(Collective.ALL_REDUCE, False): 4 << 20, (Collective.ALL_REDUCE, True): 2 << 20,
+             (Collective.ALL_GATHER, False): 1 << 20, (Collective.ALL_GATHER, True): 8 << 20,
+             (Collective.REDUCE_SCATTER, False): 1 << 20,
+             (Collective.REDUCE_SCATTER, True): 2 << 20}
 PIECE = 256 << 10       # bytes folded at a time when the fold keeps an accumulator
 # output bytes from which the peers' blocks are copied with streaming stores (no read for
 # ownership; as ll_direct's all-gather): a 32 MiB copy took 0.3-0.55x NumPy's alone
@@ -110,7 +114,8 @@ class Registered:
         tag = ll.seg.name[len(seg.PREFIX):].split("-")[0]
         me = ll.peers[ll.rank]
         self.arena = Arena(tag, ll.rank, me.pid, me.ns)
-        self.min_bytes = dict(MIN_BYTES)
+        self.min_bytes = {c: MIN_BYTES[(c, ll.n > 2)] for c in (
+            Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER)}
         self.ops: dict[tuple, RegOp] = {}
         self.locs: list = []
         self.current: RegOp | None = None

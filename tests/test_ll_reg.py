@@ -61,7 +61,8 @@ def calls(comm, stream: bool) -> list[str]:
     reg_run = reg.runner.run_arrays
 
     def spy(c, rop, *a):
-        ran.append(rop.coll)
+        if isinstance(rop, ll_reg.RegOp):
+            ran.append(rop.coll)
         return reg_run(c, rop, *a)
     reg.runner.run_arrays = spy
     n, r = comm.size, comm.rank
@@ -179,3 +180,37 @@ def test_arena_allocates_frees_and_locates():
     finally:
         a.close()
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"ringtree-{a.tag}-")]
+
+
+def perf_registered(comm) -> list:
+    """``ringtree perf -R 1``: its buffers are registered, every call checks out."""
+    import io
+
+    from ringtree.perf.backends import RingtreeBackend
+    from ringtree.perf.bench import Harness
+    from ringtree.perf.flags import parse_args
+
+    reg = ll_reg.of(comm)
+    reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
+    ran = []
+    real = reg.runner.run_arrays
+    reg.runner.run_arrays = lambda c, rop, *a: (
+        isinstance(rop, ll_reg.RegOp) and ran.append(rop.coll), real(c, rop, *a))[1]
+    got = []
+    for coll in ("all_reduce", "all_gather", "reduce_scatter"):
+        out = io.StringIO()
+        argv = [coll, "-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-R", "1"]
+        rc = Harness(parse_args(argv), RingtreeBackend(comm=comm), out, io.StringIO()).run()
+        got.append((rc, "Out of bounds values : 0 OK" in out.getvalue() or comm.rank != 0,
+                    len({c for c in ran})))
+    return got
+
+
+def test_perf_dash_R_runs_on_registered_buffers():
+    from ringtree.perf.flags import UsageError, parse_args
+
+    assert parse_args(["all_reduce", "-R", "1"]).local_register == 1
+    with pytest.raises(UsageError, match="-R must be"):
+        parse_args(["all_reduce", "-R", "3"])
+    for res in run_ranks(perf_registered, 2, timeout=90):
+        assert res == [(0, True, 1), (0, True, 2), (0, True, 3)], res

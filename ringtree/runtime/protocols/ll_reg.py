@@ -64,10 +64,10 @@ REG_SEQ, REG_IN, REG_OUT, REG_HEAD = 8, 9, 10, 11
 # smallest call (bytes of the larger buffer) run on registered buffers, by (collective,
 # more than 2 ranks); below, the segment's one-entry paths (in C) cost less than this
 # path's Python and its synchronisations: where registered buffers took less CPU time
-# per call than plain ones in benchmarks/ll_reg.py (one loaded run, docs/design-notes.md)
+# per call than plain ones in benchmarks/ll_reg.py (loaded runs, docs/design-notes.md)
 MIN_BYTES = {(Collective.ALL_REDUCE, False): 4 << 20, (Collective.ALL_REDUCE, True): 2 << 20,
-             (Collective.ALL_GATHER, False): 1 << 20, (Collective.ALL_GATHER, True): 8 << 20,
-             (Collective.REDUCE_SCATTER, False): 1 << 20,
+             (Collective.ALL_GATHER, False): 4 << 20, (Collective.ALL_GATHER, True): 8 << 20,
+             (Collective.REDUCE_SCATTER, False): 2 << 20,
              (Collective.REDUCE_SCATTER, True): 2 << 20}
 PIECE = 256 << 10       # bytes folded at a time when the fold keeps an accumulator
 # output bytes from which the peers' blocks are copied with streaming stores (no read for

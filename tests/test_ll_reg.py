@@ -7,6 +7,7 @@ not registered falls back on every rank; a killed peer is named."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from functools import partial
 
@@ -16,6 +17,7 @@ from hot_entry_cases import KILL_ENV, assert_killed_named, killed_peer
 from test_ll_native import _input
 
 from ringtree.dtypes import DType
+from ringtree.errors import RingtreeError
 from ringtree.ops import resolve
 from ringtree.runtime.protocols import ll_reg
 from ringtree.testing import run_ranks
@@ -145,16 +147,28 @@ def test_a_mixed_call_falls_back_on_every_rank(nranks):
     assert run_ranks(mixed, nranks, timeout=60) == [[]] * nranks
 
 
-def killed(comm) -> tuple[int | None, str]:
-    """Rank 1 dies before a registered all-reduce; the others name it."""
+def killed(comm, mid: bool) -> tuple[int | None, str]:
+    """Rank 1 dies before a registered all-reduce (``mid``: in its fold, after the
+    agreement, its buffers still mapped by the others); the others name it."""
     reg = ll_reg.of(comm)
     reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
     x = comm.zeros(1 << 16)
-    return killed_peer(comm, partial(comm.all_reduce, x))
+    if not mid:
+        return killed_peer(comm, partial(comm.all_reduce, x))
+    for _ in range(3):
+        comm.all_reduce(x)
+    if comm.rank == 1:
+        reg._fold = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_reduce(x)
+    except RingtreeError as e:
+        return getattr(e, "peer", None), str(e)
+    return None, "no error"
 
 
-def test_a_killed_peer_is_named():
-    assert_killed_named(run_ranks(killed, 3, timeout=60, env=KILL_ENV))
+@pytest.mark.parametrize("mid", [False, True])
+def test_a_killed_peer_is_named(mid):
+    assert_killed_named(run_ranks(killed, 3, mid, timeout=60, env=KILL_ENV))
 
 
 def test_arena_allocates_frees_and_locates():

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from ringtree import api
-from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
 from ringtree.runtime.protocols.ll_runner import MISS
 from ringtree.work import Work
@@ -35,10 +34,6 @@ class Collectives:
         """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
         if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None \
                 and (out is None or type(out) is np.ndarray):
-            if self.ll.reg is not None:  # registered buffers: read in place (ll_reg)
-                done = self.ll.reg.call(self, Collective.ALL_REDUCE, x, out, op, timeout)
-                if done is not MISS:
-                    return done
             done = self.ll.all_reduce_now(self, x, op, out, timeout)  # the hot path
             if done is not MISS:
                 return done
@@ -67,10 +62,6 @@ class Collectives:
         """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
         (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
         if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            if self.ll.reg is not None:  # registered buffers: read in place (ll_reg)
-                done = self.ll.reg.call(self, Collective.ALL_GATHER, x, out, None, timeout)
-                if done is not MISS:
-                    return done
             done = self.ll.gather_now(self, x, out, timeout)
             if done is not MISS:
                 return done
@@ -81,10 +72,6 @@ class Collectives:
         """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
         r block r of the result, in ``out`` or a new array."""
         if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            if self.ll.reg is not None:  # registered buffers: read in place (ll_reg)
-                done = self.ll.reg.call(self, Collective.REDUCE_SCATTER, x, out, op, timeout)
-                if done is not MISS:
-                    return done
             done = self.ll.scatter_now(self, x, out, op, timeout)
             if done is not MISS:
                 return done

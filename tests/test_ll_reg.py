@@ -228,3 +228,42 @@ def test_perf_dash_R_runs_on_registered_buffers():
         parse_args(["all_reduce", "-R", "3"])
     for res in run_ranks(perf_registered, 2, timeout=90):
         assert res == [(0, True, 1), (0, True, 2), (0, True, 3)], res
+
+
+def _torch_registered(ctx) -> list:
+    """``dist.all_reduce`` / ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` on
+    tensors made by ``torch.from_numpy`` over registered memory run registered."""
+    import torch
+    import torch.distributed as dist
+
+    comm = ctx.group.comm
+    reg = ll_reg.of(comm)
+    reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
+    ran = []
+    real = reg.runner.run_arrays
+    reg.runner.run_arrays = lambda c, rop, *a: (
+        isinstance(rop, ll_reg.RegOp) and ran.append(rop.coll.value), real(c, rop, *a))[1]
+    n, r, m = ctx.size, ctx.rank, 4099
+    t = torch.from_numpy(comm.zeros(m, np.float32))
+    t += r + 1
+    dist.all_reduce(t)
+    x = torch.from_numpy(comm.zeros(m, np.float32))
+    x += r + 1
+    y = torch.from_numpy(comm.zeros(n * m, np.float32))
+    dist.all_gather_into_tensor(y, x)
+    z = torch.from_numpy(comm.zeros(m, np.float32))
+    dist.reduce_scatter_tensor(z, y)  # y is the same on both ranks: twice block r
+    return [ran, (t.min().item(), t.max().item()), (y[0].item(), y[-1].item()),
+            (z.min().item(), z.max().item())]
+
+
+@pytest.mark.torch
+def test_torch_tensors_over_registered_memory():
+    pytest.importorskip("torch")
+    from ringtree.torch.testing import TorchRankPool
+
+    with TorchRankPool(2, pg_timeout=60) as pool:
+        res = pool.run_ok(_torch_registered)
+    for r, got in enumerate(res):
+        assert got == [["all_reduce", "all_gather", "reduce_scatter"], (3.0, 3.0),
+                       (1.0, 2.0), (2.0 * (r + 1),) * 2], got

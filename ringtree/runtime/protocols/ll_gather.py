@@ -40,7 +40,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ringtree.ir.program import Collective
-from ringtree.runtime.protocols.ll_entry import enter, timeout_of
+from ringtree.runtime.protocols.ll_entry import MISS, enter, timeout_of
 from ringtree.transports import shm_native as native
 
 # planner.ready's keys for the last all-gather, reduce-scatter and broadcast shapes the
@@ -139,6 +139,10 @@ def _general(runner, comm, coll: Collective, x: np.ndarray, out, red,
 
 def _one_entry(runner, comm, coll: Collective, key: str, x: np.ndarray, out, red,
                timeout: float | None):
+    if runner.reg is not None and coll is not Collective.BROADCAST:  # (ll_reg)
+        done = runner.reg.call(comm, coll, x, out, red, timeout)
+        if done is not MISS:
+            return done
     timeout = timeout_of(timeout)
     m = comm.planner.ready.get(key)
     if m is None or x.dtype is not m[0] or x.size != m[1] or red is not m[2] or \

@@ -218,6 +218,10 @@ class LLRunner:
         is here, each O(1): the timeout, the issuing thread, closed or broken, group,
         async LL calls, async Simple work (memory order) or an active profiler (both:
         :meth:`run_arrays`). :data:`MISS` when the call needs the general path."""
+        if self.reg is not None:  # registered buffers: the peers' read in place (ll_reg)
+            done = self.reg.call(comm, Collective.ALL_REDUCE, x, out, op, timeout)
+            if done is not MISS:
+                return done
         if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
             timeout = as_timeout(timeout)  # refused before the call is numbered, as _run
         m = comm.planner.ready.get(HOT)

@@ -29,6 +29,7 @@ import weakref
 
 import numpy as np
 
+from ringtree.transports import shm_cma as cma
 from ringtree.transports import shm_segment as seg
 
 CHUNK = 64 << 20        # bytes of a chunk at least (pages are touched only when used)
@@ -130,7 +131,7 @@ class Arena:
     def locate(self, x: np.ndarray) -> int:
         """The location word (chunk << 40 | offset) of ``x``'s first byte when this
         rank's arena holds all of ``x``; -1 otherwise."""
-        a = x.__array_interface__["data"][0]
+        a = cma.address(x)
         for c, (_, base, size) in enumerate(self.chunks):
             if base <= a and a + x.nbytes <= base + size:
                 return c << OFF_BITS | (a - base)

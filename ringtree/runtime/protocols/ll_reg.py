@@ -117,6 +117,7 @@ class Registered:
         self.min_bytes = {c: MIN_BYTES[(c, ll.n > 2)] for c in (
             Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER)}
         self.ops: dict[tuple, RegOp] = {}
+        self._reds: dict[tuple, tuple] = {}  # (NumPy dtype, op as called) -> DType, Reducer
         self.locs: list = []
         self.current: RegOp | None = None
         self.in_place = False
@@ -137,12 +138,18 @@ class Registered:
         if words is None:
             return MISS
         try:
-            dt = parse_dtype(x.dtype)
-            red = resolve(op, dt) if coll.reduces else None
-        except (TypeError, ValueError):
-            return MISS  # the ordinary path refuses it on every rank
+            dt, red = self._reds[(x.dtype, op)]
+        except (KeyError, TypeError):  # (TypeError: an op that does not hash)
+            try:
+                dt = parse_dtype(x.dtype)
+                red = resolve(op, dt) if coll.reduces else None
+            except (TypeError, ValueError):
+                return MISS  # the ordinary path refuses it on every rank
+            if red is None or red.user is None:
+                self._reds[(x.dtype, op)] = dt, red
         count = x.size if coll is not Collective.REDUCE_SCATTER else x.size // ll.n
-        if red is not None and (red.user is not None or red.op in SKIP):
+        if (red is None) is coll.reduces or (red is not None and (red.user is not None or
+                                                                 red.op in SKIP)):
             return MISS
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)

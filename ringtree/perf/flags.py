@@ -139,8 +139,9 @@ _FLAGS = [  # short, long, dest, help
     ("J", "output_file", "json", "<file> write JSON output to filepath (.json)"),
     ("a", "average", "average", "<0/1/2/3> report time of <0=RANK0/1=AVG/2=MIN/3=MAX>"),
     ("u", "unalign", "unalign", "<elements> misalign buffers by N elements (default 0)"),
-    ("R", "local_register", "local_register", "<0/1/2> 1 or 2: buffers in registered memory "
-     "(Communicator.empty: peers read them in place; default 0)"),
+    ("R", "local_register", "local_register", "<0/1/2> 1 or 2: ringtree's buffers in "
+     "registered memory (Communicator.empty: peers read them in place; other backends: "
+     "plain buffers; default 0)"),
     ("x", "cta_policy", "cta_policy", "<0/1/2> (accepted, no effect)"),
     ("M", "memory", "memory", "<0/1> (accepted, no effect)"),
 ]

@@ -186,6 +186,13 @@ def test_arena_allocates_frees_and_locates():
         assert a.free[0][1] >= 8192  # x still viewed: not freed
         del v
         assert a.free[0] == [0, 0, 4096]
+        w = a.empty(10, np.uint8)
+        at = a.locate(w)
+        with a.lock:  # freed while an allocation holds the lock: queued, merged later
+            del w
+            assert a.returned
+        b = a.empty(10, np.uint8)
+        assert a.locate(b) == at == 0 and not a.returned
         z = a.empty(1 << 27, np.uint8)  # larger than a chunk: a chunk of its own
         assert a.locate(z) == 1 << OFF_BITS
         peer = a.peer(0, os.getpid(), "0", a.locate(y), np.int8, 100)

@@ -67,6 +67,7 @@ class Arena:
         self.tag, self.rank, self.pid, self.ns = tag, rank, pid, ns
         self.chunks: list[tuple[mmap.mmap, int, int]] = []   # (mapping, address, size)
         self.free: list[list[int]] = []                       # [chunk, offset, size]
+        self.returned: list[tuple[int, int, int]] = []        # freed, not yet merged
         self.names: list[str] = []
         self.peers: dict[tuple[int, int], np.ndarray] = {}    # (rank, chunk) -> bytes
         self.lock = threading.Lock()
@@ -95,6 +96,7 @@ class Arena:
         return np.asarray(block).view(dt).reshape(shape)  # (dtypes NumPy cannot spell)
 
     def _take(self, size: int) -> tuple[int, int]:
+        self._merge()
         for f in self.free:
             if f[2] >= size:
                 c, off = f[0], f[1]
@@ -114,17 +116,31 @@ class Arena:
         return c, 0
 
     def _give(self, c: int, off: int, size: int) -> None:
-        with self.lock:
-            free = self.free
-            free.append([c, off, size])
-            free.sort()
-            merged: list[list[int]] = []
-            for f in free:
-                if merged and merged[-1][0] == f[0] and merged[-1][1] + merged[-1][2] == f[1]:
-                    merged[-1][2] += f[2]
-                else:
-                    merged.append(f)
-            self.free = merged
+        """An allocation's finalizer: it may run inside :meth:`empty` (a garbage
+        collection there), so it only queues the bytes unless the lock is free."""
+        self.returned.append((c, off, size))  # one atomic append
+        if self.lock.acquire(blocking=False):
+            try:
+                self._merge()
+            finally:
+                self.lock.release()
+
+    def _merge(self) -> None:
+        """Move the returned allocations into the free list, neighbours merged (the
+        lock held)."""
+        if not self.returned:
+            return
+        free = self.free
+        while self.returned:
+            free.append(list(self.returned.pop()))
+        free.sort()
+        merged: list[list[int]] = []
+        for f in free:
+            if merged and merged[-1][0] == f[0] and merged[-1][1] + merged[-1][2] == f[1]:
+                merged[-1][2] += f[2]
+            else:
+                merged.append(f)
+        self.free = merged
 
     # ---- where an array lies -------------------------------------------------------
 

@@ -80,6 +80,9 @@ def preamble(version: str, headers: int, library: int, program: str, cfg: Option
                      "each row's count in -J's actual_iterations) ")
     if cfg.parallel_init:
         lines.append("# Parallel Init Enabled: threads call into NcclInitRank concurrently ")
+    if cfg.local_register:
+        lines.append("# Local Register: buffers in registered memory (Communicator.empty; "
+                     "ringtree only) ")
     lines.append("#")
     lines.append("# Using devices")
     lines.extend(rank_line(r) for r in ranks)

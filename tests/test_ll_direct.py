@@ -165,14 +165,16 @@ def test_streamed_copy_is_a_copy():
 
 def test_streamed_copy_at_every_page_distance():
     """The streamed copy where its destination lies just above its source modulo 4 KiB
-    (a memcpy there, against 4 KiB aliasing) and elsewhere (loads leading the stores by
-    128 bytes): NumPy's bytes, at lengths around the 128- and 256-byte steps."""
-    src = np.random.default_rng(6).integers(0, 256, 8192, dtype=np.uint8)
-    big = np.zeros(3 * 4096 + 8192, np.uint8)
+    (a memcpy there up to 1 MiB, against 4 KiB aliasing) and elsewhere (loads leading
+    the stores by 128 bytes): NumPy's bytes, at lengths around the 128- and 256-byte
+    steps and the 1 MiB bound."""
+    src = np.random.default_rng(6).integers(0, 256, (1 << 20) + 8192, dtype=np.uint8)
+    big = np.zeros(3 * 4096 + (1 << 20) + 8192, np.uint8)
     s_at = cma.address(src) + 5
     for near in (0, 1, 16, 47, 48, 63, 64, 200, 4080, 4095):
         a = (s_at + near - cma.address(big)) % 4096 + 4096
-        for m in (0, 100, 383, 384, 385, 511, 512, 639, 640, 641, 4096 + 7):
+        for m in (0, 100, 383, 384, 385, 511, 512, 639, 640, 641, 4096 + 7, 1 << 20,
+                  (1 << 20) + 389):
             big[...] = 0
             cma.stream(big[a:a + m], src[5:5 + m])
             assert (cma.address(big[a:]) - s_at) % 4096 == near

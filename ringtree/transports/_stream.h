@@ -6,11 +6,13 @@
  * all-gather): docs/design-notes.md, "Streaming stores into the segment".
  *
  * 4 KiB aliasing: a load whose address matches a pending store's in the low 12 bits
- * waits for it. When dst lies just above src modulo 4 KiB, the next loads meet the
- * streamed stores just issued. Measured here (one core, 8 MiB, best of 15): dst - src
- * = 16 (mod 4096) took 6-7x the time of 0; 32: 3x; 48: 2x; 64: 1.5x; from 128 none. So
- * the loads run 128 bytes ahead of the stores (16: 3.4x, 32: 1.8x, 48: 1.3x, 64 and up:
- * none), and below STREAM_ALIAS the copy is glibc's memcpy (1.1x there)
+ * waits for it. When dst lies just above src modulo 4 KiB, the next loads met the
+ * streamed stores just issued: on one core an 8 MiB copy took 1.5-7x as long at 16-64
+ * bytes as at 0, a 1 MiB one 1.7-2x. So the loads run 128 bytes ahead of the stores,
+ * and a copy of at most STREAM_ALIAS_MAX bytes with dst 1 to STREAM_ALIAS - 1 bytes
+ * above src is a memcpy (in cache, where the aliasing costs most). A larger one stays
+ * streamed: it is bound by memory, and with the lead its cost matched distance 0
+ * (an all-gather's 8 MiB own block at 16 bytes: memcpy 1.34x, the old loop 1.14x)
  * (docs/design-notes.md, "Streamed copies and 4 KiB aliasing"). */
 #ifndef RINGTREE_STREAM_H
 #define RINGTREE_STREAM_H
@@ -21,7 +23,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define STREAM_ALIAS 48 /* dst - src (mod 4096) in (0, STREAM_ALIAS): memcpy */
+#define STREAM_ALIAS 48           /* dst - src (mod 4096) in (0, STREAM_ALIAS): memcpy, */
+#define STREAM_ALIAS_MAX (1 << 20) /* up to this many bytes (beyond, memory-bound anyway) */
 
 /* 128 bytes at p into (from) the eight registers r0..r7 */
 #define STREAM_LOAD8(r, p)                                                                 \
@@ -46,7 +49,7 @@ static inline void stream_copy(char *dst, const char *src, size_t m)
 {
 #if defined(__x86_64__)
     size_t near = ((uintptr_t)dst - (uintptr_t)src) & 4095, head, i = 0;
-    if (near > 0 && near < STREAM_ALIAS) {
+    if (near > 0 && near < STREAM_ALIAS && m <= STREAM_ALIAS_MAX) {
         memcpy(dst, src, m);
         return;
     }

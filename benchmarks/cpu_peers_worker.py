@@ -253,12 +253,16 @@ def _check(lib: Lib, coll: str, count: int) -> bool:
 
 
 def _call(lib: Lib, coll: str, count: int):
-    """One call of ``coll`` on buffers allocated once (all-reduce: in place)."""
+    """One call of ``coll`` on buffers allocated once (all-reduce: in place; the all-reduce's
+    first call writes its buffer, the others' inputs are written here)."""
     if coll == "all_reduce":
         x = lib.zeros(count)
         return lambda: lib.all_reduce(x)
     per = count // lib.n
     small, big = lib.zeros(per), lib.zeros(per * lib.n)
+    # the input written once: an untouched input maps the kernel's zero page, which every
+    # library would read from cache instead of memory
+    (small if coll == "all_gather" else big)[...] = 1
     fn = getattr(lib, coll)
     return (lambda: fn(small, big)) if coll == "all_gather" else (lambda: fn(big, small))
 

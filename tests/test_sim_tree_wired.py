@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from ringtree.ir.program import Collective
@@ -15,7 +14,6 @@ from ringtree.schedules import generate
 from ringtree.sim import simulate
 from ringtree.sim.compile import tree_wired
 from ringtree.sim.compile.compiled import Compiled, compile_programs
-from ringtree.sim.engines import native
 from ringtree.sim.fold.choice import options
 from ringtree.sim.machine import presets
 
@@ -40,20 +38,7 @@ def test_the_wiring_gives_every_ranks_compiled_program(topo_name, nodes, params,
             assert got is not None
             for name in FIELDS:
                 assert getattr(got, name) == getattr(want, name), (name, count)
-            _packed_as_the_heap_packs(got)
-
-
-def _packed_as_the_heap_packs(cp: Compiled) -> None:
-    """The arrays the wiring leaves for the compiled heap are the heap's own packing of
-    the lists, and the heap takes them."""
-    for rows, make in ((cp.step_send, native._csr), (cp.step_recv, native._csr),
-                       (cp.msg_conn, native._array), (cp.msg_sstep, native._array),
-                       (cp.msg_rstep, native._array)):
-        got, want = native.packed(cp, rows, make), make(rows)
-        assert got[0] is cp.memo["packed"][id(rows)][1]
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.dtype == w.dtype and np.array_equal(g, w)
+            assert got.nsteps == want.nsteps and got.nmsgs == want.nmsgs
 
 
 @pytest.mark.parametrize("topo_name,nodes,nbytes", [

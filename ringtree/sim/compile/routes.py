@@ -21,7 +21,9 @@ from itertools import chain
 
 import numpy as np
 
-__all__ = ["route_table", "summaries"]
+from ringtree.sim.compile.wired import connections
+
+__all__ = ["route_table", "shared_links", "summaries"]
 
 
 def route_table(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
@@ -33,24 +35,21 @@ def route_table(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
     got = cp.memo.get(key)
     if got is not None and got[0] is topo:
         return got[1], got[2]
-    n = len(cp.conns)
+    a, b, cl = connections(cp)
     dev = np.asarray(devices, np.int64)
-    ends = np.fromiter(chain.from_iterable(cp.conn_ranks), np.int64, 2 * n).reshape(n, 2)
-    a, b = dev[ends[:, 0]], dev[ends[:, 1]]
-    al, bl = a.tolist(), b.tolist()
-    cl = [c for _, _, c in cp.conns]
+    a, b = dev[a], dev[b]
     _, first, idx = np.unique(a * len(topo.devices) + b, return_index=True,
                               return_inverse=True)
     idx = idx.reshape(-1)
     by_links, uniq, free = topo.link_paths, [], np.zeros(len(first), bool)
-    for i, j in enumerate(first.tolist()):
-        uniq.append(_summary(topo, topo.route(al[j], bl[j], cl[j]), by_links))
-        free[i] = topo.channel_free(al[j], bl[j])
+    for i, (x, y, c) in enumerate(zip(*(v[first].tolist() for v in (a, b, cl)))):
+        uniq.append(_summary(topo, topo.route(x, y, c), by_links))
+        free[i] = topo.channel_free(x, y)
     rest = np.flatnonzero(~free[idx])
     if len(rest):                      # routes that read the channel: one per connection
         idx[rest] = np.arange(len(uniq), len(uniq) + len(rest))
-        uniq.extend(_summary(topo, topo.route(al[j], bl[j], cl[j]), by_links)
-                    for j in rest.tolist())
+        uniq.extend(_summary(topo, topo.route(x, y, c), by_links)
+                    for x, y, c in zip(*(v[rest].tolist() for v in (a, b, cl))))
     cp.memo[key] = (topo, uniq, idx)
     return uniq, idx
 
@@ -61,13 +60,19 @@ def summaries(cp, topo, devices: list[int]) -> tuple[list, list, list, list, lis
     at most in the count: the links of one route are taken as a set)."""
     uniq, idx = route_table(cp, topo, devices)
     at = idx.tolist()
+    cols = ([p.latency for p in uniq], [p.bottleneck for p in uniq],
+            [p.first for p in uniq], [p.links for p in uniq])
+    return (*(list(map(col.__getitem__, at)) for col in cols),
+            shared_links(uniq, idx, len(topo.links)).tolist())
+
+
+def shared_links(uniq: list, idx: np.ndarray, nlinks: int) -> np.ndarray:
+    """Whether each of ``nlinks`` links carries more than one connection (connection i
+    on route ``uniq[idx[i]]``; a route crosses a link once at most in the count)."""
     w = np.bincount(idx, minlength=len(uniq))
     used = np.flatnonzero(w)
     sets = [set(uniq[i].links) for i in used.tolist()]
     flat = np.fromiter(chain.from_iterable(sets), np.int64)
     weight = np.repeat(w[used], [len(x) for x in sets]).astype(np.float64)
     # connections per link: integer sums in float64, exact below 2^53
-    users = np.bincount(flat, weight, minlength=len(topo.links))
-    cols = ([p.latency for p in uniq], [p.bottleneck for p in uniq],
-            [p.first for p in uniq], [p.links for p in uniq])
-    return (*(list(map(col.__getitem__, at)) for col in cols), (users > 1).tolist())
+    return np.bincount(flat, weight, minlength=nlinks) > 1

@@ -27,10 +27,14 @@ channel's tree. So:
 
 Every field is the one :func:`.compiled.compile_programs` fills, from the same integers
 and the same shared tuples (``tests/test_sim_tree_wired.py`` compares them field by field
-and runs the reference engine on both).
+and runs the reference engine on both). The result is a :class:`.wired.Wired`: its
+fields are kept as the arrays they are built as and made into lists only when an engine
+reads them; the compiled heap reads the arrays (:mod:`ringtree.sim.engines.heap_arrays`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -39,6 +43,7 @@ from ringtree.runtime.plan import compile_program
 from ringtree.schedules import Options, generate
 from ringtree.schedules.tree import double_tree
 from ringtree.sim.compile.compiled import Compiled, Lengths, _Builder, moving, shape
+from ringtree.sim.compile.wired import Wired, tuples
 
 __all__ = ["ALGOS", "FROM_STEPS", "compile_tree"]
 
@@ -49,6 +54,9 @@ ALGOS = ("tree", "tree_updown")
 FROM_STEPS = 1 << 19
 
 _I = np.int64
+# the list fields :class:`.wired.Wired` keeps as integer arrays of the same name
+INTS = ("step_rank", "step_chan", "step_prev", "step_ops", "msg_src", "msg_dst", "msg_chan",
+        "msg_conn", "msg_sstep", "msg_rstep")
 
 
 class _Part:
@@ -122,7 +130,7 @@ def _parts(coll: Collective, algo: str, n: int, opts: Options, part: np.ndarray,
 
 
 def compile_tree(coll: Collective, algo: str, n: int, opts: Options, count: int,
-                 itemsize: int, slice_bytes: int) -> Compiled | None:
+                 itemsize: int, slice_bytes: int) -> Wired | None:
     """``compile_programs(programs, count, itemsize, slice_bytes)`` of the tree
     all-reduce's Programs (out of place, unfolded, pruned, no shares recorded), built
     from the wiring; None where the parts' Programs do not read as slots or the messages
@@ -151,20 +159,34 @@ def compile_tree(coll: Collective, algo: str, n: int, opts: Options, count: int,
     tidx = base[pk][srank] + np.arange(total, dtype=_I) - first
     table = [sum((parts[k].rows[i] for k in keys), []) for i in range(6)]
     chan, prev, deps, slices, ops, names = table
-    cp.step_rank = srank.tolist()
-    cp.step_chan = np.asarray(chan, _I)[tidx].tolist()
     pv = np.asarray(prev, _I)[tidx]
-    cp.step_prev = np.where(pv >= 0, pv + first, -1).tolist()
-    at = tidx.tolist()
-    cp.step_deps = _deps(deps, at, first)
-    cp.step_slices = list(map(slices.__getitem__, at))
-    cp.step_ops = np.asarray(ops, _I)[tidx].tolist()
-    cp.step_name = list(map(names.__getitem__, at))
     full = np.asarray([bool(x) for x in slices])
     ends = [_ends(parts, keys, base, pk, off, peers, full, chan, side) for side in (0, 1)]
-    if not _pair(cp, ends, slices, tidx, total):
+    msgs = _pair(ends, slices, tidx, total)
+    if msgs is None:
         return None
-    return cp
+    arrays = dict(step_rank=srank, step_chan=np.asarray(chan, _I)[tidx],
+                  step_prev=np.where(pv >= 0, pv + first, -1),
+                  step_ops=np.asarray(ops, _I)[tidx], row=tidx, first=first,
+                  table=(slices, deps, names), **msgs)
+    return Wired(n, arrays, _lists(arrays))
+
+
+def _lists(a: dict) -> dict:
+    """How :class:`.wired.Wired` makes each list field from the arrays ``a``."""
+    slices, deps, names = a["table"]
+    ca, cd, cc = a["conn_ends"]
+
+    def rows(table: list) -> Callable[[], list]:
+        return lambda: list(map(table.__getitem__, a["row"].tolist()))
+
+    make: dict[str, Callable[[], list]] = {k: a[k].tolist for k in INTS}
+    make.update(step_slices=rows(slices), step_name=rows(names),
+                step_deps=lambda: _deps(deps, a["row"].tolist(), a["first"]),
+                step_send=lambda: tuples(*a["send"]), step_recv=lambda: tuples(*a["recv"]),
+                conns=lambda: list(zip(ca.tolist(), cd.tolist(), cc.tolist())),
+                conn_ranks=lambda: list(zip(ca.tolist(), cd.tolist())))
+    return make
 
 
 def _deps(deps: list[tuple], at: list[int], first: np.ndarray) -> list[tuple]:
@@ -193,10 +215,11 @@ def _ends(parts: dict[int, _Part], keys: list[int], base: np.ndarray, pk: np.nda
     return tuple(np.concatenate(c) if c else np.zeros(0, _I) for c in cols)
 
 
-def _pair(cp: Compiled, ends: list[tuple[np.ndarray, ...]], slices: list[tuple],
-          tidx: np.ndarray, total: int) -> bool:
-    """Number the messages as :func:`.compiled.pair` does; False when a connection's
-    sends and receives differ in number or a message's ends in slices."""
+def _pair(ends: list[tuple[np.ndarray, ...]], slices: list[tuple], tidx: np.ndarray,
+          total: int) -> dict | None:
+    """The messages numbered as :func:`.compiled.pair` numbers them (the arrays of
+    :class:`.wired.Wired`); None when a connection's sends and receives differ in number
+    or a message's ends in slices."""
     gs, ps, ss, ds, cs = ends[0]
     gr, pr, rr, qr, cr = ends[1]
     n = int(max(ss.max(initial=0), rr.max(initial=0))) + 1
@@ -206,31 +229,20 @@ def _pair(cp: Compiled, ends: list[tuple[np.ndarray, ...]], slices: list[tuple],
     a, d, c = ss[so], ds[so], cs[so]
     if so.size != ro.size or not (np.array_equal(a, qr[ro]) and np.array_equal(d, rr[ro])
                                   and np.array_equal(c, cr[ro])):
-        return False
+        return None
     ids: dict[tuple, int] = {}
     sid = np.asarray([ids.setdefault(x, len(ids)) for x in slices], _I)
     sstep, rstep = gs[so], gr[ro]
     if not np.array_equal(sid[tidx[sstep]], sid[tidx[rstep]]):
-        return False
+        return None
     nm = so.size
     new = np.ones(nm, bool)
     if nm:
         new[1:] = (a[1:] != a[:-1]) | (d[1:] != d[:-1]) | (c[1:] != c[:-1])
     heads = np.flatnonzero(new)
-    ca, cd, cc = a[heads].tolist(), d[heads].tolist(), c[heads].tolist()
-    cp.conns = list(zip(ca, cd, cc))
-    cp.conn_ranks = list(zip(ca, cd))
-    cp.msg_src, cp.msg_dst, cp.msg_chan = a.tolist(), d.tolist(), c.tolist()
-    cp.msg_conn = (np.cumsum(new) - 1).tolist()
-    cp.msg_sstep, cp.msg_rstep = sstep.tolist(), rstep.tolist()
-    cp.step_send, send = _ids(total, sstep, ps[so])
-    cp.step_recv, recv = _ids(total, rstep, pr[ro])
-    # the arrays the compiled heap packs these lists into, left for it (``packed``)
-    cp.memo["packed"] = {id(rows): (rows, *arrays) for rows, arrays in (
-        (cp.msg_conn, ((np.cumsum(new) - 1).astype(_I),)),
-        (cp.msg_sstep, (sstep.astype(_I),)), (cp.msg_rstep, (rstep.astype(_I),)),
-        (cp.step_send, send), (cp.step_recv, recv))}
-    return True
+    return dict(msg_src=a, msg_dst=d, msg_chan=c, msg_conn=np.cumsum(new) - 1,
+                msg_sstep=sstep, msg_rstep=rstep, conn_ends=(a[heads], d[heads], c[heads]),
+                send=_ids(total, sstep, ps[so]), recv=_ids(total, rstep, pr[ro]))
 
 
 def _by_connection(a: np.ndarray, b: np.ndarray, c: np.ndarray, step: np.ndarray,
@@ -243,29 +255,16 @@ def _by_connection(a: np.ndarray, b: np.ndarray, c: np.ndarray, step: np.ndarray
     return first[np.argsort(conn[first], kind="stable")]
 
 
-def _ids(total: int, step: np.ndarray, pos: np.ndarray
-         ) -> tuple[list[tuple[int, ...]], tuple[np.ndarray, np.ndarray]]:
-    """Every step's message ids in position order (the empty tuple for none), and the
-    same packed (offsets, ids): message m is the end at (``step[m]``, ``pos[m]``)."""
+def _ids(total: int, step: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every step's message ids in position order, packed (offsets, ids): message m is
+    the end at (``step[m]``, ``pos[m]``)."""
     width = int(pos.max()) + 1 if pos.size else 0
     grid = np.full((total, max(width, 1)), -1, _I)
     grid[step, pos] = np.arange(step.size, dtype=_I)
-    empty: tuple[int, ...] = ()
     have = (grid >= 0).sum(axis=1)
     if not (grid[have > 0, 0] >= 0).all() or not (grid[np.arange(total), have - 1] >= 0)[
             have > 0].all():
         raise AssertionError("a step's message ids are not its first positions")
     off = np.zeros(total + 1, _I)
     np.cumsum(have, out=off[1:])
-    csr = off, grid[grid >= 0]                  # row by row: each step's ids in order
-    if width <= 2:                   # a binary tree's steps: one comprehension
-        cols = grid[:, 0].tolist(), grid[:, -1].tolist()
-        return [empty if h == 0 else (x,) if h == 1 else (x, y)
-                for h, x, y in zip(have.tolist(), *cols)], csr
-    out: list[tuple[int, ...]] = [empty] * total
-    for k in range(1, width + 1):
-        rows = np.flatnonzero(have == k)
-        vals = zip(*(grid[rows, j].tolist() for j in range(k)))
-        for i, v in zip(rows.tolist(), vals):
-            out[i] = v
-    return out, csr
+    return off, grid[grid >= 0]                 # row by row: each step's ids in order

@@ -17,6 +17,8 @@ steps and where its arrivals go; per connection its links. The extension is buil
 with the package when a C compiler is there (``setup.py``, optional); without it,
 or with ``RINGTREE_SIM_NATIVE=0``, :class:`NativeHeap` declines and the reference engine
 runs the loop in Python. ``tests/test_sim_conformance.py`` compares the two bit for bit.
+A Compiled kept as arrays (:class:`~ringtree.sim.compile.wired.Wired`) is set up from its
+arrays instead (:mod:`.heap_arrays`), to the same arrays.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from itertools import chain
 import numpy as np
 
 from ringtree import settings
+from ringtree.sim.compile.wired import Wired
+from ringtree.sim.engines import heap_arrays
 from ringtree.sim.engines.contract import Declined, Job, Outcome, aware_untraced
 from ringtree.sim.engines.reference import engine_for
 from ringtree.sim.machine.model import Rules
@@ -69,6 +73,8 @@ class NativeHeap:
         return None
 
     def run(self, job: Job) -> Outcome | Declined:
+        if isinstance(job.compiled, Wired):      # arrays already: no lists made
+            return heap_arrays.run(job, _heapc.run)
         eng = engine_for(job)
         loop(eng, job.progress)
         res = eng.result()
@@ -106,20 +112,6 @@ def _csr(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return off, np.fromiter(chain.from_iterable(rows), _I, int(off[-1]))
 
 
-def _array(rows: Sequence[int]) -> tuple[np.ndarray]:
-    return (np.asarray(rows, _I),)
-
-
-def packed(cp, rows: Sequence, make: Callable[[Sequence], tuple]) -> tuple:
-    """``make(rows)``, or the same arrays the compiler built from its own and left in
-    ``cp.memo["packed"]`` for these very ``rows`` (the tree from its wiring,
-    :func:`~ringtree.sim.compile.tree_wired.compile_tree`): no list read back."""
-    got = cp.memo.get("packed", {}).get(id(rows))
-    if got is not None and got[0] is rows:
-        return got[1:]
-    return make(rows)
-
-
 def _structure(eng) -> tuple[np.ndarray, ...]:
     """What of the packed run depends on its steps, messages and routes only: receives,
     sends, the next step of each channel, dependents, messages' connections and steps,
@@ -131,24 +123,20 @@ def _structure(eng) -> tuple[np.ndarray, ...]:
     key = ("native", *map(id, src))
     got = cp.memo.get(key)
     if got is None:
-        rv_off, rv = packed(cp, cp.step_recv, _csr)
-        sd_off, sd = packed(cp, cp.step_send, _csr)
+        rv_off, rv = _csr(cp.step_recv)
+        sd_off, sd = _csr(cp.step_send)
         dp_off, dp = _csr(eng.dependents)
         cl_off, cl = _csr(eng.conn_links)
-        msg = [packed(cp, rows, _array)[0] for rows in (cp.msg_conn, cp.msg_rstep,
-                                                        cp.msg_sstep)]
+        msg = [np.asarray(rows, _I) for rows in (cp.msg_conn, cp.msg_rstep, cp.msg_sstep)]
         arrays = (rv_off, rv, sd_off, sd, np.asarray(eng.nxt_in_chan, _I), dp_off, dp,
                   *msg, cl_off, cl, np.asarray(eng.shared, _I))
         got = cp.memo[key] = (src, arrays)
     return got[1]
 
 
-def loop(eng, progress: Callable[[int], None] | None = None) -> None:
-    """Run ``eng`` (an aware :class:`.reference._Engine`, fresh) to the end, as
-    :meth:`~.reference._Engine.loop` does, compiled."""
-    if _heapc is None:
-        raise RuntimeError("ringtree.sim.engines._heapc was not built (no C compiler at install)")
-    check(eng)
+def pack(eng) -> tuple[tuple, np.ndarray]:
+    """(the arrays ``_heapc.run`` reads, the work stack) of ``eng``'s state, its lists
+    left as they are."""
     cp = eng.cp
     nm = cp.nmsgs
     structure = _structure(eng)
@@ -181,7 +169,16 @@ def loop(eng, progress: Callable[[int], None] | None = None) -> None:
               pool_c, np.asarray(eng.conn_first, _F), np.asarray(eng.rate, _F),
               np.asarray(eng.llat, _F),
               *state_i, nwait, conn_cur, *state_f, arr_t, wait_t, *net_f)
-    work = np.asarray(eng.work, _I)
+    return arrays, np.asarray(eng.work, _I)
+
+
+def loop(eng, progress: Callable[[int], None] | None = None) -> None:
+    """Run ``eng`` (an aware :class:`.reference._Engine`, fresh) to the end, as
+    :meth:`~.reference._Engine.loop` does, compiled."""
+    if _heapc is None:
+        raise RuntimeError("ringtree.sim.engines._heapc was not built (no C compiler at install)")
+    check(eng)
+    arrays, work = pack(eng)
     # the packed arrays are the state now: the lists go while the run needs the memory
     eng.pend = eng.nxt = eng.unsent = eng.narr = eng.ninj = eng.conn_cur = None
     eng.start = eng.done = eng.maxin = eng.last = eng.sdone = None
@@ -189,9 +186,16 @@ def loop(eng, progress: Callable[[int], None] | None = None) -> None:
     eng.events = _heapc.run(arrays, float(eng.over), bool(eng.integer), int(eng.events),
                             work, progress)
     # back into the engine's lists: what the Python loop leaves
-    (eng.pend, eng.nxt, eng.unsent, eng.narr, eng.ninj) = (x.tolist() for x in state_i)
-    eng.conn_cur = conn_cur.tolist()
-    (eng.start, eng.done, eng.maxin, eng.last, eng.sdone) = (x.tolist() for x in state_f)
-    (eng.conn_inj, eng.conn_arr, eng.free) = (x.tolist() for x in net_f)
+    ri = arrays[STATE:STATE + 7]
+    (eng.pend, eng.nxt, eng.unsent, eng.narr, eng.ninj) = (x.tolist() for x in ri[:5])
+    eng.conn_cur = ri[6].tolist()
+    rf = arrays[STATE + 7:]
+    (eng.start, eng.done, eng.maxin, eng.last, eng.sdone) = (x.tolist() for x in rf[:5])
+    (eng.conn_inj, eng.conn_arr, eng.free) = (x.tolist() for x in rf[7:])
     eng.waiting, eng.work = {}, []
     # the arrivals stay packed (and are dropped here): nothing reads them once a run ends
+
+
+# where the state (written by the run) starts among the arrays: 18 integer and 4 float
+# arrays that the run only reads come first
+STATE = 22

@@ -23,7 +23,7 @@ import numpy as np
 
 from ringtree.sim.compile.wired import connections
 
-__all__ = ["route_table", "shared_links", "summaries"]
+__all__ = ["route_links", "route_table", "shared_links", "summaries"]
 
 
 def route_table(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
@@ -33,6 +33,19 @@ def route_table(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
 
     key = ("route_table", id(topo), tuple(devices))
     got = cp.memo.get(key)
+    if got is None or got[0] is not topo:
+        by_links = topo.link_paths
+        uniq, idx = route_links(cp, topo, devices)
+        got = cp.memo[key] = (topo, [_summary(topo, r, by_links) for r in uniq], idx)
+    return got[1], got[2]
+
+
+def route_links(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
+    """(distinct routes, the index of every connection's): :func:`route_table` without
+    the summaries (what the compiled heap reads of a route is its links), kept in
+    ``cp.memo``."""
+    key = ("route_links", id(topo), tuple(devices))
+    got = cp.memo.get(key)
     if got is not None and got[0] is topo:
         return got[1], got[2]
     a, b, cl = connections(cp)
@@ -41,15 +54,15 @@ def route_table(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
     _, first, idx = np.unique(a * len(topo.devices) + b, return_index=True,
                               return_inverse=True)
     idx = idx.reshape(-1)
-    by_links, uniq, free = topo.link_paths, [], np.zeros(len(first), bool)
+    uniq, free = [], np.zeros(len(first), bool)
     for i, (x, y, c) in enumerate(zip(*(v[first].tolist() for v in (a, b, cl)))):
-        uniq.append(_summary(topo, topo.route(x, y, c), by_links))
+        uniq.append(topo.route(x, y, c))
         free[i] = topo.channel_free(x, y)
     rest = np.flatnonzero(~free[idx])
     if len(rest):                      # routes that read the channel: one per connection
         idx[rest] = np.arange(len(uniq), len(uniq) + len(rest))
-        uniq.extend(_summary(topo, topo.route(x, y, c), by_links)
-                    for x, y, c in zip(*(v[rest].tolist() for v in (a, b, cl))))
+        uniq.extend(topo.route(x, y, c) for x, y, c in zip(*(v[rest].tolist()
+                                                             for v in (a, b, cl))))
     cp.memo[key] = (topo, uniq, idx)
     return uniq, idx
 
@@ -63,15 +76,15 @@ def summaries(cp, topo, devices: list[int]) -> tuple[list, list, list, list, lis
     cols = ([p.latency for p in uniq], [p.bottleneck for p in uniq],
             [p.first for p in uniq], [p.links for p in uniq])
     return (*(list(map(col.__getitem__, at)) for col in cols),
-            shared_links(uniq, idx, len(topo.links)).tolist())
+            shared_links(cols[3], idx, len(topo.links)).tolist())
 
 
 def shared_links(uniq: list, idx: np.ndarray, nlinks: int) -> np.ndarray:
     """Whether each of ``nlinks`` links carries more than one connection (connection i
-    on route ``uniq[idx[i]]``; a route crosses a link once at most in the count)."""
+    on route ``uniq[idx[i]]``, links; a route crosses a link once at most in the count)."""
     w = np.bincount(idx, minlength=len(uniq))
     used = np.flatnonzero(w)
-    sets = [set(uniq[i].links) for i in used.tolist()]
+    sets = [set(uniq[i]) for i in used.tolist()]
     flat = np.fromiter(chain.from_iterable(sets), np.int64)
     weight = np.repeat(w[used], [len(x) for x in sets]).astype(np.float64)
     # connections per link: integer sums in float64, exact below 2^53

@@ -20,7 +20,7 @@ from itertools import chain
 
 import numpy as np
 
-from ringtree.sim.compile.routes import route_table, shared_links
+from ringtree.sim.compile.routes import route_links, shared_links
 from ringtree.sim.compile.wired import Wired
 from ringtree.sim.engines.contract import Job, Outcome, Result
 from ringtree.sim.machine.model import compute_ns
@@ -89,12 +89,17 @@ def arrays(job: Job) -> tuple[tuple, np.ndarray]:
     a = cp.arrays
     sl_start, sl_n, pool_b, comp_start, pool_c, nic, dp_off, dp, pend = _steps(
         cp, rules.reduce_rates(topo, job.devices))
-    uniq, idx = route_table(cp, topo, job.devices)
-    u_off = _starts(np.fromiter((len(p.links) for p in uniq), _I, len(uniq)))
-    cl_off, cl = _gather(u_off, np.fromiter(chain.from_iterable(p.links for p in uniq), _I,
-                                            int(u_off[-1])), idx)
+    uniq, idx = route_links(cp, topo, job.devices)
+    u_off = _starts(np.fromiter(map(len, uniq), _I, len(uniq)))
+    pool = np.fromiter(chain.from_iterable(uniq), _I, int(u_off[-1]))
+    cl_off, cl = _gather(u_off, pool, idx)
     shared = shared_links(uniq, idx, len(topo.links)).astype(_I)
-    conn_first = np.asarray([p.first for p in uniq], _F)[idx]
+    rate = np.asarray([topo.bytes_per_ns(i) for i in range(len(topo.links))], _F)
+    # a route's first link's rate (:func:`~ringtree.sim.machine.model.path`; inf: none)
+    first = np.full(len(uniq), np.inf)
+    some = u_off[1:] > u_off[:-1]
+    first[some] = rate[pool[u_off[:-1][some]]]
+    conn_first = first[idx]
     nconn, nm, ns = len(idx), cp.nmsgs, cp.nsteps
     conn, sstep = a["msg_conn"], a["msg_sstep"]
     arr_off = _starts(sl_n[sstep])
@@ -104,7 +109,6 @@ def arrays(job: Job) -> tuple[tuple, np.ndarray]:
     sd_off, sd = a["send"]
     rv_off, rv = a["recv"]
     unsent = sl_n * (sd_off[1:] - sd_off[:-1])
-    rate = np.asarray([topo.bytes_per_ns(i) for i in range(len(topo.links))], _F)
     llat = np.asarray([lk.latency for lk in topo.links], _F)
     state_i = (pend, np.zeros(ns, _I), unsent, np.zeros(nm, _I), np.zeros(nm, _I),
                np.zeros(nm, _I), conn_cur)

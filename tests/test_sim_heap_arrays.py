@@ -79,3 +79,18 @@ def test_packed_rows_read_back_as_tuples():
     assert tuples(off, ids) == [(), (4,), (5, 6), (), (7, 8, 9)]
     assert tuples(np.array([0, 2, 3]), np.array([1, 2, 3])) == [(1, 2), (3,)]
     assert tuples(np.zeros(1, np.int64), np.zeros(0, np.int64)) == []
+
+
+def test_walks_forked_are_the_walks_here(monkeypatch):
+    from ringtree.sim.compile import routes
+
+    topo = presets.get("dgx_h100", 4)
+    rng = np.random.default_rng(5)
+    gpus = np.asarray(topo.ranks)
+    a, b = rng.choice(gpus, 300), rng.choice(gpus, 300)
+    ch = rng.integers(0, 16, 300)
+    want = routes._walk(presets.get("dgx_h100", 4), list(zip(a.tolist(), b.tolist(),
+                                                             ch.tolist())))
+    monkeypatch.setattr(routes, "FORK_FROM", 0)
+    monkeypatch.setattr(routes, "_two_cores", lambda: True)
+    assert routes.walks(topo, a, b, ch) == want

@@ -17,13 +17,16 @@ per-connection loop gave.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import pickle
 from itertools import chain
 
 import numpy as np
 
 from ringtree.sim.compile.wired import connections
 
-__all__ = ["route_links", "route_table", "shared_links", "summaries"]
+__all__ = ["route_links", "route_table", "shared_links", "summaries", "walks"]
 
 
 def route_table(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
@@ -54,17 +57,70 @@ def route_links(cp, topo, devices: list[int]) -> tuple[list, np.ndarray]:
     _, first, idx = np.unique(a * len(topo.devices) + b, return_index=True,
                               return_inverse=True)
     idx = idx.reshape(-1)
-    uniq, free = [], np.zeros(len(first), bool)
-    for i, (x, y, c) in enumerate(zip(*(v[first].tolist() for v in (a, b, cl)))):
-        uniq.append(topo.route(x, y, c))
-        free[i] = topo.channel_free(x, y)
+    uniq, free = walks(topo, *(v[first] for v in (a, b, cl)))
+    free = np.asarray(free, bool)
     rest = np.flatnonzero(~free[idx])
     if len(rest):                      # routes that read the channel: one per connection
         idx[rest] = np.arange(len(uniq), len(uniq) + len(rest))
-        uniq.extend(topo.route(x, y, c) for x, y, c in zip(*(v[rest].tolist()
-                                                             for v in (a, b, cl))))
+        uniq.extend(walks(topo, *(v[rest] for v in (a, b, cl)))[0])
     cp.memo[key] = (topo, uniq, idx)
     return uniq, idx
+
+
+# from this many walks on, half of them are walked in a forked process (:func:`walks`)
+FORK_FROM = 1 << 16
+
+
+def walks(topo, a: np.ndarray, b: np.ndarray, ch: np.ndarray) -> tuple[list, list]:
+    """(route, whether it is the route of every channel) from device a[k] to b[k] on
+    channel ch[k], for every k. A route is a function of (a, b, ch) and the topology
+    alone (the Router's caches only keep what a walk would give again), so from
+    :data:`FORK_FROM` walks on, where this process may use two cores and is not itself a
+    worker (:mod:`ringtree.sim.jobs`), the second half is walked in a forked child that
+    sends its answers back through a pipe, while this process walks the first; a child
+    that fails is walked for here. The routes are the same tuples of the same links."""
+    todo = list(zip(a.tolist(), b.tolist(), ch.tolist()))
+    half = len(todo) // 2
+    if len(todo) < FORK_FROM or not _two_cores():
+        return _walk(topo, todo)
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                  # the child: walk, answer, leave
+        code = 1
+        try:
+            os.close(rd)
+            with os.fdopen(wr, "wb") as out:
+                pickle.dump(_walk(topo, todo[half:]), out, pickle.HIGHEST_PROTOCOL)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(wr)
+    try:
+        mine = _walk(topo, todo[:half])
+        with os.fdopen(rd, "rb") as got:
+            data = got.read()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    theirs = pickle.loads(data) if status == 0 and data else _walk(topo, todo[half:])
+    return mine[0] + theirs[0], mine[1] + theirs[1]
+
+
+def _walk(topo, todo: list[tuple[int, int, int]]) -> tuple[list, list]:
+    routes, free = [], []
+    for x, y, c in todo:
+        routes.append(topo.route(x, y, c))
+        free.append(topo.channel_free(x, y))
+    return routes, free
+
+
+def _two_cores() -> bool:
+    """Whether this process may run on two cores and is no daemonic worker."""
+    if not hasattr(os, "fork") or mp.current_process().daemon:
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except AttributeError:
+        return (os.cpu_count() or 1) >= 2
 
 
 def summaries(cp, topo, devices: list[int]) -> tuple[list, list, list, list, list]:

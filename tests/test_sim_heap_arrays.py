@@ -94,3 +94,5 @@ def test_walks_forked_are_the_walks_here(monkeypatch):
     monkeypatch.setattr(routes, "FORK_FROM", 0)
     monkeypatch.setattr(routes, "_two_cores", lambda: True)
     assert routes.walks(topo, a, b, ch) == want
+    for k in (0, 1, 2):                           # the first walked before the fork
+        assert routes.walks(topo, a[:k], b[:k], ch[:k]) == tuple(x[:k] for x in want)

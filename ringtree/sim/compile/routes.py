@@ -80,9 +80,10 @@ def walks(topo, a: np.ndarray, b: np.ndarray, ch: np.ndarray) -> tuple[list, lis
     sends its answers back through a pipe, while this process walks the first; a child
     that fails is walked for here. The routes are the same tuples of the same links."""
     todo = list(zip(a.tolist(), b.tolist(), ch.tolist()))
-    half = len(todo) // 2
+    half = max(1, len(todo) // 2)
     if len(todo) < FORK_FROM or not _two_cores():
         return _walk(topo, todo)
+    first = _walk(topo, todo[:1])                 # the Router built once, before the fork
     rd, wr = os.pipe()
     pid = os.fork()
     if pid == 0:                                  # the child: walk, answer, leave
@@ -96,13 +97,13 @@ def walks(topo, a: np.ndarray, b: np.ndarray, ch: np.ndarray) -> tuple[list, lis
             os._exit(code)
     os.close(wr)
     try:
-        mine = _walk(topo, todo[:half])
+        mine = _walk(topo, todo[1:half])
         with os.fdopen(rd, "rb") as got:
             data = got.read()
     finally:
         _, status = os.waitpid(pid, 0)
     theirs = pickle.loads(data) if status == 0 and data else _walk(topo, todo[half:])
-    return mine[0] + theirs[0], mine[1] + theirs[1]
+    return first[0] + mine[0] + theirs[0], first[1] + mine[1] + theirs[1]
 
 
 def _walk(topo, todo: list[tuple[int, int, int]]) -> tuple[list, list]:

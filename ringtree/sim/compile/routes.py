@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import signal
 from itertools import chain
 
 import numpy as np
@@ -97,9 +98,12 @@ def walks(topo, a: np.ndarray, b: np.ndarray, ch: np.ndarray) -> tuple[list, lis
             os._exit(code)
     os.close(wr)
     try:
-        mine = _walk(topo, todo[1:half])
         with os.fdopen(rd, "rb") as got:
+            mine = _walk(topo, todo[1:half])
             data = got.read()
+    except BaseException:                         # interrupted here: the child too
+        os.kill(pid, signal.SIGKILL)
+        raise
     finally:
         _, status = os.waitpid(pid, 0)
     theirs = pickle.loads(data) if status == 0 and data else _walk(topo, todo[half:])

@@ -24,7 +24,7 @@ setup(ext_modules=[
     # -fno-trapping-math: no FP exception is unmasked, so the NaN-propagating selects of
     # the fold may compute every candidate and vectorise; values are rounded the same
     Extension("ringtree.transports._llc", ["ringtree/transports/_llc.c"],
-              depends=["ringtree/transports/_stream.h"], extra_compile_args=["-O3", *STRICT_FP, "-fno-trapping-math"], optional=True),
+              depends=["ringtree/transports/_stream.h", "ringtree/transports/_ndview.h"], extra_compile_args=["-O3", *STRICT_FP, "-fno-trapping-math"], optional=True),
     Extension("ringtree.transports._cma", ["ringtree/transports/_cma.c"],
               depends=["ringtree/transports/_stream.h"], extra_compile_args=["-O2"], optional=True),
     Extension("ringtree.resilience._crc32c", ["ringtree/resilience/_crc32c.c"],

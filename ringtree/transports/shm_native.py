@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from ringtree import settings
 from ringtree.errors import MismatchError
 from ringtree.transports import shm_segment as seg
@@ -45,6 +47,20 @@ except ImportError:                      # built without a C compiler
 
 __all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
            "round_for", "run_gather", "run_round", "run_scatter"]
+
+def _probes() -> tuple:
+    """Arrays and what NumPy says of them, for ``_llc.ndlayout`` (``_ndview.h``): a
+    2-D writeable one, a read-only transposed view, a 0-d one, a 1-D int8 slice."""
+    a = np.arange(6.0).reshape(2, 3)
+    b = a.T
+    b.flags.writeable = False
+    arrays = (a, b, np.zeros((), np.int32), np.zeros(5, np.int8)[1:])
+    return tuple((x, x.__array_interface__["data"][0], x.shape, x.dtype,
+                  x.flags.c_contiguous, x.flags.writeable) for x in arrays)
+
+
+if _llc is not None:  # the one-call entries read an ndarray's fields if they agree
+    _llc.ndlayout(np.ndarray, _probes())
 
 RING = _llc.RING if _llc is not None else -1
 NOBUF = _llc.NOBUF if _llc is not None else -2  # Round.hot: not the round's buffer

@@ -5,7 +5,8 @@ one-entry hot path: a synchronous NumPy call, no ``algo=``, on a communicator wi
 segment goes to the LL runner's ``*_now`` first (:mod:`ringtree.runtime.protocols`), which
 runs the last shape it saw in one C call (docs/design-notes.md, "The small all-reduce in
 one C entry" and the sections after it) and answers ``MISS`` when the call needs the
-general path.
+general path. ``all_reduce`` is :func:`ringtree.runtime.protocols.ll_hot.all_reduce`
+itself: its checks and the C call in one frame.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from ringtree import api
 from ringtree.ops import ReduceOp
+from ringtree.runtime.protocols import ll_hot
 from ringtree.runtime.protocols.ll_runner import MISS
 from ringtree.work import Work
 
@@ -29,14 +31,11 @@ class Collectives:
     ll: Any                     # the LL runner (ringtree.runtime.protocols.ll_runner), or None
     _run: Callable[..., Any]    # plan a CallSpec and issue it (Communicator._run)
 
-    def all_reduce(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
-                   algo: str | None = None, timeout: float | None = None):
-        """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
-        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None \
-                and (out is None or type(out) is np.ndarray):
-            done = self.ll.all_reduce_now(self, x, op, out, timeout)  # the hot path
-            if done is not MISS:
-                return done
+    all_reduce = ll_hot.all_reduce  # the method, its hot path in one frame
+
+    def _all_reduce_general(self, x, op, out, async_op: bool, algo: str | None,
+                            timeout: float | None):
+        """:meth:`all_reduce` on the general path: validate, plan, issue."""
         return self._run(api.for_all_reduce(self, x, op, out, algo), async_op, timeout)
 
     def broadcast(self, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,

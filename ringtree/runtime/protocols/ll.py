@@ -208,7 +208,7 @@ class LLOp:
         self.k = None if n == 1 or op_code == USER_OP or not native.enabled() else \
             native.round_for(ll, shape.order, shape.block, dt.code, storage.itemsize, op_code,
                              count, per, size)
-        # one C entry: an all-reduce's plain fold (all_reduce_now), a reduce (reduce_now)
+        # one C entry: an all-reduce's plain fold (ll_hot.all_reduce), a reduce (reduce_now)
         split = folds and n > 1 and coll is Collective.ALL_REDUCE and \
             ll_split.applies(self, op_code, self.count * storage.itemsize)
         self.hot = self.rec = None  # rec: the flight recorder hot writes to (its caller sets)

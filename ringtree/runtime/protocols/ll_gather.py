@@ -78,7 +78,7 @@ def gather_now(runner, comm, x: np.ndarray, out, timeout: float | None):
     call, ``Round.ghot``: it checks the memory (contiguous, writeable, ``size`` blocks of
     ``x``'s format, no overlap), writes the flight recorder's entry, publishes, copies
     the own block while the peers write theirs, waits and places. Python's part is the
-    O(1) checks of ``all_reduce_now``; the layers it skips cost ~5 µs a call."""
+    O(1) checks of the all-reduce's (:mod:`.ll_hot`); the layers it skips cost ~5 µs a call."""
     return _one_entry(runner, comm, Collective.ALL_GATHER, GATHER, x, out, None, timeout)
 
 

@@ -32,19 +32,14 @@ from ringtree.ir.program import Collective, Program
 from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
-from ringtree.runtime.protocols import ll_direct, ll_entry, ll_gather
+from ringtree.runtime.protocols import ll_direct, ll_entry, ll_gather, ll_hot
 from ringtree.runtime.protocols.ll import LLOp, fits
-from ringtree.runtime.protocols.ll_split import Split
-from ringtree.settings import MIN_TIMEOUT, as_timeout
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL, open_ll
-from ringtree.transports.shm_native import NOBUF
 from ringtree.work import Work
 
-MISS = ll_entry.MISS     # all_reduce_now: the call takes the general path
-# the key of planner.ready's entry for the last shape all_reduce_now took (so clearing
-# ready clears it too): a str, whose hash is kept, that no call's key tuple equals
-HOT = "all_reduce_now: the last shape"
+MISS = ll_entry.MISS     # a hot path's answer: the call takes the general path
+HOT = ll_hot.HOT         # planner.ready's key of the all-reduce's last hot shape
 MAX_RANKS = 255          # the cost of polling every line
 CELL = 1 << 20           # cell bytes per rank and parity (the largest LL contribution)
 SMALL_CELL = 64 << 10    # with many ranks: the segment is nranks x 2 cells
@@ -208,59 +203,9 @@ class LLRunner:
 
     # ---- one call ---------------------------------------------------------------------------
 
-    def all_reduce_now(self, comm, x: np.ndarray, op, out: np.ndarray | None,
-                       timeout: float | None):
-        """The communicator's hot path: a NumPy all-reduce whose shape the planner
-        planned on LL. The last shape taken (``planner.ready[HOT]``, matched by
-        identity, in place or not) runs in one C call, ``Round.hot``, which checks the memory
-        (contiguous, writeable, the round's size; ``out``: x's dtype and shape, no
-        overlap) and writes the flight recorder's entry; every other check of ``_run``
-        is here, each O(1): the timeout, the issuing thread, closed or broken, group,
-        async LL calls, async Simple work (memory order) or an active profiler (both:
-        :meth:`run_arrays`). :data:`MISS` when the call needs the general path."""
-        if self.reg is not None:  # registered buffers: the peers' read in place (ll_reg)
-            done = self.reg.call(comm, Collective.ALL_REDUCE, x, out, op, timeout)
-            if done is not MISS:
-                return done
-        if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
-            timeout = as_timeout(timeout)  # refused before the call is numbered, as _run
-        m = comm.planner.ready.get(HOT)
-        if m is None or x.dtype is not m[0] or x.size != m[1] or op is not m[2] or \
-                (out is None or out is x) is not m[3]:
-            return self._now(comm, x, op, out, timeout)
-        if comm._group is not None or comm.health.broken is not None or self.pending or \
-                comm._closed:
-            return MISS
-        if comm._owner.ident != get_ident() and not comm.background:
-            comm._owner.check(comm.rank)
-        ex, ll, op = comm.executor, self.ll, m[4]
-        s = ll.seq + 1
-        if ex._batches or ex.observer.active or ll.synced < s - 1:  # (after Simple calls:
-            return self._now(comm, x, m[2], out, timeout)     # the parity may need a wait)
-        fr = comm.flight
-        if op.rec is not fr:
-            op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc, fr)
-            op.rec = fr
-        seq = comm.seq + 1
-        r = op.hot.hot(x, out, s, seq)
-        if r == NOBUF:
-            return self._now(comm, x, m[2], out, timeout)
-        comm.seq, ll.seq = seq, s
-        ll.written[s & 1] = None  # the kernel wrote all three header words
-        out = x if out is None else out
-        if type(op.run) is Split:  # the split's one entry: LL calls s and s + 1
-            if r == -1:
-                op.run.after(x, out, r, s, 0.0)
-            else:
-                self._finish_hot(comm, op, out, r, s, timeout, x)
-            return out
-        if r != -1:
-            self._finish_hot(comm, op, out, r, s, timeout)
-        ll.synced = s
-        return out
-
     def _now(self, comm, x: np.ndarray, op, out: np.ndarray | None, timeout: float | None):
-        """:meth:`all_reduce_now` through :meth:`run_arrays` (the op as a ReduceOp or its
+        """The all-reduce's hot path (:func:`~.ll_hot.all_reduce`) through
+        :meth:`run_arrays` when its last shape did not match (the op as a ReduceOp or its
         name: "sum" missed it and planned every call, 4x). Memory: contiguous, writeable,
         an ``out`` that may share memory with ``x`` goes the general way, which tells in
         place from a partial overlap. A shape with a compiled round becomes
@@ -281,7 +226,7 @@ class LLRunner:
                     not f.writeable or np.may_share_memory(x, out):
                 return MISS
         if hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):
-            comm.planner.ready[HOT] = (x.dtype, x.size, op, in_place, hit[0])
+            ll_hot.keep(comm.planner.ready, x, op, in_place, hit[0])
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
         flat = x.ndim == 1
@@ -292,7 +237,7 @@ class LLRunner:
 
     def blocks_now(self, comm, coll: Collective, x: np.ndarray, out, op,
                    timeout: float | None):
-        """:meth:`all_reduce_now`'s twin for all_gather (``op`` None) and reduce_scatter:
+        """:meth:`_now`'s twin for all_gather (``op`` None) and reduce_scatter:
         a NumPy call into a separate NumPy ``out`` of ``size`` × (all-gather) or 1/``size``
         (reduce-scatter) the elements of ``x``, whose shape the planner planned on LL
         (:attr:`~ringtree.runtime.planner.Planner.ready_blocks`), with the same O(1)
@@ -329,7 +274,7 @@ class LLRunner:
     broadcast_now = ll_gather.broadcast_now  # broadcast's one C entry, else:
 
     def broadcast_blocks(self, comm, x: np.ndarray, root, timeout: float | None):
-        """:meth:`all_reduce_now`'s twin for an in-place NumPy broadcast whose shape and
+        """:meth:`_now`'s twin for an in-place NumPy broadcast whose shape and
         root the planner planned on LL (a read-only root buffer goes the general way).
         :data:`MISS` when the call needs the general path."""
         hit = comm.planner.ready_blocks.get((Collective.BROADCAST, x.dtype, x.size, root))

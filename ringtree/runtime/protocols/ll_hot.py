@@ -1,0 +1,102 @@
+"""``Communicator.all_reduce`` in one Python frame: the method itself.
+
+A blocking NumPy all-reduce of the last shape the hot path took (``planner.ready[HOT]``,
+matched by identity: the array's dtype object, its size, the op object as the caller
+wrote it, in place or not) is one C call, ``Round.hot`` (docs/design-notes.md, "The
+small all-reduce in one C entry"). Before, that call sat behind two Python frames:
+``Collectives.all_reduce`` (its argument checks) and ``LLRunner.all_reduce_now`` (the
+shape and the communicator's state), each frame and each call between them ~0.1-0.3 µs
+of a 1.3 µs one-rank call. :func:`all_reduce` is the communicator's method itself and
+does both in one frame, with what a shape needs per call prepared when it is kept
+(:func:`keep`: the C entry as a bound method, and whether the op is a split). Every
+check stays, each O(1): the arguments (a NumPy ``x`` and ``out``, no ``algo``, not
+async), the timeout (refused before the call is numbered, as ``_run``), the issuing
+thread, group, broken, closed, async LL calls pending, async Simple work in flight
+(memory order), an active profiler, the parity; the memory (contiguous, writeable, the
+round's size; ``out``: x's dtype and shape, no overlap) is the C entry's buffer request
+(``NOBUF``: nothing done). Anything else is :meth:`LLRunner._now
+<ringtree.runtime.protocols.ll_runner.LLRunner._now>` (which plans, learns the shape, or
+answers MISS) and then the general path, the communicator's ``_all_reduce_general``,
+which raises every refusal's error as before.
+"""
+
+from __future__ import annotations
+
+from threading import get_ident
+
+import numpy as np
+
+from ringtree.ir.program import Collective
+from ringtree.ops import ReduceOp
+from ringtree.runtime.protocols.ll_entry import MISS
+from ringtree.runtime.protocols.ll_split import Split
+from ringtree.settings import MIN_TIMEOUT, as_timeout
+from ringtree.transports.shm_native import NOBUF
+
+# the key of planner.ready's entry for the last shape the hot path took (so clearing
+# ready clears it too): a str, whose hash is kept, that no call's key tuple equals
+HOT = "all_reduce_now: the last shape"
+
+
+def keep(ready: dict, x: np.ndarray, op, in_place: bool, lop) -> None:
+    """Make the shape of this call (``lop``: its compiled LLOp) the hot one:
+    ``ready[HOT]`` = (dtype, size, op, in place, LLOp, its C entry, split or not). The
+    entry checks the dtype object (``Round.expect``) and the size (the round's bytes)."""
+    lop.hot.expect(x.dtype)
+    ready[HOT] = (x.dtype, x.size, op, in_place, lop, lop.hot.hot, type(lop.run) is Split)
+
+
+def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
+               algo: str | None = None, timeout: float | None = None):
+    """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
+    ll = comm.ll
+    if ll is None or type(x) is not np.ndarray or algo is not None or async_op or \
+            out is not None and type(out) is not np.ndarray:
+        return comm._all_reduce_general(x, op, out, async_op, algo, timeout)
+    if ll.reg is not None:  # registered buffers: the peers' read in place (ll_reg)
+        done = ll.reg.call(comm, Collective.ALL_REDUCE, x, out, op, timeout)
+        if done is not MISS:
+            return done
+    if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
+        timeout = as_timeout(timeout)
+    m = comm.planner.ready.get(HOT)
+    seg = ll.ll
+    s = seg.seq + 1
+    ex = comm.executor
+    if m is None or op is not m[2] or (out is None or out is x) is not m[3] or \
+            comm._group is not None or \
+            comm.health.broken is not None or ll.pending or comm._closed or \
+            ex._batches or ex.observer.active or seg.synced < s - 1:
+        return _now(comm, ll, x, op, out, timeout)  # (after Simple calls the parity
+    if comm._owner.ident != get_ident() and not comm.background:  # may need a wait)
+        comm._owner.check(comm.rank)
+    lop, fr = m[4], comm.flight
+    if lop.rec is not fr:
+        lop.hot.record(*(fr.lane() if fr is not None else (None,) * 3), lop.desc, fr)
+        lop.rec = fr
+    seq = comm.seq + 1
+    r = m[5](x, out, s, seq)
+    if r == NOBUF:
+        return _now(comm, ll, x, op, out, timeout)
+    comm.seq = seq
+    seg.seq = s
+    seg.written[s & 1] = None  # the kernel wrote all three header words
+    if out is None:
+        out = x
+    if m[6]:  # the split's one entry: LL calls s and s + 1
+        if r == -1:
+            lop.run.after(x, out, r, s, 0.0)
+        else:
+            ll._finish_hot(comm, lop, out, r, s, timeout, x)
+        return out
+    if r != -1:
+        ll._finish_hot(comm, lop, out, r, s, timeout)
+    seg.synced = s
+    return out
+
+
+def _now(comm, ll, x: np.ndarray, op, out, timeout: float | None):
+    done = ll._now(comm, x, op, out, timeout)
+    if done is MISS:
+        return comm._all_reduce_general(x, op, out, False, None, timeout)
+    return done

@@ -130,11 +130,12 @@ def test_blocking_fast_path_raises_bad_arguments_to_the_caller(pool):
 
 def _hot_entry(ctx):
     """Once a shape is planned, a blocking call enters the communicator's one-call hot
-    path directly: none reaches the communicator's general methods, each is one call."""
+    path directly: none reaches the communicator's general methods (the all-reduce's:
+    ``_all_reduce_general``, behind its hot path), each is one call."""
     from ringtree.transports import shm_native as native
 
     comm, n = ctx.group.comm, ctx.size
-    names = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+    names = ("_all_reduce_general", "broadcast", "reduce", "all_gather", "reduce_scatter")
     general: list[str] = []
 
     def counted(name):

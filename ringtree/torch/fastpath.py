@@ -16,13 +16,16 @@ each call used to rebuild is cached here:
 - the reduce operator: the last plain one, with its ``RedOpType``.
 
 The view then enters the communicator's one-call hot path itself
-(``LLRunner.all_reduce_now``, ``broadcast_now``, ``reduce_now``, ``gather_now``,
-``scatter_now``: the C entries ``Round.hot``, ``bshot``, ``rhot``, ``ghot``, ``shot`` for a
-shape seen before), exactly as ``Communicator.all_reduce`` (``broadcast``, ``reduce``,
-``all_gather``, ``reduce_scatter``) does
-first for a blocking NumPy call, one Python layer less; the kernel checks the memory,
-numbers the call and records it in the flight recorder. A call it does not take (MISS)
-goes through the communicator's method. Each entry is one method of the group placed
+(``LLRunner.broadcast_now``, ``reduce_now``, ``gather_now``, ``scatter_now``: the C
+entries ``bshot``, ``rhot``, ``ghot``, ``shot`` for a shape seen before), exactly as
+``Communicator.broadcast`` (``reduce``, ``all_gather``, ``reduce_scatter``) does first for
+a blocking NumPy call, one Python layer less; the kernel checks the memory, numbers the
+call and records it in the flight recorder. A call it does not take (MISS) goes through
+the communicator's method. An all-reduce calls ``Communicator.all_reduce``, whose hot
+path is its own frame (:mod:`ringtree.runtime.protocols.ll_hot`), from ``allreduce``
+itself, with the last tensor's view, operator and timeout checked inline (the tensor
+by identity, then its data pointer, dtype, element count and contiguity, since a
+tensor's data and dtype can change in place: ``set_``, ``resize_``, ``.data =``). Each entry is one method of the group placed
 before the general ones (:class:`BlockingPath` precedes
 :class:`~ringtree.torch.collectives.CollectiveOps`), so a blocking call costs torch's
 own wrapper, the three option reads (pybind properties, ~0.3 µs each), the view, the
@@ -61,17 +64,36 @@ class BlockingPath:
     _td: tuple = (None, None)
     _last_op: tuple | None = None
     _done_work: DoneWork | None = None
+    _last_view: tuple | None = None  # (tensor, data pointer, dtype, numel, view)
 
     # ---- the entries torch calls ------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
         if opts is None or opts.asyncOp or self._coalescing is not None or len(tensors) != 1:
             return super().allreduce(tensors, opts)
-        x = self._view(tensors[0])
-        if x is None:
-            return super().allreduce(tensors, opts)
-        return self._run_blocking("allreduce", tensors, _all_reduce, x, None,
-                              self._op_of(opts.reduceOp), self._seconds_of(opts.timeout))
+        t = tensors[0]
+        last = self._last_view  # the last tensor's view: its checks inline
+        if last is not None and last[0] is t and t.data_ptr() == last[1] and \
+                t.dtype is last[2] and t.numel() == last[3] and t.is_contiguous():
+            x = last[4]
+        else:
+            x = self._view(t)
+            if x is None:
+                return super().allreduce(tensors, opts)
+            if x.nbytes <= CACHED_BYTES:  # (it keeps t alive, as the views do)
+                self._last_view = (t, t.data_ptr(), t.dtype, t.numel(), x)
+        r, op = opts.reduceOp, self._last_op
+        op = op[1] if op is not None and r == op[0] else self._op_of(r)
+        td, tmo = opts.timeout, self._td
+        tmo = tmo[1] if td == tmo[0] else self._seconds_of(td)
+        with self._lock:
+            if self._closed:
+                raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
+            try:
+                self.comm.all_reduce(x, op, timeout=self.timeout if tmo is None else tmo)
+            except BaseException as e:  # noqa: BLE001 - the Work carries it
+                return self._failed("allreduce", tensors, e, tmo)
+        return self._done(tensors)
 
     def broadcast(self, tensors, opts=None):
         if opts is None or opts.asyncOp or self._coalescing is not None or len(tensors) != 1:
@@ -115,21 +137,28 @@ class BlockingPath:
 
     # ---- what the entries share -------------------------------------------------------
 
-    def _run_blocking(self, name: str, value: Any, entry, x, a, b, tmo: float):
+    def _run_blocking(self, name: str, value: Any, entry, x, a, b, tmo: float | None):
         """Run ``entry(comm, x, a, b, tmo)`` on this thread, in this group's issue
         order; the group's one finished Work holding ``value`` (torch waits on a blocking
         call's Work at once and drops it), or a failed Work of its own that raises
         torch's form of the error from ``wait()``."""
+        tmo = self.timeout if tmo is None else tmo
         with self._lock:
             if self._closed:
                 raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
             try:
                 entry(self.comm, x, a, b, tmo)
             except BaseException as e:  # noqa: BLE001 - the Work carries it
-                work = RingtreeWork(name, value, self._dispatch)
-                work._timeout_s = tmo
-                self._finish(work, [], e)
-                return work
+                return self._failed(name, value, e, tmo)
+        return self._done(value)
+
+    def _failed(self, name: str, value: Any, e: BaseException, tmo: float | None):
+        work = RingtreeWork(name, value, self._dispatch)
+        work._timeout_s = self.timeout if tmo is None else tmo
+        self._finish(work, [], e)
+        return work
+
+    def _done(self, value: Any) -> DoneWork:
         w = self._done_work
         if w is None:
             w = self._done_work = DoneWork(value)
@@ -160,16 +189,15 @@ class BlockingPath:
             views[key] = x
         return x
 
-    def _seconds_of(self, td: Any) -> float:
-        """The call's timeout from torch's ``opts.timeout`` (the last ``timedelta``'s
-        seconds are kept: torch passes a new, equal one each call)."""
+    def _seconds_of(self, td: Any) -> float | None:
+        """The call's timeout from torch's ``opts.timeout``, None: the group's (the last
+        ``timedelta``'s seconds are kept: torch passes a new, equal one each call)."""
         last = self._td
         if td == last[0]:
-            s = last[1]
-        else:
-            s = _seconds(td)
-            self._td = (td, s)
-        return self.timeout if s is None else s
+            return last[1]
+        s = _seconds(td)
+        self._td = (td, s)
+        return s
 
     def _op_of(self, r: Any):
         """ringtree's operator for torch's ``opts.reduceOp``. The last plain one is kept
@@ -183,7 +211,7 @@ class BlockingPath:
         return op
 
     def _drop_views(self) -> None:
-        self._views = self._done_work = None
+        self._views = self._done_work = self._last_view = None
 
 
 # ---- the communicator's hot entries, entered directly ---------------------------------------
@@ -191,12 +219,6 @@ class BlockingPath:
 # ``reduce_scatter``) does first for a blocking NumPy call without ``algo``; a call the
 # hot entry does not take (MISS: not planned yet, a subgroup, a broken communicator ...)
 # goes through the communicator's method, which takes the general path.
-
-def _all_reduce(comm, x: np.ndarray, out: None, op: Any, tmo: float) -> None:
-    ll = comm.ll
-    if ll is None or ll.all_reduce_now(comm, x, op, None, tmo) is MISS:
-        comm.all_reduce(x, op, timeout=tmo)
-
 
 def _broadcast(comm, x: np.ndarray, out: None, root: int, tmo: float) -> None:
     ll = comm.ll

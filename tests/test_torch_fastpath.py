@@ -103,6 +103,33 @@ def test_blocking_fast_path_follows_the_tensors_memory(pool):
                        True, True, True, [2.0] * 4)
 
 
+def _same_tensor_changed(ctx):
+    """The last tensor's view is kept by identity: the same tensor object whose dtype
+    (``.data =`` a reinterpreting view), size (``resize_``) or layout (``t_``) changed
+    in place is seen again (each result exact for its new form)."""
+    r = ctx.rank
+    t = torch.full((4, 4), 1.0 + r)
+    for _ in range(3):
+        dist.all_reduce(t)  # the view kept; then 3, 6, 12
+    t.data = t.view(torch.int32)  # the same memory as int32
+    t.fill_((1 << 26) + r)
+    dist.all_reduce(t)
+    ints = t.tolist()
+    t.resize_(2, 4)  # same memory, half the elements
+    t.fill_(r + 2)
+    dist.all_reduce(t)
+    half = t.tolist()
+    t.t_()  # not contiguous: the general path
+    dist.all_reduce(t)
+    return ints, half, t.tolist(), t.dtype == torch.int32
+
+
+def test_blocking_fast_path_follows_a_tensor_changed_in_place(pool):
+    for ints, half, transposed, int32 in pool.run_ok(_same_tensor_changed):
+        assert ints == [[(2 << 26) + 1] * 4] * 4 and int32
+        assert half == [[5] * 4] * 2 and transposed == [[10] * 2] * 4
+
+
 def _bad_arguments(ctx):
     errors = []
     cases = [

@@ -1,5 +1,5 @@
 """The per-call path of the all-reduce (docs/design-notes.md, "The per-call cost: one
-frame, the buffer request read from the array"): ``Communicator.all_reduce`` is its hot
+frame, the array's fields"): ``Communicator.all_reduce`` is its hot
 path in one frame (:mod:`ringtree.runtime.protocols.ll_hot`), the C entries read an
 ndarray's fields instead of a buffer export once ``_llc.ndlayout`` checked them (else the
 buffer protocol), and ``Round.expect`` checks the dtype object that Python no longer

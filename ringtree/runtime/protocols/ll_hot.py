@@ -3,12 +3,14 @@
 A blocking NumPy all-reduce of the last shape the hot path took (``planner.ready[HOT]``,
 matched by identity: the array's dtype object, its size, the op object as the caller
 wrote it, in place or not) is one C call, ``Round.hot`` (docs/design-notes.md, "The
-small all-reduce in one C entry"). Before, that call sat behind two Python frames:
+small all-reduce in one C entry" and "The per-call cost: one frame, the array's
+fields"). Before, that call sat behind two Python frames:
 ``Collectives.all_reduce`` (its argument checks) and ``LLRunner.all_reduce_now`` (the
 shape and the communicator's state), each frame and each call between them ~0.1-0.3 µs
 of a 1.3 µs one-rank call. :func:`all_reduce` is the communicator's method itself and
 does both in one frame, with what a shape needs per call prepared when it is kept
-(:func:`keep`: the C entry as a bound method, and whether the op is a split). Every
+(:func:`keep`: the C entry as a bound method, and whether the op is a split; the
+dtype object the entry then checks itself, ``Round.expect``, with the size). Every
 check stays, each O(1): the arguments (a NumPy ``x`` and ``out``, no ``algo``, not
 async), the timeout (refused before the call is numbered, as ``_run``), the issuing
 thread, group, broken, closed, async LL calls pending, async Simple work in flight

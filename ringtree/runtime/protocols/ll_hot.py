@@ -38,6 +38,7 @@ from ringtree.transports.shm_native import NOBUF
 # the key of planner.ready's entry for the last shape the hot path took (so clearing
 # ready clears it too): a str, whose hash is kept, that no call's key tuple equals
 HOT = "all_reduce_now: the last shape"
+ndarray = np.ndarray  # a module global: NumPy's module attribute is not specialised
 
 
 def keep(ready: dict, x: np.ndarray, op, in_place: bool, lop) -> None:
@@ -52,8 +53,8 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
                algo: str | None = None, timeout: float | None = None):
     """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
     ll = comm.ll
-    if ll is None or type(x) is not np.ndarray or algo is not None or async_op or \
-            out is not None and type(out) is not np.ndarray:
+    if ll is None or type(x) is not ndarray or algo is not None or async_op or \
+            out is not None and type(out) is not ndarray:
         return comm._all_reduce_general(x, op, out, async_op, algo, timeout)
     if ll.reg is not None:  # registered buffers: the peers' read in place (ll_reg)
         done = ll.reg.call(comm, Collective.ALL_REDUCE, x, out, op, timeout)

@@ -13,7 +13,7 @@ does both in one frame, with what a shape needs per call prepared when it is kep
 dtype object the entry then checks itself, ``Round.expect``, with the size). Every
 check stays, each O(1): the arguments (a NumPy ``x`` and ``out``, no ``algo``, not
 async), the timeout (refused before the call is numbered, as ``_run``), the issuing
-thread, group, broken, closed, async LL calls pending, async Simple work in flight
+thread (in the C entry: ``NOTMINE`` sends it to ``ThreadOwner.check``), group, broken, closed, async LL calls pending, async Simple work in flight
 (memory order), an active profiler, the parity; the memory (contiguous, writeable, the
 round's size; ``out``: x's dtype and shape, no overlap) is the C entry's buffer request
 (``NOBUF``: nothing done). Anything else is :meth:`LLRunner._now
@@ -24,8 +24,6 @@ which raises every refusal's error as before.
 
 from __future__ import annotations
 
-from threading import get_ident
-
 import numpy as np
 
 from ringtree.ir.program import Collective
@@ -33,7 +31,7 @@ from ringtree.ops import ReduceOp
 from ringtree.runtime.protocols.ll_entry import MISS
 from ringtree.runtime.protocols.ll_split import Split
 from ringtree.settings import MIN_TIMEOUT, as_timeout
-from ringtree.transports.shm_native import NOBUF
+from ringtree.transports.shm_native import NOBUF, NOTMINE
 
 # the key of planner.ready's entry for the last shape the hot path took (so clearing
 # ready clears it too): a str, whose hash is kept, that no call's key tuple equals
@@ -71,14 +69,16 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
             comm.health.broken is not None or ll.pending or comm._closed or \
             ex._batches or ex.observer.active or seg.synced < s - 1:
         return _now(comm, ll, x, op, out, timeout)  # (after Simple calls the parity
-    if comm._owner.ident != get_ident() and not comm.background:  # may need a wait)
-        comm._owner.check(comm.rank)
-    lop, fr = m[4], comm.flight
+    lop, fr = m[4], comm.flight                      # may need a wait)
     if lop.rec is not fr:
         lop.hot.record(*(fr.lane() if fr is not None else (None,) * 3), lop.desc, fr)
         lop.rec = fr
     seq = comm.seq + 1
-    r = m[5](x, out, s, seq)
+    r = m[5](x, out, s, seq, comm._owner.ident)  # the issuing thread checked first
+    if r == NOTMINE:  # not the owner's thread: refused, or this one takes over
+        if not comm.background:
+            comm._owner.check(comm.rank)
+        r = m[5](x, out, s, seq)
     if r == NOBUF:
         return _now(comm, ll, x, op, out, timeout)
     comm.seq = seq

@@ -12,7 +12,8 @@
  * come from its first buffer export (the object is then kept alive, so its address is
  * never another dtype's). take_buffer answers as PyObject_GetBuffer would for
  * PyBUF_C_CONTIGUOUS requests (writability when asked); an array it cannot answer for
- * (not contiguous or not writable where asked, a subclass, a dtype not seen yet) takes
+ * (not contiguous or not writable where asked, a subclass, a dtype not seen yet, a flag
+ * that is not one of NumPy's public ones) takes
  * the buffer protocol, whose refusal the entries turn into NOBUF as before. The buffer
  * it fills holds no export (obj NULL: PyBuffer_Release does nothing). */
 #ifndef RINGTREE_NDVIEW_H
@@ -32,6 +33,9 @@ typedef struct {
 
 #define ND_C_CONTIGUOUS 0x0001 /* NPY_ARRAY_C_CONTIGUOUS */
 #define ND_WRITEABLE 0x0400    /* NPY_ARRAY_WRITEABLE */
+/* every public NPY_ARRAY_* flag; an array with another (NumPy's private ones, such as the
+ * warn-on-write of np.broadcast_arrays' views) takes the buffer protocol, which heeds it */
+#define ND_PUBLIC 0x67F7
 #define ND_KINDS 16
 
 static PyTypeObject *nd_type = NULL; /* numpy.ndarray once the layout was checked */
@@ -65,7 +69,8 @@ static int take_buffer(PyObject *o, Py_buffer *b, int flags) {
         return PyObject_GetBuffer(o, b, flags);
     NDFields *a = (NDFields *)o;
     int need = ND_C_CONTIGUOUS | ((flags & PyBUF_WRITABLE) ? ND_WRITEABLE : 0);
-    for (int i = 0; i < nd_nkinds && (a->flags & need) == need; i++) {
+    int ok = (a->flags & need) == need && (a->flags & ~ND_PUBLIC) == 0;
+    for (int i = 0; i < nd_nkinds && ok; i++) {
         if (nd_kinds[i].descr != a->descr)
             continue;
         Py_ssize_t n = 1;

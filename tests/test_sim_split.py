@@ -8,7 +8,7 @@ import pytest
 
 from ringtree.ir.program import Collective
 from ringtree.sim import count_for
-from ringtree.sim.fold import choice, orbits, split, symmetry
+from ringtree.sim.fold import choice, moved, orbits, split, symmetry
 from ringtree.sim.machine import presets
 from tests.test_sim_fold import BUTTERFLY, _exact, _slow_link
 
@@ -96,7 +96,7 @@ def test_xor_masks_of_equal_references_are_read_alike():
             for q in {0, r ^ 8, r ^ 16}:
                 p, o = progs[r], progs[q]
                 if list(map(len, p.channels)) == list(map(len, o.channels)):
-                    assert symmetry._xor_masks(p, o) == symmetry._xor_masks_read(p, o)
+                    assert moved._xor_masks(p, o) == moved._xor_masks_read(p, o)
                     taken += r != q and [(s.src, s.dst) for c in p.channels for s in c] \
                         == [(s.src, s.dst) for c in o.channels for s in c]
     assert taken

@@ -64,7 +64,7 @@ _SIGS = Recent("signatures", KEEP)
 def by_sets(p: Program, q: Program, regs: dict) -> bool:
     """Is p (out of place) q with its slots renamed by a length-keeping bijection that
     maps each reference onto its counterpart as a set? The steps' shapes (peers,
-    channels, reductions) are checked elsewhere (:func:`.symmetry.same_shape`); here
+    channels, reductions) are checked elsewhere (:func:`.fold.moved.same_shape`); here
     every pair of references must name one buffer and as many chunks, and the atoms
     must agree."""
     pre = {b: _prefix(rg) for b, rg in regs.items()}

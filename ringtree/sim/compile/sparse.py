@@ -38,7 +38,7 @@ from ringtree.ir.program import Program, Ref
 from ringtree.sim.compile.compiled import Compiled, pair
 from ringtree.sim.compile.symbolic import Sym, offset_of
 from ringtree.sim.compile.template import _fixed, declared_offsets
-from ringtree.sim.fold.symmetry import regions
+from ringtree.sim.fold.moved import regions
 
 __all__ = ["moving_ranks", "compile_sparse", "MAX_STEPS"]
 

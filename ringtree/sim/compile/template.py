@@ -15,7 +15,7 @@ from ringtree.runtime.plan import compile_program
 from ringtree.sim.compile.compiled import passes
 from ringtree.sim.compile.recent import Recent
 from ringtree.sim.compile.symbolic import ALIASED, Sym, _space, offset_of
-from ringtree.sim.fold.symmetry import regions
+from ringtree.sim.fold.moved import regions
 
 
 class Unordered(Exception):

@@ -17,7 +17,7 @@ from ringtree.sim.compile import ring_chain, sparse, symbolic, template, tree_wi
 from ringtree.sim.compile.compiled import Compiled, compile_programs
 from ringtree.sim.compile.recent import Recent
 from ringtree.sim.compile.structure import Sweep
-from ringtree.sim.fold import symmetry
+from ringtree.sim.fold import moved, symmetry
 from ringtree.sim.machine.cluster import Topology
 
 
@@ -180,7 +180,7 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
         Lazy(coll, algo, topo.nranks, opts)
     devices = place(progs, topo)
     key = (coll, algo, topo.nranks, opts, id(topo), tuple(devices), aware, in_place,
-           symmetry.pattern(progs[0], count)) if symmetry_ and programs is None else None
+           moved.pattern(progs[0], count)) if symmetry_ and programs is None else None
     got = _FOLDS.peek(key, topo) if key is not None else None
     if got is not None:
         bound, f = got
@@ -218,6 +218,6 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
     return Plan(cp, devices, g)
 
 
-# what the last few runs' folds were, per chunk-length pattern (:func:`.symmetry.pattern`):
+# what the last few runs' folds were, per chunk-length pattern (:func:`.moved.pattern`):
 # a sweep over sizes proves each pattern's fold once
 _FOLDS = Recent("folds", symbolic.KEEP)

@@ -119,39 +119,44 @@ def all_reduce_rd(n: int, r: int, opts: Options) -> Program:
 @register(Collective.ALL_REDUCE, "rabenseifner",
           cost="2·lg p·α + 2(p−1)/p·n·β + (p−1)/p·n·γ; non-power-of-two: (2⌊lg p⌋ + 2)·α + (2(p'−1)/p' + 2)·n·β + (1 + (p'−1)/p')·n·γ")
 def all_reduce_rabenseifner(n: int, r: int, opts: Options) -> Program:
-    """Recursive-halving reduce-scatter of p' chunks, then recursive-doubling all-gather."""
+    """Recursive-halving reduce-scatter of p' chunks, then recursive-doubling all-gather.
+
+    A range of the virtual ranks' chunks is written as its start and size: at distance m
+    a rank holds the aligned range of size 2m around its virtual rank v, keeps the half
+    ``lo ^ (v & m)`` and gives the other (``lo ^ (v & m) ^ m``); gathering, the partner's
+    range is ``lo ^ m`` and both make ``lo & ~m``. Written with XOR and AND only (no branch
+    on the rank), so the generator also runs on a symbolic rank
+    (:mod:`ringtree.sim.compile.xor_symbolic`)."""
     f = Fold(n)
     p2 = f.p2
     channels = []
     for c in range(opts.channels):
         base = c * p2
 
-        def i_(lo: int, hi: int, base: int = base) -> Ref:
-            return inp(base + lo, hi - lo)
+        def i_(lo, size: int, base: int = base) -> Ref:
+            return inp(base + lo, size)
 
-        def o_(lo: int, hi: int, base: int = base) -> Ref:
-            return out(base + lo, hi - lo)
+        def o_(lo, size: int, base: int = base) -> Ref:
+            return out(base + lo, size)
 
         if f.sits_out(r):
             channels.append((ir.send(r + 1, i_(0, p2)), ir.recv(r + 1, o_(0, p2))))
             continue
         steps, written, v = f.enter(r, i_(0, p2), o_(0, p2))
-        lo, hi, mask = 0, p2, p2 // 2
+        lo, mask = 0, p2 // 2
         while mask:                                   # reduce-scatter, distance halving
-            partner, mid = f.real(v ^ mask), (lo + hi) // 2
-            keep, give = ((mid, hi), (lo, mid)) if v & mask else ((lo, mid), (mid, hi))
+            partner, keep = f.real(v ^ mask), lo ^ (v & mask)
             src = o_ if written else i_
-            steps.append(ir.send(partner, src(*give)))
-            steps.append(ir.recv_reduce_copy(partner, src(*keep), o_(*keep)))
-            (lo, hi), written, mask = keep, True, mask // 2
+            steps.append(ir.send(partner, src(keep ^ mask, mask)))
+            steps.append(ir.recv_reduce_copy(partner, src(keep, mask), o_(keep, mask)))
+            lo, written, mask = keep, True, mask // 2
         if not written:                               # p = 1
             steps.append(copy(i_(0, p2), o_(0, p2)))
         mask = 1
         while mask < p2:                              # all-gather, distance doubling
             partner = f.real(v ^ mask)
-            theirs = (lo - mask, lo) if v & mask else (hi, hi + mask)
-            steps += [ir.send(partner, o_(lo, hi)), ir.recv(partner, o_(*theirs))]
-            lo, hi, mask = min(lo, theirs[0]), max(hi, theirs[1]), mask << 1
+            steps += [ir.send(partner, o_(lo, mask)), ir.recv(partner, o_(lo ^ mask, mask))]
+            lo, mask = lo & ~mask, mask << 1
         if f.folded_in(r):
             steps.append(ir.send(r - 1, o_(0, p2)))
         channels.append(tuple(steps))

@@ -151,7 +151,7 @@ def _ref_reads(tr: Ref | None, pr: Ref | None, r: int) -> bool:
         return tr is pr
     x = tr.index
     return tr.buf == pr.buf and tr.count == pr.count and \
-        (x.at(r) if type(x) is Sym else x) == pr.index
+        _val(x, r) == pr.index
 
 
 def _template(coll: Collective, algo: str, nranks: int, opts: Options) -> Program | None:
@@ -168,7 +168,9 @@ def _template(coll: Collective, algo: str, nranks: int, opts: Options) -> Progra
 
 
 def _val(x, r: int) -> int:
-    return x.at(r) if isinstance(x, Sym) else x
+    """x at rank r: a :class:`Sym`, an XSym (:mod:`.xor_symbolic`), or a constant."""
+    at = getattr(x, "at", None)
+    return x if at is None else at(r)
 
 
 def _ref_at(ref: Ref | None, r: int) -> Ref | None:

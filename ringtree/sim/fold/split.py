@@ -18,6 +18,8 @@ r to that of h(r) (checked to be a function). Those are 8× fewer routes on a DG
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from ringtree.sim.fold.orbits import Fold, generators, quotient
@@ -31,27 +33,26 @@ class SplitRoutes:
     """Every connection's route as (its source's hop, an NVSwitch route, its
     destination's hop), for :meth:`fold` (congestion-aware model only), as arrays."""
 
-    def __init__(self, topo: Topology, hops: list[tuple[int, int, int]], conns: set
+    def __init__(self, topo: Topology, hops: list[tuple[int, int, int]], conns: np.ndarray
                  ) -> None:
         self.topo = topo
         self.nlinks, self.ndev = len(topo.links), len(topo.devices)
         self.up = np.array([h[0] for h in hops], dtype=np.int64)
         self.down = np.array([h[1] for h in hops], dtype=np.int64)
         self.par = np.array([h[2] for h in hops], dtype=np.int64)
-        par = self.par.tolist()
-        mids = sorted({(par[r], par[q], c) for r, q, c in conns})
-        self.nch = 1 + max((c for _, _, c in mids), default=0)
-        routes = [topo.route(*m) for m in mids]
+        r, q, c = conns[:, 0], conns[:, 1], conns[:, 2]
+        self.nch = 1 + int(c.max(initial=0))
+        keys = np.unique(self._key(self.par[r], self.par[q], c))   # sorted, as mids
+        ends = np.stack([keys // self.nch // self.ndev, keys // self.nch % self.ndev,
+                         keys % self.nch], axis=1)
+        routes = [topo.route(*m) for m in ends.tolist()]
         width = max(map(len, routes), default=0)
-        self.links = np.full((len(mids), max(width, 1)), -1, dtype=np.int64)
+        self.links = np.full((len(routes), max(width, 1)), -1, dtype=np.int64)
         for i, lk in enumerate(routes):
             self.links[i, :len(lk)] = lk
         self.lens = (self.links >= 0).sum(axis=1)
-        ends = np.array(mids, dtype=np.int64).reshape(-1, 3)
-        self.ends = ends
-        self.keys = self._key(ends[:, 0], ends[:, 1], ends[:, 2])   # sorted, as mids
-        self.srcs = np.array(sorted({r for r, _, _ in conns}), dtype=np.int64)
-        self.dsts = np.array(sorted({q for _, q, _ in conns}), dtype=np.int64)
+        self.ends, self.keys = ends, keys
+        self.srcs, self.dsts = np.unique(r), np.unique(q)
         self.bw = np.array([lk.bandwidth for lk in topo.links])
         self.lat = np.array([lk.latency for lk in topo.links])
 
@@ -59,12 +60,17 @@ class SplitRoutes:
         return (a * self.ndev + b) * self.nch + c
 
     @staticmethod
-    def make(conns: set, topo: Topology, devices: list[int]) -> SplitRoutes | None:
-        """The split routes of ``conns``, or None where some rank's end does not split
-        (then :class:`.orbits.Routes` routes them whole). Whether a destination splits
-        on a channel depends only on its NVSwitch (the port walk from the GPU passes
-        it), so one GPU per NVSwitch is asked per channel."""
-        if len(set(devices)) != len(devices) or any(r == q for r, q, _ in conns):
+    def make(conns: set | np.ndarray, topo: Topology, devices: list[int]
+             ) -> SplitRoutes | None:
+        """The split routes of ``conns`` ((rank, peer, channel) tuples, or their rows),
+        or None where some rank's end does not split (then :class:`.orbits.Routes`
+        routes them whole). Whether a destination splits on a channel depends only on
+        its NVSwitch (the port walk from the GPU passes it), so one GPU per NVSwitch is
+        asked per channel."""
+        if not isinstance(conns, np.ndarray):
+            conns = np.fromiter(chain.from_iterable(conns), dtype=np.int64,
+                                count=3 * len(conns)).reshape(-1, 3)
+        if len(set(devices)) != len(devices) or (conns[:, 0] == conns[:, 1]).any():
             return None                          # a route of no links does not split
         hops: list[tuple[int, int, int]] = []
         for d in devices:
@@ -73,7 +79,7 @@ class SplitRoutes:
                 return None
             hops.append(h)
         one = {h[2]: d for d, h in zip(devices, hops)}
-        channels = {c for _, _, c in conns}
+        channels = np.unique(conns[:, 2]).tolist()
         if any(topo.leaf_hop(d, c) is None for d in one.values() for c in channels):
             return None
         return SplitRoutes(topo, hops, conns)

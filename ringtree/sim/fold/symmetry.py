@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ringtree.ir.program import Program
-from ringtree.sim.compile import symbolic
+from ringtree.sim.compile import symbolic, xor_symbolic
 from ringtree.sim.compile.compiled import image
 from ringtree.sim.compile.recent import Recent
 from ringtree.sim.fold import split
@@ -95,22 +97,46 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
     routes = None
     scans: dict = {}                         # the ranks' pass, where the routes needed it
     for g, x in tries:
+        proof = _template_masks(programs, g, x, in_place, key)
         if (g, x) not in kept:
             if routes is None:
-                conns: set = set()           # read by the ranks' pass when it runs
-                got = scans[(g, x)] = _scanned(programs, g, x, n, in_place, topo, key, conns)
-                if got is False:
-                    continue
-                conns = conns or _kept(("conns", key and key[:4]), topo, key).get(0) or \
-                    _conns(programs)
-                routes = _routes(conns, topo, devices, aware)
+                if proof is not None:        # every rank's connections off the template
+                    routes = _routes(xor_symbolic.connections(proof[0]), topo, devices,
+                                     aware)
+                else:
+                    conns: set = set()       # read by the ranks' pass when it runs
+                    got = scans[(g, x)] = _scanned(programs, g, x, n, in_place, topo, key,
+                                                   conns)
+                    if got is False:
+                        continue
+                    conns = conns or _kept(("conns", key and key[:4]), topo, key).get(0) \
+                        or _conns(programs)
+                    routes = _routes(conns, topo, devices, aware)
             kept[(g, x)] = routes.fold(g, n, x)
         f = kept[(g, x)]
+        if f is None:
+            continue
+        if proof is not None and all(_xor_keeps_lengths(regs[b], m) for ms in proof[1]
+                                     for b, m in ms.items() if m):
+            return f                         # every rank proved on the template
         # the chunks' renamings (the costly part) only where the routes keep the fold
-        if f is not None and _renamings(programs, g, x, n, regs, in_place, topo, key,
-                                        scans.get((g, x))):
+        if _renamings(programs, g, x, n, regs, in_place, topo, key, scans.get((g, x))):
             return f
     return None
+
+
+def _template_masks(programs: Sequence[Program], g: int, x: bool, in_place: bool,
+                    key: tuple | None) -> tuple[Program, list[dict]] | None:
+    """The XOR template of the Programs ``key`` names and its generators' chunk masks
+    (:func:`.xor_symbolic.xor_masks`: what the ranks' scan and renamings prove, for
+    every rank at once), when it proves the XOR fold of g ranks; else None."""
+    if not x or key is None:
+        return None
+    t = xor_symbolic.xor_template(*key[:4])
+    if t is None or not xor_symbolic.proved(t, programs):
+        return None
+    masks = xor_symbolic.xor_masks(t, g, in_place)
+    return None if masks is None else (t, masks)
 
 
 def _renamings(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
@@ -133,12 +159,14 @@ def _conns(programs: Sequence[Program], first: int = 0, into: set | None = None)
     return out
 
 
-def _routes(conns: set, topo: Topology, devices: list[int], aware: bool
+def _routes(conns: set | np.ndarray, topo: Topology, devices: list[int], aware: bool
             ) -> Routes | split.SplitRoutes:
-    """The routes of ``conns``: split at the GPUs' hops when there are many
-    (:mod:`.split`), else whole."""
+    """The routes of ``conns`` (tuples, or rows that may repeat): split at the GPUs'
+    hops when there are many (:mod:`.split`), else whole."""
     got = split.SplitRoutes.make(conns, topo, devices) \
         if aware and len(conns) >= split.SPLIT_FROM else None
+    if got is None and isinstance(conns, np.ndarray):
+        conns = set(map(tuple, conns.tolist()))
     return got or Routes(sorted(conns), topo, devices, aware)
 
 

@@ -29,7 +29,7 @@ from ringtree.sim.fold.moved import (
     regions,
     same_shape,
 )
-from ringtree.sim.fold.orbits import Fold, Routes
+from ringtree.sim.fold.orbits import Fold, Routes, generators
 from ringtree.sim.machine.cluster import Topology
 
 
@@ -88,9 +88,10 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
         return None
     regs = regions(programs[0], count)
     p0 = programs[0]
-    # cheap first: the Program g ranks on must be rank 0's, moved
+    # cheap first: the Program of each generator's image of rank 0 must be rank 0's, moved
     tries = [(g, x) for g in candidates(topo, devices) for x in kinds(g, n)
-             if same_shape(programs[g], p0, 1 if x else g, n, regs, in_place, g if x else 0)]
+             if all(same_shape(programs[h * g], p0, h if x else g, n, regs, in_place,
+                               g if x else 0) for h in generators(g, n, x))]
     if not tries:
         return None
     kept = _kept(("routes", key, id(topo), tuple(devices), aware), topo, key)

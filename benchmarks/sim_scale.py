@@ -19,7 +19,9 @@ any such name runs for any registered all-reduce, e.g. ``--cases
 rabenseifner_8B_16384`` (the algorithms that need in-network reduction, CollNet and
 NVLS, on ``dgx_h100_sharp``). ``docs/design-notes.md`` lists which meet the bar. The
 ring's 8 B and 64 KiB cases (at most one element per block) run as block chains
-(:mod:`ringtree.sim.engines.ring_chain`).
+(:mod:`ringtree.sim.engines.ring_chain`); the butterflies' cases in the bar fold under a
+XOR of node blocks proved on the generator's XOR template
+(:mod:`ringtree.sim.compile.xor_symbolic`).
 
 The README case runs the command itself (``ringtree sim``, whose algorithms run in one
 worker process per core); its CPU time is summed over its processes and its peak RSS is
@@ -68,6 +70,9 @@ CASES = {
     "tree_64KiB_16384": (60.0, None),
     "tree_64KiB_32768": (60.0, None),
     "tree_64KiB_131072": (60.0, None),
+    "rabenseifner_64KiB_16384": (60.0, None),
+    "recursive_doubling_8B_32768": (60.0, None),
+    "recursive_doubling_64KiB_32768": (60.0, None),
 }
 # algorithms that need in-network reduction run on the preset that has it
 SHARP = ("collnet_chain", "collnet_direct", "nvls", "nvls_tree")

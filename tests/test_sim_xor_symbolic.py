@@ -13,8 +13,8 @@ import pytest
 from ringtree.ir import program as ir
 from ringtree.ir.program import Collective, Program, inp, out
 from ringtree.schedules import Options, generate
-from ringtree.sim import count_for
-from ringtree.sim.compile import symbolic
+from ringtree.sim import count_for, simulate
+from ringtree.sim.compile import symbolic, xor_symbolic
 from ringtree.sim.compile.symbolic import NotSymmetric
 from ringtree.sim.compile.xor_symbolic import XSym, connections, xor_masks, xor_template
 from ringtree.sim.fold import choice, symmetry
@@ -135,3 +135,54 @@ def test_template_fold_is_the_scanned_fold(make, monkeypatch):
                 got = symmetry.find(progs, topo, list(topo.ranks), count, True, key=key)
             assert got is not None and got == scanned and got.links == scanned.links
             assert _exact(algo, topo, nbytes) == got.g
+
+
+@pytest.mark.parametrize("make", [lambda: presets.get("dgx_h100", 4),
+                                  lambda: presets.get("dgx_a100", 8)])
+def test_emptied_channels_compile_as_the_generated(make, monkeypatch):
+    """Unfolded (8 B and 64 B: nothing folds), the Programs read off the template with
+    the empty channels never made compile to the generated Programs' run: the same
+    time, events, every step's start and end and every rank's finish."""
+    topo = make()
+    calls = []
+    made = xor_symbolic.Emptied.of
+
+    def spy(*a):
+        calls.append(made(*a))
+        return calls[-1]
+
+    monkeypatch.setattr(xor_symbolic.Emptied, "of", staticmethod(spy))
+    for nbytes in (8, 64):
+        monkeypatch.setattr(xor_symbolic, "EMPTIED_FROM_STEPS", 1 << 60)
+        want = simulate("all_reduce", "rabenseifner", topo, nbytes, max_work=0)
+        monkeypatch.setattr(xor_symbolic, "EMPTIED_FROM_STEPS", 0)
+        got = simulate("all_reduce", "rabenseifner", topo, nbytes, max_work=0)
+        assert got.simulated == want.simulated == topo.nranks
+        assert (got.time_ns, got.events) == (want.time_ns, want.events)
+        assert got.result.step_start == want.result.step_start
+        assert got.result.step_done == want.result.step_done
+        assert got.result.rank_done == want.result.rank_done
+    assert calls and all(c is not None and c.empty for c in calls)
+
+
+def test_emptied_keeps_what_it_cannot_prove_empty():
+    """A channel is emptied only where no rank names data in it and no channel kept may
+    name its chunks; a rank whose kept channels move nothing gets its generated Program
+    (``moving`` keeps every channel there)."""
+    n, o = 16, Options(channels=4)
+    t = xor_template(Collective.ALL_REDUCE, "rabenseifner", n, o)
+    progs = [generate(Collective.ALL_REDUCE, "rabenseifner", n, r, o) for r in range(n)]
+    e = xor_symbolic.Emptied.of(Collective.ALL_REDUCE, "rabenseifner", n, o, 2, progs)
+    assert e is not None and e.empty == frozenset({1, 2, 3})
+    for r in range(n):
+        assert e[r].channels[0] == progs[r].channels[0] and not any(e[r].channels[1:])
+    assert xor_symbolic.Emptied.of(Collective.ALL_REDUCE, "rabenseifner", n, o,
+                                     4 * n * 4, progs) is None      # data everywhere
+    pre = {b: [0] * (len(v) + 1) for b, v in symmetry.regions(t, 0).items()}
+    assert xor_symbolic.empty_channels(t, pre) == frozenset()       # all empty: none kept
+    v = XSym(n - 1)
+    two = Program(Collective.ALL_REDUCE, "two", n, v, 4,
+                  ((ir.send(v ^ 1, inp(0, 2)), ir.recv(v ^ 1, out(0, 2))),
+                   (ir.send(v ^ 1, inp(1)), ir.recv(v ^ 1, out(1)))))
+    lengths = {b: [0, 1, 1, 1, 1] for b in pre}         # data in chunk 0 alone
+    assert xor_symbolic.empty_channels(two, lengths) == frozenset()  # chunk 1 is shared

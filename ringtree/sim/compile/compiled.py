@@ -316,7 +316,7 @@ def moving(p: Program, pre: dict[Buf, list[int]], in_place: bool) -> tuple[Progr
     if not drop or not any(keep):
         return p, []
     kept = [c for c, k in enumerate(keep) if k]
-    if _overlap(p, kept, drop, pre, in_place):
+    if any(p.channels[c] for c in drop) and _overlap(p, kept, drop, pre, in_place):
         return p, []
     chans = tuple(ch if k else () for ch, k in zip(p.channels, keep))
     return Program(p.collective, p.algo, p.nranks, p.rank, p.chunks, chans, p.root,

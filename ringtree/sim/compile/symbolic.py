@@ -177,12 +177,14 @@ def _ref_at(ref: Ref | None, r: int) -> Ref | None:
     return None if ref is None else Ref(ref.buf, _val(ref.index, r), ref.count)
 
 
-def instantiate(t: Program, r: int) -> Program:
-    """The concrete Program of rank r from template ``t``."""
-    chans = tuple(tuple(Step(_ref_at(s.src, r), _ref_at(s.dst, r),
+def instantiate(t: Program, r: int, empty: frozenset[int] = frozenset()) -> Program:
+    """The concrete Program of rank r from template ``t`` (the channels ``empty``
+    left empty)."""
+    chans = tuple(() if c in empty else
+                  tuple(Step(_ref_at(s.src, r), _ref_at(s.dst, r),
                              tuple(_val(q, r) for q in s.recv_from),
                              tuple(_val(q, r) for q in s.send_to), s.reduce)
-                        for s in ch) for ch in t.channels)
+                        for s in ch) for c, ch in enumerate(t.channels))
     return Program(t.collective, t.algo, t.nranks, r, t.chunks, chans, _val(t.root, r),
                    t.scratch, t.in_place_ok, dict(t.meta))
 

@@ -24,14 +24,17 @@ each mask must keep are checked per count (:func:`.fold.moved._xor_keeps_lengths
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
 
 from ringtree.ir.program import Buf, Collective, Program, parse_collective
-from ringtree.schedules import Options, generator
+from ringtree.schedules import Options, generate, generator
+from ringtree.sim.compile.compiled import Lengths, _moves
+from ringtree.sim.compile.ranks import Made
 from ringtree.sim.compile.recent import Recent
-from ringtree.sim.compile.symbolic import KEEP, NotSymmetric, reads
+from ringtree.sim.compile.symbolic import KEEP, NotSymmetric, instantiate, reads
 
 
 def _refuse(*_a, **_k):
@@ -239,3 +242,72 @@ def connections(t: Program) -> np.ndarray:
                   for s in ch for q in s.send_to}:
             parts.append(np.stack([r, (r & q[0]) ^ q[1], np.full(n, c)], axis=1))
     return np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
+
+
+# from this many steps (ranks × rank 0's) on, an unfolded run reads its Programs with the
+# channels that move no data at any rank left empty (:class:`Emptied`)
+EMPTIED_FROM_STEPS = 1 << 19
+
+
+def _spans(ch) -> list[tuple[Buf, int, int]]:
+    """(buffer, first, end) of chunks covering every chunk the channel's steps may name
+    at some rank: ``(r & M) ^ c`` lies between c & ~M and c | M."""
+    out = []
+    for s in ch:
+        for x in (s.src, s.dst):
+            if x is not None:
+                m, c = (x.index.m, x.index.c) if type(x.index) is XSym else (0, x.index)
+                out.append((x.buf, c & ~m, (c | m) + x.count))
+    return out
+
+
+def empty_channels(t: Program, pre: dict[Buf, list[int]]) -> frozenset[int]:
+    """The template's channels whose steps name chunks of no data at every rank (``pre``:
+    the chunk lengths' prefix sums), when no other channel may name those chunks (so
+    emptying them leaves every other channel's memory dependencies) and some channel
+    is left; else none."""
+    spans = [_spans(ch) for ch in t.channels]
+    drop = {c for c, sp in enumerate(spans) if sp and all(
+        0 <= lo and hi < len(pre[b]) and pre[b][hi] == pre[b][lo] for b, lo, hi in sp)}
+    if len(drop) == sum(1 for sp in spans if sp):
+        return frozenset()                       # nothing moves: ``moving`` keeps all
+    for c in drop:
+        for k, sp in enumerate(spans):
+            if k not in drop and any(b == b2 and lo < hi2 and lo2 < hi for b, lo, hi in
+                                     spans[c] for b2, lo2, hi2 in sp):
+                return frozenset()
+    return frozenset(drop)
+
+
+class Emptied(Made):
+    """Every rank's Program read off the XOR template with the channels
+    :func:`empty_channels` finds left empty — what :func:`.compiled.moving` makes of
+    the generated Program, which empties those channels too (they move nothing and
+    share no chunk with the others) — or, at a rank where no channel left moves data
+    (``moving`` then keeps every channel), the generated Program. Out of place, for
+    the congestion-aware model (the unaware one reads the empty channels' connections)."""
+
+    def __init__(self, t: Program, opts: Options, empty: frozenset[int],
+                 pre: dict[Buf, list[int]]) -> None:
+        self.t, self.opts, self.empty, self.pre = t, opts, empty, pre
+
+    @staticmethod
+    def of(coll: Collective, algo: str, n: int, opts: Options, count: int,
+           programs: Sequence[Program]) -> Emptied | None:
+        """The run's Programs so, where the template proves channels empty; else None."""
+        t = xor_template(coll, algo, n, opts)
+        if t is None or not proved(t, programs):
+            return None
+        pre = Lengths(n, count).of(t)
+        empty = empty_channels(t, pre)
+        return Emptied(t, opts, empty, pre) if empty else None
+
+    def __len__(self) -> int:
+        return self.t.nranks
+
+    def make(self, i: int) -> Program:
+        t = self.t
+        p = instantiate(t, i, self.empty)
+        if any(_moves(ch, self.pre) for ch in p.channels):
+            return p
+        return generate(t.collective, t.algo, t.nranks, i, self.opts)

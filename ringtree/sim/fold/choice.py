@@ -8,13 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import overload
 
 from ringtree.ir.program import Collective, Program
 from ringtree.schedules import Options, generate
 from ringtree.sim import budget
-from ringtree.sim.compile import ring_chain, sparse, symbolic, template, tree_wired
+from ringtree.sim.compile import (
+    ring_chain,
+    sparse,
+    symbolic,
+    template,
+    tree_wired,
+    xor_symbolic,
+)
 from ringtree.sim.compile.compiled import Compiled, compile_programs
+from ringtree.sim.compile.ranks import Made
 from ringtree.sim.compile.recent import Recent
 from ringtree.sim.compile.structure import Sweep
 from ringtree.sim.fold import moved, symmetry
@@ -48,7 +55,7 @@ def programs_for(coll: Collective, algo: str, topo: Topology, opts: Options) -> 
     return list(Lazy(coll, algo, topo.nranks, opts))
 
 
-class Lazy(Sequence[Program]):
+class Lazy(Made):
     """The Programs of :func:`programs_for`, each generated when it is read, so that
     compiling them one after another never holds every rank's Program at once (the
     compiled run is a fraction of their size). Reading one again regenerates it
@@ -63,19 +70,7 @@ class Lazy(Sequence[Program]):
     def __len__(self) -> int:
         return self.n + len(self.virtual)
 
-    @overload
-    def __getitem__(self, i: int) -> Program: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Program]: ...
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+    def make(self, i: int) -> Program:
         if i >= self.n:
             return self.virtual[i - self.n]
         coll, algo, n, opts = self.args
@@ -202,12 +197,8 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
                      max_work, f"folded onto {g}" if g else "no symmetry to fold")
     run = progs[:g] if g else progs
     xor = bool(f and f.xor)
-    if programs is None and not g and prune and aware and not in_place and \
-            topo.nranks * progs[0].steps >= tree_wired.FROM_STEPS:
-        cp = tree_wired.compile_tree(coll, algo, topo.nranks, opts, count, itemsize,
-                                     slice_bytes)            # None: not a tree's wiring
-    else:
-        cp = None
+    cp = _unfolded(coll, algo, topo, opts, progs, count, itemsize, slice_bytes, sweep) \
+        if programs is None and not g and prune and aware and not in_place else None
     if cp is None and sweep is not None and programs is None:
         cp = sweep.compile((coll, algo, topo.nranks, opts), run, count, itemsize,
                            slice_bytes, in_place, g, prune, not aware, xor)
@@ -216,6 +207,24 @@ def prepare(coll: Collective, algo: str, topo: Topology, count: int, itemsize: i
                               prune=prune, shares=not aware, xor=xor)
     cp.link_rep = f.links if f else None
     return Plan(cp, devices, g)
+
+
+def _unfolded(coll: Collective, algo: str, topo: Topology, opts: Options,
+              progs: Sequence[Program], count: int, itemsize: int, slice_bytes: int,
+              sweep: Sweep | None) -> Compiled | None:
+    """A large unfolded run (pruned, congestion-aware, out of place) compiled without
+    generating every rank's whole Program where it can be: from the tree's wiring
+    (:mod:`.compile.tree_wired`), or read off the XOR template with the channels of no
+    data never made (:class:`.compile.xor_symbolic.Emptied`); else None."""
+    steps = topo.nranks * progs[0].steps
+    cp = tree_wired.compile_tree(coll, algo, topo.nranks, opts, count, itemsize,
+                                 slice_bytes) if steps >= tree_wired.FROM_STEPS else None
+    if cp is None and steps >= max(xor_symbolic.EMPTIED_FROM_STEPS,
+                                   sweep.max_steps if sweep else 0):
+        emptied = xor_symbolic.Emptied.of(coll, algo, topo.nranks, opts, count, progs)
+        if emptied is not None:
+            cp = compile_programs(emptied, count, itemsize, slice_bytes, False, shares=False)
+    return cp
 
 
 # what the last few runs' folds were, per chunk-length pattern (:func:`.moved.pattern`):

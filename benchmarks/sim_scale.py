@@ -71,6 +71,7 @@ CASES = {
     "tree_64KiB_32768": (60.0, None),
     "tree_64KiB_131072": (60.0, None),
     "rabenseifner_64KiB_16384": (60.0, None),
+    "rabenseifner_8B_16384": (60.0, None),
     "recursive_doubling_8B_32768": (60.0, None),
     "recursive_doubling_64KiB_32768": (60.0, None),
 }

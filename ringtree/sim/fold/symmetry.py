@@ -87,11 +87,9 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
     if len(programs) != n or n < 2:
         return None
     regs = regions(programs[0], count)
-    p0 = programs[0]
     # cheap first: the Program of each generator's image of rank 0 must be rank 0's, moved
     tries = [(g, x) for g in candidates(topo, devices) for x in kinds(g, n)
-             if all(same_shape(programs[h * g], p0, h if x else g, n, regs, in_place,
-                               g if x else 0) for h in generators(g, n, x))]
+             if _images_moved(programs, g, x, n, regs, in_place, key)]
     if not tries:
         return None
     kept = _kept(("routes", key, id(topo), tuple(devices), aware), topo, key)
@@ -117,13 +115,32 @@ def find(programs: Sequence[Program], topo: Topology, devices: list[int], count:
         f = kept[(g, x)]
         if f is None:
             continue
-        if proof is not None and all(_xor_keeps_lengths(regs[b], m) for ms in proof[1]
-                                     for b, m in ms.items() if m):
+        if proof is not None and _lengths_kept(proof[1], regs):
             return f                         # every rank proved on the template
         # the chunks' renamings (the costly part) only where the routes keep the fold
         if _renamings(programs, g, x, n, regs, in_place, topo, key, scans.get((g, x))):
             return f
     return None
+
+
+def _images_moved(programs: Sequence[Program], g: int, x: bool, n: int, regs: dict,
+                  in_place: bool, key: tuple | None) -> bool:
+    """Is rank g (a shift) or every generator's image of rank 0 (a XOR: ranks g·2^k) rank
+    0's Program moved? Necessary for the fold; a XOR template that proves the fold with
+    the lengths kept answers for the other generators."""
+    p0 = programs[0]
+    if not same_shape(programs[g], p0, 1 if x else g, n, regs, in_place, g if x else 0):
+        return False
+    if not x:
+        return True
+    proof = _template_masks(programs, g, x, in_place, key)
+    return (proof is not None and _lengths_kept(proof[1], regs)) or all(
+        same_shape(programs[h * g], p0, h, n, regs, in_place, g)
+        for h in generators(g, n, x)[1:])
+
+
+def _lengths_kept(masks: list[dict], regs: dict) -> bool:
+    return all(_xor_keeps_lengths(regs[b], m) for ms in masks for b, m in ms.items() if m)
 
 
 def _template_masks(programs: Sequence[Program], g: int, x: bool, in_place: bool,

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent / "ringtree"
 # the package's ``__init__`` alone, so a new folder must be placed here).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("vocabulary", ("ringtree.errors", "ringtree.ops", "ringtree.dtypes", "ringtree.work",
-                    "ringtree.settings", "ringtree.closing")),
+                    "ringtree.settings", "ringtree.closing", "ringtree.kernels")),
     ("ir", ("ringtree.ir",)),
     ("schedules", ("ringtree.schedules", "ringtree.msccl")),
     ("bootstrap", ("ringtree.bootstrap",)),

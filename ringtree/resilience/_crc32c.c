@@ -7,6 +7,8 @@
  * released while the buffer is read. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "../_kernel.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -92,5 +94,5 @@ PyMODINIT_FUNC PyInit__crc32c(void) {
     __builtin_cpu_init();
     use_hw = __builtin_cpu_supports("sse4.2");
 #endif
-    return PyModule_Create(&module);
+    return rt_module_create(&module);
 }

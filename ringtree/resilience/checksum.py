@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import zlib
 
-try:
-    from ringtree.resilience._crc32c import crc32c as _crc32c
-    from ringtree.resilience._crc32c import hardware as _hardware
-except ImportError:  # not compiled: zlib's CRC-32, the same guarantees, slower
+from ringtree import kernels
+
+_kernel = kernels.load("ringtree.resilience._crc32c")
+if _kernel is not None:
+    _crc32c, _hardware = _kernel.crc32c, _kernel.hardware
+else:  # not compiled (or built from other sources): zlib's CRC-32, the same guarantees, slower
     _crc32c = None
 
     def _hardware() -> bool:

@@ -27,6 +27,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "../_kernel.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -180,5 +182,5 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__cma(void)
 {
-    return PyModule_Create(&module);
+    return rt_module_create(&module);
 }

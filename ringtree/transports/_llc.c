@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../_kernel.h"
 #include "_ndview.h"
 #include "_stream.h"
 
@@ -1531,7 +1532,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_llc",
 PyMODINIT_FUNC PyInit__llc(void) {
     if (PyType_Ready(&RoundType) < 0)
         return NULL;
-    PyObject *m = PyModule_Create(&module);
+    PyObject *m = rt_module_create(&module);
     if (m == NULL)
         return NULL;
     Py_INCREF(&RoundType);

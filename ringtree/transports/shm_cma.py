@@ -35,10 +35,11 @@ import os
 
 import numpy as np
 
-try:
-    from ringtree.transports import _cma
-except ImportError:  # built without a C compiler: the same system call through ctypes
-    _cma = None
+from ringtree import kernels
+
+# None when built without a C compiler (or from other sources, ringtree.kernels): the
+# same system call through ctypes
+_cma = kernels.load("ringtree.transports._cma")
 
 
 class _Iovec(ctypes.Structure):

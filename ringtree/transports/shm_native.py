@@ -35,15 +35,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ringtree import settings
+from ringtree import kernels, settings
 from ringtree.errors import MismatchError
 from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm_ll import POISON, SEQ_MASK
 
-try:
-    from ringtree.transports import _llc
-except ImportError:                      # built without a C compiler
-    _llc = None
+# None when built without a C compiler, or built from other sources (ringtree.kernels)
+_llc = kernels.load("ringtree.transports._llc")
 
 __all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
            "round_for", "run_gather", "run_round", "run_scatter"]

@@ -17,6 +17,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "../../_kernel.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -431,5 +433,5 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__heapc(void)
 {
-    return PyModule_Create(&module);
+    return rt_module_create(&module);
 }

@@ -28,17 +28,15 @@ from itertools import chain
 
 import numpy as np
 
-from ringtree import settings
+from ringtree import kernels, settings
 from ringtree.sim.compile.wired import Wired
 from ringtree.sim.engines import heap_arrays
 from ringtree.sim.engines.contract import Declined, Job, Outcome, aware_untraced
 from ringtree.sim.engines.reference import engine_for
 from ringtree.sim.machine.model import Rules
 
-try:
-    from ringtree.sim.engines import _heapc
-except ImportError:                      # built without a C compiler
-    _heapc = None
+# None when built without a C compiler, or built from other sources (ringtree.kernels)
+_heapc = kernels.load("ringtree.sim.engines._heapc")
 
 __all__ = ["NativeHeap", "available", "enabled", "loop"]
 

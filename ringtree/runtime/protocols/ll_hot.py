@@ -54,8 +54,9 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
     if ll is None or type(x) is not ndarray or algo is not None or async_op or \
             out is not None and type(out) is not ndarray:
         return comm._all_reduce_general(x, op, out, async_op, algo, timeout)
-    if ll.reg is not None:  # registered buffers: the peers' read in place (ll_reg)
-        done = ll.reg.call(comm, Collective.ALL_REDUCE, x, out, op, timeout)
+    reg = ll.reg  # registered buffers: the peers' read in place (ll_reg)
+    if reg is not None and x.nbytes >= reg.floor_all_reduce:
+        done = reg.call(comm, Collective.ALL_REDUCE, x, out, op, timeout)
         if done is not MISS:
             return done
     if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):

@@ -42,6 +42,7 @@ it cannot fault; the next wait names the rank.
 
 from __future__ import annotations
 
+from math import inf
 from threading import get_ident
 
 import numpy as np
@@ -122,6 +123,23 @@ class Registered:
         self.current: RegOp | None = None
         self.in_place = False
         self._scratch = np.empty(0, np.uint8)
+
+    @property
+    def min_bytes(self) -> dict:
+        """The smallest call run on registered buffers, by collective (bytes of the
+        larger buffer)."""
+        return self._min_bytes
+
+    @min_bytes.setter
+    def min_bytes(self, sizes: dict) -> None:
+        self._min_bytes = dict(sizes)
+        # the hooks' test before :meth:`call` (which decides exactly), so that a small
+        # call does not pay for its frame: an all-reduce's bytes, and ranks x an
+        # all-gather's or reduce-scatter's input bytes (at least its larger buffer)
+        never = self.ll.n == 1
+        self.floor_all_reduce = inf if never else sizes[Collective.ALL_REDUCE]
+        self.floor_blocks = inf if never else min(sizes[Collective.ALL_GATHER],
+                                                  sizes[Collective.REDUCE_SCATTER])
 
     # ---- the call --------------------------------------------------------------------
 

@@ -15,24 +15,15 @@ import numpy as np
 import pytest
 from hot_entry_cases import KILL_ENV, assert_killed_named, killed_peer
 from test_ll_native import _input
+from test_ll_split import _want as _fold  # the rank-order fold of every rank's input
 
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
-from ringtree.ops import resolve
 from ringtree.runtime.protocols import ll_reg
 from ringtree.testing import run_ranks
 
 CASES = [("float32", "sum"), ("float64", "max"), ("int32", "prod"), ("bfloat16", "sum"),
          ("float16", "sum"), ("uint8", "bxor"), ("float32", "min"), ("int64", "sum")]
-
-
-def _fold(n: int, count: int, dt: DType, op: str) -> np.ndarray:
-    """The rank-order fold of every rank's input (storage dtype)."""
-    red = resolve(op, dt)
-    want = _input(0, count, dt, op).copy()
-    for q in range(1, n):
-        red.combine(want, want, _input(q, count, dt, op))
-    return want
 
 
 def _np(dt: DType):

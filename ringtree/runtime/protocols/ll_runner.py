@@ -32,7 +32,7 @@ from ringtree.ir.program import Collective, Program
 from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
-from ringtree.runtime.protocols import ll_direct, ll_entry, ll_gather, ll_hot
+from ringtree.runtime.protocols import ll_direct, ll_direct_ar, ll_entry, ll_gather, ll_hot
 from ringtree.runtime.protocols.ll import LLOp, fits
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL, open_ll
@@ -91,8 +91,8 @@ class LLRunner:
             if runner.direct is not None:
                 runner.direct.min_bytes = s.cma_min
         if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
-            print(f"ringtree: LL rounds {native.describe()}; single-copy all-gather and "
-                  f"reduce-scatter: {'process_vm_readv' if not why else 'off (' + why + ')'}",
+            print(f"ringtree: LL rounds {native.describe()}; single-copy all-reduce, "
+                  f"all-gather, reduce-scatter: {'process_vm_readv' if not why else 'off (' + why + ')'}",
                   flush=True)
         return runner
 
@@ -110,17 +110,16 @@ class LLRunner:
     def direct_for(self, spec) -> bool:
         """Does the call of ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) run on
         the single-copy path (:mod:`~ringtree.runtime.protocols.ll_direct`)?"""
-        d = self.direct
-        return d is not None and d.applies(spec.coll, spec.count, spec.dtype.itemsize,
-                                           spec.reducer.code if spec.reducer else 0)
+        return ll_direct_ar.applies(self.direct, spec.coll, spec.count, spec.dtype.itemsize,
+                                    spec.reducer.code if spec.reducer else 0)
 
     def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int):
         """The op that runs ``prog`` on this segment (ValueError: not a one-round
         Program): an :class:`~ringtree.runtime.protocols.ll_direct.DirectOp` where
         :meth:`direct_for`, else an :class:`LLOp`."""
         d = self.direct
-        if d is not None and d.applies(prog.collective, count, dt.itemsize, op_code):
-            return ll_direct.DirectOp(self.ll, self.direct, prog, dt, count, op_code, root)
+        if ll_direct_ar.applies(d, prog.collective, count, dt.itemsize, op_code):
+            return ll_direct_ar.op_for(self.ll, d, prog, dt, count, op_code, root)
         return LLOp(self.ll, prog, dt, count, op_code, root)
 
     def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):

@@ -1,0 +1,155 @@
+"""The single-copy all-reduce on plain buffers (``runtime/protocols/ll_direct_ar.py``):
+the bits of the rank-order fold for NumPy dtypes and ops and bfloat16 torch tensors, odd
+counts, several fold pieces, in place and not (the own row first, second and later in
+the fold), 2-4 ranks; both sides of the crossover and ``RINGTREE_CMA=0``; a killed peer
+named; a failed read raised on every rank with the inputs untouched."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+from hot_entry_cases import KILL_ENV, assert_killed_named, killed_peer
+from test_ll_native import _input
+from test_ll_split import _want
+
+from ringtree.dtypes import DType
+from ringtree.errors import RingtreeError
+from ringtree.ops import resolve
+from ringtree.runtime.protocols import ll_direct, ll_direct_ar
+from ringtree.runtime.protocols.ll_direct_ar import AllReduceOp
+from ringtree.testing import run_ranks
+
+ALL_DIRECT = {"RINGTREE_CMA_MIN": "1"}
+CASES = [("float32", "sum"), ("float64", "max"), ("int32", "prod"), ("float16", "sum"),
+         ("uint8", "bxor"), ("int64", "min"), ("float32", "avg"), ("int32", "avg")]
+
+
+def _calls() -> int:
+    """All-reduces run on the single-copy path so far in this process."""
+    if "_counted" not in vars(AllReduceOp):
+        real = AllReduceOp._publish_both
+
+        def counted(self, x, out, timeout):
+            AllReduceOp._counted += 1
+            return real(self, x, out, timeout)
+        AllReduceOp._publish_both, AllReduceOp._counted = counted, 0
+    return AllReduceOp._counted
+
+
+def _reference(n: int, count: int, dname: str, op: str) -> bytes:
+    dt = DType(dname)
+    want = _want(n, count, dt, "sum" if op == "avg" else op)
+    if op == "avg":
+        resolve("avg", dt).postdivide(want, n)
+    return want.tobytes()
+
+
+def every_case(comm, counts: list[int]) -> list[str]:
+    """Each (dtype, op, count, in place) against the rank-order fold; what differs, did
+    not run directly, or changed an input."""
+    bad = []
+    piece = ll_direct.PIECE
+    for dname, op in CASES:
+        item = np.dtype(dname).itemsize
+        for count in counts + [comm.size * piece // item + 5]:  # several pieces a block
+            x = _input(comm.rank, count, DType(dname), "sum" if op == "avg" else op)
+            want = _reference(comm.size, count, dname, op)
+            for in_place in (False, True):
+                y, before = x.copy(), _calls()
+                got = comm.all_reduce(y, op) if in_place else \
+                    comm.all_reduce(y, op, out=np.empty_like(y))
+                what = f"{dname} {op} count={count} in_place={in_place}"
+                if got.tobytes() != want:
+                    bad.append(f"{what}: differs")
+                if _calls() == before:
+                    bad.append(f"{what}: not direct")
+                if not in_place and y.tobytes() != x.tobytes():
+                    bad.append(f"{what}: the input changed")
+    return bad
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_direct_all_reduce_gives_the_rank_order_bits(n):
+    counts = [1, 7, 1001] if n < 4 else [5]
+    for r, bad in enumerate(run_ranks(every_case, n, counts, timeout=90, env=ALL_DIRECT)):
+        assert bad == [], f"rank {r}: {bad}"
+
+
+def torch_tensors(comm) -> list[str]:
+    """bfloat16 and float32 torch tensors, in place: direct against Simple's ``direct``
+    Program, bit for bit."""
+    import torch
+
+    bad = []
+    for dt in (torch.bfloat16, torch.float32):
+        g = torch.Generator().manual_seed(comm.rank)
+        x = (torch.randn(3 * 1003, generator=g) * 100).to(dt)
+        want = x.clone()
+        comm.all_reduce(want, algo="direct")
+        before = _calls()
+        comm.all_reduce(x)
+        if _calls() == before or not torch.equal(x.view(torch.uint8), want.view(torch.uint8)):
+            bad.append(f"{dt}: {'differs' if _calls() > before else 'not direct'}")
+    return bad
+
+
+def test_torch_bfloat16():
+    pytest.importorskip("torch")
+    for r, bad in enumerate(run_ranks(torch_tensors, 3, timeout=60, env=ALL_DIRECT)):
+        assert bad == [], f"rank {r}: {bad}"
+
+
+def at_crossover(comm) -> list[tuple[int, bool, bool]]:
+    """float32 sums just below and at the crossover: (bytes, direct?, bits right)."""
+    first = -(-ll_direct_ar.MIN_BYTES[comm.size > 2] // 4)
+    res = []
+    for count in (first - 1, first):
+        x = _input(comm.rank, count, DType.FLOAT32, "sum")
+        before = _calls()
+        got = comm.all_reduce(x, out=np.empty_like(x))
+        res.append((count * 4, _calls() > before,
+                    got.tobytes() == _want(comm.size, count, DType.FLOAT32, "sum").tobytes()))
+    return res
+
+
+def test_crossover_and_switch():
+    for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60)):
+        assert [(d, ok) for _, d, ok in res] == [(False, True), (True, True)], (r, res)
+    for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60, env={"RINGTREE_CMA": "0"})):
+        assert [(d, ok) for _, d, ok in res] == [(False, True), (False, True)], (r, res)
+
+
+def _killed(comm):
+    x = np.ones(3001, np.float32)
+    return killed_peer(comm, lambda: comm.all_reduce(x, out=np.empty_like(x)))
+
+
+def test_a_killed_peer_is_named():
+    assert_killed_named(run_ranks(_killed, 3, timeout=60, env={**ALL_DIRECT, **KILL_ENV}))
+
+
+def rank_1_cannot_read(comm, in_place: bool) -> tuple[str, bool]:
+    x = np.arange(10001, dtype=np.float32) + comm.rank
+    keep = x.copy()
+    if comm.rank == 1:
+        def fault(*_a, **_k):
+            raise OSError(errno.EFAULT, os.strerror(errno.EFAULT))
+        ll_direct.cma.read_spans = fault
+    try:
+        comm.all_reduce(x) if in_place else comm.all_reduce(x, out=np.empty_like(x))
+    except RingtreeError as e:
+        return str(e), np.array_equal(x, keep)
+    return "no error", np.array_equal(x, keep)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_failed_read_is_raised_on_every_rank(in_place):
+    res = run_ranks(rank_1_cannot_read, 2, in_place, timeout=60, env=ALL_DIRECT)
+    for r, (msg, kept) in enumerate(res):
+        assert "rank 1 could not read rank 0's buffer" in msg, msg
+        # out of place no input is written; in place rank 0 folded its block (its
+        # output) before it learnt of the failure, rank 1 failed before it wrote
+        assert kept or (in_place and r == 0), (r, msg)

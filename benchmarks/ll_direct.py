@@ -1,13 +1,16 @@
 """Single-copy all-gather, reduce-scatter and broadcast
-(``ringtree/runtime/protocols/ll_direct.py``)
+(``ringtree/runtime/protocols/ll_direct.py``) and all-reduce (``ll_direct_ar.py``)
 against the shared segment's paths, in the same processes, alternated block by block.
 
 Each rank pins itself to CPU ``rank`` when the ranks fit the CPUs; for every size, the
 two paths run ``--blocks`` alternating blocks of back-to-back calls (direct, staged,
 direct, …), switched by dropping the communicator's plans; the slowest rank's time per
 call of each block is kept and the medians printed, with staged ÷ direct (> 1: the
-single copy is faster). ``size`` is the larger buffer's bytes, float32 sum, out of place.
-A busy host slows both alike; say how busy it was.
+single copy is faster). ``size`` is the larger buffer's bytes, float32 sum, out of place
+(all-reduce: in place, as ``comm.all_reduce(x)``; "staged" is the path the call takes
+without the single copy: the split through the segment, or the ring above
+``THRESHOLDS``; a third arm, ``ring``, forces the ring at every size). A busy host
+slows every arm alike; say how busy it was.
 
     python benchmarks/ll_direct.py --ranks 2 --sizes 64K,256K,1M,4M,16M,64M
 """
@@ -18,6 +21,7 @@ import argparse
 import os
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 
@@ -56,7 +60,12 @@ def measure(comm, colls: list[str], sizes: list[int], blocks: int) -> dict:
             per = nbytes // 4 // comm.size
             small = np.ones(per, np.float32)
             big = np.ones(per * comm.size, np.float32)
-            if coll == "all_gather":
+            arms = (("direct", direct), ("staged", None))
+            if coll == "all_reduce":  # zeros: in place, the sums stay what they were
+                def call(big=np.zeros_like(big), **algo):
+                    comm.all_reduce(big, **algo)
+                arms += (("ring", None),)
+            elif coll == "all_gather":
                 def call(small=small, big=big):
                     comm.all_gather(small, out=big)
             elif coll == "broadcast":  # of the larger buffer, from rank 0
@@ -66,12 +75,13 @@ def measure(comm, colls: list[str], sizes: list[int], blocks: int) -> dict:
                 def call(small=small, big=big):
                     comm.reduce_scatter(big, out=small)
             iters = max(3, min(2000, (200 << 20) // max(nbytes, 1) // 10))
-            times: dict[str, list[float]] = {"direct": [], "staged": []}
+            times: dict[str, list[float]] = {name: [] for name, _ in arms}
             for _ in range(blocks):
-                for name, d in (("direct", direct), ("staged", None)):
+                for name, d in arms:
                     _use(comm, d)
-                    call()
-                    times[name].append(_block(comm, call, iters))
+                    run = partial(call, algo="ring") if name == "ring" else call
+                    run()
+                    times[name].append(_block(comm, run, iters))
             res[(coll, nbytes)] = {k: statistics.median(v) for k, v in times.items()}
     _use(comm, direct)
     return res
@@ -90,10 +100,13 @@ def main() -> None:
     res = run_ranks(measure, a.ranks, a.colls.split(","), sizes, a.blocks, timeout=3600)[0]
     if isinstance(res, BaseException):
         raise res
-    print("| collective | size | direct | staged | staged ÷ direct |\n|---|---|---|---|---|")
+    print("| collective | size | direct | staged | staged ÷ direct | ring | ring ÷ direct |\n"
+          "|---|---|---|---|---|---|---|")
     for (coll, nbytes), t in res.items():
+        ring = f"{t['ring'] * 1e6:,.1f} | {t['ring'] / t['direct']:.2f}" if "ring" in t \
+            else "- | -"
         print(f"| {coll} | {nbytes} | {t['direct'] * 1e6:,.1f} | {t['staged'] * 1e6:,.1f} "
-              f"| {t['staged'] / t['direct']:.2f} |")
+              f"| {t['staged'] / t['direct']:.2f} | {ring} |")
     print(f"# load at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -15,7 +15,7 @@ shape with the kernel's reads:
    named, nothing spins when ranks outnumber cores);
 2. fold: rank ``r`` folds block ``r`` (elements ``r m / n`` to ``(r+1) m / n``) of every
    rank's input, in the Program's rank order, into block ``r`` of its output — a peer's
-   row read :data:`~ringtree.runtime.protocols.ll_direct.PIECE` bytes at a time into an
+   row read :data:`PIECE` bytes at a time into an
    L2-sized scratch (straight into the output piece for the first operand when the
    output is not the own input), the own row read in place; AVG divides the block;
 3. a synchronisation carrying the rank's read status (a failed read raises on every
@@ -63,7 +63,7 @@ import numpy as np
 from ringtree.dtypes import DType
 from ringtree.ir.program import Collective, Program
 from ringtree.ops import ReduceOp, Reducer
-from ringtree.runtime.protocols.ll_direct import ADDR, PIECE, Direct, DirectOp
+from ringtree.runtime.protocols.ll_direct import ADDR, Direct, DirectOp
 from ringtree.transports import shm_cma as cma
 from ringtree.transports.shm_ll import LL
 
@@ -73,6 +73,11 @@ OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR
 # the all-reduce's bytes from which it runs, by more than 2 ranks (benchmarks/ll_direct.py
 # --colls all_reduce, A/B against the split and the ring in the same processes)
 MIN_BYTES: dict[bool, int] = {False: 4 << 20, True: 4 << 20}
+# bytes of a peer's row read and folded at a time: 2 ranks, 16 and 64 MiB, alternated in
+# one job (loaded host): 256 KiB pieces (ll_direct.PIECE) 1.03-1.13x the time of 512 KiB,
+# 1 MiB and 2 MiB within 3% of 512 KiB, 64 KiB 1.2x; two pieces of scratch fill the
+# 1 MiB L2 here
+PIECE = 512 << 10
 
 
 def applies(direct: Direct | None, coll: Collective, count: int, itemsize: int,

@@ -200,12 +200,14 @@ declare("RINGTREE_LL_NATIVE", flag, True,
         "run LL's publish, wait and fold in the compiled kernel where the package built it "
         "(0 = the same steps in Python, the same bits)")
 declare("RINGTREE_CMA", flag, True,
-        "single-copy all-gather, reduce-scatter and broadcast between a host's ranks: "
+        "single-copy all-reduce, all-gather, reduce-scatter and broadcast between a host's "
+        "ranks: "
         "peers read each other's buffers with `process_vm_readv` where a probe at "
         "communicator creation finds it allowed (0 = the shared segment's paths)")
 declare("RINGTREE_CMA_MIN", integer, None,
-        "bytes (the larger buffer) from which all-gather, reduce-scatter and broadcast "
-        "read peers' buffers directly (default: the measured crossovers, see ll_direct.py)")
+        "bytes (the larger buffer) from which all-reduce, all-gather, reduce-scatter and "
+        "broadcast read peers' buffers directly (default: the measured crossovers, see "
+        "ll_direct.py and ll_direct_ar.py)")
 declare("RINGTREE_MSCCL_ALGOS", text, None,
         "a folder of MSCCL-IR files, searched after `MSCCL_ALGO_DIR`'s: a call that names "
         "no algorithm runs the first file that fits it, as MSCCL's executors choose; "

@@ -2,7 +2,8 @@
 the bits of the rank-order fold for NumPy dtypes and ops and bfloat16 torch tensors, odd
 counts, several fold pieces, in place and not (the own row first, second and later in
 the fold), 2-4 ranks; both sides of the crossover and ``RINGTREE_CMA=0``; a killed peer
-named; a failed read raised on every rank with the inputs untouched."""
+named; a failed read or write raised on every rank, out of place with the inputs
+untouched."""
 
 from __future__ import annotations
 
@@ -78,6 +79,17 @@ def test_direct_all_reduce_gives_the_rank_order_bits(n):
         assert bad == [], f"rank {r}: {bad}"
 
 
+def through_ctypes(comm) -> list[str]:
+    """:func:`every_case` with the reads and writes made through ctypes (no ``_cma``)."""
+    ll_direct.cma._cma = None
+    return every_case(comm, [7])
+
+
+def test_through_ctypes():
+    for r, bad in enumerate(run_ranks(through_ctypes, 2, timeout=60, env=ALL_DIRECT)):
+        assert bad == [], f"rank {r}: {bad}"
+
+
 def torch_tensors(comm) -> list[str]:
     """bfloat16 and float32 torch tensors, in place: direct against Simple's ``direct``
     Program, bit for bit."""
@@ -131,13 +143,15 @@ def test_a_killed_peer_is_named():
     assert_killed_named(run_ranks(_killed, 3, timeout=60, env={**ALL_DIRECT, **KILL_ENV}))
 
 
-def rank_1_cannot_read(comm, in_place: bool) -> tuple[str, bool]:
+def rank_1_cannot(comm, move: str, in_place: bool) -> tuple[str, bool]:
+    """Rank 1's reads (or writes) of its peers' buffers fail (EFAULT): the error, and
+    whether the rank's input kept its values."""
     x = np.arange(10001, dtype=np.float32) + comm.rank
     keep = x.copy()
     if comm.rank == 1:
         def fault(*_a, **_k):
             raise OSError(errno.EFAULT, os.strerror(errno.EFAULT))
-        ll_direct.cma.read_spans = fault
+        setattr(ll_direct.cma, f"{move}_spans", fault)
     try:
         comm.all_reduce(x) if in_place else comm.all_reduce(x, out=np.empty_like(x))
     except RingtreeError as e:
@@ -145,11 +159,10 @@ def rank_1_cannot_read(comm, in_place: bool) -> tuple[str, bool]:
     return "no error", np.array_equal(x, keep)
 
 
-@pytest.mark.parametrize("in_place", [False, True])
-def test_a_failed_read_is_raised_on_every_rank(in_place):
-    res = run_ranks(rank_1_cannot_read, 2, in_place, timeout=60, env=ALL_DIRECT)
-    for r, (msg, kept) in enumerate(res):
-        assert "rank 1 could not read rank 0's buffer" in msg, msg
-        # out of place no input is written; in place rank 0 folded its block (its
-        # output) before it learnt of the failure, rank 1 failed before it wrote
-        assert kept or (in_place and r == 0), (r, msg)
+@pytest.mark.parametrize("move,in_place", [("read", False), ("write", False), ("read", True)])
+def test_a_failed_read_or_write_is_raised_on_every_rank(move, in_place):
+    verb = "read" if move == "read" else "write into"
+    for msg, kept in run_ranks(rank_1_cannot, 2, move, in_place, timeout=60, env=ALL_DIRECT):
+        assert f"rank 1 could not {verb} rank 0's buffer" in msg, msg
+        # out of place no input is written (in place a rank's output is its input)
+        assert kept or in_place, msg

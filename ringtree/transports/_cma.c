@@ -1,5 +1,6 @@
 /* Cross-memory attach in one C call: process_vm_readv(2) of one or more spans of a
- * peer's memory into this process, with the GIL released (ringtree/transports/shm_cma.py,
+ * peer's memory into this process (or process_vm_writev(2) the other way), with the GIL
+ * released (ringtree/transports/shm_cma.py,
  * ringtree/runtime/protocols/ll_direct.py).
  *
  * address(buffer) -> the address of a contiguous buffer's first byte
@@ -11,6 +12,10 @@
  *   entries on a signal) continues where it stopped. EINTR is retried. The first
  *   failure's errno is returned: ESRCH (the process is gone), EPERM (ptrace access
  *   refused), EFAULT (an address is not mapped), ENOSYS (no CMA in this kernel).
+ *
+ * write(pid, spans) -> 0 or an errno
+ *   the same with process_vm_writev(2): this process's spans into the peer's memory (the
+ *   single-copy all-reduce's folded pieces, ringtree/runtime/protocols/ll_direct_ar.py).
  *
  * stream(dst, src) -> None
  *   copy the buffer src into the writable dst of the same length with non-temporal
@@ -39,13 +44,16 @@
 
 #define IOV_BATCH 64
 
-static int read_spans(pid_t pid, struct iovec *loc, struct iovec *rem, Py_ssize_t n)
+static int move_spans(pid_t pid, struct iovec *loc, struct iovec *rem, Py_ssize_t n,
+                      int write)
 {
     Py_ssize_t i = 0;
     while (i < n) {
         Py_ssize_t k = n - i < IOV_BATCH ? n - i : IOV_BATCH;
-        ssize_t got = process_vm_readv(pid, loc + i, (unsigned long)k, rem + i,
-                                       (unsigned long)k, 0);
+        ssize_t got = write ? process_vm_writev(pid, loc + i, (unsigned long)k, rem + i,
+                                                (unsigned long)k, 0)
+                            : process_vm_readv(pid, loc + i, (unsigned long)k, rem + i,
+                                               (unsigned long)k, 0);
         if (got < 0) {
             if (errno == EINTR)
                 continue;
@@ -68,11 +76,10 @@ static int read_spans(pid_t pid, struct iovec *loc, struct iovec *rem, Py_ssize_
     return 0;
 }
 
-static PyObject *cma_read(PyObject *self, PyObject *args)
+static PyObject *cma_move(PyObject *args, int write)
 {
     long pid;
     PyObject *spans;
-    (void)self;
     if (!PyArg_ParseTuple(args, "lO", &pid, &spans))
         return NULL;
     PyObject *seq = PySequence_Fast(spans, "spans must be a sequence of triples");
@@ -111,7 +118,7 @@ static PyObject *cma_read(PyObject *self, PyObject *args)
     int err = 0;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        err = read_spans((pid_t)pid, loc, rem, m);
+        err = move_spans((pid_t)pid, loc, rem, m, write);
         Py_END_ALLOW_THREADS
     }
     if (loc != stack_loc) {
@@ -122,6 +129,18 @@ static PyObject *cma_read(PyObject *self, PyObject *args)
     if (!ok)
         return NULL;
     return PyLong_FromLong(err);
+}
+
+static PyObject *cma_read(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return cma_move(args, 0);
+}
+
+static PyObject *cma_write(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return cma_move(args, 1);
 }
 
 static PyObject *cma_stream(PyObject *self, PyObject *args)
@@ -169,6 +188,9 @@ static PyMethodDef methods[] = {
     {"address", cma_address, METH_O, "address(buffer) -> its first byte's address"},
     {"read", cma_read, METH_VARARGS,
      "read(pid, [(local, remote, nbytes), ...]) -> 0 or errno: process_vm_readv, GIL "
+     "released"},
+    {"write", cma_write, METH_VARARGS,
+     "write(pid, [(local, remote, nbytes), ...]) -> 0 or errno: process_vm_writev, GIL "
      "released"},
     {"stream", cma_stream, METH_VARARGS,
      "stream(dst, src): copy src into dst (same length) with non-temporal stores"},

@@ -53,10 +53,10 @@ def _lib():
     global _libc
     if _libc is None:
         lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        lib.process_vm_readv.restype = ctypes.c_ssize_t
-        lib.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
-                                         ctypes.POINTER(_Iovec), ctypes.c_ulong,
-                                         ctypes.c_ulong]
+        for call in (lib.process_vm_readv, lib.process_vm_writev):
+            call.restype = ctypes.c_ssize_t
+            call.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                             ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
         _libc = lib
     return _libc
 
@@ -113,25 +113,37 @@ def read_spans(pid: int, spans: list[tuple[int, int, int]], *, python: bool = Fa
     """Read every ``(local address, remote address, bytes)`` of ``spans`` from process
     ``pid`` (batched into few system calls); OSError as :func:`read_into`. ``python``:
     through ctypes even where ``_cma`` is compiled (its tests compare the two)."""
+    _move(pid, spans, python, False)
+
+
+def write_spans(pid: int, spans: list[tuple[int, int, int]], *, python: bool = False
+                ) -> None:
+    """:func:`read_spans` the other way (``process_vm_writev(2)``): every ``(local address,
+    remote address, bytes)`` of ``spans`` from this process into process ``pid``."""
+    _move(pid, spans, python, True)
+
+
+def _move(pid: int, spans: list[tuple[int, int, int]], python: bool, write: bool) -> None:
     if _cma is not None and not python:
-        e = _cma.read(pid, spans)
+        e = (_cma.write if write else _cma.read)(pid, spans)
         if e:
             raise OSError(e, os.strerror(e))
         return
     lib = _lib()
+    call = lib.process_vm_writev if write else lib.process_vm_readv
     for local, remote, nbytes in spans:
         done = 0
         while done < nbytes:
             lv = _Iovec(local + done, nbytes - done)
             rv = _Iovec(remote + done, nbytes - done)
-            n = lib.process_vm_readv(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
+            n = call(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
             if n < 0:
                 e = ctypes.get_errno()
                 if e == errno.EINTR:
                     continue
                 raise OSError(e, os.strerror(e))
             if n == 0:
-                raise OSError(errno.EFAULT, "process_vm_readv read nothing")
+                raise OSError(errno.EFAULT, "process_vm_readv/writev moved nothing")
             done += n
 
 

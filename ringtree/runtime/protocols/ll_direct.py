@@ -31,7 +31,8 @@ failure leaves the inputs as they were.
 
 Whether it may run is probed once per communicator (:func:`probe`, collective, at the
 LL segment's creation): every rank publishes a random token and its address, reads every
-peer's, and the ranks agree on the outcome. Refused reads (``EPERM``: ptrace policy;
+peer's (and writes it back: :mod:`ll_direct_ar` writes), and the ranks agree on the
+outcome. Refused reads (``EPERM``: ptrace policy;
 ``ENOSYS``/seccomp), another pid namespace, or ``RINGTREE_CMA=0`` leave the segment's
 paths; ``RINGTREE_DEBUG=INFO`` says which.
 
@@ -87,6 +88,7 @@ PIECE = 256 << 10   # bytes of a peer's block read and folded at a time (L2 is 2
 STREAM_MIN = 8 << 20
 PROBE = 0x434D41    # the probe's "count": its header differs from every call's
 PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
+WROTE = 1 << 16     # a read status's flag: the failed call was a write (process_vm_writev)
 # the headers' algorithm: a rank that took the segment's path for the same call (other
 # settings) is a MismatchError naming both, not a read of what its line holds
 ALGO_CODE = algo_code("direct (single copy)")  # encoded here: every rank can name it
@@ -118,15 +120,17 @@ class Direct:
             MIN_BYTES[(coll, self.ll.n > 2)]
         return nbytes >= max(least, 1)
 
-    def read(self, peer: int, spans: list[tuple[int, int, int]]) -> int:
-        """Read ``spans`` from ``peer``: 0, or the errno (ESRCH raises, naming it)."""
+    def read(self, peer: int, spans: list[tuple[int, int, int]], write: bool = False) -> int:
+        """Read ``spans`` from ``peer`` (``write``: write them into it): 0, or the errno
+        (| :data:`WROTE` for a write; ESRCH raises, naming it)."""
         try:
-            cma.read_spans(self.pids[peer], spans)
+            (cma.write_spans if write else cma.read_spans)(self.pids[peer], spans)
         except OSError as e:
             if e.errno == errno.ESRCH:
                 raise PeerError(peer, f"rank {peer} died (pid {self.pids[peer]} is gone) "
-                                      f"while rank {self.ll.rank} read its buffer") from None
-            return e.errno or errno.EIO
+                                      f"while rank {self.ll.rank} "
+                                      f"{'wrote into' if write else 'read'} its buffer") from None
+            return (e.errno or errno.EIO) | (WROTE if write else 0)
         return 0
 
 
@@ -156,6 +160,8 @@ def probe(ll: LL, timeout: float) -> tuple[Direct | None, str]:
             cma.read_into(int(W[j + PID]), got, int(W[j + ADDR]), 8)
             if int(got[0]) != int(W[j + TOKEN]):
                 why = f"read another process than rank {q}'s"
+            else:  # the single-copy all-reduce writes too: the same token back
+                cma.write_spans(int(W[j + PID]), [(cma.address(got), int(W[j + ADDR]), 8)])
         except OSError as e:
             why = f"reading rank {q}: {os.strerror(e.errno or 0)}"
     p = ll.parity(timeout, what)
@@ -225,9 +231,9 @@ class DirectOp:
         for r, i in enumerate(words):
             s = int(W[i])
             if s:
-                q, e = s >> 32, s & 0xFFFFFFFF
-                raise RingtreeError(f"rank {r} could not read rank {q}'s buffer in "
-                                    f"{self.describe()}: {os.strerror(e)}")
+                q, e = s >> 32, s & 0xFFFF
+                raise RingtreeError(f"rank {r} could not {'write into' if s & WROTE else 'read'}"
+                                    f" rank {q}'s buffer in {self.describe()}: {os.strerror(e)}")
 
     # ---- the calls -------------------------------------------------------------------
 

@@ -1,59 +1,68 @@
 """A large all-reduce on the user's own buffers with one copy of each byte: the peers'
-inputs and outputs read where they lie with ``process_vm_readv(2)``.
+inputs read and their outputs written where they lie, with ``process_vm_readv(2)`` and
+``process_vm_writev(2)``.
 
 Through the segment (:mod:`ll_split`) a rank stages its part, folds, and copies the
 peers' folded blocks out: 4 S moved per rank on 2 ranks for an all-reduce of ``S``
 bytes; above 16 MiB on 2 ranks the ring (Simple) ran instead. Registered buffers
 (:mod:`ll_reg`) need no staging because every peer maps them; plain buffers cannot be
-mapped, but they can be read through the kernel (cross-memory attach, as Open MPI's
-``smsc/cma`` and :mod:`ll_direct`'s reduce-scatter do). One call, the registered path's
-shape with the kernel's reads:
+mapped, but the kernel can copy between them (cross-memory attach, as Open MPI's
+``smsc/cma`` and :mod:`ll_direct`'s reduce-scatter do). One call:
 
 1. publish: every rank posts its input's and its output's addresses in its LL line's
    inline payload (:class:`~ringtree.runtime.protocols.ll_direct.DirectOp`'s words, the
    output in word :data:`OUT`) and waits for every peer's (the LL wait: a dead peer is
    named, nothing spins when ranks outnumber cores);
-2. fold: rank ``r`` folds block ``r`` (elements ``r m / n`` to ``(r+1) m / n``) of every
-   rank's input, in the Program's rank order, into block ``r`` of its output — a peer's
-   row read :data:`PIECE` bytes at a time into an
-   L2-sized scratch (straight into the output piece for the first operand when the
-   output is not the own input), the own row read in place; AVG divides the block;
-3. a synchronisation carrying the rank's read status (a failed read raises on every
-   rank, naming who could not read whom); after it every output block is folded;
-4. copy: one ``process_vm_readv`` per peer reads its folded block straight into the own
-   output;
-5. a last synchronisation (status again): no rank returns, and so no caller reuses a
-   buffer, while a peer may still read it.
+2. fold and push: rank ``r`` folds block ``r`` (elements ``r m / n`` to ``(r+1) m / n``)
+   of every rank's input, in the Program's rank order, into block ``r`` of its output,
+   :data:`PIECE` bytes at a time — a peer's row read into an L2-sized scratch (straight
+   into the output piece for the first operand when the output is not the own input),
+   the own row read in place, AVG dividing the piece — and writes each folded piece,
+   still in L2, into block ``r`` of every peer's output (``process_vm_writev``);
+3. complete: a synchronisation carrying the rank's status (a failed read or write raises
+   on every rank, naming who could not read or write whom). After it every output is
+   whole, and no rank returns, so no caller reuses a buffer, while a peer may still read
+   or write it.
 
-*In place.* A rank's output block ``r`` is its own input row of block ``r``. Peers read
-only blocks ``q != r`` of it in step 2, so writing block ``r`` does not disturb them; but
-the fold must use the row's old values: when the own row comes first or second in the
-order, the first ufunc reads it before it writes (an elementwise ufunc whose output is
-exactly one input); when it comes later, each piece folds into a scratch piece copied
-into place afterwards (as :mod:`ll_reg` does). Bits: every element is the same operands
-in the same order as the rank-order fold (:meth:`~ringtree.ops.Reducer.combine`, a ufunc
-per pair, no fused multiply-add): the bits of every other path.
+The registered path's shape — fold into the own output, synchronise, read every peer's
+folded block, synchronise — ran this way first (one ``process_vm_readv`` per peer for
+the copy): pushing the folded pieces from L2 instead saves reading the folded block
+back from memory (S/2 on 2 ranks) and one synchronisation, and took 0.68-0.88x its time
+at 4-64 MiB on 2 ranks (``docs/design-notes.md``).
+
+*In place.* A rank's output block ``r`` is its own input row of block ``r``. Only rank
+``r`` reads anyone's row ``r``, so writing block ``r`` of its own output and of its
+peers' (their rows ``r``, read by rank ``r`` piece by piece before it writes the same
+piece back) disturbs no reader; but the own fold must use the row's old values: when
+the own row comes first or second in the order, the first ufunc reads it before it
+writes (an elementwise ufunc whose output is exactly one input); when it comes later,
+each piece folds into a scratch piece copied into place afterwards (as :mod:`ll_reg`
+does). Bits: every element is the same operands in the same order as the rank-order
+fold (:meth:`~ringtree.ops.Reducer.combine`, a ufunc per pair, no fused multiply-add),
+the bits of every other path, on every rank (the peers get the folding rank's bytes).
 
 *Bytes per rank* (2 ranks, S the buffer): the fold reads the own half in place (S/2)
 and the peer's half through the kernel (S/2 read from memory, written into L2), writes
-the folded half (S/2); the copy reads the peer's folded half and writes it (S/2 + S/2):
-2.5 S from memory, against 4 S through the segment — plus the kernel's per-page cost of
-pinning the peer's pages (a ``process_vm_readv`` moves 5-9 GB/s here against 15-30 GB/s
-for a warm ``memcpy``, ``benchmarks/cma_copy.py``). On ``n`` ranks the fold reads S
-(S/n in place, the rest through the kernel) and writes S/n, the copy reads and writes
-(n-1)/n S each: (3 - 1/n) S.
+the folded half (S/2) and, through the kernel from L2, the peer's copy of it (S/2): 2 S
+from memory, against 4 S through the segment and the 2.5 S of ``cpu_peers.py``'s limit
+(which copies the other half back rather than having it written) — plus the kernel's
+per-page cost of pinning the peer's pages (``process_vm_readv`` moves 5-9 GB/s here
+against 15-30 GB/s for a warm ``memcpy``, ``benchmarks/cma_copy.py``). On ``n`` ranks:
+the fold reads S (S/n in place, the rest through the kernel) and writes S/n to the own
+output and (n-1)/n S to the peers': 2 S.
 
-*Failure.* A peer dead before it posts is named by the LL wait; during a read by
-``ESRCH`` (:meth:`~ringtree.runtime.protocols.ll_direct.Direct.read`). Any other failed
-read is posted in the next synchronisation and raised on every rank. The reads write
-only the scratch and the own output, never an input: out of place a failure leaves every
-input as it was; in place the own output block (= the own input block) may hold a
-partial fold, as any in-place collective that fails mid-way.
+*Failure.* A peer dead before it posts is named by the LL wait; during a read or write
+by ``ESRCH`` (:meth:`~ringtree.runtime.protocols.ll_direct.Direct.read`). Any other
+failure is posted in the synchronisation and raised on every rank. Reads and writes
+touch only the scratch and the outputs: out of place a failure leaves every input as
+it was; in place the outputs (= inputs) may hold folded pieces, as any in-place
+collective that fails mid-way.
 
 Where it runs: from :data:`MIN_BYTES` (``RINGTREE_CMA_MIN`` overrides it, as for the
 other single-copy calls), where it was measured ahead of the segment's split and the
 ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers"). Not for
-PREMUL_SUM (each rank's factor is its own, applied to its own input).
+PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
+(:func:`~ringtree.runtime.protocols.ll_direct.probe`) checks writes too.
 """
 
 from __future__ import annotations
@@ -127,40 +136,31 @@ class AllReduceOp(DirectOp):
 
     def _all_reduce(self, x: np.ndarray, out: np.ndarray, red: Reducer, timeout: float
                     ) -> None:
-        n, me, b = self.ll.n, self.ll.rank, self.bounds
+        me, b = self.ll.rank, self.bounds
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
         addrs = self._publish_both(x, out, timeout)
         status = 0
         if b[me + 1] > b[me]:
-            status = self._fold(x, out, red, [a for a, _ in addrs], b[me], b[me + 1])
-            if not status and self.avg:
-                red.postdivide(out[b[me]:b[me + 1]], n)
-        self._complete(status, timeout)
-        base, item = cma.address(out), out.itemsize
-        for q in range(n):
-            if q != me and b[q + 1] > b[q]:
-                at = b[q] * item
-                e = self.direct.read(q, [(base + at, addrs[q][1] + at,
-                                          (b[q + 1] - b[q]) * item)])
-                if e:
-                    status = q << 32 | e
-                    break
+            status = self._fold(x, out, red, addrs, b[me], b[me + 1])
         self._complete(status, timeout)
 
-    def _fold(self, x: np.ndarray, out: np.ndarray, red: Reducer, ins: list[int],
+    def _fold(self, x: np.ndarray, out: np.ndarray, red: Reducer, addrs: list,
               lo: int, hi: int) -> int:
-        """out[lo:hi] = the rank-order fold of every rank's x[lo:hi] (peers' rows at
-        ``ins``), a piece at a time: 0, or the failed read's status."""
-        me, item = self.ll.rank, x.itemsize
+        """out[lo:hi] and every peer's = the rank-order fold of every rank's x[lo:hi]
+        (``addrs``: every rank's input and output addresses), a piece at a time: 0, or the
+        failed read's or write's status."""
+        me, item, n = self.ll.rank, x.itemsize, self.ll.n
         own_row, dst = x[lo:hi], out[lo:hi]
         alias = np.may_share_memory(own_row, dst)  # in place
         via_tmp = alias and self.pos >= 2  # the own row is read after the first write
         acc_is_own = alias and not via_tmp
         step = max(1, PIECE // item)
         s = self._buffers(min(step, hi - lo), x.dtype)
+        peers = [q for q in range(n) if q != me]
         for a in range(0, hi - lo, step):
             m = min(step, hi - lo - a)
+            at = (lo + a) * item  # the piece's byte offset in every rank's buffers
             acc = s[1][:m] if via_tmp else dst[a:a + m]
             first = None
             for k, q in enumerate(self.order):
@@ -168,14 +168,21 @@ class AllReduceOp(DirectOp):
                     v = own_row[a:a + m]
                 else:
                     v = acc if k == 0 and not acc_is_own else s[0][:m]
-                    e = self.direct.read(q, [(cma.address(v), ins[q] + (lo + a) * item,
-                                              m * item)])
+                    e = self.direct.read(q, [(cma.address(v), addrs[q][0] + at, m * item)])
                     if e:
                         return q << 32 | e
                 if k == 0:
                     first = v
                 else:
                     red.combine(acc, first if k == 1 else acc, v)
+            piece = dst[a:a + m]
             if via_tmp:
-                dst[a:a + m] = acc
+                piece[...] = acc
+            if self.avg:
+                red.postdivide(piece, n)
+            src = cma.address(piece)
+            for q in peers:  # the folded piece, from L2 into the peers' outputs
+                e = self.direct.read(q, [(src, addrs[q][1] + at, m * item)], write=True)
+                if e:
+                    return q << 32 | e
         return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from test_ll_split import _want
 
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
-from ringtree.ops import resolve
+from ringtree.ir.program import Collective
+from ringtree.ops import ReduceOp, resolve
 from ringtree.runtime.protocols import ll_direct, ll_direct_ar
 from ringtree.runtime.protocols.ll_direct_ar import AllReduceOp
 from ringtree.testing import run_ranks
@@ -132,6 +134,23 @@ def test_crossover_and_switch():
         assert [(d, ok) for _, d, ok in res] == [(False, True), (True, True)], (r, res)
     for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60, env={"RINGTREE_CMA": "0"})):
         assert [(d, ok) for _, d, ok in res] == [(False, True), (False, True)], (r, res)
+
+
+def test_where_it_applies():
+    """2 ranks from MIN_BYTES; more ranks only when RINGTREE_CMA_MIN asks; no PREMUL_SUM;
+    the other collectives as ll_direct decides."""
+    def direct(n: int, least: int | None):
+        return SimpleNamespace(ll=SimpleNamespace(n=n), min_bytes=least,
+                               applies=lambda *a: "ll_direct's")
+    ar, big, code = Collective.ALL_REDUCE, ll_direct_ar.MIN_BYTES[False] // 4, ReduceOp.SUM.code
+    assert ll_direct_ar.applies(direct(2, None), ar, big, 4, code)
+    assert not ll_direct_ar.applies(direct(2, None), ar, big - 1, 4, code)
+    assert not ll_direct_ar.applies(direct(4, None), ar, 1 << 40, 4, code)
+    assert ll_direct_ar.applies(direct(4, 1), ar, 1, 4, code)
+    assert not ll_direct_ar.applies(direct(2, 1), ar, big, 4, ReduceOp.PREMUL_SUM.code)
+    assert not ll_direct_ar.applies(None, ar, big, 4, code)
+    assert ll_direct_ar.applies(direct(2, None), Collective.ALL_GATHER, 1, 4, 0) == \
+        "ll_direct's"
 
 
 def _killed(comm):

@@ -69,7 +69,10 @@ LL_RANK = 2.0e-6
 # communicator (load 3.4-5.3): 4 ranks 2.5-5.2x faster from 1 to 64 MiB, 8 ranks
 # 1.5-2.6x from 2 to 64 MiB, 2 ranks 1.08x at 8 MiB and 1.02x at 16 MiB but 0.78x at
 # 64 MiB (0.67-0.79x from 16 MiB in a slow phase of the machine). Above 8 ranks (64 KiB
-# cells) not measured.
+# cells) not measured. Where peers may read and write each other's memory, the planner
+# takes LL's single-copy all-reduce from its own crossover whatever these say
+# (runtime/protocols/ll_direct_ar.py, MIN_BYTES: ahead of the split and the ring from
+# 4 MiB on 2 ranks); these thresholds are the choice without it (RINGTREE_CMA=0).
 THRESHOLDS: dict[Collective, tuple[int, int]] = {
     Collective.ALL_REDUCE: (16 << 20, 64 << 20),
     Collective.REDUCE: (1 << 20, 1 << 20),

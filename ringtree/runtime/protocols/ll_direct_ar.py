@@ -60,7 +60,9 @@ collective that fails mid-way.
 
 Where it runs: from :data:`MIN_BYTES` (``RINGTREE_CMA_MIN`` overrides it, as for the
 other single-copy calls), where it was measured ahead of the segment's split and the
-ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers"). Not for
+ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers"): 2 ranks
+from 4 MiB; on more ranks (2 per core here) the kernel's slower copy cost as much CPU
+time as the split's extra passes, so it stays off there by default. Not for
 PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
 (:func:`~ringtree.runtime.protocols.ll_direct.probe`) checks writes too.
 """
@@ -80,8 +82,12 @@ __all__ = ["MIN_BYTES", "AllReduceOp", "applies", "op_for"]
 
 OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR, TOKEN)
 # the all-reduce's bytes from which it runs, by more than 2 ranks (benchmarks/ll_direct.py
-# --colls all_reduce, A/B against the split and the ring in the same processes)
-MIN_BYTES: dict[bool, int] = {False: 4 << 20, True: 4 << 20}
+# --colls all_reduce, alternated against the split and the ring in the same processes,
+# loaded host): 2 ranks 1.10-1.12x the split's speed at 4 MiB, 1.14-2.6x above, behind
+# at 1-2 MiB; 4 ranks on 2 cores level or behind the split at 2-64 MiB in three of four
+# runs (0.85-1.07; 1.74 once), so not on more than 2 ranks unless RINGTREE_CMA_MIN asks
+NEVER = 1 << 62
+MIN_BYTES: dict[bool, int] = {False: 4 << 20, True: NEVER}
 # bytes of a peer's row read and folded at a time: 2 ranks, 16 and 64 MiB, alternated in
 # one job (loaded host): 256 KiB pieces (ll_direct.PIECE) 1.03-1.13x the time of 512 KiB,
 # 1 MiB and 2 MiB within 3% of 512 KiB, 64 KiB 1.2x; two pieces of scratch fill the

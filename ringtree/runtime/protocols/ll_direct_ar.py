@@ -81,7 +81,7 @@ from ringtree.transports.shm_ll import LL
 __all__ = ["MIN_BYTES", "AllReduceOp", "applies", "op_for"]
 
 OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR, TOKEN)
-# the all-reduce's bytes from which it runs, by more than 2 ranks (benchmarks/ll_direct.py
+# the all-reduce's bytes from which it runs, by "more than 2 ranks" (benchmarks/ll_direct.py
 # --colls all_reduce, alternated against the split and the ring in the same processes,
 # loaded host): 2 ranks 1.10-1.12x the split's speed at 4 MiB, 1.14-2.6x above, behind
 # at 1-2 MiB; 4 ranks on 2 cores level or behind the split at 2-64 MiB in three of four
@@ -118,8 +118,8 @@ def op_for(ll: LL, direct: Direct, prog: Program, dt: DType, count: int, op_code
 
 
 class AllReduceOp(DirectOp):
-    """The all-reduce: fold the own block of every rank's input, then read the peers'
-    folded blocks (the module's steps)."""
+    """The all-reduce: fold the own block of every rank's input, writing each folded
+    piece into every peer's output too (the module's steps)."""
 
     __slots__ = ("bounds", "pos")
 

@@ -1,7 +1,7 @@
 """The single-copy all-reduce on plain buffers (``runtime/protocols/ll_direct_ar.py``):
 the bits of the rank-order fold for NumPy dtypes and ops and bfloat16 torch tensors, odd
 counts, several fold pieces, in place and not (the own row first, second and later in
-the fold), 2-4 ranks; both sides of the crossover and ``RINGTREE_CMA=0``; a killed peer
+the fold; ranks in place and not in one call), 2-4 ranks; both sides of the crossover and ``RINGTREE_CMA=0``; a killed peer
 named; a failed read or write raised on every rank, out of place with the inputs
 untouched."""
 
@@ -78,6 +78,26 @@ def every_case(comm, counts: list[int]) -> list[str]:
 def test_direct_all_reduce_gives_the_rank_order_bits(n):
     counts = [1, 7, 1001] if n < 4 else [5]
     for r, bad in enumerate(run_ranks(every_case, n, counts, timeout=90, env=ALL_DIRECT)):
+        assert bad == [], f"rank {r}: {bad}"
+
+
+def mixed_in_place(comm) -> list[str]:
+    """Even ranks in place, odd ranks into a separate ``out`` (each rank's own choice)."""
+    ll_direct_ar.PIECE = 4096
+    bad = []
+    for count in (7, 3 * 4096 + 5):
+        x = _input(comm.rank, count, DType.FLOAT32, "sum")
+        y, before = x.copy(), _calls()
+        got = comm.all_reduce(y) if comm.rank % 2 == 0 else \
+            comm.all_reduce(y, out=np.empty_like(y))
+        if got.tobytes() != _want(comm.size, count, DType.FLOAT32, "sum").tobytes() or \
+                _calls() == before:
+            bad.append(f"count={count}")
+    return bad
+
+
+def test_ranks_in_place_and_not_in_one_call():
+    for r, bad in enumerate(run_ranks(mixed_in_place, 3, timeout=60, env=ALL_DIRECT)):
         assert bad == [], f"rank {r}: {bad}"
 
 

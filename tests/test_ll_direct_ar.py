@@ -1,9 +1,9 @@
 """The single-copy all-reduce on plain buffers (``runtime/protocols/ll_direct_ar.py``):
 the bits of the rank-order fold for NumPy dtypes and ops and bfloat16 torch tensors, odd
 counts, several fold pieces, in place and not (the own row first, second and later in
-the fold; ranks in place and not in one call), 2-4 ranks; both sides of the crossover and ``RINGTREE_CMA=0``; a killed peer
-named; a failed read or write raised on every rank, out of place with the inputs
-untouched."""
+the fold; ranks in place and not in one call), 2-4 ranks, through ctypes too; both sides
+of the crossover and ``RINGTREE_CMA=0``; where it applies; a killed peer named; a failed
+read or write raised on every rank, out of place with the inputs untouched."""
 
 from __future__ import annotations
 

@@ -83,8 +83,8 @@ __all__ = ["MIN_BYTES", "AllReduceOp", "applies", "op_for"]
 OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR, TOKEN)
 # the all-reduce's bytes from which it runs, by "more than 2 ranks" (benchmarks/ll_direct.py
 # --colls all_reduce, alternated against the split and the ring in the same processes,
-# loaded host): 2 ranks 1.10-1.12x the split's speed at 4 MiB, 1.14-2.6x above, behind
-# at 1-2 MiB; 4 ranks on 2 cores level or behind the split at 2-64 MiB in three of four
+# loaded host): 2 ranks 1.10-1.74x the split's speed at 4 MiB, 1.14-2.6x above, behind
+# or level at 1-2 MiB (0.74-1.03); 4 ranks on 2 cores level or behind the split at 2-64 MiB in three of four
 # runs (0.85-1.07; 1.74 once), so not on more than 2 ranks unless RINGTREE_CMA_MIN asks
 NEVER = 1 << 62
 MIN_BYTES: dict[bool, int] = {False: 4 << 20, True: NEVER}

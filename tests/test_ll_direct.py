@@ -40,12 +40,15 @@ def _input(rank: int, count: int, dtype: str, salt: int) -> np.ndarray:
 def _direct_calls() -> int:
     """Calls run on the single-copy path so far in this process (each publishes once)."""
     if "_counted" not in vars(DirectOp):
-        real = DirectOp._publish
-
-        def counted(self, x, timeout):
-            DirectOp._counted += 1
-            return real(self, x, timeout)
-        DirectOp._publish, DirectOp._counted = counted, 0
+        def counting(real):
+            def counted(self, *a):
+                DirectOp._counted += 1
+                return real(self, *a)
+            return counted
+        DirectOp._counted = 0
+        # the shared all-gather publishes in _shared
+        DirectOp._publish, DirectOp._shared = counting(DirectOp._publish), \
+            counting(DirectOp._shared)
     return DirectOp._counted
 
 

@@ -17,6 +17,9 @@
  *   the same with process_vm_writev(2): this process's spans into the peer's memory (the
  *   single-copy all-reduce's folded pieces, ringtree/runtime/protocols/ll_direct_ar.py).
  *
+ * claim(pid, words, index, local, remote, nbytes, piece, write) -> (errno, pieces)
+ *   pieces of one span drawn from a shared counter by an atomic add (see cma_claim).
+ *
  * stream(dst, src) -> None
  *   copy the buffer src into the writable dst of the same length with non-temporal
  *   stores (x86-64; memcpy elsewhere), GIL released: the single-copy all-gather's own
@@ -143,6 +146,54 @@ static PyObject *cma_write(PyObject *self, PyObject *args)
     return cma_move(args, 1);
 }
 
+/* claim(pid, words, index, local, remote, nbytes, piece, write) -> (errno, pieces)
+ * Copy pieces of `piece` bytes of a span between this process (local) and pid (remote),
+ * each piece claimed by an atomic fetch-and-add on words[index] (a 64-bit word of shared
+ * memory): every process running claim on the same word and span copies the pieces it
+ * draws, so each piece is copied exactly once however many race (the single-copy
+ * all-gather's shared copies, ringtree/runtime/protocols/ll_direct.py). write: local ->
+ * remote (process_vm_writev), else remote -> local. Stops at the first error. */
+static PyObject *cma_claim(PyObject *self, PyObject *args)
+{
+    long pid;
+    PyObject *words_obj;
+    Py_ssize_t index;
+    unsigned long long local, remote, nbytes, piece;
+    int write;
+    Py_buffer words;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "lOnKKKKp", &pid, &words_obj, &index, &local, &remote,
+                          &nbytes, &piece, &write))
+        return NULL;
+    if (PyObject_GetBuffer(words_obj, &words, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) < 0)
+        return NULL;
+    if (piece == 0 || index < 0 || (size_t)(index + 1) * 8 > (size_t)words.len) {
+        PyBuffer_Release(&words);
+        PyErr_SetString(PyExc_ValueError, "claim: piece must be > 0, index a word of words");
+        return NULL;
+    }
+    uint64_t *counter = (uint64_t *)words.buf + index;
+    unsigned long long pieces = (nbytes + piece - 1) / piece, done = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        unsigned long long k = __atomic_fetch_add(counter, 1, __ATOMIC_ACQ_REL);
+        if (k >= pieces)
+            break;
+        unsigned long long off = k * piece;
+        size_t len = (size_t)(nbytes - off < piece ? nbytes - off : piece);
+        struct iovec lv = {(void *)(uintptr_t)(local + off), len};
+        struct iovec rv = {(void *)(uintptr_t)(remote + off), len};
+        err = move_spans((pid_t)pid, &lv, &rv, 1, write);
+        if (err)
+            break;
+        done++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&words);
+    return Py_BuildValue("iK", err, done);
+}
+
 static PyObject *cma_stream(PyObject *self, PyObject *args)
 {
     PyObject *dst_obj, *src_obj;
@@ -192,6 +243,9 @@ static PyMethodDef methods[] = {
     {"write", cma_write, METH_VARARGS,
      "write(pid, [(local, remote, nbytes), ...]) -> 0 or errno: process_vm_writev, GIL "
      "released"},
+    {"claim", cma_claim, METH_VARARGS,
+     "claim(pid, words, index, local, remote, nbytes, piece, write) -> (errno, pieces): "
+     "copy the pieces drawn from the shared counter words[index]"},
     {"stream", cma_stream, METH_VARARGS,
      "stream(dst, src): copy src into dst (same length) with non-temporal stores"},
     {NULL, NULL, 0, NULL},

@@ -19,7 +19,9 @@ The LL segment's single-copy all-gather and reduce-scatter
 (:mod:`ringtree.runtime.protocols.ll_direct`) read with it too, through the compiled
 ``_cma`` (the same system call with the GIL released, several spans a call, and a
 buffer's address without NumPy's ``__array_interface__``), or ctypes without a compiler;
-the all-gather copies its own block with :func:`stream` (non-temporal stores).
+the all-gather copies its own block with :func:`stream` (non-temporal stores) and shares
+its large copies through :func:`claim` (pieces drawn from a counter in shared memory,
+read from a peer or written into it with ``process_vm_writev``, :func:`write_spans`).
 
 It needs ptrace permission over the peer (same user; Yama ``ptrace_scope`` ≤ 1 with
 ``PR_SET_PTRACER``; not blocked by seccomp). :func:`allow_readers` opts this process in and
@@ -145,6 +147,26 @@ def _move(pid: int, spans: list[tuple[int, int, int]], python: bool, write: bool
             if n == 0:
                 raise OSError(errno.EFAULT, "process_vm_readv/writev moved nothing")
             done += n
+
+
+def can_claim() -> bool:
+    """Whether :func:`claim` is there (it needs the compiled ``_cma``'s atomic add)."""
+    return getattr(_cma, "claim", None) is not None
+
+
+def claim(pid: int, words, index: int, local: int, remote: int, nbytes: int,
+          piece: int, write: bool) -> int:
+    """Copy the ``piece``-byte pieces of ``nbytes`` between ``local`` here and ``remote`` in
+    ``pid`` (``write``: into ``pid``) that this process draws from the shared counter
+    ``words[index]`` (a writable buffer of 64-bit words; an atomic fetch-and-add a piece,
+    until it passes the last): processes racing on one counter copy each piece exactly
+    once between them, the faster taking more (work sharing through a shared counter, as
+    OpenMP's dynamic schedule). Returns the pieces copied; OSError as :func:`read_into`
+    (the pieces after the failed one are left to the others, or to no one)."""
+    e, done = _cma.claim(pid, words, index, local, remote, nbytes, piece, write)
+    if e:
+        raise OSError(e, os.strerror(e))
+    return done
 
 
 def probe(pid: int, remote: int, expect: bytes) -> bool:

@@ -88,6 +88,12 @@ PIECE = 256 << 10   # bytes of a peer's block read and folded at a time (L2 is 2
 STREAM_MIN = 8 << 20
 PROBE = 0x434D41    # the probe's "count": its header differs from every call's
 PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
+# the all-gather's shared copies (DirectOp._shared): the output's address (the word
+# ll_direct_ar's all-reduce posts it in too), and from COUNT on one piece counter per peer
+# the rank reads from (a line's inline payload holds 12 words)
+OUT, COUNT = 3, 4
+SHARE_MAX = 8       # ranks up to which the all-gather shares its reads (12 - COUNT)
+SHARE_PIECE = 512 << 10  # bytes a claim copies: 16 pieces of an 8 MiB block
 WROTE = 1 << 16     # a read status's flag: the failed call was a write (process_vm_writev)
 # the headers' algorithm: a rank that took the segment's path for the same call (other
 # settings) is a MismatchError naming both, not a read of what its line holds
@@ -106,6 +112,9 @@ class Direct:
         self.ll = ll
         self.pids = {r: info.pid for r, info in ll.peers.items() if r != ll.rank}
         self.min_bytes = min_bytes
+        # all-gather copies shared through piece counters (RINGTREE_CMA_SHARE; they need
+        # the compiled atomic add)
+        self.share = cma.can_claim()
 
     def applies(self, coll: Collective, count: int, itemsize: int, op_code: int) -> bool:
         """Run a call of ``count`` elements a block directly? (From :data:`MIN_BYTES` of
@@ -119,6 +128,20 @@ class Direct:
         least = self.min_bytes if self.min_bytes is not None else \
             MIN_BYTES[(coll, self.ll.n > 2)]
         return nbytes >= max(least, 1)
+
+    def claim(self, peer: int, index: int, local: int, remote: int, nbytes: int,
+              write: bool) -> tuple[int, int]:
+        """:func:`~ringtree.transports.shm_cma.claim` with ``peer``: (errno or 0, pieces
+        copied); ESRCH raises, naming it."""
+        try:
+            return 0, cma.claim(self.pids[peer], self.ll.W, index, local, remote, nbytes,
+                                SHARE_PIECE, write)
+        except OSError as e:
+            if e.errno == errno.ESRCH:
+                raise PeerError(peer, f"rank {peer} died (pid {self.pids[peer]} is gone) "
+                                      f"while rank {self.ll.rank} copied its part of the "
+                                      "all-gather") from None
+            return e.errno or errno.EIO, 0
 
     def read(self, peer: int, spans: list[tuple[int, int, int]], write: bool = False) -> int:
         """Read ``spans`` from ``peer`` (``write``: write them into it): 0, or the errno
@@ -179,7 +202,8 @@ class DirectOp:
     :class:`~ringtree.runtime.protocols.ll.LLOp` interface the LL runner calls)."""
 
     __slots__ = ("ll", "direct", "coll", "count", "nbytes", "dtype", "name", "desc", "head",
-                 "order", "block", "avg", "root", "run", "hot", "rec", "_scratch", "_words")
+                 "order", "block", "avg", "root", "run", "hot", "rec", "_scratch", "_words",
+                 "pieces")
 
     def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
                  op_code: int, root: int):
@@ -198,6 +222,7 @@ class DirectOp:
         self.avg = op_code == ReduceOp.AVG.code
         self.root = root
         self.hot = self.rec = None  # not the all-reduce hot path's
+        self.pieces = (0, 0)  # the last shared all-gather's pieces: read, written for peers
         self._scratch: np.ndarray | None = None
         # every rank's inline payload word, by parity
         self._words = tuple([_payload(ll, q, p) for q in range(ll.n)] for p in (0, 1))
@@ -209,11 +234,17 @@ class DirectOp:
 
     # ---- the two synchronisations ------------------------------------------------------
 
-    def _publish(self, x: np.ndarray, timeout: float) -> list[int]:
-        """Post ``x``'s address; every rank's address once all have."""
+    def _publish(self, x: np.ndarray, timeout: float, out: int = 0) -> list[int]:
+        """Post ``x``'s address (and ``out``, the output's, with zeroed piece counters,
+        if given); every rank's address of ``x`` once all have."""
         ll, W = self.ll, self.ll.W
         words = self._words[ll.parity(timeout, self.describe)]
-        W[words[ll.rank] + ADDR] = cma.address(x)
+        i = words[ll.rank]
+        W[i + ADDR] = cma.address(x)
+        if out:
+            W[i + OUT] = out
+            for c in range(i + COUNT, i + COUNT + ll.n):
+                W[c] = 0
         ll.sync(self.head, timeout, self.describe)
         return [int(W[i + ADDR]) for i in words]
 
@@ -241,19 +272,76 @@ class DirectOp:
         ll, nb, me = self.ll, self.nbytes, self.ll.rank
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
-        addrs = self._publish(x, timeout)
         base = cma.address(out)
-        status = 0
-        for q in range(ll.n):
-            if q != me and nb:
-                e = self.direct.read(q, [(base + q * nb, addrs[q], nb)])
-                if e:
-                    status = q << 32 | e
-                    break
         own = None
-        if addrs[me] != base + me * nb:  # not in place: the own block while peers read
+        if cma.address(x) != base + me * nb:  # not in place: the own block while peers read
             own = self._own_copy(x, out[me * self.count:(me + 1) * self.count])
+        if self.direct.share and 2 <= ll.n <= SHARE_MAX and nb > SHARE_PIECE and \
+                cma.can_claim():
+            status, own = self._shared(x, base, own, timeout)
+        else:
+            addrs = self._publish(x, timeout)
+            status = 0
+            for q in range(ll.n):
+                if q != me and nb:
+                    e = self.direct.read(q, [(base + q * nb, addrs[q], nb)])
+                    if e:
+                        status = q << 32 | e
+                        break
         self._complete(status, timeout, own)
+
+    def _shared(self, x: np.ndarray, base: int, own, timeout: float):
+        """The all-gather's copies shared, peer by peer as they arrive: block ``q`` of
+        rank ``r``'s output is cut into :data:`SHARE_PIECE` pieces drawn from a counter in
+        ``r``'s line, by ``r`` reading from ``q`` and by ``q`` writing its input into
+        ``r``'s output (``process_vm_writev``); so an early rank takes over part of a late
+        one's copies and the two finish together, every piece copied once. A rank starts
+        on each peer as soon as that peer has posted (no barrier first: with more ranks
+        than cores, those running copy while the others wait for a core), and copies its
+        own block (``own()``) while no peer is there. Returns the status (0, or peer << 32
+        | errno) and ``own`` if it is still to run."""
+        ll, W, me = self.ll, self.ll.W, self.ll.rank
+        p = ll.parity(timeout, self.describe)
+        words = self._words[p]
+        i = words[me]
+        W[i + ADDR], W[i + OUT] = cma.address(x), base
+        for c in range(i + COUNT, i + COUNT + ll.n):
+            W[c] = 0
+        mine = ll.post(self.head)
+        s, status, done = ll.seq, 0, [0, 0]
+        pending = sorted(ll.peer_seq[p], key=lambda rj: (rj[0] - me) % ll.n)  # me+1 first
+        while pending and not status:
+            ready = [(r, j) for r, j in pending if W[j] >= s]
+            if not ready and own is not None:
+                own()
+                own = None
+            elif not ready:
+                r, j = pending[0]
+                ll._wait(r, lambda j=j: W[j] >= s, s, timeout, self.describe, mine)
+            for r, j in ready:
+                pending.remove((r, j))
+                if (W[j + 1], W[j + 2], W[j + 3]) != mine:
+                    ll.collect(mine, timeout, self.describe)  # another call: named
+                status = self._pair(r, words, base, done)
+                if status:
+                    break
+        ll.collect(mine, timeout, self.describe)
+        self.pieces = tuple(done)
+        return status, own
+
+    def _pair(self, q: int, words: list[int], base: int, done: list[int]) -> int:
+        """This rank's share of the copies between it and ``q`` (both posted): q's block
+        into our output, then our input into q's; the status."""
+        nb, me, W = self.nbytes, self.ll.rank, self.ll.W
+        e, got = self.direct.claim(q, words[me] + COUNT + q, base + q * nb,
+                                   int(W[words[q] + ADDR]), nb, False)
+        done[0] += got
+        if e:
+            return q << 32 | e
+        e, got = self.direct.claim(q, words[q] + COUNT + me, int(W[words[me] + ADDR]),
+                                   int(W[words[q] + OUT]) + me * nb, nb, True)
+        done[1] += got
+        return q << 32 | WROTE | e if e else 0
 
     def _own_copy(self, x: np.ndarray, block: np.ndarray):
         """The copy of this rank's input into its block of the output, as a function:

@@ -90,6 +90,7 @@ class LLRunner:
             runner.direct, why = ll_direct.probe(runner.ll, comm.timeout)
             if runner.direct is not None:
                 runner.direct.min_bytes = s.cma_min
+                runner.direct.share = runner.direct.share and s.cma_share
         if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
             print(f"ringtree: LL rounds {native.describe()}; single-copy all-reduce, "
                   f"all-gather, reduce-scatter: {'process_vm_readv' if not why else 'off (' + why + ')'}",

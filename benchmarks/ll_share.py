@@ -38,7 +38,7 @@ def _use(comm, what: str, on: bool, yield_s: float) -> None:
     if what == "share":
         comm.ll.direct.share = on
     else:
-        comm.ll.yield_s = 0.0 if on else yield_s
+        comm.ll.ll.yield_s = 0.0 if on else yield_s
     comm.planner.relayout(comm.planner.nodes)  # forget plans made with the other variant
 
 
@@ -57,7 +57,7 @@ def measure(comm, what: str, sizes: list[int], blocks: int) -> dict:
     if comm.size <= len(os.sched_getaffinity(0)):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[comm.rank]})
     assert comm.ll.direct is not None, "the single-copy path is off (RINGTREE_DEBUG=INFO)"
-    res, yield_s = {}, comm.ll.yield_s
+    res, yield_s = {}, comm.ll.ll.yield_s
     for nbytes in sizes:
         per = nbytes // 4 // comm.size
         x = np.arange(per, dtype=np.float32) + comm.rank

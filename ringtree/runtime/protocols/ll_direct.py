@@ -14,7 +14,10 @@ so does this path. One call:
 2. read: all-gather — every peer's contribution straight into its block of the output
    (one system call per peer, :mod:`ringtree.transports.shm_cma`, GIL released), the own
    block copied in step 3 between the post and the wait, with streaming stores from
-   :data:`STREAM_MIN`; reduce-scatter — block ``r`` of every
+   :data:`STREAM_MIN`; from blocks over :data:`SHARE_PIECE` (2-8 ranks), the copies
+   shared instead (:meth:`DirectOp._shared`: pieces drawn from counters in the lines, an
+   early rank writing its input into a late rank's output with ``process_vm_writev``,
+   peers taken as they post, the own block copied while none has); reduce-scatter — block ``r`` of every
    peer's input, a cache-sized piece at a time, folded into the output in the Program's
    rank order (the same operands in the same order as the segment's path: the same
    bits; :meth:`Reducer.combine`, no fused multiply-add); broadcast — every rank but the

@@ -2,7 +2,7 @@
 drawn from shared counters (``shm_cma.claim``) are copied exactly once however many
 race, ``process_vm_writev`` compiled and through ctypes alike, the same bits on 2-4
 ranks (odd sizes, in place and not, every rank's copies counted), a killed peer named, a
-failed write raised on every rank, and the unshared path (``RINGTREE_CMA_SHARE=0``,
+failed write raised on every rank, a late rank written into by its peers, and the unshared path (``RINGTREE_CMA_SHARE=0``,
 ``RINGTREE_CMA=0``) giving the same bytes."""
 
 from __future__ import annotations
@@ -198,3 +198,37 @@ def rank_1_cannot_write(comm) -> tuple[str, bool]:
 def test_a_failed_write_is_raised_on_every_rank():
     for msg, kept in run_ranks(rank_1_cannot_write, 2, timeout=60, env=ALL_DIRECT):
         assert "rank 1 could not write into rank 0's buffer" in msg and kept, msg
+
+
+def rank_1_late(comm) -> tuple[tuple[int, int], bool]:
+    """Rank 1 starts its reads late: its peers write their inputs into its output."""
+    ll_direct.SHARE_PIECE = PIECE
+    op_of = {}
+    real_shared, real_claim = ll_direct.DirectOp._shared, ll_direct.Direct.claim
+
+    def spy(self, *a):
+        op_of["op"] = self
+        return real_shared(self, *a)
+
+    def late(self, peer, index, local, remote, nbytes, write):
+        if not write:
+            time.sleep(0.3)
+        return real_claim(self, peer, index, local, remote, nbytes, write)
+    ll_direct.DirectOp._shared = spy
+    if comm.rank == 1:
+        ll_direct.Direct.claim = late
+    x = np.arange(16 * PIECE // 8 + 3, dtype=np.float64) * (comm.rank + 1)
+    out = comm.all_gather(x)
+    want = np.concatenate([np.arange(x.size, dtype=np.float64) * (r + 1)
+                           for r in range(comm.size)])
+    return op_of["op"].pieces, out.tobytes() == want.tobytes()
+
+
+@needs_claim
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_late_rank_is_written_into(n):
+    res = run_ranks(rank_1_late, n, timeout=60, env=ALL_DIRECT)
+    assert all(same for _, same in res), res
+    per = -(-(16 * PIECE // 8 + 3) * 8 // PIECE)
+    assert sum(a + b for (a, b), _ in res) == n * (n - 1) * per, res
+    assert sum(res[q][0][1] for q in range(n) if q != 1) >= 1, res  # written into rank 1

@@ -1,9 +1,9 @@
 """The single-copy all-gather's shared copies (``ll_direct.DirectOp._shared``): pieces
 drawn from shared counters (``shm_cma.claim``) are copied exactly once however many
 race, ``process_vm_writev`` compiled and through ctypes alike, the same bits on 2-4
-ranks (odd sizes, in place and not, every rank's copies counted), a killed peer named, a
-failed write raised on every rank, a late rank written into by its peers, and the unshared path (``RINGTREE_CMA_SHARE=0``,
-``RINGTREE_CMA=0``) giving the same bytes."""
+ranks (odd sizes, in place and not, every rank's copies counted), a late rank written
+into by its peers, a killed peer named, a failed write raised on every rank, and the
+unshared paths (``RINGTREE_CMA_SHARE=0``, ``RINGTREE_CMA=0``) giving the same bytes."""
 
 from __future__ import annotations
 

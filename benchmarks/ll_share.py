@@ -5,7 +5,9 @@ block by block:
 - ``share``: reads shared through piece counters (an early rank writes its input into a
   late rank's output) against every rank reading its own blocks (``Direct.share``);
 - ``sleep``: every wait of the communicator sleeping on its doorbell at once
-  (``LL.yield_s`` = 0, as ``RINGTREE_LL_YIELD_US=0``) against LL's yield-then-sleep.
+  (``LL.yield_s`` = 0, as ``RINGTREE_LL_YIELD_US=0``) against LL's yield-then-sleep;
+- ``spin``: every wait spinning up to 2 ms before it yields (``LL.spin``, as
+  ``RINGTREE_LL_SPIN_US=2000``) against LL's default.
 
 For every size, ``--blocks`` alternating blocks of back-to-back calls per variant; the
 slowest rank's time per call of each block is kept, the medians and p10 printed with
@@ -34,11 +36,15 @@ def size(text: str) -> int:
     return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
 
 
-def _use(comm, what: str, on: bool, yield_s: float) -> None:
+def _use(comm, what: str, on: bool, waits: tuple[float, float]) -> None:
+    ll = comm.ll.ll
+    ll.spin, ll.yield_s = waits
     if what == "share":
         comm.ll.direct.share = on
-    else:
-        comm.ll.ll.yield_s = 0.0 if on else yield_s
+    elif what == "sleep" and on:
+        ll.yield_s = 0.0
+    elif what == "spin" and on:
+        ll.spin = 2e-3
     comm.planner.relayout(comm.planner.nodes)  # forget plans made with the other variant
 
 
@@ -57,7 +63,7 @@ def measure(comm, what: str, sizes: list[int], blocks: int) -> dict:
     if comm.size <= len(os.sched_getaffinity(0)):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[comm.rank]})
     assert comm.ll.direct is not None, "the single-copy path is off (RINGTREE_DEBUG=INFO)"
-    res, yield_s = {}, comm.ll.ll.yield_s
+    res, waits = {}, (comm.ll.ll.spin, comm.ll.ll.yield_s)
     for nbytes in sizes:
         per = nbytes // 4 // comm.size
         x = np.arange(per, dtype=np.float32) + comm.rank
@@ -67,7 +73,7 @@ def measure(comm, what: str, sizes: list[int], blocks: int) -> dict:
         cpu: dict[str, list[float]] = {"on": [], "off": []}
         for _ in range(blocks):
             for name in ("on", "off"):
-                _use(comm, what, name == "on", yield_s)
+                _use(comm, what, name == "on", waits)
                 comm.all_gather(x, out=out)
                 t, c = _block(comm, x, out, iters)
                 times[name].append(t)
@@ -81,7 +87,7 @@ def measure(comm, what: str, sizes: list[int], blocks: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--what", choices=["share", "sleep"], default="share")
+    ap.add_argument("--what", choices=["share", "sleep", "spin"], default="share")
     ap.add_argument("--sizes", default="4M,16M,64M")
     ap.add_argument("--blocks", type=int, default=7)
     a = ap.parse_args()

@@ -96,7 +96,10 @@ PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
 # the rank reads from (a line's inline payload holds 12 words)
 OUT, COUNT = 3, 4
 SHARE_MAX = 8       # ranks up to which the all-gather shares its reads (12 - COUNT)
-SHARE_PIECE = 512 << 10  # bytes a claim copies: 16 pieces of an 8 MiB block
+# bytes a claim copies (16 pieces of an 8 MiB block): 2 ranks, 8-64 MiB, alternated in
+# one job on a loaded host: 256 KiB, 1 MiB and 2 MiB 1.02-1.14x its time; 4 ranks on 2
+# cores within 5 % of it
+SHARE_PIECE = 512 << 10
 WROTE = 1 << 16     # a read status's flag: the failed call was a write (process_vm_writev)
 # the headers' algorithm: a rank that took the segment's path for the same call (other
 # settings) is a MismatchError naming both, not a read of what its line holds

@@ -14,6 +14,10 @@ and each one's fraction of the limit (limit time ÷ its time; 1.0 = at the limit
 place; all-gather and reduce-scatter into a separate output; float32 sum.
 
     python benchmarks/ll_reg.py --ranks 2 4 --sizes 1M 16M 64M --rounds 5
+
+``--min-bytes 0`` runs the registered variant on registered buffers at every size (the
+library's ``ll_reg.MIN_BYTES`` otherwise sends small calls to the ordinary path): the
+sweep that places the crossover, e.g. ``--sizes 256K 512K 1M 2M 4M 8M --min-bytes 0``.
 """
 
 from __future__ import annotations
@@ -70,6 +74,11 @@ def worker(args) -> None:
     import ringtree
 
     c = ringtree.init()
+    if args.min_bytes is not None:
+        from ringtree.runtime.protocols import ll_reg
+
+        reg = ll_reg.of(c)
+        reg.min_bytes = dict.fromkeys(reg.min_bytes, args.min_bytes)
     res: dict = {}
     for coll in args.colls.split(","):
         for nbytes in args.sizes:
@@ -102,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", nargs="+", default=["1M", "16M", "64M"])
     ap.add_argument("--colls", default="all_reduce,all_gather,reduce_scatter")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--min-bytes", type=int, default=None,
+                    help="registered buffers from this many bytes (default: the library's)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -118,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([run, "run", "-n", str(n), "--bind-to", "core" if n <= cpus else
                         "none", sys.executable, __file__, "--worker", "--out", out,
                         "--rounds", str(args.rounds), "--colls", args.colls, "--sizes",
-                        *map(str, args.sizes)], check=True)
+                        *map(str, args.sizes)] + ([] if args.min_bytes is None else
+                                                  ["--min-bytes", str(args.min_bytes)]),
+                       check=True)
         with open(out) as f:
             res = json.load(f)
         os.unlink(out)

@@ -1,8 +1,10 @@
 """Registered buffers (``Communicator.empty``, ``transports/shm_arena.py``,
 ``runtime/protocols/ll_reg.py``): all-reduce, all-gather and reduce-scatter reading the
 peers' buffers where they lie give the rank-order fold's bits for every dtype and op the
-split takes, in place and not, odd counts, 2-4 ranks; a call where one rank's buffers are
-not registered falls back on every rank; a killed peer is named."""
+split takes, in place and not, odd counts, 2-4 ranks, with the compiled entry
+(``Round.reg``) and without it (``RINGTREE_LL_NATIVE=0``); a call where one rank's buffers
+are not registered falls back on every rank; a killed peer is named, also while the
+others wait in the compiled entry."""
 
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ from test_ll_split import _want as _fold  # the rank-order fold of every rank's 
 
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
+from ringtree.ir.program import Collective
 from ringtree.runtime.protocols import ll_reg
 from ringtree.testing import run_ranks
+from ringtree.transports import shm_native
 
 CASES = [("float32", "sum"), ("float64", "max"), ("int32", "prod"), ("bfloat16", "sum"),
          ("float16", "sum"), ("uint8", "bxor"), ("float32", "min"), ("int64", "sum")]
@@ -97,12 +101,21 @@ def calls(comm, stream: bool) -> list[str]:
                 bad.append(f"all_gather {dname} count={count} in_place={in_place}")
     if ran.count(ran[0]) == len(ran):
         bad.append(f"only {ran[0]} ran registered")
+    native = shm_native.enabled()  # then every fold but float16's is compiled
+    for rop in reg.ops.values():
+        if (rop.k is not None) != (native and (rop.desc.dtype != "float16" or
+                                               rop.coll is Collective.ALL_GATHER)):
+            bad.append(f"{rop.describe()}: compiled entry {rop.k is not None}")
     return bad
 
 
-@pytest.mark.parametrize("nranks,stream", [(2, False), (2, True), (3, True), (4, False)])
-def test_registered_calls_give_the_rank_order_bits(nranks, stream):
-    assert run_ranks(calls, nranks, stream, timeout=120) == [[]] * nranks
+@pytest.mark.parametrize("nranks,stream,env", [
+    (2, False, {}), (2, True, {}), (3, True, {}), (4, False, {}),
+    (2, True, {"RINGTREE_LL_NATIVE": "0"}), (3, False, {"RINGTREE_LL_NATIVE": "0"})],
+    ids=["kernel-2", "kernel-2-stream", "kernel-3-stream", "kernel-4", "python-2-stream",
+         "python-3"])
+def test_registered_calls_give_the_rank_order_bits(nranks, stream, env):
+    assert run_ranks(calls, nranks, stream, timeout=120, env=env) == [[]] * nranks
 
 
 def mixed(comm) -> list[str]:
@@ -139,8 +152,9 @@ def test_a_mixed_call_falls_back_on_every_rank(nranks):
 
 
 def killed(comm, mid: bool) -> tuple[int | None, str]:
-    """Rank 1 dies before a registered all-reduce (``mid``: in its fold, after the
-    agreement, its buffers still mapped by the others); the others name it."""
+    """Rank 1 dies before a registered all-reduce (``mid``: after the agreement, before
+    its fold, its buffers still mapped by the others, who wait for it in the compiled
+    entry or, without it, in Python); the others name it."""
     reg = ll_reg.of(comm)
     reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
     x = comm.zeros(1 << 16)
@@ -149,7 +163,7 @@ def killed(comm, mid: bool) -> tuple[int | None, str]:
     for _ in range(3):
         comm.all_reduce(x)
     if comm.rank == 1:
-        reg._fold = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+        reg._fold = reg._native = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
     try:
         comm.all_reduce(x)
     except RingtreeError as e:
@@ -157,9 +171,11 @@ def killed(comm, mid: bool) -> tuple[int | None, str]:
     return None, "no error"
 
 
-@pytest.mark.parametrize("mid", [False, True])
-def test_a_killed_peer_is_named(mid):
-    assert_killed_named(run_ranks(killed, 3, mid, timeout=60, env=KILL_ENV))
+@pytest.mark.parametrize("mid,env", [(False, {}), (True, {}),
+                                     (True, {"RINGTREE_LL_NATIVE": "0"})],
+                         ids=["before", "in-the-kernel", "in-python"])
+def test_a_killed_peer_is_named(mid, env):
+    assert_killed_named(run_ranks(killed, 3, mid, timeout=60, env={**KILL_ENV, **env}))
 
 
 def test_arena_allocates_frees_and_locates():

@@ -1459,6 +1459,116 @@ static PyObject *Round_share(Round *k, PyObject *const *args, Py_ssize_t nargs) 
     return PyLong_FromLong(r);
 }
 
+/* ---- registered buffers in one entry (ringtree/runtime/protocols/ll_reg.py) ----------
+ * After the agreement (Python: every rank's buffers lie in its arena; their addresses,
+ * the peers' mapped once, come as integers), a registered call's data path and its LL
+ * synchronisations in one entry with the GIL released: fold the rows (block `me` of
+ * every rank's input where it lies, in rank order) into dst, then for an all-reduce
+ * publish call s and wait (the peers' folded blocks are final), copy every
+ * (dst, src, bytes) triple (the peers' folded blocks; an all-gather's inputs), publish
+ * the last call and wait (no rank returns while a peer may still read its buffers). The
+ * Round has no rows of its own: its lines, sleep words, budgets, dtype and op. */
+#define REG_PIECE (256 << 10) /* bytes per call of the fold loop: bfloat16's passes stay in L2 */
+
+/* dst = the fold of rows (each `len` bytes); through an L1 tile copied out when dst
+ * overlaps a row (in place: a row read after dst is written, or the fold loop's
+ * `restrict`), else straight into dst a piece at a time */
+static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
+                     Py_ssize_t len) {
+    int alias = 0;
+    for (int i = 0; i < nr; i++)
+        alias |= rows[i] < dst + len && dst < rows[i] + len;
+    char *r[MAXR];
+    char tile[TILE] __attribute__((aligned(64)));
+    Py_ssize_t step = alias ? TILE : REG_PIECE;
+    for (Py_ssize_t t = 0; t < len; t += step) {
+        Py_ssize_t m = len - t < step ? len - t : step;
+        for (int i = 0; i < nr; i++)
+            r[i] = rows[i] + t;
+        if (alias) {
+            f(tile, r, nr, m / item);
+            memcpy(dst + t, tile, m);
+        } else {
+            f(dst + t, r, nr, m / item);
+        }
+    }
+}
+
+/* the call words h of call s (its sequence number in h[1]'s low half) */
+static void next_head(const uint64_t h[3], uint64_t s, uint64_t out[3]) {
+    out[0] = h[0], out[2] = h[2];
+    out[1] = (h[1] & ~(uint64_t)0xFFFFFFFFu) | (s & 0xFFFFFFFFu);
+}
+
+/* the registered call, GIL released: -1 done; a code of call s (as run()): the fold is
+ * done, nothing after it; with `two`, SECOND + a code of call s + 1: all but that wait */
+static int reg_body(Round *k, uint64_t s, const uint64_t h[3], fold_fn f, char *const *rows,
+                    int nr, char *dst, Py_ssize_t len, char *const *cp, int ncp, int stream,
+                    int two) {
+    if (nr > 0 && len > 0)
+        reg_fold(f, ITEMSIZE[k->dtype], rows, nr, dst, len);
+    int r;
+    if (two && (r = publish_wait(k, (int)(s & 1), s, h)) != -1)
+        return r;
+    for (int i = 0; i < ncp; i++)
+        copy_out(cp[3 * i], cp[3 * i + 1], (Py_ssize_t)cp[3 * i + 2], stream);
+    uint64_t s2 = s + (uint64_t)two, h2[3];
+    next_head(h, s2, h2);
+    r = publish_wait(k, (int)(s2 & 1), s2, h2);
+    return r == -1 ? -1 : (two ? SECOND : 0) + r;
+}
+
+/* integers (addresses, or byte counts) of a tuple into dst (at most `max`): their
+ * number, or -1 with an exception */
+static int read_words(PyObject *t, char **dst, int max, const char *what) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) > max) {
+        PyErr_Format(PyExc_ValueError, "reg: %s must be a tuple of at most %d integers",
+                     what, max);
+        return -1;
+    }
+    int n = (int)PyTuple_GET_SIZE(t);
+    for (int i = 0; i < n; i++) {
+        dst[i] = (char *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(t, i));
+        if (dst[i] == NULL && PyErr_Occurred())
+            return -1;
+    }
+    return n;
+}
+
+/* reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two) -> int: reg_body. rows:
+ * the addresses of the rows to fold, in order (empty: no fold); dst, nbytes: where the
+ * fold goes and its bytes; copies: (dst, src, bytes) flattened; two: an all-reduce's
+ * two calls s and s + 1. The caller keeps every address valid and C-contiguous (its
+ * arrays and the peers' mappings) and runs LL.parity first. */
+static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two)");
+        return NULL;
+    }
+    uint64_t s, h[3];
+    if (call_words(args, &s, h) < 0)
+        return NULL;
+    char *rows[MAXR], *cp[3 * MAXR];
+    int nr = read_words(args[4], rows, MAXR, "rows");
+    int ncp = nr < 0 ? -1 : read_words(args[7], cp, 3 * MAXR, "copies");
+    char *dst = nr < 0 || ncp < 0 ? NULL : (char *)PyLong_AsVoidPtr(args[5]);
+    Py_ssize_t len = PyLong_AsSsize_t(args[6]);
+    int stream = PyObject_IsTrue(args[8]), two = PyObject_IsTrue(args[9]);
+    if (nr < 0 || ncp < 0 || PyErr_Occurred() || stream < 0 || two < 0)
+        return NULL;
+    fold_fn f = pick(k->dtype, k->op);
+    if (ncp % 3 || len < 0 || (nr > 0 && (nr < 2 || f == NULL || len % ITEMSIZE[k->dtype]))) {
+        PyErr_SetString(PyExc_ValueError, "reg: bad rows, copies or bytes, or no fold");
+        return NULL;
+    }
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = reg_body(k, s, h, f, rows, nr, dst, len, cp, ncp / 3, stream, two);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r);
+}
+
 static PyMethodDef Round_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Round_run, METH_FASTCALL,
      "run(x, out, s, h0, h1, h2): contribute, publish, wait, fold"},
@@ -1486,6 +1596,8 @@ static PyMethodDef Round_methods[] = {
      "bshot(x, out, s, seq): an in-place broadcast in one entry (NOBUF: not for it)"},
     {"shot", (PyCFunction)(void (*)(void))Round_shot, METH_FASTCALL,
      "shot(x, out, s, seq): a reduce-scatter in one entry, recorded (NOBUF: not for it)"},
+    {"reg", (PyCFunction)(void (*)(void))Round_reg, METH_FASTCALL,
+     "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two): a registered call"},
     {"rhot", (PyCFunction)(void (*)(void))Round_rhot, METH_FASTCALL,
      "rhot(x, out, s, seq) -> int: a reduce's one entry (the root: hot; others write)"},
     {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,

@@ -70,6 +70,7 @@ class Arena:
         self.returned: list[tuple[int, int, int]] = []        # freed, not yet merged
         self.names: list[str] = []
         self.peers: dict[tuple[int, int], np.ndarray] = {}    # (rank, chunk) -> bytes
+        self.bases: dict[tuple[int, int], tuple[int, int]] = {}  # -> (address, size)
         self.lock = threading.Lock()
         self.closed = False
 
@@ -162,7 +163,18 @@ class Arena:
         if m is None:
             mm = _map(seg.path_of(chunk_name(self.tag, rank, c, pid, ns)), None, False)
             m = self.peers[(rank, c)] = np.frombuffer(mm, np.uint8)
+            self.bases[(rank, c)] = m.ctypes.data, m.size
         return np.ndarray((count,), dtype, buffer=m, offset=off)
+
+    def peer_address(self, rank: int, pid: int, ns: str, word: int, nbytes: int) -> int:
+        """The address of ``nbytes`` of rank ``rank``'s arena at location ``word``, mapped
+        (and checked to lie in the chunk) as :meth:`peer` does; the mapping stays."""
+        c, off = word >> OFF_BITS, word & ((1 << OFF_BITS) - 1)
+        got = self.bases.get((rank, c))
+        if got is None or off + nbytes > got[1]:
+            self.peer(rank, pid, ns, word, np.dtype(np.uint8), nbytes)
+            got = self.bases[(rank, c)]
+        return got[0] + off
 
     def close(self) -> None:
         """Unlink this rank's names (arrays and peers' mappings stay valid)."""

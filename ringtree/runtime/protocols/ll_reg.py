@@ -55,6 +55,7 @@ from ringtree.ops import ReduceOp, Reducer, resolve
 from ringtree.runtime.plan import Desc
 from ringtree.runtime.protocols.ll_entry import MISS, timeout_of
 from ringtree.transports import shm_cma as cma
+from ringtree.transports import shm_native as native
 from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm_arena import Arena
 from ringtree.transports.shm_ll import ANN_SEQ, SEQ_MASK
@@ -93,11 +94,16 @@ def of(comm, create: bool = True):
 class RegOp:
     """One call shape: what ``LLRunner.run_arrays`` needs (name, desc, coll, run)."""
 
-    __slots__ = ("name", "coll", "desc", "head", "run", "describe")
+    __slots__ = ("name", "coll", "desc", "head", "run", "describe", "k")
 
-    def __init__(self, coll: Collective, dt: DType, count: int, red: Reducer | None, run):
+    def __init__(self, coll: Collective, dt: DType, count: int, red: Reducer | None, run,
+                 ll):
         self.name, self.coll, self.run = coll.value, coll, run
         code = red.code if red is not None else 0
+        # the compiled entry (Round.reg: the data path and the synchronisations after the
+        # agreement), or None: RINGTREE_LL_NATIVE=0, no compiler, a fold it does not do
+        self.k = native.make_round(ll, (0, 0), 0, ((), ()), 0, dt.code, code) if \
+            native.enabled() and (red is None or native.folds(dt.code, code)) else None
         self.desc = Desc(self.name, count, dt.value, dt.code, red.name if red else "-",
                          code, 0, 0, "registered", coll.code, PROTO_LL)
         self.head = WireHeader(0, count, 0, ALGO, coll.code, dt.code, code, PROTO_LL,
@@ -119,7 +125,8 @@ class Registered:
             Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER)}
         self.ops: dict[tuple, RegOp] = {}
         self._reds: dict[tuple, tuple] = {}  # (NumPy dtype, op as called) -> DType, Reducer
-        self.locs: list = []
+        self.locs: tuple = ()
+        self._args: tuple = (None, None)  # (key, Round.reg's arguments) of the last call
         self.current: RegOp | None = None
         self.in_place = False
         self._scratch = np.empty(0, np.uint8)
@@ -176,7 +183,7 @@ class Registered:
         if rop is None:
             run = self._all_reduce if coll is Collective.ALL_REDUCE else \
                 self._all_gather if coll is Collective.ALL_GATHER else self._scatter
-            rop = self.ops[key] = RegOp(coll, dt, count, red, run)
+            rop = self.ops[key] = RegOp(coll, dt, count, red, run, ll)
         try:
             locs = self._agree(rop, words, comm.timeout if t is None else t)
         except RingtreeError as err:
@@ -247,7 +254,7 @@ class Registered:
             if mine != theirs:
                 raise MismatchError(ll._mismatch(r, mine, theirs, s, rop.describe))
             locs[r] = (int(W[st + REG_IN]), int(W[st + REG_OUT]))
-        return None if plain else locs
+        return None if plain else tuple(locs)
 
     def _sync(self, rop: RegOp, t: float) -> None:
         self.ll.parity(t, rop.describe)
@@ -268,10 +275,13 @@ class Registered:
         m = x.size
         b = [q * m // n for q in range(n + 1)]
         lo, hi = b[me], b[me + 1]
-        rows = [x[lo:hi] if q == me else self._peer(q, self.locs[q][0], x.dtype, m)[lo:hi]
-                for q in range(n)]
-        self._fold(rows, out[lo:hi], red, self.in_place and me >= 2)
-        self._sync(rop, t)
+        if rop.k is None:
+            rows = [x[lo:hi] if q == me else self._peer(q, self.locs[q][0], x.dtype, m)[lo:hi]
+                    for q in range(n)]
+            self._fold(rows, out[lo:hi], red, self.in_place and me >= 2)
+            self._sync(rop, t)
+        elif self._native(x, out, t):
+            return  # (else the kernel folded, Python finished the first wait)
         copy = cma.stream if out.nbytes >= STREAM_MIN else np.copyto
         for q in range(n):
             if q != me and b[q + 1] > b[q]:
@@ -279,6 +289,9 @@ class Registered:
         self._sync(rop, t)
 
     def _all_gather(self, x: np.ndarray, out: np.ndarray, red, t: float) -> None:
+        if self.current.k is not None:
+            self._native(x, out, t)
+            return
         me, c = self.ll.rank, x.size
         copy = cma.stream if out.nbytes >= STREAM_MIN else np.copyto
         for q in range(self.ll.n):
@@ -289,12 +302,81 @@ class Registered:
         self._sync(self.current, t)
 
     def _scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer, t: float) -> None:
+        if self.current.k is not None:
+            self._native(x, out, t)
+            return
         n, me, c = self.ll.n, self.ll.rank, out.size
         rows = [x[me * c:(me + 1) * c] if q == me else
                 self._peer(q, self.locs[q][0], x.dtype, n * c)[me * c:(me + 1) * c]
                 for q in range(n)]
         self._fold(rows, out, red, self.in_place and me >= 2)
         self._sync(self.current, t)
+
+    # ---- the compiled entry ------------------------------------------------------------
+
+    def _native(self, x: np.ndarray, out: np.ndarray, t: float) -> bool:
+        """The call after the agreement in one kernel entry (``Round.reg``). True when
+        it is complete; False for an all-reduce whose first wait Python finished (a
+        peer slept or came late: the copy and the last synchronisation are left)."""
+        ll, rop = self.ll, self.current
+        key = (rop, self.locs, cma.address(x), cma.address(out))
+        args = self._args[1] if self._args[0] == key else self._prepare(key, x, out)
+        s = ll.seq + 1
+        if ll.synced < s - 1:
+            ll.parity(t, rop.describe)
+        h = rop.head
+        r = rop.k.reg(s, h[0], h[1] | (s & SEQ_MASK), h[2], *args)
+        ll.written[0] = ll.written[1] = None  # the kernel wrote the lines' headers
+        two = args[-1]
+        if r == -1:
+            ll.seq = ll.synced = s + two
+            return True
+        second = r >= native.SECOND // 2
+        ll.seq = s + second
+        native.finish(ll, rop.k, r - second * native.SECOND, ll.seq, t, rop.describe)
+        ll.synced = ll.seq
+        return second or not two
+
+    def _prepare(self, key: tuple, x: np.ndarray, out: np.ndarray) -> tuple:
+        """``Round.reg``'s arguments after ``s`` and the header: the rows' addresses
+        (every rank's input where it lies, the peers' mapped once), the fold's
+        destination and bytes, the copies (dst, src, bytes), streamed or not, two calls
+        or one. Kept for the next call with the same buffers and peers' locations."""
+        n, me, locs, coll = self.ll.n, self.ll.rank, self.locs, key[0].coll
+        item, xa, oa = x.itemsize, key[2], key[3]
+        rows: tuple = ()
+        dst, nbytes, cps = 0, 0, []
+        if coll is Collective.ALL_REDUCE:
+            m = x.size
+            b = [q * m // n * item for q in range(n + 1)]
+            rows = tuple(xa + b[me] if q == me else self._at(q, locs[q][0], m * item) + b[me]
+                         for q in range(n))
+            dst, nbytes = oa + b[me], b[me + 1] - b[me]
+            for q in range(n):
+                if q != me and b[q + 1] > b[q]:
+                    cps += [oa + b[q], self._at(q, locs[q][1], m * item) + b[q], b[q + 1] - b[q]]
+        elif coll is Collective.ALL_GATHER:
+            c = x.nbytes
+            for q in range(n):
+                if c and (q != me or not self.in_place):
+                    cps += [oa + q * c, xa if q == me else self._at(q, locs[q][0], c), c]
+        else:
+            c = out.nbytes
+            rows = tuple(xa + me * c if q == me else self._at(q, locs[q][0], n * c) + me * c
+                         for q in range(n))
+            dst, nbytes = oa, c
+        args = (rows, dst, nbytes, tuple(cps), out.nbytes >= STREAM_MIN,
+                coll is Collective.ALL_REDUCE)
+        self._args = (key, args)
+        return args
+
+    def _at(self, q: int, word: int, nbytes: int) -> int:
+        info = self.ll.peers[q]
+        try:
+            return self.arena.peer_address(q, info.pid, info.ns, word, nbytes)
+        except (OSError, TypeError) as e:
+            raise RingtreeError(f"rank {self.ll.rank} cannot map rank {q}'s registered "
+                                f"buffer: {e}") from None
 
     def _fold(self, rows: list, dst: np.ndarray, red: Reducer, alias: bool) -> None:
         """dst = ((rows[0] ⊕ rows[1]) ⊕ rows[2]) ⊕ …, a piece at a time when an

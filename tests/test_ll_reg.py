@@ -151,6 +151,38 @@ def test_a_mixed_call_falls_back_on_every_rank(nranks):
     assert run_ranks(mixed, nranks, timeout=60) == [[]] * nranks
 
 
+def reused(comm) -> list:
+    """The same buffers call after call (the kernel entry makes the agreement), then rank
+    1 on another registered buffer (the entry leaves the agreement to Python, which
+    learns the new location), back, then plain (every rank falls back): the fold's bits
+    every time; how often Python made or finished the agreement."""
+    reg = ll_reg.of(comm)
+    reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
+    n, r, dt, count = comm.size, comm.rank, DType.FLOAT32, 3001
+    x, other = comm.empty(count, np.float32), comm.empty(count, np.float32)
+    learned = []
+    real = reg._learn
+    reg._learn = lambda *a: (learned.append(1), real(*a))[1]
+    bad = []
+    for i in range(10):
+        buf = other if r == 1 and i == 5 else np.empty(count, np.float32) if \
+            r == 1 and i == 7 else x
+        buf[:] = _input(r, count, dt, "sum")
+        if comm.all_reduce(buf, "sum").tobytes() != _fold(n, count, dt, "sum").tobytes():
+            bad.append(f"call {i}")
+    return [bad, len(learned)]
+
+
+@pytest.mark.parametrize("nranks", [3])
+def test_the_kernel_makes_the_agreement_on_the_same_buffers(nranks):
+    res = run_ranks(reused, nranks, timeout=60, env=KILL_ENV)  # (long yields: no budget ends)
+    assert [bad for bad, _ in res] == [[]] * nranks
+    # Python's agreement: calls 0 (new buffers), 5, 6 (rank 1's other buffer, and back)
+    # and, but on rank 1 (plain: the ordinary path at once), 7; the kernel's at 1-4, 8, 9
+    # (without the kernel, Python makes every one: rank 1's plain call 7 is not one)
+    assert [k for _, k in res] == ([4, 3, 4] if shm_native.enabled() else [10, 9, 10])
+
+
 def killed(comm, mid: bool) -> tuple[int | None, str]:
     """Rank 1 dies before a registered all-reduce (``mid``: after the agreement, before
     its fold, its buffers still mapped by the others, who wait for it in the compiled
@@ -162,7 +194,8 @@ def killed(comm, mid: bool) -> tuple[int | None, str]:
         return killed_peer(comm, partial(comm.all_reduce, x))
     for _ in range(3):
         comm.all_reduce(x)
-    if comm.rank == 1:
+    if comm.rank == 1:  # its agreement in Python, then it dies; the others' in the kernel
+        reg._fast = lambda *a: False
         reg._fold = reg._native = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
     try:
         comm.all_reduce(x)

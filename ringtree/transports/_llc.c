@@ -237,6 +237,9 @@ typedef struct {
     uint64_t iscale;
     /* hot: the dtype object x must have (expect; NULL: any of the round's size) */
     PyObject *descr;
+    /* registered buffers' agreement (reg_words): this rank's state line, the peers' (in
+     * peer order), and the state-line words: the mark, input, output, header, announce */
+    Py_ssize_t reg_state, *reg_peer, reg_w[5];
 } Round;
 
 static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
@@ -273,6 +276,7 @@ static void Round_dealloc(Round *k) {
         PyBuffer_Release(&k->seg);
     PyMem_Free(k->peer_word[0]);
     PyMem_Free(k->place_off[0]);
+    PyMem_Free(k->reg_peer);
     PyObject_Free(k);
 }
 
@@ -1535,36 +1539,152 @@ static int read_words(PyObject *t, char **dst, int max, const char *what) {
     return n;
 }
 
-/* reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two) -> int: reg_body. rows:
- * the addresses of the rows to fold, in order (empty: no fold); dst, nbytes: where the
- * fold goes and its bytes; copies: (dst, src, bytes) flattened; two: an all-reduce's
- * two calls s and s + 1. The caller keeps every address valid and C-contiguous (its
- * arrays and the peers' mappings) and runs LL.parity first. */
-static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError,
-                        "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two)");
+/* ---- the agreement in the same entry --------------------------------------------------
+ * A call on the same buffers as the last one (the usual loop) also leaves the agreement
+ * to the entry: mark the call in the state line (its number last, after the locations
+ * and the header), then wait for each peer's mark within the budgets and compare its
+ * header and locations with the last call's. Anything else (a peer asleep, late, not
+ * registered, another header or other locations) is REG_LEARN: nothing done after the
+ * mark, and Python's agreement (ll_reg) goes on from there with the LL waits. */
+#define REG_LEARN (-RING - 2)
+enum { RW_SEQ, RW_IN, RW_OUT, RW_HEAD, RW_ANN };
+
+/* reg_words(state, peer_states, (seq, in, out, head, ann)) -> None: where reg's
+ * agreement writes and reads (word indices of the segment; offsets in a state line) */
+static PyObject *Round_reg_words(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "reg_words(state, peer_states, offsets)");
         return NULL;
     }
-    uint64_t s, h[3];
+    Py_ssize_t st = PyLong_AsSsize_t(args[0]), w[5];
+    if (PyErr_Occurred() || read_index_list(args[2], 5, w, "offsets") < 0)
+        return NULL;
+    Py_ssize_t *peer = PyMem_Calloc(k->npeers + 1, sizeof(Py_ssize_t));
+    if (peer == NULL)
+        return PyErr_NoMemory();
+    if (read_index_list(args[1], k->npeers, peer, "peer_states") < 0) {
+        PyMem_Free(peer);
+        return NULL;
+    }
+    Py_ssize_t top = (k->seg.len >> 3) - 8, hi = st;
+    for (int i = 0; i < k->npeers; i++)
+        hi = peer[i] > hi ? peer[i] : hi;
+    int bad = st < 0 || hi > top;
+    for (int i = 0; i < 5; i++)
+        bad |= w[i] < 0 || w[i] + (i == RW_HEAD ? 3 : 1) > 16;
+    if (bad) {
+        PyMem_Free(peer);
+        PyErr_SetString(PyExc_ValueError, "reg_words: words past the segment or the line");
+        return NULL;
+    }
+    PyMem_Free(k->reg_peer);
+    k->reg_peer = peer, k->reg_state = st;
+    memcpy(k->reg_w, w, sizeof w);
+    Py_RETURN_NONE;
+}
+
+/* does peer i show call s: marked, posted on its line, or announced (for Simple)? */
+static inline int reg_seen(Round *k, int i, int p, uint64_t s) {
+    Py_ssize_t st = k->reg_peer[i];
+    return __atomic_load_n(word(k, st + k->reg_w[RW_SEQ]), __ATOMIC_ACQUIRE) == s ||
+           __atomic_load_n(word(k, k->peer_word[p][i]), __ATOMIC_ACQUIRE) >= s ||
+           __atomic_load_n(word(k, st + k->reg_w[RW_ANN]), __ATOMIC_ACQUIRE) >= s;
+}
+
+/* mark call s (locations wi, wo, header h), wait for every peer's within the budgets:
+ * -1 when each marked it with our header and the locations in `locs` (2 a peer),
+ * else REG_LEARN. GIL released. */
+static int reg_agree(Round *k, uint64_t s, const uint64_t h[3], uint64_t wi, uint64_t wo,
+                     const uint64_t *locs) {
+    Py_ssize_t me = k->reg_state, *w = k->reg_w;
+    *word(k, me + w[RW_IN]) = wi;
+    *word(k, me + w[RW_OUT]) = wo;
+    for (int j = 0; j < 3; j++)
+        *word(k, me + w[RW_HEAD] + j) = h[j];
+    __atomic_store_n(word(k, me + w[RW_SEQ]), s, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* our mark before their sleep flags */
+    for (int i = 0; i < k->npeers; i++)
+        if (*word(k, k->peer_sleep[i]))
+            return REG_LEARN; /* Python rings its bell */
+    int p = (int)(s & 1), yielding = 0;
+    int64_t start = 0, spin_end = 0, end = 0;
+    for (int i = 0; i < k->npeers; i++) {
+        unsigned n = 0;
+        while (!reg_seen(k, i, p, s)) { /* as wait_peers: spin, then yield, then Python */
+            if (start == 0) {
+                start = now_ns();
+                spin_end = start + k->spin_ns, end = start + k->yield_ns;
+                end = end < spin_end ? spin_end : end;
+            }
+            if (yielding) {
+                sched_yield();
+                if (now_ns() >= end)
+                    return REG_LEARN;
+                continue;
+            }
+            CPU_RELAX();
+            if ((++n & 63) == 0) {
+                int64_t t = now_ns();
+                if (t >= end)
+                    return REG_LEARN;
+                yielding = t >= spin_end;
+            }
+        }
+        Py_ssize_t st = k->reg_peer[i];
+        if (*word(k, st + w[RW_SEQ]) != s || *word(k, st + w[RW_IN]) != locs[2 * i] ||
+            *word(k, st + w[RW_OUT]) != locs[2 * i + 1])
+            return REG_LEARN;
+        for (int j = 0; j < 3; j++)
+            if (*word(k, st + w[RW_HEAD] + j) != h[j])
+                return REG_LEARN;
+    }
+    return -1;
+}
+
+/* reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two[, agree]) -> int: reg_body.
+ * rows: the addresses of the rows to fold, in order (empty: no fold); dst, nbytes: where
+ * the fold goes and its bytes; copies: (dst, src, bytes) flattened; two: an all-reduce's
+ * two calls s and s + 1. agree: (in, out, peers' locations) when the entry also makes
+ * the agreement (reg_agree: REG_LEARN, or reg_body's codes). The caller keeps every
+ * address valid and C-contiguous (its arrays and the peers' mappings) and runs
+ * LL.parity first. */
+static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 && nargs != 11) {
+        PyErr_SetString(PyExc_TypeError,
+                        "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two[, agree])");
+        return NULL;
+    }
+    uint64_t s, h[3], wio[2] = {0, 0}, locs[2 * MAXR];
     if (call_words(args, &s, h) < 0)
         return NULL;
-    char *rows[MAXR], *cp[3 * MAXR];
+    char *rows[MAXR], *cp[3 * MAXR], *a[2 + 2 * MAXR];
     int nr = read_words(args[4], rows, MAXR, "rows");
     int ncp = nr < 0 ? -1 : read_words(args[7], cp, 3 * MAXR, "copies");
-    char *dst = nr < 0 || ncp < 0 ? NULL : (char *)PyLong_AsVoidPtr(args[5]);
+    int na = nargs == 11 && ncp >= 0 ? read_words(args[10], a, 2 + 2 * MAXR, "agree") : 0;
+    char *dst = nr < 0 || ncp < 0 || na < 0 ? NULL : (char *)PyLong_AsVoidPtr(args[5]);
     Py_ssize_t len = PyLong_AsSsize_t(args[6]);
     int stream = PyObject_IsTrue(args[8]), two = PyObject_IsTrue(args[9]);
-    if (nr < 0 || ncp < 0 || PyErr_Occurred() || stream < 0 || two < 0)
+    if (nr < 0 || ncp < 0 || na < 0 || PyErr_Occurred() || stream < 0 || two < 0)
         return NULL;
     fold_fn f = pick(k->dtype, k->op);
-    if (ncp % 3 || len < 0 || (nr > 0 && (nr < 2 || f == NULL || len % ITEMSIZE[k->dtype]))) {
-        PyErr_SetString(PyExc_ValueError, "reg: bad rows, copies or bytes, or no fold");
+    if (ncp % 3 || len < 0 || (nr > 0 && (nr < 2 || f == NULL || len % ITEMSIZE[k->dtype])) ||
+        (nargs == 11 && (k->reg_peer == NULL || na != 2 + 2 * k->npeers))) {
+        PyErr_SetString(PyExc_ValueError, "reg: bad rows, copies, bytes or agreement, or no "
+                                          "fold");
         return NULL;
     }
-    int r;
+    for (int i = 0; i < na; i++) {
+        if (i < 2)
+            wio[i] = (uint64_t)(uintptr_t)a[i];
+        else
+            locs[i - 2] = (uint64_t)(uintptr_t)a[i];
+    }
+    int r = -1;
     Py_BEGIN_ALLOW_THREADS
-    r = reg_body(k, s, h, f, rows, nr, dst, len, cp, ncp / 3, stream, two);
+    if (na)
+        r = reg_agree(k, s, h, wio[0], wio[1], locs);
+    if (r == -1)
+        r = reg_body(k, s, h, f, rows, nr, dst, len, cp, ncp / 3, stream, two);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(r);
 }
@@ -1597,7 +1717,9 @@ static PyMethodDef Round_methods[] = {
     {"shot", (PyCFunction)(void (*)(void))Round_shot, METH_FASTCALL,
      "shot(x, out, s, seq): a reduce-scatter in one entry, recorded (NOBUF: not for it)"},
     {"reg", (PyCFunction)(void (*)(void))Round_reg, METH_FASTCALL,
-     "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two): a registered call"},
+     "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two[, agree]): a registered call"},
+    {"reg_words", (PyCFunction)(void (*)(void))Round_reg_words, METH_FASTCALL,
+     "reg_words(state, peer_states, offsets): where reg's agreement writes and reads"},
     {"rhot", (PyCFunction)(void (*)(void))Round_rhot, METH_FASTCALL,
      "rhot(x, out, s, seq) -> int: a reduce's one entry (the root: hot; others write)"},
     {"hot", (PyCFunction)(void (*)(void))Round_hot, METH_FASTCALL,
@@ -1652,7 +1774,8 @@ PyMODINIT_FUNC PyInit__llc(void) {
         PyModule_AddIntConstant(m, "RING", RING) < 0 ||
         PyModule_AddIntConstant(m, "NOBUF", NOBUF) < 0 ||
         PyModule_AddIntConstant(m, "NOTMINE", NOTMINE) < 0 ||
-        PyModule_AddIntConstant(m, "SECOND", SECOND) < 0) {
+        PyModule_AddIntConstant(m, "SECOND", SECOND) < 0 ||
+        PyModule_AddIntConstant(m, "REG_LEARN", REG_LEARN) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -145,10 +145,10 @@ class Arena:
 
     # ---- where an array lies -------------------------------------------------------
 
-    def locate(self, x: np.ndarray) -> int:
-        """The location word (chunk << 40 | offset) of ``x``'s first byte when this
-        rank's arena holds all of ``x``; -1 otherwise."""
-        a = cma.address(x)
+    def locate(self, x: np.ndarray, a: int | None = None) -> int:
+        """The location word (chunk << 40 | offset) of ``x``'s first byte (at address
+        ``a``, if known) when this rank's arena holds all of ``x``; -1 otherwise."""
+        a = cma.address(x) if a is None else a
         for c, (_, base, size) in enumerate(self.chunks):
             if base <= a and a + x.nbytes <= base + size:
                 return c << OFF_BITS | (a - base)

@@ -64,6 +64,7 @@ RING = _llc.RING if _llc is not None else -1
 NOBUF = _llc.NOBUF if _llc is not None else -2  # Round.hot: not the round's buffer
 NOTMINE = _llc.NOTMINE if _llc is not None else -3  # Round.hot: not the owner's thread
 SECOND = _llc.SECOND if _llc is not None else 1 << 25  # Round.split: call s + 1's code
+REG_LEARN = _llc.REG_LEARN if _llc is not None else -4  # Round.reg: agreement to Python
 
 
 def available() -> bool:

@@ -104,6 +104,9 @@ class RegOp:
         # agreement), or None: RINGTREE_LL_NATIVE=0, no compiler, a fold it does not do
         self.k = native.make_round(ll, (0, 0), 0, ((), ()), 0, dt.code, code) if \
             native.enabled() and (red is None or native.folds(dt.code, code)) else None
+        if self.k is not None:  # where its agreement marks and reads (Registered._fast)
+            self.k.reg_words(ll.my_state, [st for _, st in ll.peer_state],
+                             (REG_SEQ, REG_IN, REG_OUT, REG_HEAD, ANN_SEQ))
         self.desc = Desc(self.name, count, dt.value, dt.code, red.name if red else "-",
                          code, 0, 0, "registered", coll.code, PROTO_LL)
         self.head = WireHeader(0, count, 0, ALGO, coll.code, dt.code, code, PROTO_LL,
@@ -126,7 +129,10 @@ class Registered:
         self.ops: dict[tuple, RegOp] = {}
         self._reds: dict[tuple, tuple] = {}  # (NumPy dtype, op as called) -> DType, Reducer
         self.locs: tuple = ()
-        self._args: tuple = (None, None)  # (key, Round.reg's arguments) of the last call
+        # the last call's (key, Round.reg's arguments, the peers' locations, flattened)
+        self._args: tuple = (None, None, ())
+        self._xa = self._oa = 0  # this call's input and output addresses
+        self.code: tuple | None = None  # (answer, s) of an entry that made the agreement
         self.current: RegOp | None = None
         self.in_place = False
         self._scratch = np.empty(0, np.uint8)
@@ -184,13 +190,18 @@ class Registered:
             run = self._all_reduce if coll is Collective.ALL_REDUCE else \
                 self._all_gather if coll is Collective.ALL_GATHER else self._scatter
             rop = self.ops[key] = RegOp(coll, dt, count, red, run, ll)
+        self.current, self.code, tt = rop, None, comm.timeout if t is None else t
         try:
-            locs = self._agree(rop, words, comm.timeout if t is None else t)
+            locs = self._fast(rop, words, tt)
+            if locs is False:
+                self._mark(rop, words)
+                locs = self._learn(rop, words, tt, True)
         except RingtreeError as err:
             raise comm._on_error(err) from None
         if locs is None:
             return MISS
-        self.locs, self.current = locs, rop
+        if locs is not True:
+            self.locs = locs
         comm.seq += 1
         result = x if out is None else out
         st = dt.storage  # (bfloat16: its uint16 bits)
@@ -207,7 +218,8 @@ class Registered:
                 not out.flags.c_contiguous or not out.flags.writeable or out.dtype != x.dtype:
             return None
         a, n, me = self.arena, self.ll.n, self.ll.rank
-        wi, wo = a.locate(x), a.locate(out)
+        self._xa, self._oa = cma.address(x), cma.address(out)
+        wi, wo = a.locate(x, self._xa), a.locate(out, self._oa)
         if wi < 0 or wo < 0:
             return None
         if coll is Collective.ALL_REDUCE:
@@ -221,9 +233,27 @@ class Registered:
         self.in_place = same
         return wi, wo
 
-    def _agree(self, rop: RegOp, words: tuple[int, int], t: float) -> list | None:
-        """Mark this call registered in the state line and learn the peers' choice:
-        every rank's (input, output) words when all are registered, else None."""
+    def _fast(self, rop: RegOp, words: tuple[int, int], t: float):
+        """On the buffers of the last call (and after an LL call), the agreement and the
+        call in one kernel entry (``Round.reg`` with ``agree``): True when it ran
+        (:attr:`code`, its answer, is for the call's run to complete); when the entry
+        left the agreement to Python (``REG_LEARN``), :meth:`_learn`'s answer; False
+        when it was not taken (nothing done)."""
+        ll, last = self.ll, self._args
+        if rop.k is None or last[0] is None or last[0][0] is not rop or \
+                last[0][2] != self._xa or last[0][3] != self._oa or ll.synced < ll.seq:
+            return False
+        s = ll.seq + 1
+        h = rop.head
+        r = rop.k.reg(s, h[0], h[1] | (s & SEQ_MASK), h[2], *last[1],
+                      (words[0], words[1], *last[2]))
+        if r != native.REG_LEARN:
+            self.code = (r, s)
+            return True
+        return self._learn(rop, words, t, False)  # (no wait here spun or yielded)
+
+    def _mark(self, rop: RegOp, words: tuple[int, int]) -> None:
+        """Mark this call registered in the state line: locations, header, number."""
         ll, W = self.ll, self.ll.W
         s = ll.seq + 1
         k = ll.my_state
@@ -234,6 +264,14 @@ class Registered:
         seg.fence()
         W[k + REG_SEQ] = s
         seg.fence()  # our mark before their sleep flags (Dekker with LL._sleep)
+
+    def _learn(self, rop: RegOp, words: tuple[int, int], t: float, busy: bool) -> tuple | None:
+        """After :meth:`_mark`, learn the peers' choice: every rank's (input, output)
+        words when all are registered, else None (``busy``: spin and yield first, as
+        the kernel did not)."""
+        ll, W = self.ll, self.ll.W
+        s = ll.seq + 1
+        k = ll.my_state
         for r, j in ll.peer_sleep:
             if W[j]:
                 seg.ring_bell(ll.peer_bells[r])
@@ -246,7 +284,7 @@ class Registered:
             def done(st=st, line=line) -> bool:
                 return W[st + REG_SEQ] == s or W[line] >= s or W[st + ANN_SEQ] >= s
             if not done():
-                ll._wait(r, done, s, t, rop.describe, None)
+                ll._wait(r, done, s, t, rop.describe, None, busy)
             if W[st + REG_SEQ] != s:  # read after what done() saw: a mark came first
                 plain = True
                 continue
@@ -315,19 +353,23 @@ class Registered:
     # ---- the compiled entry ------------------------------------------------------------
 
     def _native(self, x: np.ndarray, out: np.ndarray, t: float) -> bool:
-        """The call after the agreement in one kernel entry (``Round.reg``). True when
-        it is complete; False for an all-reduce whose first wait Python finished (a
-        peer slept or came late: the copy and the last synchronisation are left)."""
+        """The call after the agreement in one kernel entry (``Round.reg``; or its
+        answer, :attr:`code`, when the entry also made the agreement), completed: True;
+        False for an all-reduce whose first wait Python finished (a peer slept or came
+        late: the copy and the last synchronisation are left)."""
         ll, rop = self.ll, self.current
-        key = (rop, self.locs, cma.address(x), cma.address(out))
-        args = self._args[1] if self._args[0] == key else self._prepare(key, x, out)
-        s = ll.seq + 1
-        if ll.synced < s - 1:
-            ll.parity(t, rop.describe)
-        h = rop.head
-        r = rop.k.reg(s, h[0], h[1] | (s & SEQ_MASK), h[2], *args)
+        two = rop.coll is Collective.ALL_REDUCE
+        if self.code is not None:  # the entry of the agreement ran it
+            (r, s), self.code = self.code, None
+        else:
+            key = (rop, self.locs, self._xa, self._oa)
+            args = self._args[1] if self._args[0] == key else self._prepare(key, x, out)
+            s = ll.seq + 1
+            if ll.synced < s - 1:
+                ll.parity(t, rop.describe)
+            h = rop.head
+            r = rop.k.reg(s, h[0], h[1] | (s & SEQ_MASK), h[2], *args)
         ll.written[0] = ll.written[1] = None  # the kernel wrote the lines' headers
-        two = args[-1]
         if r == -1:
             ll.seq = ll.synced = s + two
             return True
@@ -367,7 +409,7 @@ class Registered:
             dst, nbytes = oa, c
         args = (rows, dst, nbytes, tuple(cps), out.nbytes >= STREAM_MIN,
                 coll is Collective.ALL_REDUCE)
-        self._args = (key, args)
+        self._args = (key, args, tuple(w for q in range(n) if q != me for w in locs[q]))
         return args
 
     def _at(self, q: int, word: int, nbytes: int) -> int:

@@ -3,9 +3,11 @@
 machine's limit, alternated in one job.
 
 For each rank count, one ``ringtree run`` job (pinned when the ranks fit the cores); in
-it, for each collective and size, blocks of back-to-back calls of three variants in
-turn (A B C A B C ...): ``plain`` (``np.ones`` buffers: the library's ordinary path),
-``registered`` (the same call on ``comm.zeros`` buffers) and ``limit`` (the adds and
+it, for each collective and size, blocks of back-to-back calls of four variants in
+turn (A B C D, B C D A, ...: the order turns each round): ``plain`` (``np.ones`` buffers: the library's ordinary path),
+``registered`` (the same call on ``comm.zeros`` buffers), ``registered-py`` (the same
+buffers with the compiled entry ``Round.reg`` set aside for the block: the path's NumPy
+steps and Python agreement) and ``limit`` (the adds and
 copies of ``benchmarks/cpu_peers_worker.py``'s ``Limit``, by the same processes). Prints
 the median over blocks of the slowest rank's µs per call, wall time and the calling
 thread's CPU time (on a loaded host a rank is often descheduled while its peer waits:
@@ -34,7 +36,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VARIANTS = ("plain", "registered", "limit")
+VARIANTS = ("plain", "registered", "registered-py", "limit")
 
 
 def _calls(c, coll: str, count: int) -> dict:
@@ -67,7 +69,21 @@ def _calls(c, coll: str, count: int) -> dict:
         with np.errstate(over="ignore"):  # its adds repeat on the same arrays
             getattr(lim, coll)(x, x) if coll != "all_reduce" else lim.all_reduce(x)
     out["limit"] = limit
+    out["registered-py"] = out["registered"]
     return out
+
+
+def _kernel(c, on: bool, saved: dict) -> None:
+    """Set the registered calls' compiled entries aside (``on`` False) or back."""
+    from ringtree.runtime.protocols import ll_reg
+
+    reg = ll_reg.of(c, create=False)
+    for rop in (reg.ops.values() if reg is not None else ()):
+        if on:
+            rop.k = saved.pop(rop, rop.k)
+        else:
+            saved.setdefault(rop, rop.k)
+            rop.k = None
 
 
 def worker(args) -> None:
@@ -85,8 +101,12 @@ def worker(args) -> None:
             calls = _calls(c, coll, nbytes // 4)
             iters = max(2, min(50, (16 << 20) // nbytes))
             got: dict = {v: ([], []) for v in VARIANTS}  # wall, CPU (this thread's)
+            saved: dict = {}
             for k in range(args.rounds + 1):
-                for v in VARIANTS:
+                # the order turns each round: no variant always follows the same one (the
+                # one after the registered variant, on the same buffers, found them warm)
+                for v in VARIANTS[k % len(VARIANTS):] + VARIANTS[:k % len(VARIANTS)]:
+                    _kernel(c, v != "registered-py", saved)
                     c.barrier()
                     t0, c0 = time.perf_counter(), time.thread_time()
                     for _ in range(iters):
@@ -138,12 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         for coll, per in res.items():
             for i, what in enumerate(("wall time", "CPU time")):
                 print(f"\n### {coll}, {n} ranks{' (pinned)' if n <= cpus else ''}, {what}\n")
-                print("| size | plain | registered | limit | registered ÷ plain | plain of "
-                      "limit | registered of limit |\n|---|---|---|---|---|---|---|")
+                print("| size | plain | registered | registered, no kernel | limit | "
+                      "registered ÷ plain | no kernel ÷ plain | plain of limit | registered "
+                      "of limit |\n|---|---|---|---|---|---|---|---|---|")
                 for nbytes, slow in per.items():
-                    p, r, lim = (statistics.median(v) * 1e6 for v in slow[i])
-                    print(f"| {int(nbytes) / 2 ** 20:g} MiB | {p:,.0f} | {r:,.0f} | "
-                          f"{lim:,.0f} | {r / p:.2f} | {lim / p:.2f} | {lim / r:.2f} |")
+                    p, r, rp, lim = (statistics.median(v) * 1e6 for v in slow[i])
+                    print(f"| {int(nbytes) / 2 ** 20:g} MiB | {p:,.0f} | {r:,.0f} | {rp:,.0f} | "
+                          f"{lim:,.0f} | {r / p:.2f} | {rp / p:.2f} | {lim / p:.2f} | "
+                          f"{lim / r:.2f} |")
     print(f"\n# load {os.getloadavg()[0]:.2f} at the end")
     return 0
 

@@ -1476,10 +1476,12 @@ static PyObject *Round_share(Round *k, PyObject *const *args, Py_ssize_t nargs) 
 
 /* dst = the fold of rows (each `len` bytes); through an L1 tile copied out when dst
  * overlaps a row (in place: a row read after dst is written, or the fold loop's
- * `restrict`), else straight into dst a piece at a time */
+ * `restrict`) or when `nt` (each tile streamed to dst: the peers read it next, and a
+ * line they read from memory costs less here than one taken from this core's cache),
+ * else straight into dst a piece at a time */
 static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
-                     Py_ssize_t len) {
-    int alias = 0;
+                     Py_ssize_t len, int nt) {
+    int alias = nt;
     for (int i = 0; i < nr; i++)
         alias |= rows[i] < dst + len && dst < rows[i] + len;
     char *r[MAXR];
@@ -1491,7 +1493,7 @@ static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
             r[i] = rows[i] + t;
         if (alias) {
             f(tile, r, nr, m / item);
-            memcpy(dst + t, tile, m);
+            copy_out(dst + t, tile, m, nt);
         } else {
             f(dst + t, r, nr, m / item);
         }
@@ -1505,17 +1507,18 @@ static void next_head(const uint64_t h[3], uint64_t s, uint64_t out[3]) {
 }
 
 /* the registered call, GIL released: -1 done; a code of call s (as run()): the fold is
- * done, nothing after it; with `two`, SECOND + a code of call s + 1: all but that wait */
+ * done, nothing after it; with `two`, SECOND + a code of call s + 1: all but that wait.
+ * `stream`: bit 0 the copies with non-temporal stores, bit 1 the folded block too */
 static int reg_body(Round *k, uint64_t s, const uint64_t h[3], fold_fn f, char *const *rows,
                     int nr, char *dst, Py_ssize_t len, char *const *cp, int ncp, int stream,
                     int two) {
     if (nr > 0 && len > 0)
-        reg_fold(f, ITEMSIZE[k->dtype], rows, nr, dst, len);
+        reg_fold(f, ITEMSIZE[k->dtype], rows, nr, dst, len, (stream & 2) != 0);
     int r;
     if (two && (r = publish_wait(k, (int)(s & 1), s, h)) != -1)
         return r;
     for (int i = 0; i < ncp; i++)
-        copy_out(cp[3 * i], cp[3 * i + 1], (Py_ssize_t)cp[3 * i + 2], stream);
+        copy_out(cp[3 * i], cp[3 * i + 1], (Py_ssize_t)cp[3 * i + 2], stream & 1);
     uint64_t s2 = s + (uint64_t)two, h2[3];
     next_head(h, s2, h2);
     r = publish_wait(k, (int)(s2 & 1), s2, h2);
@@ -1643,7 +1646,8 @@ static int reg_agree(Round *k, uint64_t s, const uint64_t h[3], uint64_t wi, uin
 
 /* reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two[, agree]) -> int: reg_body.
  * rows: the addresses of the rows to fold, in order (empty: no fold); dst, nbytes: where
- * the fold goes and its bytes; copies: (dst, src, bytes) flattened; two: an all-reduce's
+ * the fold goes and its bytes; copies: (dst, src, bytes) flattened; stream: bits, as
+ * reg_body; two: an all-reduce's
  * two calls s and s + 1. agree: (in, out, peers' locations) when the entry also makes
  * the agreement (reg_agree: REG_LEARN, or reg_body's codes). The caller keeps every
  * address valid and C-contiguous (its arrays and the peers' mappings) and runs
@@ -1663,7 +1667,7 @@ static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     int na = nargs == 11 && ncp >= 0 ? read_words(args[10], a, 2 + 2 * MAXR, "agree") : 0;
     char *dst = nr < 0 || ncp < 0 || na < 0 ? NULL : (char *)PyLong_AsVoidPtr(args[5]);
     Py_ssize_t len = PyLong_AsSsize_t(args[6]);
-    int stream = PyObject_IsTrue(args[8]), two = PyObject_IsTrue(args[9]);
+    int stream = (int)PyLong_AsLong(args[8]), two = PyObject_IsTrue(args[9]);
     if (nr < 0 || ncp < 0 || na < 0 || PyErr_Occurred() || stream < 0 || two < 0)
         return NULL;
     fold_fn f = pick(k->dtype, k->op);

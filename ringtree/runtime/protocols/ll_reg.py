@@ -65,16 +65,25 @@ from ringtree.transports.shm_ll import ANN_SEQ, SEQ_MASK
 REG_SEQ, REG_IN, REG_OUT, REG_HEAD = 8, 9, 10, 11
 # smallest call (bytes of the larger buffer) run on registered buffers, by (collective,
 # more than 2 ranks); below, the segment's one-entry paths (in C) cost less than this
-# path's Python and its synchronisations: where registered buffers took less CPU time
-# per call than plain ones in benchmarks/ll_reg.py (loaded runs, docs/design-notes.md)
-MIN_BYTES = {(Collective.ALL_REDUCE, False): 4 << 20, (Collective.ALL_REDUCE, True): 2 << 20,
-             (Collective.ALL_GATHER, False): 4 << 20, (Collective.ALL_GATHER, True): 8 << 20,
-             (Collective.REDUCE_SCATTER, False): 2 << 20,
-             (Collective.REDUCE_SCATTER, True): 2 << 20}
+# path's three synchronisations (the agreement, and the all-reduce's two): where
+# registered buffers were ahead of plain ones in three alternated runs of
+# benchmarks/ll_reg.py with the compiled entry (loaded host; "more" measured on 4 ranks
+# on 2 cores; docs/design-notes.md)
+MIN_BYTES = {(Collective.ALL_REDUCE, False): 2 << 20, (Collective.ALL_REDUCE, True): 512 << 10,
+             (Collective.ALL_GATHER, False): 4 << 20, (Collective.ALL_GATHER, True): 2 << 20,
+             (Collective.REDUCE_SCATTER, False): 512 << 10,
+             (Collective.REDUCE_SCATTER, True): 1 << 20}
 PIECE = 256 << 10       # bytes folded at a time when the fold keeps an accumulator
 # output bytes from which the peers' blocks are copied with streaming stores (no read for
 # ownership; as ll_direct's all-gather): a 32 MiB copy took 0.3-0.55x NumPy's alone
 STREAM_MIN = 8 << 20
+# an all-reduce's from this many bytes: its copies (in place, into the blocks the peers
+# read in the next call) and, in the kernel below STREAM_MIN, its folded block (which
+# the peers read at once) too: a line a peer reads from memory cost less here than one
+# taken from the writer's cache (2 ranks, 1 MiB: the copy 97 -> 43 us); at 256 KiB, in
+# the caches, streaming was slower, and from 16 MiB the streamed fold was (loaded
+# host; docs/design-notes.md)
+STREAM_MIN_AR = 1 << 20
 SKIP = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
 ALGO = algo_code("registered (in place)")
 
@@ -320,7 +329,7 @@ class Registered:
             self._sync(rop, t)
         elif self._native(x, out, t):
             return  # (else the kernel folded, Python finished the first wait)
-        copy = cma.stream if out.nbytes >= STREAM_MIN else np.copyto
+        copy = cma.stream if out.nbytes >= STREAM_MIN_AR else np.copyto
         for q in range(n):
             if q != me and b[q + 1] > b[q]:
                 copy(out[b[q]:b[q + 1]], self._peer(q, self.locs[q][1], x.dtype, m)[b[q]:b[q + 1]])
@@ -407,8 +416,10 @@ class Registered:
             rows = tuple(xa + me * c if q == me else self._at(q, locs[q][0], n * c) + me * c
                          for q in range(n))
             dst, nbytes = oa, c
-        args = (rows, dst, nbytes, tuple(cps), out.nbytes >= STREAM_MIN,
-                coll is Collective.ALL_REDUCE)
+        two, size = coll is Collective.ALL_REDUCE, out.nbytes
+        stream = size >= STREAM_MIN if not two else \
+            (size >= STREAM_MIN_AR) | (STREAM_MIN_AR <= size < STREAM_MIN) << 1
+        args = (rows, dst, nbytes, tuple(cps), int(stream), two)
         self._args = (key, args, tuple(w for q in range(n) if q != me for w in locs[q]))
         return args
 

@@ -22,7 +22,7 @@ from test_ll_split import _want as _fold  # the rank-order fold of every rank's 
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
 from ringtree.ir.program import Collective
-from ringtree.runtime.protocols import ll_reg
+from ringtree.runtime.protocols import ll_reg, ll_reg_kernel
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_native
 
@@ -52,7 +52,7 @@ def calls(comm, stream: bool) -> list[str]:
     (``stream``: streaming stores, see below)."""
     if stream:  # (this process only) an all-reduce's copies and, below 32 KiB (every
         # case but 4099 8-byte items), its folded block: the kernel's tiles streamed
-        ll_reg.STREAM_MIN_AR, ll_reg.STREAM_MIN = 0, 32 << 10
+        ll_reg_kernel.STREAM_MIN_AR, ll_reg_kernel.STREAM_MIN = 0, 32 << 10
     reg = ll_reg.of(comm)
     reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
     ran = []

@@ -35,6 +35,11 @@ reassociation), so the bits are those of every other path; a rank whose output b
 is its input (in place) and comes third or later in the order folds through a scratch
 piece.
 
+*Compiled.* Where the kernel folds the dtype and op (every one but float16's; any
+all-gather), the call after the agreement is one C entry, and on the buffers of the last
+call the agreement too (:mod:`.ll_reg_kernel`); ``RINGTREE_LL_NATIVE=0`` or a build
+without a compiler runs the same steps with NumPy, to the same bits.
+
 *Failure.* The waits are the LL waits (liveness, timeout, doorbell when ranks outnumber
 cores): a dead peer is named. A peer's memory stays mapped after it died, so a read of
 it cannot fault; the next wait names the rank.
@@ -53,7 +58,9 @@ from ringtree.ir.program import Collective
 from ringtree.ir.wire import PROTO_LL, WireHeader, algo_code
 from ringtree.ops import ReduceOp, Reducer, resolve
 from ringtree.runtime.plan import Desc
+from ringtree.runtime.protocols import ll_reg_kernel as kernel_path
 from ringtree.runtime.protocols.ll_entry import MISS, timeout_of
+from ringtree.runtime.protocols.ll_reg_kernel import KernelPath
 from ringtree.transports import shm_cma as cma
 from ringtree.transports import shm_native as native
 from ringtree.transports import shm_segment as seg
@@ -74,16 +81,6 @@ MIN_BYTES = {(Collective.ALL_REDUCE, False): 2 << 20, (Collective.ALL_REDUCE, Tr
              (Collective.REDUCE_SCATTER, False): 512 << 10,
              (Collective.REDUCE_SCATTER, True): 1 << 20}
 PIECE = 256 << 10       # bytes folded at a time when the fold keeps an accumulator
-# output bytes from which the peers' blocks are copied with streaming stores (no read for
-# ownership; as ll_direct's all-gather): a 32 MiB copy took 0.3-0.55x NumPy's alone
-STREAM_MIN = 8 << 20
-# an all-reduce's from this many bytes: its copies (in place, into the blocks the peers
-# read in the next call) and, in the kernel below STREAM_MIN, its folded block (which
-# the peers read at once) too: a line a peer reads from memory cost less here than one
-# taken from the writer's cache (2 ranks, 1 MiB: the copy 97 -> 43 us); at 256 KiB, in
-# the caches, streaming was slower, and from 16 MiB the streamed fold was (loaded
-# host; docs/design-notes.md)
-STREAM_MIN_AR = 1 << 20
 SKIP = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
 ALGO = algo_code("registered (in place)")
 
@@ -124,7 +121,7 @@ class RegOp:
         self.describe = lambda: text
 
 
-class Registered:
+class Registered(KernelPath):
     """A communicator's registered memory and the calls that read it in place."""
 
     def __init__(self, runner):
@@ -242,25 +239,6 @@ class Registered:
         self.in_place = same
         return wi, wo
 
-    def _fast(self, rop: RegOp, words: tuple[int, int], t: float):
-        """On the buffers of the last call (and after an LL call), the agreement and the
-        call in one kernel entry (``Round.reg`` with ``agree``): True when it ran
-        (:attr:`code`, its answer, is for the call's run to complete); when the entry
-        left the agreement to Python (``REG_LEARN``), :meth:`_learn`'s answer; False
-        when it was not taken (nothing done)."""
-        ll, last = self.ll, self._args
-        if rop.k is None or last[0] is None or last[0][0] is not rop or \
-                last[0][2] != self._xa or last[0][3] != self._oa or ll.synced < ll.seq:
-            return False
-        s = ll.seq + 1
-        h = rop.head
-        r = rop.k.reg(s, h[0], h[1] | (s & SEQ_MASK), h[2], *last[1],
-                      (words[0], words[1], *last[2]))
-        if r != native.REG_LEARN:
-            self.code = (r, s)
-            return True
-        return self._learn(rop, words, t, False)  # (no wait here spun or yielded)
-
     def _mark(self, rop: RegOp, words: tuple[int, int]) -> None:
         """Mark this call registered in the state line: locations, header, number."""
         ll, W = self.ll, self.ll.W
@@ -329,7 +307,7 @@ class Registered:
             self._sync(rop, t)
         elif self._native(x, out, t):
             return  # (else the kernel folded, Python finished the first wait)
-        copy = cma.stream if out.nbytes >= STREAM_MIN_AR else np.copyto
+        copy = cma.stream if out.nbytes >= kernel_path.STREAM_MIN_AR else np.copyto
         for q in range(n):
             if q != me and b[q + 1] > b[q]:
                 copy(out[b[q]:b[q + 1]], self._peer(q, self.locs[q][1], x.dtype, m)[b[q]:b[q + 1]])
@@ -340,7 +318,7 @@ class Registered:
             self._native(x, out, t)
             return
         me, c = self.ll.rank, x.size
-        copy = cma.stream if out.nbytes >= STREAM_MIN else np.copyto
+        copy = cma.stream if out.nbytes >= kernel_path.STREAM_MIN else np.copyto
         for q in range(self.ll.n):
             if q != me and c:
                 copy(out[q * c:(q + 1) * c], self._peer(q, self.locs[q][0], x.dtype, c))
@@ -358,78 +336,6 @@ class Registered:
                 for q in range(n)]
         self._fold(rows, out, red, self.in_place and me >= 2)
         self._sync(self.current, t)
-
-    # ---- the compiled entry ------------------------------------------------------------
-
-    def _native(self, x: np.ndarray, out: np.ndarray, t: float) -> bool:
-        """The call after the agreement in one kernel entry (``Round.reg``; or its
-        answer, :attr:`code`, when the entry also made the agreement), completed: True;
-        False for an all-reduce whose first wait Python finished (a peer slept or came
-        late: the copy and the last synchronisation are left)."""
-        ll, rop = self.ll, self.current
-        two = rop.coll is Collective.ALL_REDUCE
-        if self.code is not None:  # the entry of the agreement ran it
-            (r, s), self.code = self.code, None
-        else:
-            key = (rop, self.locs, self._xa, self._oa)
-            args = self._args[1] if self._args[0] == key else self._prepare(key, x, out)
-            s = ll.seq + 1
-            if ll.synced < s - 1:
-                ll.parity(t, rop.describe)
-            h = rop.head
-            r = rop.k.reg(s, h[0], h[1] | (s & SEQ_MASK), h[2], *args)
-        ll.written[0] = ll.written[1] = None  # the kernel wrote the lines' headers
-        if r == -1:
-            ll.seq = ll.synced = s + two
-            return True
-        second = r >= native.SECOND // 2
-        ll.seq = s + second
-        native.finish(ll, rop.k, r - second * native.SECOND, ll.seq, t, rop.describe)
-        ll.synced = ll.seq
-        return second or not two
-
-    def _prepare(self, key: tuple, x: np.ndarray, out: np.ndarray) -> tuple:
-        """``Round.reg``'s arguments after ``s`` and the header: the rows' addresses
-        (every rank's input where it lies, the peers' mapped once), the fold's
-        destination and bytes, the copies (dst, src, bytes), streamed or not, two calls
-        or one. Kept for the next call with the same buffers and peers' locations."""
-        n, me, locs, coll = self.ll.n, self.ll.rank, self.locs, key[0].coll
-        item, xa, oa = x.itemsize, key[2], key[3]
-        rows: tuple = ()
-        dst, nbytes, cps = 0, 0, []
-        if coll is Collective.ALL_REDUCE:
-            m = x.size
-            b = [q * m // n * item for q in range(n + 1)]
-            rows = tuple(xa + b[me] if q == me else self._at(q, locs[q][0], m * item) + b[me]
-                         for q in range(n))
-            dst, nbytes = oa + b[me], b[me + 1] - b[me]
-            for q in range(n):
-                if q != me and b[q + 1] > b[q]:
-                    cps += [oa + b[q], self._at(q, locs[q][1], m * item) + b[q], b[q + 1] - b[q]]
-        elif coll is Collective.ALL_GATHER:
-            c = x.nbytes
-            for q in range(n):
-                if c and (q != me or not self.in_place):
-                    cps += [oa + q * c, xa if q == me else self._at(q, locs[q][0], c), c]
-        else:
-            c = out.nbytes
-            rows = tuple(xa + me * c if q == me else self._at(q, locs[q][0], n * c) + me * c
-                         for q in range(n))
-            dst, nbytes = oa, c
-        two, size = coll is Collective.ALL_REDUCE, out.nbytes
-        stream = size >= STREAM_MIN if not two else \
-            (size >= STREAM_MIN_AR) | (STREAM_MIN_AR <= size < STREAM_MIN) << 1
-        args = (rows, dst, nbytes, tuple(cps), int(stream), two)
-        self._args = (key, args, tuple(w for q in range(n) if q != me for w in locs[q]))
-        return args
-
-    def _at(self, q: int, word: int, nbytes: int) -> int:
-        info = self.ll.peers[q]
-        try:
-            return self.arena.peer_address(q, info.pid, info.ns, word, nbytes)
-        except (OSError, TypeError) as e:
-            raise RingtreeError(f"rank {self.ll.rank} cannot map rank {q}'s registered "
-                                f"buffer: {e}") from None
 
     def _fold(self, rows: list, dst: np.ndarray, red: Reducer, alias: bool) -> None:
         """dst = ((rows[0] ⊕ rows[1]) ⊕ rows[2]) ⊕ …, a piece at a time when an

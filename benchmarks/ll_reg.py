@@ -13,7 +13,8 @@ the median over blocks of the slowest rank's µs per call, wall time and the cal
 thread's CPU time (on a loaded host a rank is often descheduled while its peer waits:
 wall time then measures the load, CPU time what the calls cost), registered ÷ plain,
 and each one's fraction of the limit (limit time ÷ its time; 1.0 = at the limit). All-reduce in
-place; all-gather and reduce-scatter into a separate output; float32 sum.
+place; all-gather and reduce-scatter into a separate output; float32 sum; ``--colls
+broadcast`` (root 0; its limit: one copy of the buffer) too.
 
     python benchmarks/ll_reg.py --ranks 2 4 --sizes 1M 16M 64M --rounds 5
 
@@ -61,11 +62,20 @@ def _calls(c, coll: str, count: int) -> dict:
         elif coll == "all_gather":
             x, y = alloc(per), alloc(per * n)
             out[v] = lambda x=x, y=y: c.all_gather(x, out=y)
+        elif coll == "broadcast":
+            x = alloc(count)
+            out[v] = lambda x=x: c.broadcast(x, 0)
         else:
             x, y = alloc(per * n), alloc(per)
             out[v] = lambda x=x, y=y: c.reduce_scatter(x, out=y)
     x = np.ones(count, np.float32)
+    y = np.ones(count, np.float32) if coll == "broadcast" else None
+
     def limit() -> None:
+        if y is not None:  # a broadcast's: a rank but the root copies the buffer
+            if c.rank:
+                np.copyto(y, x)
+            return
         with np.errstate(over="ignore"):  # its adds repeat on the same arrays
             getattr(lim, coll)(x, x) if coll != "all_reduce" else lim.all_reduce(x)
     out["limit"] = limit

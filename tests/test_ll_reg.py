@@ -1,10 +1,10 @@
 """Registered buffers (``Communicator.empty``, ``transports/shm_arena.py``,
 ``runtime/protocols/ll_reg.py``): all-reduce, all-gather and reduce-scatter reading the
-peers' buffers where they lie give the rank-order fold's bits for every dtype and op the
-split takes, in place and not, odd counts, 2-4 ranks, with the compiled entry
-(``Round.reg``) and without it (``RINGTREE_LL_NATIVE=0``); a call where one rank's buffers
-are not registered falls back on every rank; a killed peer is named, also while the
-others wait in the compiled entry."""
+peers' buffers where they lie give the rank-order fold's bits (a broadcast, the root's)
+for every dtype and op the split takes, in place and not, odd counts, 2-4 ranks, with
+the compiled entry (``Round.reg``) and without it (``RINGTREE_LL_NATIVE=0``); a call
+where one rank's buffers are not registered falls back on every rank; a killed peer is
+named, also while the others wait in the compiled entry."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from test_ll_split import _want as _fold  # the rank-order fold of every rank's 
 
 from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
-from ringtree.ir.program import Collective
 from ringtree.runtime.protocols import ll_reg, ll_reg_kernel
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_native
@@ -100,12 +99,17 @@ def calls(comm, stream: bool) -> list[str]:
             got = comm.all_gather(x, out=out)
             if _bits(got, dt) != whole.tobytes():
                 bad.append(f"all_gather {dname} count={count} in_place={in_place}")
+        for root in {0, n - 1}:  # broadcast: every rank gets the root's bits
+            x = _reg(comm, _input(r, count, dt, "sum"), dt)
+            comm.broadcast(x, root)
+            if _bits(x, dt) != _input(root, count, dt, "sum").tobytes():
+                bad.append(f"broadcast {dname} count={count} root={root}")
     if ran.count(ran[0]) == len(ran):
         bad.append(f"only {ran[0]} ran registered")
     native = shm_native.enabled()  # then every fold but float16's is compiled
     for rop in reg.ops.values():
         if (rop.k is not None) != (native and (rop.desc.dtype != "float16" or
-                                               rop.coll is Collective.ALL_GATHER)):
+                                               not rop.coll.reduces)):
             bad.append(f"{rop.describe()}: compiled entry {rop.k is not None}")
     return bad
 
@@ -121,7 +125,8 @@ def test_registered_calls_give_the_rank_order_bits(nranks, stream, env):
 
 def mixed(comm) -> list[str]:
     """Rank 1's buffers are plain in every other call (and rank 0's in a third): the
-    call falls back on every rank and still gives the fold's bits."""
+    call falls back on every rank and still gives the fold's bits (a broadcast: the
+    root's)."""
     reg = ll_reg.of(comm)
     reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
     n, r = comm.size, comm.rank
@@ -137,6 +142,10 @@ def mixed(comm) -> list[str]:
             got = comm.all_reduce(x, "sum", out=out)
             if got.tobytes() != _fold(n, count, dt, "sum").tobytes():
                 bad.append(f"call {i} in_place={in_place} registered={registered}")
+        x = _reg(comm, _input(r, count, dt, "sum"), dt, registered)
+        comm.broadcast(x, i % n)
+        if x.tobytes() != _input(i % n, count, dt, "sum").tobytes():
+            bad.append(f"broadcast {i} registered={registered}")
         if r == 1 and i == 3:
             time.sleep(0.05)  # the others wait for its mark or post
     if n == 2:  # 17 MiB on 2 ranks runs on Simple: rank 1 announces instead of posting

@@ -140,8 +140,7 @@ def _general(runner, comm, coll: Collective, x: np.ndarray, out, red,
 def _one_entry(runner, comm, coll: Collective, key: str, x: np.ndarray, out, red,
                timeout: float | None):
     reg = runner.reg  # (ll_reg)
-    if reg is not None and coll is not Collective.BROADCAST and \
-            x.nbytes * runner.ll.n >= reg.floor_blocks:
+    if reg is not None and x.nbytes * runner.ll.n >= reg.floor_blocks:
         done = reg.call(comm, coll, x, out, red, timeout)
         if done is not MISS:
             return done

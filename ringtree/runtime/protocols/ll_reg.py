@@ -79,7 +79,8 @@ REG_SEQ, REG_IN, REG_OUT, REG_HEAD = 8, 9, 10, 11
 MIN_BYTES = {(Collective.ALL_REDUCE, False): 2 << 20, (Collective.ALL_REDUCE, True): 512 << 10,
              (Collective.ALL_GATHER, False): 4 << 20, (Collective.ALL_GATHER, True): 2 << 20,
              (Collective.REDUCE_SCATTER, False): 512 << 10,
-             (Collective.REDUCE_SCATTER, True): 1 << 20}
+             (Collective.REDUCE_SCATTER, True): 1 << 20,
+             (Collective.BROADCAST, False): 512 << 10, (Collective.BROADCAST, True): 2 << 20}
 PIECE = 256 << 10       # bytes folded at a time when the fold keeps an accumulator
 SKIP = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
 ALGO = algo_code("registered (in place)")
@@ -100,11 +101,11 @@ def of(comm, create: bool = True):
 class RegOp:
     """One call shape: what ``LLRunner.run_arrays`` needs (name, desc, coll, run)."""
 
-    __slots__ = ("name", "coll", "desc", "head", "run", "describe", "k")
+    __slots__ = ("name", "coll", "desc", "head", "run", "describe", "k", "root")
 
     def __init__(self, coll: Collective, dt: DType, count: int, red: Reducer | None, run,
-                 ll):
-        self.name, self.coll, self.run = coll.value, coll, run
+                 ll, root: int = 0):
+        self.name, self.coll, self.run, self.root = coll.value, coll, run, root
         code = red.code if red is not None else 0
         # the compiled entry (Round.reg: the data path and the synchronisations after the
         # agreement), or None: RINGTREE_LL_NATIVE=0, no compiler, a fold it does not do
@@ -114,9 +115,9 @@ class RegOp:
             self.k.reg_words(ll.my_state, [st for _, st in ll.peer_state],
                              (REG_SEQ, REG_IN, REG_OUT, REG_HEAD, ANN_SEQ))
         self.desc = Desc(self.name, count, dt.value, dt.code, red.name if red else "-",
-                         code, 0, 0, "registered", coll.code, PROTO_LL)
+                         code, root, 0, "registered", coll.code, PROTO_LL)
         self.head = WireHeader(0, count, 0, ALGO, coll.code, dt.code, code, PROTO_LL,
-                               0).call_words()
+                               root).call_words()
         text = f"{self.name}(count={count}, {dt.value}, registered buffers)"
         self.describe = lambda: text
 
@@ -131,7 +132,8 @@ class Registered(KernelPath):
         me = ll.peers[ll.rank]
         self.arena = Arena(tag, ll.rank, me.pid, me.ns)
         self.min_bytes = {c: MIN_BYTES[(c, ll.n > 2)] for c in (
-            Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER)}
+            Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
+            Collective.BROADCAST)}
         self.ops: dict[tuple, RegOp] = {}
         self._reds: dict[tuple, tuple] = {}  # (NumPy dtype, op as called) -> DType, Reducer
         self.locs: tuple = ()
@@ -158,7 +160,8 @@ class Registered(KernelPath):
         never = self.ll.n == 1
         self.floor_all_reduce = inf if never else sizes[Collective.ALL_REDUCE]
         self.floor_blocks = inf if never else min(sizes[Collective.ALL_GATHER],
-                                                  sizes[Collective.REDUCE_SCATTER])
+                                                  sizes[Collective.REDUCE_SCATTER],
+                                                  sizes[Collective.BROADCAST])
 
     # ---- the call --------------------------------------------------------------------
 
@@ -172,6 +175,11 @@ class Registered(KernelPath):
             return MISS  # (the size first: every rank's answer is the same)
         t = timeout_of(timeout)
         words = self._locate(coll, x, out)
+        root = 0
+        if coll is Collective.BROADCAST:  # (``op`` is the root)
+            root, op = op, None
+            if type(root) is not int or not 0 <= root < ll.n:
+                return MISS  # the ordinary path refuses it
         if words is None:
             return MISS
         try:
@@ -190,12 +198,13 @@ class Registered(KernelPath):
             return MISS
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
-        key = (coll, dt, count, red)
+        key = (coll, dt, count, red, root)
         rop = self.ops.get(key)
         if rop is None:
-            run = self._all_reduce if coll is Collective.ALL_REDUCE else \
-                self._all_gather if coll is Collective.ALL_GATHER else self._scatter
-            rop = self.ops[key] = RegOp(coll, dt, count, red, run, ll)
+            run = {Collective.ALL_REDUCE: self._all_reduce, Collective.ALL_GATHER:
+                   self._all_gather, Collective.BROADCAST: self._broadcast}.get(
+                       coll, self._scatter)
+            rop = self.ops[key] = RegOp(coll, dt, count, red, run, ll, root)
         self.current, self.code, tt = rop, None, comm.timeout if t is None else t
         try:
             locs = self._fast(rop, words, tt)
@@ -228,7 +237,7 @@ class Registered(KernelPath):
         wi, wo = a.locate(x, self._xa), a.locate(out, self._oa)
         if wi < 0 or wo < 0:
             return None
-        if coll is Collective.ALL_REDUCE:
+        if coll is Collective.ALL_REDUCE or coll is Collective.BROADCAST:
             fits, same = out.size == x.size, wi == wo
         elif coll is Collective.ALL_GATHER:
             fits, same = out.size == n * x.size, wi == wo + me * x.nbytes
@@ -325,6 +334,16 @@ class Registered(KernelPath):
         if not self.in_place:
             copy(out[me * c:(me + 1) * c], x)
         self._sync(self.current, t)
+
+    def _broadcast(self, x: np.ndarray, out: np.ndarray, red, t: float) -> None:
+        rop = self.current
+        if rop.k is not None:
+            self._native(x, out, t)
+            return
+        if self.ll.rank != rop.root and x.size:  # copy the root's buffer where it lies
+            copy = cma.stream if x.nbytes >= kernel_path.STREAM_MIN else np.copyto
+            copy(x, self._peer(rop.root, self.locs[rop.root][0], x.dtype, x.size))
+        self._sync(rop, t)
 
     def _scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer, t: float) -> None:
         if self.current.k is not None:

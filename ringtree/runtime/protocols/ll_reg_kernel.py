@@ -105,6 +105,10 @@ class KernelPath:
             for q in range(n):
                 if q != me and b[q + 1] > b[q]:
                     cps += [oa + b[q], self._at(q, locs[q][1], m * item) + b[q], b[q + 1] - b[q]]
+        elif coll is Collective.BROADCAST:  # one copy of the root's buffer, but at the root
+            root, c = key[0].root, x.nbytes
+            if me != root and c:
+                cps = [oa, self._at(root, locs[root][0], c), c]
         elif coll is Collective.ALL_GATHER:
             c = x.nbytes
             for q in range(n):

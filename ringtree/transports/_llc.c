@@ -1618,6 +1618,7 @@ static int reg_agree(Round *k, uint64_t s, const uint64_t h[3], uint64_t wi, uin
                 start = now_ns();
                 spin_end = start + k->spin_ns, end = start + k->yield_ns;
                 end = end < spin_end ? spin_end : end;
+                yielding = k->spin_ns <= 0; /* ranks outnumber cores: no spin */
             }
             if (yielding) {
                 sched_yield();
@@ -1633,8 +1634,9 @@ static int reg_agree(Round *k, uint64_t s, const uint64_t h[3], uint64_t wi, uin
                 yielding = t >= spin_end;
             }
         }
-        Py_ssize_t st = k->reg_peer[i];
-        if (*word(k, st + w[RW_SEQ]) != s || *word(k, st + w[RW_IN]) != locs[2 * i] ||
+        Py_ssize_t st = k->reg_peer[i]; /* (acquire: its words before its number) */
+        if (__atomic_load_n(word(k, st + w[RW_SEQ]), __ATOMIC_ACQUIRE) != s ||
+            *word(k, st + w[RW_IN]) != locs[2 * i] ||
             *word(k, st + w[RW_OUT]) != locs[2 * i + 1])
             return REG_LEARN;
         for (int j = 0; j < 3; j++)

@@ -49,8 +49,8 @@ def _bits(a: np.ndarray, dt: DType) -> bytes:
 def calls(comm, stream: bool) -> list[str]:
     """Every case through the communicator, registered; the direct path must run
     (``stream``: streaming stores, see below)."""
-    if stream:  # (this process only) an all-reduce's copies and, below 32 KiB (every
-        # case but 4099 8-byte items), its folded block: the kernel's tiles streamed
+    if stream:  # (this process only) an all-reduce's pushed blocks streamed, the other
+        # collectives' copies from 32 KiB (every case but 4099 8-byte items: not)
         ll_reg_kernel.STREAM_MIN_AR, ll_reg_kernel.STREAM_MIN = 0, 32 << 10
     reg = ll_reg.of(comm)
     reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)

@@ -1466,24 +1466,27 @@ static PyObject *Round_share(Round *k, PyObject *const *args, Py_ssize_t nargs) 
 /* ---- registered buffers in one entry (ringtree/runtime/protocols/ll_reg.py) ----------
  * After the agreement (Python: every rank's buffers lie in its arena; their addresses,
  * the peers' mapped once, come as integers), a registered call's data path and its LL
- * synchronisations in one entry with the GIL released: fold the rows (block `me` of
- * every rank's input where it lies, in rank order) into dst, then for an all-reduce
- * publish call s and wait (the peers' folded blocks are final), copy every
- * (dst, src, bytes) triple (the peers' folded blocks; an all-gather's inputs), publish
- * the last call and wait (no rank returns while a peer may still read its buffers). The
- * Round has no rows of its own: its lines, sleep words, budgets, dtype and op. */
+ * synchronisation in one entry with the GIL released: fold the rows (block `me` of
+ * every rank's input where it lies, in rank order) into the destinations (an
+ * all-reduce: block `me` of every rank's output, pushed; a reduce-scatter: the own
+ * output), copy every (dst, src, bytes) triple (an all-gather's inputs, a broadcast's
+ * root), publish the call and wait (no rank returns while a peer may still read or write
+ * its buffers). The Round has no rows of its own: its lines, sleep words, budgets, dtype
+ * and op. */
 #define REG_PIECE (256 << 10) /* bytes per call of the fold loop: bfloat16's passes stay in L2 */
 
-/* dst = the fold of rows (each `len` bytes); through an L1 tile copied out when dst
- * overlaps a row (in place: a row read after dst is written, or the fold loop's
- * `restrict`) or when `nt` (each tile streamed to dst: the peers read it next, and a
- * line they read from memory costs less here than one taken from this core's cache),
- * else straight into dst a piece at a time */
-static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
-                     Py_ssize_t len, int nt) {
-    int alias = nt;
+/* every dsts[j] = the fold of rows (each `len` bytes); through an L1 tile copied out
+ * (streamed when `nt`: a line its owner then reads from memory costs less here than one
+ * taken from this core's cache) when there are several destinations, when `nt`, or when
+ * the destination overlaps a row (in place: a row read after it is written, or the fold
+ * loop's `restrict`), else straight into the one destination a piece at a time. A
+ * tile's rows are read before its destinations are written, so in place the fold reads
+ * no byte it wrote. */
+static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *const *dsts,
+                     int nd, Py_ssize_t len, int nt) {
+    int alias = nt || nd > 1;
     for (int i = 0; i < nr; i++)
-        alias |= rows[i] < dst + len && dst < rows[i] + len;
+        alias |= rows[i] < dsts[0] + len && dsts[0] < rows[i] + len;
     char *r[MAXR];
     char tile[TILE] __attribute__((aligned(64)));
     Py_ssize_t step = alias ? TILE : REG_PIECE;
@@ -1493,36 +1496,24 @@ static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
             r[i] = rows[i] + t;
         if (alias) {
             f(tile, r, nr, m / item);
-            copy_out(dst + t, tile, m, nt);
+            for (int j = 0; j < nd; j++)
+                copy_out(dsts[j] + t, tile, m, nt);
         } else {
-            f(dst + t, r, nr, m / item);
+            f(dsts[0] + t, r, nr, m / item);
         }
     }
 }
 
-/* the call words h of call s (its sequence number in h[1]'s low half) */
-static void next_head(const uint64_t h[3], uint64_t s, uint64_t out[3]) {
-    out[0] = h[0], out[2] = h[2];
-    out[1] = (h[1] & ~(uint64_t)0xFFFFFFFFu) | (s & 0xFFFFFFFFu);
-}
-
-/* the registered call, GIL released: -1 done; a code of call s (as run()): the fold is
- * done, nothing after it; with `two`, SECOND + a code of call s + 1: all but that wait.
- * `stream`: bit 0 the copies with non-temporal stores, bit 1 the folded block too */
+/* the registered call, GIL released: -1 done, else a code of call s (as run()): all but
+ * that wait is done. `stream`: the copies and the fold's tiles with non-temporal stores */
 static int reg_body(Round *k, uint64_t s, const uint64_t h[3], fold_fn f, char *const *rows,
-                    int nr, char *dst, Py_ssize_t len, char *const *cp, int ncp, int stream,
-                    int two) {
-    if (nr > 0 && len > 0)
-        reg_fold(f, ITEMSIZE[k->dtype], rows, nr, dst, len, (stream & 2) != 0);
-    int r;
-    if (two && (r = publish_wait(k, (int)(s & 1), s, h)) != -1)
-        return r;
+                    int nr, char *const *dsts, int nd, Py_ssize_t len, char *const *cp,
+                    int ncp, int stream) {
+    if (nr > 0 && nd > 0 && len > 0)
+        reg_fold(f, ITEMSIZE[k->dtype], rows, nr, dsts, nd, len, stream);
     for (int i = 0; i < ncp; i++)
-        copy_out(cp[3 * i], cp[3 * i + 1], (Py_ssize_t)cp[3 * i + 2], stream & 1);
-    uint64_t s2 = s + (uint64_t)two, h2[3];
-    next_head(h, s2, h2);
-    r = publish_wait(k, (int)(s2 & 1), s2, h2);
-    return r == -1 ? -1 : (two ? SECOND : 0) + r;
+        copy_out(cp[3 * i], cp[3 * i + 1], (Py_ssize_t)cp[3 * i + 2], stream);
+    return publish_wait(k, (int)(s & 1), s, h);
 }
 
 /* integers (addresses, or byte counts) of a tuple into dst (at most `max`): their
@@ -1646,37 +1637,36 @@ static int reg_agree(Round *k, uint64_t s, const uint64_t h[3], uint64_t wi, uin
     return -1;
 }
 
-/* reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two[, agree]) -> int: reg_body.
- * rows: the addresses of the rows to fold, in order (empty: no fold); dst, nbytes: where
- * the fold goes and its bytes; copies: (dst, src, bytes) flattened; stream: bits, as
- * reg_body; two: an all-reduce's
- * two calls s and s + 1. agree: (in, out, peers' locations) when the entry also makes
- * the agreement (reg_agree: REG_LEARN, or reg_body's codes). The caller keeps every
- * address valid and C-contiguous (its arrays and the peers' mappings) and runs
- * LL.parity first. */
+/* reg(s, h0, h1, h2, rows, dsts, nbytes, copies, stream[, agree]) -> int: reg_body.
+ * rows: the addresses of the rows to fold, in order (empty: no fold); dsts: where the
+ * fold goes (a tuple), and its bytes; copies: (dst, src, bytes) flattened; stream: with
+ * non-temporal stores. agree: (in, out, peers' locations) when the entry also makes the
+ * agreement (reg_agree: REG_LEARN, or reg_body's codes). The caller keeps every address
+ * valid and C-contiguous (its arrays and the peers' mappings) and runs LL.parity first. */
 static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10 && nargs != 11) {
+    if (nargs != 9 && nargs != 10) {
         PyErr_SetString(PyExc_TypeError,
-                        "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two[, agree])");
+                        "reg(s, h0, h1, h2, rows, dsts, nbytes, copies, stream[, agree])");
         return NULL;
     }
     uint64_t s, h[3], wio[2] = {0, 0}, locs[2 * MAXR];
     if (call_words(args, &s, h) < 0)
         return NULL;
-    char *rows[MAXR], *cp[3 * MAXR], *a[2 + 2 * MAXR];
+    char *rows[MAXR], *dsts[MAXR], *cp[3 * MAXR], *a[2 + 2 * MAXR];
     int nr = read_words(args[4], rows, MAXR, "rows");
-    int ncp = nr < 0 ? -1 : read_words(args[7], cp, 3 * MAXR, "copies");
-    int na = nargs == 11 && ncp >= 0 ? read_words(args[10], a, 2 + 2 * MAXR, "agree") : 0;
-    char *dst = nr < 0 || ncp < 0 || na < 0 ? NULL : (char *)PyLong_AsVoidPtr(args[5]);
-    Py_ssize_t len = PyLong_AsSsize_t(args[6]);
-    int stream = (int)PyLong_AsLong(args[8]), two = PyObject_IsTrue(args[9]);
-    if (nr < 0 || ncp < 0 || na < 0 || PyErr_Occurred() || stream < 0 || two < 0)
+    int nd = nr < 0 ? -1 : read_words(args[5], dsts, MAXR, "dsts");
+    int ncp = nd < 0 ? -1 : read_words(args[7], cp, 3 * MAXR, "copies");
+    int na = nargs == 10 && ncp >= 0 ? read_words(args[9], a, 2 + 2 * MAXR, "agree") : 0;
+    Py_ssize_t len = nr < 0 || nd < 0 || ncp < 0 || na < 0 ? 0 : PyLong_AsSsize_t(args[6]);
+    int stream = PyObject_IsTrue(args[8]);
+    if (nr < 0 || nd < 0 || ncp < 0 || na < 0 || PyErr_Occurred() || stream < 0)
         return NULL;
     fold_fn f = pick(k->dtype, k->op);
-    if (ncp % 3 || len < 0 || (nr > 0 && (nr < 2 || f == NULL || len % ITEMSIZE[k->dtype])) ||
-        (nargs == 11 && (k->reg_peer == NULL || na != 2 + 2 * k->npeers))) {
-        PyErr_SetString(PyExc_ValueError, "reg: bad rows, copies, bytes or agreement, or no "
-                                          "fold");
+    if (ncp % 3 || len < 0 || (nr > 0 && (nr < 2 || nd < 1 || f == NULL ||
+                                          len % ITEMSIZE[k->dtype])) ||
+        (nargs == 10 && (k->reg_peer == NULL || na != 2 + 2 * k->npeers))) {
+        PyErr_SetString(PyExc_ValueError, "reg: bad rows, destinations, copies, bytes or "
+                                          "agreement, or no fold");
         return NULL;
     }
     for (int i = 0; i < na; i++) {
@@ -1690,7 +1680,7 @@ static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (na)
         r = reg_agree(k, s, h, wio[0], wio[1], locs);
     if (r == -1)
-        r = reg_body(k, s, h, f, rows, nr, dst, len, cp, ncp / 3, stream, two);
+        r = reg_body(k, s, h, f, rows, nr, dsts, nd, len, cp, ncp / 3, stream);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(r);
 }
@@ -1723,7 +1713,7 @@ static PyMethodDef Round_methods[] = {
     {"shot", (PyCFunction)(void (*)(void))Round_shot, METH_FASTCALL,
      "shot(x, out, s, seq): a reduce-scatter in one entry, recorded (NOBUF: not for it)"},
     {"reg", (PyCFunction)(void (*)(void))Round_reg, METH_FASTCALL,
-     "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream, two[, agree]): a registered call"},
+     "reg(s, h0, h1, h2, rows, dsts, nbytes, copies, stream[, agree]): a registered call"},
     {"reg_words", (PyCFunction)(void (*)(void))Round_reg_words, METH_FASTCALL,
      "reg_words(state, peer_states, offsets): where reg's agreement writes and reads"},
     {"rhot", (PyCFunction)(void (*)(void))Round_rhot, METH_FASTCALL,

@@ -7,15 +7,17 @@ ranks (reads + writes), against the split through the LL segment
 (:mod:`.ll_split`: 4 S on 2 ranks):
 
 - all-reduce: fold block ``me`` of every rank's *input*, where it lies, in rank order
-  into the own output block (S read, S/n written), one synchronisation, copy every
-  peer's folded block out of *its output* (2 (n-1)/n S), one more: 2.5 S on 2 ranks, the
-  bound of ``benchmarks/cpu_peers.py``'s memory limit;
+  and push it into block ``me`` of every rank's *output* (S read, S written, the kernel
+  a tile at a time from L1: 2 S, under the 2.5 S of ``benchmarks/cpu_peers.py``'s
+  memory limit; without the kernel the own block is then copied out, 2.5 S on 2 ranks),
+  one synchronisation. Only rank ``me`` reads or writes block ``me`` of any buffer, so
+  in place no rank overwrites what another still folds;
 - all-gather: copy every peer's input into the output, one synchronisation;
-- reduce-scatter: fold block ``me`` of every input into the output, one synchronisation.
+- reduce-scatter: fold block ``me`` of every input into the output, one synchronisation;
+- broadcast: a rank but the root copies the root's buffer, one synchronisation.
 
-The last synchronisation is what lets a caller reuse its buffers: no rank returns while
-a peer may still read them (the all-reduce's first one also keeps a rank from
-overwriting, in place, an input block a peer still folds).
+The synchronisation is what lets a caller reuse its buffers: no rank returns while a
+peer may still read or write them.
 
 *Agreement.* Registration is each rank's own business, so a call may be mixed. Before
 anything else a rank whose buffers are all registered writes, in its LL state line (not
@@ -306,20 +308,19 @@ class Registered(KernelPath):
 
     def _all_reduce(self, x: np.ndarray, out: np.ndarray, red: Reducer, t: float) -> None:
         n, me, rop = self.ll.n, self.ll.rank, self.current
+        if rop.k is not None:
+            self._native(x, out, t)
+            return
         m = x.size
-        b = [q * m // n for q in range(n + 1)]
-        lo, hi = b[me], b[me + 1]
-        if rop.k is None:
-            rows = [x[lo:hi] if q == me else self._peer(q, self.locs[q][0], x.dtype, m)[lo:hi]
-                    for q in range(n)]
-            self._fold(rows, out[lo:hi], red, self.in_place and me >= 2)
-            self._sync(rop, t)
-        elif self._native(x, out, t):
-            return  # (else the kernel folded, Python finished the first wait)
+        lo, hi = me * m // n, (me + 1) * m // n
+        rows = [x[lo:hi] if q == me else self._peer(q, self.locs[q][0], x.dtype, m)[lo:hi]
+                for q in range(n)]
+        mine = out[lo:hi]
+        self._fold(rows, mine, red, self.in_place and me >= 2)
         copy = cma.stream if out.nbytes >= kernel_path.STREAM_MIN_AR else np.copyto
-        for q in range(n):
-            if q != me and b[q + 1] > b[q]:
-                copy(out[b[q]:b[q + 1]], self._peer(q, self.locs[q][1], x.dtype, m)[b[q]:b[q + 1]])
+        for q in range(n):  # pushed: only this rank reads or writes block me anywhere
+            if q != me and hi > lo:
+                copy(self._peer(q, self.locs[q][1], x.dtype, m)[lo:hi], mine)
         self._sync(rop, t)
 
     def _all_gather(self, x: np.ndarray, out: np.ndarray, red, t: float) -> None:

@@ -26,12 +26,10 @@ from ringtree.transports.shm_ll import SEQ_MASK
 # output bytes from which the peers' blocks are copied with streaming stores (no read for
 # ownership; as ll_direct's all-gather): a 32 MiB copy took 0.3-0.55x NumPy's alone
 STREAM_MIN = 8 << 20
-# an all-reduce's from this many bytes: its copies (in place, into the blocks the peers
-# read in the next call) and, in the kernel below STREAM_MIN, its folded block (which
-# the peers read at once) too: a line a peer reads from memory cost less here than one
-# taken from the writer's cache (2 ranks, 1 MiB: the copy 97 -> 43 us); at 256 KiB, in
-# the caches, streaming was slower, and from 16 MiB the streamed fold was (loaded
-# host; docs/design-notes.md)
+# an all-reduce's from this many bytes: the folded block pushed into every rank's output
+# with streaming stores (a line written into another core's cache costs more here than
+# one streamed to memory; at 256 KiB, in the caches, streaming was slower: loaded host,
+# docs/design-notes.md)
 STREAM_MIN_AR = 1 << 20
 
 
@@ -60,13 +58,11 @@ class KernelPath:
 
     # ---- the compiled entry ------------------------------------------------------------
 
-    def _native(self, x: np.ndarray, out: np.ndarray, t: float) -> bool:
+    def _native(self, x: np.ndarray, out: np.ndarray, t: float) -> None:
         """The call after the agreement in one kernel entry (``Round.reg``; or its
-        answer, :attr:`code`, when the entry also made the agreement), completed: True;
-        False for an all-reduce whose first wait Python finished (a peer slept or came
-        late: the copy and the last synchronisation are left)."""
+        answer, :attr:`code`, when the entry also made the agreement), completed (a
+        wait that outlasted the kernel's budgets finished in Python)."""
         ll, rop = self.ll, self.current
-        two = rop.coll is Collective.ALL_REDUCE
         if self.code is not None:  # the entry of the agreement ran it
             (r, s), self.code = self.code, None
         else:
@@ -77,34 +73,30 @@ class KernelPath:
                 ll.parity(t, rop.describe)
             h = rop.head
             r = rop.k.reg(s, h[0], h[1] | (s & SEQ_MASK), h[2], *args)
-        ll.written[0] = ll.written[1] = None  # the kernel wrote the lines' headers
-        if r == -1:
-            ll.seq = ll.synced = s + two
-            return True
-        second = r >= native.SECOND // 2
-        ll.seq = s + second
-        native.finish(ll, rop.k, r - second * native.SECOND, ll.seq, t, rop.describe)
-        ll.synced = ll.seq
-        return second or not two
+        ll.written[s & 1] = None  # the kernel wrote the line's header
+        ll.seq = s
+        if r != -1:
+            native.finish(ll, rop.k, r, s, t, rop.describe)
+        ll.synced = s
 
     def _prepare(self, key: tuple, x: np.ndarray, out: np.ndarray) -> tuple:
         """``Round.reg``'s arguments after ``s`` and the header: the rows' addresses
         (every rank's input where it lies, the peers' mapped once), the fold's
-        destination and bytes, the copies (dst, src, bytes), streamed or not, two calls
-        or one. Kept for the next call with the same buffers and peers' locations."""
+        destinations and bytes, the copies (dst, src, bytes), streamed or not. Kept for
+        the next call with the same buffers and peers' locations."""
         n, me, locs, coll = self.ll.n, self.ll.rank, self.locs, key[0].coll
-        item, xa, oa = x.itemsize, key[2], key[3]
+        item, xa, oa, size = x.itemsize, key[2], key[3], out.nbytes
         rows: tuple = ()
-        dst, nbytes, cps = 0, 0, []
-        if coll is Collective.ALL_REDUCE:
+        dsts: tuple = ()
+        nbytes, cps, stream = 0, [], size >= STREAM_MIN
+        if coll is Collective.ALL_REDUCE:  # block me folded, pushed to every output
             m = x.size
             b = [q * m // n * item for q in range(n + 1)]
             rows = tuple(xa + b[me] if q == me else self._at(q, locs[q][0], m * item) + b[me]
                          for q in range(n))
-            dst, nbytes = oa + b[me], b[me + 1] - b[me]
-            for q in range(n):
-                if q != me and b[q + 1] > b[q]:
-                    cps += [oa + b[q], self._at(q, locs[q][1], m * item) + b[q], b[q + 1] - b[q]]
+            dsts = tuple(oa + b[me] if q == me else self._at(q, locs[q][1], m * item) + b[me]
+                         for q in range(n))
+            nbytes, stream = b[me + 1] - b[me], size >= STREAM_MIN_AR
         elif coll is Collective.BROADCAST:  # one copy of the root's buffer, but at the root
             root, c = key[0].root, x.nbytes
             if me != root and c:
@@ -114,15 +106,12 @@ class KernelPath:
             for q in range(n):
                 if c and (q != me or not self.in_place):
                     cps += [oa + q * c, xa if q == me else self._at(q, locs[q][0], c), c]
-        else:
+        else:  # reduce-scatter: block me folded into the own output
             c = out.nbytes
             rows = tuple(xa + me * c if q == me else self._at(q, locs[q][0], n * c) + me * c
                          for q in range(n))
-            dst, nbytes = oa, c
-        two, size = coll is Collective.ALL_REDUCE, out.nbytes
-        stream = size >= STREAM_MIN if not two else \
-            (size >= STREAM_MIN_AR) | (STREAM_MIN_AR <= size < STREAM_MIN) << 1
-        args = (rows, dst, nbytes, tuple(cps), int(stream), two)
+            dsts, nbytes, stream = (oa,), c, False
+        args = (rows, dsts, nbytes, tuple(cps), stream)
         self._args = (key, args, tuple(w for q in range(n) if q != me for w in locs[q]))
         return args
 

@@ -1467,26 +1467,23 @@ static PyObject *Round_share(Round *k, PyObject *const *args, Py_ssize_t nargs) 
  * After the agreement (Python: every rank's buffers lie in its arena; their addresses,
  * the peers' mapped once, come as integers), a registered call's data path and its LL
  * synchronisation in one entry with the GIL released: fold the rows (block `me` of
- * every rank's input where it lies, in rank order) into the destinations (an
- * all-reduce: block `me` of every rank's output, pushed; a reduce-scatter: the own
- * output), copy every (dst, src, bytes) triple (an all-gather's inputs, a broadcast's
- * root), publish the call and wait (no rank returns while a peer may still read or write
+ * every rank's input where it lies, in rank order) into dst (block `me` of the own
+ * output), copy every (dst, src, bytes) triple (an all-reduce's folded block pushed into
+ * the peers' outputs, an all-gather's inputs, a broadcast's root), publish the call
+ * and wait (no rank returns while a peer may still read or write
  * its buffers). The Round has no rows of its own: its lines, sleep words, budgets, dtype
  * and op. */
 #define REG_PIECE (256 << 10) /* bytes per call of the fold loop: bfloat16's passes stay in L2 */
 
-/* every dsts[j] = the fold of rows (each `len` bytes); through an L1 tile copied out
- * (streamed when `nt`: a line its owner then reads from memory costs less here than one
- * taken from this core's cache) when there are several destinations, when `nt`, or when
- * the destination overlaps a row (in place: a row read after it is written, or the fold
- * loop's `restrict`), else straight into the one destination a piece at a time. A
- * tile's rows are read before its destinations are written, so in place the fold reads
- * no byte it wrote. */
-static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *const *dsts,
-                     int nd, Py_ssize_t len, int nt) {
-    int alias = nt || nd > 1;
+/* dst = the fold of rows (each `len` bytes); through an L1 tile copied out when dst
+ * overlaps a row (in place: a row read after dst is written, or the fold loop's
+ * `restrict`; a tile's rows are read before its bytes of dst are written), else
+ * straight into dst a piece at a time */
+static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
+                     Py_ssize_t len) {
+    int alias = 0;
     for (int i = 0; i < nr; i++)
-        alias |= rows[i] < dsts[0] + len && dsts[0] < rows[i] + len;
+        alias |= rows[i] < dst + len && dst < rows[i] + len;
     char *r[MAXR];
     char tile[TILE] __attribute__((aligned(64)));
     Py_ssize_t step = alias ? TILE : REG_PIECE;
@@ -1496,21 +1493,21 @@ static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *const
             r[i] = rows[i] + t;
         if (alias) {
             f(tile, r, nr, m / item);
-            for (int j = 0; j < nd; j++)
-                copy_out(dsts[j] + t, tile, m, nt);
+            memcpy(dst + t, tile, m);
         } else {
-            f(dsts[0] + t, r, nr, m / item);
+            f(dst + t, r, nr, m / item);
         }
     }
 }
 
 /* the registered call, GIL released: -1 done, else a code of call s (as run()): all but
- * that wait is done. `stream`: the copies and the fold's tiles with non-temporal stores */
+ * that wait is done. `stream`: the copies with non-temporal stores (no read for
+ * ownership; a line written into another core's cache costs more here than one
+ * streamed to memory) */
 static int reg_body(Round *k, uint64_t s, const uint64_t h[3], fold_fn f, char *const *rows,
-                    int nr, char *const *dsts, int nd, Py_ssize_t len, char *const *cp,
-                    int ncp, int stream) {
-    if (nr > 0 && nd > 0 && len > 0)
-        reg_fold(f, ITEMSIZE[k->dtype], rows, nr, dsts, nd, len, stream);
+                    int nr, char *dst, Py_ssize_t len, char *const *cp, int ncp, int stream) {
+    if (nr > 0 && len > 0)
+        reg_fold(f, ITEMSIZE[k->dtype], rows, nr, dst, len);
     for (int i = 0; i < ncp; i++)
         copy_out(cp[3 * i], cp[3 * i + 1], (Py_ssize_t)cp[3 * i + 2], stream);
     return publish_wait(k, (int)(s & 1), s, h);
@@ -1637,36 +1634,35 @@ static int reg_agree(Round *k, uint64_t s, const uint64_t h[3], uint64_t wi, uin
     return -1;
 }
 
-/* reg(s, h0, h1, h2, rows, dsts, nbytes, copies, stream[, agree]) -> int: reg_body.
- * rows: the addresses of the rows to fold, in order (empty: no fold); dsts: where the
- * fold goes (a tuple), and its bytes; copies: (dst, src, bytes) flattened; stream: with
+/* reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream[, agree]) -> int: reg_body.
+ * rows: the addresses of the rows to fold, in order (empty: no fold); dst, nbytes: where
+ * the fold goes and its bytes; copies: (dst, src, bytes) flattened; stream: with
  * non-temporal stores. agree: (in, out, peers' locations) when the entry also makes the
  * agreement (reg_agree: REG_LEARN, or reg_body's codes). The caller keeps every address
  * valid and C-contiguous (its arrays and the peers' mappings) and runs LL.parity first. */
 static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 9 && nargs != 10) {
         PyErr_SetString(PyExc_TypeError,
-                        "reg(s, h0, h1, h2, rows, dsts, nbytes, copies, stream[, agree])");
+                        "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream[, agree])");
         return NULL;
     }
     uint64_t s, h[3], wio[2] = {0, 0}, locs[2 * MAXR];
     if (call_words(args, &s, h) < 0)
         return NULL;
-    char *rows[MAXR], *dsts[MAXR], *cp[3 * MAXR], *a[2 + 2 * MAXR];
+    char *rows[MAXR], *cp[3 * MAXR], *a[2 + 2 * MAXR];
     int nr = read_words(args[4], rows, MAXR, "rows");
-    int nd = nr < 0 ? -1 : read_words(args[5], dsts, MAXR, "dsts");
-    int ncp = nd < 0 ? -1 : read_words(args[7], cp, 3 * MAXR, "copies");
+    int ncp = nr < 0 ? -1 : read_words(args[7], cp, 3 * MAXR, "copies");
     int na = nargs == 10 && ncp >= 0 ? read_words(args[9], a, 2 + 2 * MAXR, "agree") : 0;
-    Py_ssize_t len = nr < 0 || nd < 0 || ncp < 0 || na < 0 ? 0 : PyLong_AsSsize_t(args[6]);
+    char *dst = nr < 0 || ncp < 0 || na < 0 ? NULL : (char *)PyLong_AsVoidPtr(args[5]);
+    Py_ssize_t len = PyLong_AsSsize_t(args[6]);
     int stream = PyObject_IsTrue(args[8]);
-    if (nr < 0 || nd < 0 || ncp < 0 || na < 0 || PyErr_Occurred() || stream < 0)
+    if (nr < 0 || ncp < 0 || na < 0 || PyErr_Occurred() || stream < 0)
         return NULL;
     fold_fn f = pick(k->dtype, k->op);
-    if (ncp % 3 || len < 0 || (nr > 0 && (nr < 2 || nd < 1 || f == NULL ||
-                                          len % ITEMSIZE[k->dtype])) ||
+    if (ncp % 3 || len < 0 || (nr > 0 && (nr < 2 || f == NULL || len % ITEMSIZE[k->dtype])) ||
         (nargs == 10 && (k->reg_peer == NULL || na != 2 + 2 * k->npeers))) {
-        PyErr_SetString(PyExc_ValueError, "reg: bad rows, destinations, copies, bytes or "
-                                          "agreement, or no fold");
+        PyErr_SetString(PyExc_ValueError, "reg: bad rows, copies, bytes or agreement, or "
+                                          "no fold");
         return NULL;
     }
     for (int i = 0; i < na; i++) {
@@ -1680,7 +1676,7 @@ static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (na)
         r = reg_agree(k, s, h, wio[0], wio[1], locs);
     if (r == -1)
-        r = reg_body(k, s, h, f, rows, nr, dsts, nd, len, cp, ncp / 3, stream);
+        r = reg_body(k, s, h, f, rows, nr, dst, len, cp, ncp / 3, stream);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(r);
 }
@@ -1713,7 +1709,7 @@ static PyMethodDef Round_methods[] = {
     {"shot", (PyCFunction)(void (*)(void))Round_shot, METH_FASTCALL,
      "shot(x, out, s, seq): a reduce-scatter in one entry, recorded (NOBUF: not for it)"},
     {"reg", (PyCFunction)(void (*)(void))Round_reg, METH_FASTCALL,
-     "reg(s, h0, h1, h2, rows, dsts, nbytes, copies, stream[, agree]): a registered call"},
+     "reg(s, h0, h1, h2, rows, dst, nbytes, copies, stream[, agree]): a registered call"},
     {"reg_words", (PyCFunction)(void (*)(void))Round_reg_words, METH_FASTCALL,
      "reg_words(state, peer_states, offsets): where reg's agreement writes and reads"},
     {"rhot", (PyCFunction)(void (*)(void))Round_rhot, METH_FASTCALL,

@@ -7,11 +7,11 @@ ranks (reads + writes), against the split through the LL segment
 (:mod:`.ll_split`: 4 S on 2 ranks):
 
 - all-reduce: fold block ``me`` of every rank's *input*, where it lies, in rank order
-  and push it into block ``me`` of every rank's *output* (S read, S written, the kernel
-  a tile at a time from L1: 2 S, under the 2.5 S of ``benchmarks/cpu_peers.py``'s
-  memory limit; without the kernel the own block is then copied out, 2.5 S on 2 ranks),
-  one synchronisation. Only rank ``me`` reads or writes block ``me`` of any buffer, so
-  in place no rank overwrites what another still folds;
+  into the own output block (S read, S/n written), then push it into block ``me`` of
+  every peer's *output* (2 (n-1)/n S): 2.5 S on 2 ranks, the bound of
+  ``benchmarks/cpu_peers.py``'s memory limit, and one synchronisation. Only rank ``me``
+  reads or writes block ``me`` of any buffer, so in place no rank overwrites what
+  another still folds;
 - all-gather: copy every peer's input into the output, one synchronisation;
 - reduce-scatter: fold block ``me`` of every input into the output, one synchronisation;
 - broadcast: a rank but the root copies the root's buffer, one synchronisation.

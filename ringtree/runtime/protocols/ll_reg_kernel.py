@@ -26,7 +26,7 @@ from ringtree.transports.shm_ll import SEQ_MASK
 # output bytes from which the peers' blocks are copied with streaming stores (no read for
 # ownership; as ll_direct's all-gather): a 32 MiB copy took 0.3-0.55x NumPy's alone
 STREAM_MIN = 8 << 20
-# an all-reduce's from this many bytes: the folded block pushed into every rank's output
+# an all-reduce's from this many bytes: its folded block copied into the peers' outputs
 # with streaming stores (a line written into another core's cache costs more here than
 # one streamed to memory; at 256 KiB, in the caches, streaming was slower: loaded host,
 # docs/design-notes.md)
@@ -87,16 +87,16 @@ class KernelPath:
         n, me, locs, coll = self.ll.n, self.ll.rank, self.locs, key[0].coll
         item, xa, oa, size = x.itemsize, key[2], key[3], out.nbytes
         rows: tuple = ()
-        dsts: tuple = ()
-        nbytes, cps, stream = 0, [], size >= STREAM_MIN
-        if coll is Collective.ALL_REDUCE:  # block me folded, pushed to every output
+        dst, nbytes, cps, stream = 0, 0, [], size >= STREAM_MIN
+        if coll is Collective.ALL_REDUCE:  # block me folded, then pushed to the peers'
             m = x.size
             b = [q * m // n * item for q in range(n + 1)]
             rows = tuple(xa + b[me] if q == me else self._at(q, locs[q][0], m * item) + b[me]
                          for q in range(n))
-            dsts = tuple(oa + b[me] if q == me else self._at(q, locs[q][1], m * item) + b[me]
-                         for q in range(n))
-            nbytes, stream = b[me + 1] - b[me], size >= STREAM_MIN_AR
+            dst, nbytes, stream = oa + b[me], b[me + 1] - b[me], size >= STREAM_MIN_AR
+            for q in range(n):
+                if q != me and nbytes:
+                    cps += [self._at(q, locs[q][1], m * item) + b[me], dst, nbytes]
         elif coll is Collective.BROADCAST:  # one copy of the root's buffer, but at the root
             root, c = key[0].root, x.nbytes
             if me != root and c:
@@ -110,8 +110,8 @@ class KernelPath:
             c = out.nbytes
             rows = tuple(xa + me * c if q == me else self._at(q, locs[q][0], n * c) + me * c
                          for q in range(n))
-            dsts, nbytes, stream = (oa,), c, False
-        args = (rows, dsts, nbytes, tuple(cps), stream)
+            dst, nbytes = oa, c
+        args = (rows, dst, nbytes, tuple(cps), stream)
         self._args = (key, args, tuple(w for q in range(n) if q != me for w in locs[q]))
         return args
 

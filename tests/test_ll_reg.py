@@ -268,7 +268,7 @@ def perf_registered(comm) -> list:
     reg.runner.run_arrays = lambda c, rop, *a: (
         isinstance(rop, ll_reg.RegOp) and ran.append(rop.coll), real(c, rop, *a))[1]
     got = []
-    for coll in ("all_reduce", "all_gather", "reduce_scatter"):
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
         out = io.StringIO()
         argv = [coll, "-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-R", "1"]
         rc = Harness(parse_args(argv), RingtreeBackend(comm=comm), out, io.StringIO()).run()
@@ -286,12 +286,13 @@ def test_perf_dash_R_runs_on_registered_buffers():
     with pytest.raises(UsageError, match="-R must be"):
         parse_args(["all_reduce", "-R", "3"])
     for res in run_ranks(perf_registered, 2, timeout=90):
-        assert res == [(0, True, 1), (0, True, 2), (0, True, 3)], res
+        assert res == [(0, True, 1), (0, True, 2), (0, True, 3), (0, True, 4)], res
 
 
 def _torch_registered(ctx) -> list:
-    """``dist.all_reduce`` / ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` on
-    tensors made by ``torch.from_numpy`` over registered memory run registered."""
+    """``dist.all_reduce`` / ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` /
+    ``broadcast`` on tensors made by ``torch.from_numpy`` over registered memory run
+    registered."""
     import torch
     import torch.distributed as dist
 
@@ -312,8 +313,11 @@ def _torch_registered(ctx) -> list:
     dist.all_gather_into_tensor(y, x)
     z = torch.from_numpy(comm.zeros(m, np.float32))
     dist.reduce_scatter_tensor(z, y)  # y is the same on both ranks: twice block r
+    b = torch.from_numpy(comm.zeros(m, np.float32))
+    b += r + 1
+    dist.broadcast(b, src=1)
     return [ran, (t.min().item(), t.max().item()), (y[0].item(), y[-1].item()),
-            (z.min().item(), z.max().item())]
+            (z.min().item(), z.max().item()), (b.min().item(), b.max().item())]
 
 
 @pytest.mark.torch
@@ -324,5 +328,5 @@ def test_torch_tensors_over_registered_memory():
     with TorchRankPool(2, pg_timeout=60) as pool:
         res = pool.run_ok(_torch_registered)
     for r, got in enumerate(res):
-        assert got == [["all_reduce", "all_gather", "reduce_scatter"], (3.0, 3.0),
-                       (1.0, 2.0), (2.0 * (r + 1),) * 2], got
+        assert got == [["all_reduce", "all_gather", "reduce_scatter", "broadcast"], (3.0, 3.0),
+                       (1.0, 2.0), (2.0 * (r + 1),) * 2, (2.0, 2.0)], got

@@ -20,7 +20,7 @@ from test_ll_native import _input
 from test_ll_split import _want as _fold  # the rank-order fold of every rank's input
 
 from ringtree.dtypes import DType
-from ringtree.errors import RingtreeError
+from ringtree.errors import MismatchError, RingtreeError
 from ringtree.runtime.protocols import ll_reg, ll_reg_kernel
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_native
@@ -191,6 +191,26 @@ def test_the_kernel_makes_the_agreement_on_the_same_buffers(nranks):
     # and, but on rank 1 (plain: the ordinary path at once), 7; the kernel's at 1-4, 8, 9
     # (without the kernel, Python makes every one: rank 1's plain call 7 is not one)
     assert [k for _, k in res] == ([4, 3, 4] if shm_native.enabled() else [10, 9, 10])
+
+
+def mismatched(comm) -> str:
+    """Two calls on the same buffers (the second's agreement in the kernel entry), then
+    rank 1 asks for another op: both ranks are told, neither waits."""
+    reg = ll_reg.of(comm)
+    reg.min_bytes = dict.fromkeys(reg.min_bytes, 0)
+    x = comm.zeros(1000)
+    comm.all_reduce(x)
+    comm.all_reduce(x)
+    try:
+        comm.all_reduce(x, "max" if comm.rank == 1 else "sum")
+    except MismatchError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_mismatched_call_is_named_on_every_rank():
+    for msg in run_ranks(mismatched, 2, timeout=60):
+        assert "rank 0 and rank 1 disagree" in msg or "rank 1 and rank 0 disagree" in msg, msg
 
 
 def killed(comm, mid: bool) -> tuple[int | None, str]:

@@ -216,20 +216,16 @@ def test_xor_folding_equals_unfolded(make):
 
 
 # Sizes where a rank's sends to different peers reach its GPU's shared uplink at one
-# instant: the engine serves them by message id, whose order among one sender's
-# connections follows the receiver's rank, and XOR of blocks does not keep that order
-# (rank 1 sends to 3, 5, 9; its image 9 to 11, 13, 1). Blocks then differ in the
-# unfolded run and no single representative is exact (docs/design-notes.md, "the
-# butterflies' XOR fold proved on a XOR template": the tie order). Strict: once the
-# engine's tie order is group-invariant these pass and the marks must go.
+# instant. Engines serve them by message id; numbered by receiver, XOR of blocks did not
+# keep that order (rank 1 sends to 3, 5, 9; its image 9 to 11, 13, 1) and these folds
+# were off the unfolded run. Message ids now follow the order a sender first sends on
+# each connection (``pairing.issue_order``), which every fold keeps (docs/design-notes.md,
+# "the tie rule").
 TIES = [("dgx_h100", 4, {}, 1 * MiB), ("dgx_h100", 4, {}, 2 * MiB),
         ("dgx_h100", 4, {}, 3 * MiB),
         ("dgx_h100", 4, {}, 4 * MiB), ("dgx_h100", 8, {"leaf_ports": 2}, 1 * MiB)]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="tie order among one sender's connections is not invariant "
-                          "under XOR of blocks (known; see the design notes)")
 @pytest.mark.parametrize("name,nodes,kw,nbytes", TIES)
 def test_xor_fold_with_sender_ties(name, nodes, kw, nbytes):
     _exact("rabenseifner", presets.get(name, nodes, **kw), nbytes)

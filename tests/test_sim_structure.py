@@ -134,7 +134,10 @@ def test_the_cli_table_is_the_one_compiled_per_size(argv, capsys, monkeypatch):
 def _paired_by_dicts(st: Structure, lay, mask):
     """The messages as the compiler pairs them (:func:`ringtree.sim.compile.compiled.pair`, one
     dict of lists per connection), or None where it refuses."""
-    sends, recvs = {}, {}
+    sends, recvs, first = {}, {}, {}
+    for gid, rank in enumerate(lay.step_rank):      # first sends, empty steps included
+        for pos, q in enumerate(lay.send_to[gid]):
+            first.setdefault((rank, q, lay.step_chan[gid]), (gid, pos))
     send_ids = [[] for _ in lay.step_rank]
     recv_ids = [[] for _ in lay.step_rank]
     for gid in np.flatnonzero(mask).tolist():
@@ -148,7 +151,7 @@ def _paired_by_dicts(st: Structure, lay, mask):
         recv_ids[gid] = [0] * len(lay.recv_from[gid])
     cp = Compiled(st.n)
     try:
-        pair(cp, sends, recvs, send_ids, recv_ids, None)
+        pair(cp, sends, recvs, send_ids, recv_ids, None, first.get)
     except ValueError:
         return None
     return cp

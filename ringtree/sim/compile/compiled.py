@@ -10,7 +10,7 @@ connection with its i-th receive (the IR's matching rule).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from ringtree.ir.program import Buf, Program
 from ringtree.runtime.plan import DEFAULT_SLICE_BYTES, chunk_regions, compile_program
+from ringtree.sim.compile.pairing import issue_order
 
 __all__ = ["Compiled", "compile_programs", "DEFAULT_SLICE_BYTES"]
 
@@ -83,6 +84,9 @@ class _Builder:
         self.cp, self.fold, self.shares = cp, fold, shares
         self.n, self.xor = cp.world, cp.xor
         self.sends: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        # every connection's first send in program order, empty steps included: the
+        # rank of a sender's connections in the message numbering (:func:`pair`)
+        self.first: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.names: dict[tuple, str] = {}
         self.slice_cache: dict[tuple, tuple[int, ...]] = {}
@@ -125,9 +129,11 @@ class _Builder:
         cp.step_slices += slices
         cp.step_ops += ops
         cp.step_name += names
-        gid = base
+        gid, first = base, self.first
         for c, steps in enumerate(p.channels):
             for s in steps:
+                for pos, q in enumerate(s.send_to):
+                    first.setdefault((rank, q, c), (gid, pos))
                 if self.shares:
                     for q in s.send_to:
                         cp.declared.add((rank, q, c))
@@ -156,7 +162,7 @@ class _Builder:
     def pair(self) -> None:
         """Pair the i-th send with the i-th receive of every connection."""
         pair(self.cp, self.sends, self.recvs, self.send_ids, self.recv_ids,
-             self.cp.step_slices)
+             self.cp.step_slices, self.first.get)
 
 
 def rebased(first: int, prev: list[int], deps: list[tuple]) -> tuple[list[int], list[tuple]]:
@@ -195,11 +201,12 @@ def folded_sender(q: int, r: int, g: int, n: int, xor: bool) -> tuple[int, int]:
 
 
 def pair(cp: Compiled, sends: dict, recvs: dict, send_ids: list, recv_ids: list,
-         sizes: list | None) -> None:
-    """Number the messages of ``cp``: the i-th send of every connection (``sends``, its
-    (step, position) in program order) with its i-th receive; ``sizes``: check that both
-    ends cut the message into the same slices."""
-    for conn in sorted(set(sends) | set(recvs)):
+         sizes: list | None, first: Callable[[tuple], object]) -> None:
+    """Number the messages of ``cp``: connections in :func:`issue_order` (``first``: a
+    connection's first send), the i-th send of every connection (``sends``, its (step,
+    position) in program order) with its i-th receive; ``sizes``: check that both ends
+    cut the message into the same slices."""
+    for conn in issue_order(set(sends) | set(recvs), first):
         ss, rr = sends.get(conn, []), recvs.get(conn, [])
         if len(ss) != len(rr):
             raise ValueError(f"connection {conn[0]}→{conn[1]} channel {conn[2]}: "

@@ -191,7 +191,12 @@ def _fill(cp: Compiled, t: Program, steps: list, names: list, deps: list, ops: l
         _rank(cp, r, n, steps, names, deps, dependents, ops, gd[i:j], ln[i:j], elems,
               itemsize, cut, sends, recvs, send_ids, recv_ids)
         i = j
-    pair(cp, sends, recvs, send_ids, recv_ids, cp.step_slices)
+    first: dict[tuple[int, int], tuple[int, int]] = {}  # (channel, offset): first send
+    for g, (c, s) in enumerate(steps):
+        for pos, q in enumerate(s.send_to):
+            first.setdefault((c, offset_of(q, n)), (g, pos))
+    pair(cp, sends, recvs, send_ids, recv_ids, cp.step_slices,
+         lambda k: first.get((k[2], (k[1] - k[0]) % n)))
 
 
 def _rank(cp: Compiled, r: int, n: int, steps, names, deps, dependents, ops, gd, ln,

@@ -91,6 +91,9 @@ class Template:
                 sends.setdefault((c, offset_of(q, n)), []).append((gid, pos))
             for pos, q in enumerate(s.recv_from):
                 recvs.setdefault((c, -offset_of(q, n) % n), []).append((gid, pos))
+        # a sender's connections (channel, offset) in the order of their first sends:
+        # the message numbering's (:func:`.pairing.issue_order`), the same at every rank
+        self.conn_rank = {k: i for i, k in enumerate(sorted(sends, key=sends.__getitem__))}
         self.recv_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rstep,pos)->(sstep,c,a)
         self.send_of: dict[tuple[int, int], tuple[int, int, int]] = {}  # (sstep,pos)->(rstep,rpos,a)
         alike: dict[tuple[int, int, int, int, int], bool] = {}  # interned arrays, offset

@@ -20,7 +20,8 @@ channel's tree. So:
   links rebased by each rank's first step, and the send and receive ends are the slots
   read from the wiring's arrays, ``parent[t][ranks]``, one NumPy array per slot;
 - the messages are numbered as :func:`.compiled.pair` numbers them: ends sorted by
-  connection (sender, receiver, channel), ties in program order (step, then position),
+  sender, then connection in the order of its first send (:func:`.pairing.issue_order`,
+  empty steps included), ties in program order (step, then position),
   the k-th send paired with the k-th receive when both sides list the same connections
   and both ends cut the message into equal slices (else None, and the uncached compiler
   names the error).
@@ -43,6 +44,7 @@ from ringtree.runtime.plan import compile_program
 from ringtree.schedules import Options, generate
 from ringtree.schedules.tree import double_tree
 from ringtree.sim.compile.compiled import Compiled, Lengths, _Builder, moving, shape
+from ringtree.sim.compile.pairing import connection_ranks
 from ringtree.sim.compile.wired import Wired, tuples
 
 __all__ = ["ALGOS", "FROM_STEPS", "compile_tree"]
@@ -162,6 +164,8 @@ def compile_tree(coll: Collective, algo: str, n: int, opts: Options, count: int,
     pv = np.asarray(prev, _I)[tidx]
     full = np.asarray([bool(x) for x in slices])
     ends = [_ends(parts, keys, base, pk, off, peers, full, chan, side) for side in (0, 1)]
+    ends.append(ends[0] if full.all() else      # every send, empty steps too
+                _ends(parts, keys, base, pk, off, peers, np.ones_like(full), chan, 0))
     msgs = _pair(ends, slices, tidx, total)
     if msgs is None:
         return None
@@ -222,10 +226,11 @@ def _pair(ends: list[tuple[np.ndarray, ...]], slices: list[tuple], tidx: np.ndar
     or a message's ends in slices."""
     gs, ps, ss, ds, cs = ends[0]
     gr, pr, rr, qr, cr = ends[1]
-    n = int(max(ss.max(initial=0), rr.max(initial=0))) + 1
-    nc = int(cs.max(initial=0)) + 1
-    so = _by_connection(ss, ds, cs, gs, ps, n, nc)   # (sender, receiver, channel)
-    ro = _by_connection(qr, rr, cr, gr, pr, n, nc)
+    gd, pd, sd, dd, cd = ends[2]                       # every send, empty steps too
+    width = int(max(ps.max(initial=0), pr.max(initial=0), pd.max(initial=0))) + 1
+    krs, krr = connection_ranks((sd, dd, cd), gd * width + pd, (ss, ds, cs), (qr, rr, cr))
+    so = np.lexsort((gs * width + ps, krs, ss))       # sender, connection, program order
+    ro = np.lexsort((gr * width + pr, krr, qr))
     a, d, c = ss[so], ds[so], cs[so]
     if so.size != ro.size or not (np.array_equal(a, qr[ro]) and np.array_equal(d, rr[ro])
                                   and np.array_equal(c, cr[ro])):
@@ -243,16 +248,6 @@ def _pair(ends: list[tuple[np.ndarray, ...]], slices: list[tuple], tidx: np.ndar
     return dict(msg_src=a, msg_dst=d, msg_chan=c, msg_conn=np.cumsum(new) - 1,
                 msg_sstep=sstep, msg_rstep=rstep, conn_ends=(a[heads], d[heads], c[heads]),
                 send=_ids(total, sstep, ps[so]), recv=_ids(total, rstep, pr[ro]))
-
-
-def _by_connection(a: np.ndarray, b: np.ndarray, c: np.ndarray, step: np.ndarray,
-                   pos: np.ndarray, n: int, nc: int) -> np.ndarray:
-    """The order of ends sorting them by connection (a, b, c), ties in program order
-    (step, then position): program order first, then a stable sort by connection."""
-    width = int(pos.max(initial=0)) + 1
-    first = np.argsort(step * width + pos, kind="stable")
-    conn = (a * n + b) * nc + c
-    return first[np.argsort(conn[first], kind="stable")]
 
 
 def _ids(total: int, step: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -10,8 +10,9 @@ sends feeding receives), with exactly the engine's arithmetic:
 - slice i is ready at ``max(ready(i−1), arrivals of slice i) + γ``, injected at
   ``max(ready, previous injection on the connection)``;
 - congestion-aware: every link is a FIFO serving chunks in order of arrival — the
-  engine's heap order, (time, message, slice). A level's chunks are sorted per link and
-  served in that order. The order is *verified*: if any link would serve a chunk that
+  engine's heap order, (time, message, slice), a message's order being (sender, its
+  connection's rank in ``Template.conn_rank``, step). A level's chunks are sorted per
+  link and served in that order. The order is *verified*: if any link would serve a chunk that
   arrived before one it already served (a later level overtaking an earlier one), the
   batch is abandoned with :class:`Unordered` and the caller runs the event engine;
 - congestion-unaware: a connection is a pipe of its bottleneck bandwidth, shared as in
@@ -108,7 +109,7 @@ class _Links:
                                                  (self.shared, self.rate, self.llat))
         self.free = np.zeros(b * self.nl)
         self.last_t = np.full(b * self.nl, -np.inf)
-        self.last_k = np.zeros((b * self.nl, 5), np.int64)
+        self.last_k = np.zeros((b * self.nl, 4), np.int64)
 
 
 class _Run:
@@ -215,8 +216,9 @@ class _Run:
             if self.aware:
                 k, w = np.nonzero(on)
                 self.chunks.append((w, cols[k], np.full(w.size, i), t[k, w] + self.over,
-                                    b[k, w], recv[k, w], np.array([tp.steps[s][0] for s in
-                                                                   steps])[k],
+                                    b[k, w], recv[k, w], np.array(
+                                        [tp.conn_rank[(tp.steps[s][0], m[2])]
+                                         for s, m in zip(steps, meta)])[k],
                                     np.array([tp.steps[s][1] for s in steps])[k],
                                     [(m[0], m[1]) for m in meta], k))
                 continue
@@ -246,7 +248,7 @@ class _Run:
 
     def network(self) -> None:
         """Carry the level's chunks over their routes, link FIFOs in arrival order."""
-        src, col, sli, t, b, recv, chan, jj = (np.concatenate([c[k] for c in self.chunks])
+        src, col, sli, t, b, recv, rank, jj = (np.concatenate([c[k] for c in self.chunks])
                                                for k in range(8))
         lk = self.links
         for h in range(lk.route.shape[2]):
@@ -260,8 +262,8 @@ class _Run:
                 t[one] = self._single(link[one], t[one], b[one], sli[one])
             sh = np.nonzero(sh)[0]
             if sh.size:
-                t[sh] = self._hop(link[sh], t[sh], b[sh], (src[sh], recv[sh], chan[sh],
-                                                           jj[sh], sli[sh]))
+                t[sh] = self._hop(link[sh], t[sh], b[sh], (src[sh], rank[sh], jj[sh],
+                                                           sli[sh]))
         self.events += np.bincount(src // self.tp.gc, minlength=self.tp.copies)
         self._deliver(src, col, sli, t, recv)
 

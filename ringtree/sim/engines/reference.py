@@ -17,7 +17,12 @@ and a real one take the same steps (:mod:`.compiled` uses the executor's compile
    that flow recv → reduce → send one after another, so chains and trees pipeline;
    zero-length steps do nothing;
 4. messages of one (sender, receiver, channel) connection are injected and delivered in
-   program order (a NCCL connection / TCP stream is a FIFO).
+   program order (a NCCL connection / TCP stream is a FIFO);
+5. a link serves simultaneous arrivals in the order their senders issued them: chunks
+   that reach a link at one instant go by message id, then slice, and message ids
+   number senders by rank and one sender's connections in the order its Program first
+   sends on them (:func:`ringtree.sim.compile.pairing.issue_order`), so any renaming of
+   ranks that maps Programs onto Programs (the folds) keeps the order.
 
 Times are nanoseconds. The engine is a dataflow over (step, slice) times plus, for the
 congestion-aware model, an event heap ordering the chunks that meet on *shared* links.

@@ -50,12 +50,13 @@ ROWS = [
     ("DGX A100 + SHArP, 16 nodes", "bw", "all_reduce", "dgx_a100_sharp", 16, {},
      ("collnet_direct",), GiB, (210.0, 230.0),
      "sjeaugey in NVIDIA/nccl#320: CollNet with 8 NICs is NVLink-bound at ~110 GB/s algbw, "
-     "~220 GB/s busbw", "maintainer's estimate. miss: each GPU's NVLink carries 15/8 of "
-     "the buffer (scatter to the heads, the heads' multicast back, a head's share to its "
-     "NIC), so ≤ 125 GB/s algbw; the simulator issues sends without back-pressure, so a "
-     "GPU's whole scatter is queued on its NVLink ahead of the multicast it heads and the "
-     "two do not overlap as NCCL's chunked pipeline makes them (81 GB/s algbw; traced at "
-     "256 MiB on 2 nodes: every NVLink busy 2.14 of 3.46 ms)"),
+     "~220 GB/s busbw", "maintainer's estimate. Each GPU's NVLink carries 15/8 of the "
+     "buffer (scatter to the heads, the heads' multicast back, a head's share to its "
+     "NIC), so ≤ 125 GB/s algbw; the simulator issues sends without back-pressure, so "
+     "the phases overlap only as the link's ties order them: 98 GB/s algbw with a GPU's "
+     "simultaneous sends served channel by channel in program order, 81 GB/s (160.9 GB/s "
+     "busbw, a miss) when they went by receiver, the sends to the switch's virtual rank "
+     "(numbered after the GPUs) losing every tie to the scatter"),
     ("DGX H100, 1 node, ring", "bw", "all_reduce", "dgx_h100", 1, {}, ("ring",), 2 * GiB,
      (365.0, 370.0), "NVIDIA/nccl#1455 (NCCL_ALGO=RING, 2–4 GiB); sjeaugey in "
      "NVIDIA/nccl-tests#212 (~370 GB/s)", ""),
@@ -240,9 +241,10 @@ schedule's own hops, so their small-message latency is slightly counted twice.
 A limit of the engines, not of the protocols: sends are issued without back-pressure
 (NCCL's 8-slot FIFO credits are not modeled), so where a GPU's link carries two phases
 of a schedule — CollNetDirect's scatter and multicast, NVLS's `ld_reduce` and `st` — the
-first phase is queued whole ahead of the second and they do not overlap. CollNetDirect's
-row misses for this reason; NVLS's single-node schedule merges the two phases in the
-switch and charges the head's round trip as a bandwidth factor instead
+phases overlap only as far as the link's tie order lets them (a link serves simultaneous
+arrivals in the order their senders issued them). CollNetDirect's row is low for this
+reason (98 of at most 125 GB/s algbw); NVLS's single-node schedule merges the two phases
+in the switch and charges the head's round trip as a bandwidth factor instead
 (`ringtree/schedules/nvls.py`).
 
 ## Protocol crossovers on the DGX presets

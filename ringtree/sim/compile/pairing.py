@@ -18,7 +18,7 @@ in the same order, so the Compiled is the one :func:`.compiled.pair` fills
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import chain
 
 import numpy as np
@@ -26,7 +26,8 @@ import numpy as np
 __all__ = ["Ends", "connection_ranks", "issue_order", "pair"]
 
 
-def issue_order(conns, first: Callable[[tuple], object]) -> list:
+def issue_order(conns: Iterable[tuple[int, int, int]], first: Callable[[tuple], object]
+                ) -> list[tuple[int, int, int]]:
     """Connections (sender, receiver, channel) in message-numbering order: by sender,
     then by ``first(conn)``, the program order of the sender's first send on it (its
     Program's (step, position), empty steps included; None: never sent, last).

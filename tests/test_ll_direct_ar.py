@@ -157,7 +157,7 @@ def test_crossover_and_switch():
 
 
 def test_where_it_applies():
-    """2 ranks from MIN_BYTES; more ranks only when RINGTREE_CMA_MIN asks; no PREMUL_SUM;
+    """2 ranks and more from their MIN_BYTES, or where RINGTREE_CMA_MIN says; no PREMUL_SUM;
     the other collectives as ll_direct decides."""
     def direct(n: int, least: int | None):
         return SimpleNamespace(ll=SimpleNamespace(n=n), min_bytes=least,
@@ -165,7 +165,11 @@ def test_where_it_applies():
     ar, big, code = Collective.ALL_REDUCE, ll_direct_ar.MIN_BYTES[False] // 4, ReduceOp.SUM.code
     assert ll_direct_ar.applies(direct(2, None), ar, big, 4, code)
     assert not ll_direct_ar.applies(direct(2, None), ar, big - 1, 4, code)
-    assert not ll_direct_ar.applies(direct(4, None), ar, 1 << 40, 4, code)
+    more = ll_direct_ar.MIN_BYTES[True] // 4
+    assert more > big
+    assert ll_direct_ar.applies(direct(4, None), ar, more, 4, code)
+    assert not ll_direct_ar.applies(direct(4, None), ar, more - 1, 4, code)
+    assert not ll_direct_ar.applies(direct(3, None), ar, big, 4, code)
     assert ll_direct_ar.applies(direct(4, 1), ar, 1, 4, code)
     assert not ll_direct_ar.applies(direct(2, 1), ar, big, 4, ReduceOp.PREMUL_SUM.code)
     assert not ll_direct_ar.applies(None, ar, big, 4, code)

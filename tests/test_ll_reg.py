@@ -156,6 +156,16 @@ def mixed(comm) -> list[str]:
     return bad
 
 
+def test_which_calls_fold_with_numpy_steps():
+    """A 2-rank registered all-reduce from NUMPY_FOLD_FROM folds with NumPy's steps (the
+    bits test above runs both ways); other counts and collectives keep the entry."""
+    ar, at = ll_reg.Collective.ALL_REDUCE, ll_reg.NUMPY_FOLD_FROM
+    assert ll_reg._numpy_folds(ar, 2, at) and ll_reg._numpy_folds(ar, 2, 1 << 30)
+    assert not ll_reg._numpy_folds(ar, 2, at - 1)
+    assert not ll_reg._numpy_folds(ar, 3, 1 << 30)
+    assert not ll_reg._numpy_folds(ll_reg.Collective.ALL_GATHER, 2, 1 << 30)
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_mixed_call_falls_back_on_every_rank(nranks):
     assert run_ranks(mixed, nranks, timeout=60) == [[]] * nranks

@@ -61,8 +61,8 @@ collective that fails mid-way.
 Where it runs: from :data:`MIN_BYTES` (``RINGTREE_CMA_MIN`` overrides it, as for the
 other single-copy calls), where it was measured ahead of the segment's split and the
 ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers"): 2 ranks
-from 4 MiB; on more ranks (2 per core here) the kernel's slower copy cost as much CPU
-time as the split's extra passes, so it stays off there by default. Not for
+from 4 MiB; on more ranks from 32 MiB (below, with 2 ranks per core here, the kernel's
+slower copy cost as much CPU time as the split's extra passes). Not for
 PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
 (:func:`~ringtree.runtime.protocols.ll_direct.probe`) checks writes too.
 """
@@ -85,9 +85,12 @@ OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR
 # --colls all_reduce, alternated against the split and the ring in the same processes,
 # loaded host): 2 ranks 1.10-1.74x the split's speed at 4 MiB, 1.14-2.6x above, behind
 # or level at 1-2 MiB (0.74-1.03); 4 ranks on 2 cores level or behind the split at 2-64 MiB in three of four
-# runs (0.85-1.07; 1.74 once), so not on more than 2 ranks unless RINGTREE_CMA_MIN asks
-NEVER = 1 << 62
-MIN_BYTES: dict[bool, int] = {False: 4 << 20, True: NEVER}
+# runs (0.85-1.07; 1.74 once). On a quiet host (the split's time over this one's, two
+# runs each): 2 ranks 0.94 at 1 MiB, 0.98 at 2, 1.12 at 4, 1.32-1.34 at 8-16, 2.56 at 64;
+# 3 ranks 0.81-0.83 at 4 MiB, 0.99 at 8, 1.01-1.14 at 16, 1.08-1.19 at 32, 1.26-1.27 at 64;
+# 4 ranks on 2 cores 0.67-0.91 at 4 MiB, 0.85-1.02 at 8, 0.99-1.12 at 16, 1.00-1.06 at
+# 32, 1.02-1.16 at 64: so more than 2 ranks from 32 MiB
+MIN_BYTES: dict[bool, int] = {False: 4 << 20, True: 32 << 20}
 # bytes of a peer's row read and folded at a time: 2 ranks, 16 and 64 MiB, alternated in
 # one job (loaded host): 256 KiB pieces (ll_direct.PIECE) 1.03-1.13x the time of 512 KiB,
 # 1 MiB and 2 MiB within 3% of 512 KiB, 64 KiB 1.2x; two pieces of scratch fill the

@@ -100,6 +100,21 @@ def of(comm, create: bool = True):
     return runner.reg
 
 
+# from these bytes a 2-rank all-reduce runs NumPy's steps instead of the kernel's entry:
+# NumPy's adds (dispatched to the CPU's widest vectors) fold faster than the kernel's
+# loops (built for the baseline x86-64) once the rows leave L2; quiet host, 2 ranks
+# pinned, alternated in one job (benchmarks/ll_reg.py, three runs), NumPy's time over the
+# kernel's: 1 MiB 1.07-1.14, 2 MiB 0.97, 4 MiB 0.87-0.91, 8 MiB 0.75-0.79, 16 MiB
+# 0.81-0.84, 64 MiB 0.88-0.93; 4 ranks on 2 cores, where the entry's waits matter more,
+# the kernel was ahead or level at every size (4 MiB 0.71x NumPy's time)
+NUMPY_FOLD_FROM = 4 << 20
+
+
+def _numpy_folds(coll: Collective, n: int, nbytes: int) -> bool:
+    """Does this call fold with NumPy's steps rather than the kernel's entry?"""
+    return coll is Collective.ALL_REDUCE and n == 2 and nbytes >= NUMPY_FOLD_FROM
+
+
 class RegOp:
     """One call shape: what ``LLRunner.run_arrays`` needs (name, desc, coll, run)."""
 
@@ -112,7 +127,8 @@ class RegOp:
         # the compiled entry (Round.reg: the data path and the synchronisations after the
         # agreement), or None: RINGTREE_LL_NATIVE=0, no compiler, a fold it does not do
         self.k = native.make_round(ll, (0, 0), 0, ((), ()), 0, dt.code, code) if \
-            native.enabled() and (red is None or native.folds(dt.code, code)) else None
+            native.enabled() and (red is None or native.folds(dt.code, code)) and \
+            not _numpy_folds(coll, ll.n, count * dt.storage.itemsize) else None
         if self.k is not None:  # where its agreement marks and reads (Registered._fast)
             self.k.reg_words(ll.my_state, [st for _, st in ll.peer_state],
                              (REG_SEQ, REG_IN, REG_OUT, REG_HEAD, ANN_SEQ))

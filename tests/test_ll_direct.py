@@ -241,8 +241,10 @@ def test_a_refused_probe_falls_back_on_every_rank():
         assert res[r] == (True, "rank 1 may not read its peers"), res[r]
 
 
-def rank_1_dies(comm) -> tuple[int | None, str]:
-    x = np.ones(1000, np.float32)
+def rank_1_dies(comm, count: int = 1000) -> tuple[int | None, str]:
+    """Rank 1 killed after a first all-gather of ``count`` floats; what the survivors'
+    second one raises (the peer it names, the message)."""
+    x = np.ones(count, np.float32)
     comm.all_gather(x)  # planned on the direct path
     if comm.rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import threading
 import time
 
 import numpy as np
 import pytest
+from test_ll_direct import rank_1_dies as direct_rank_1_dies
 
-from ringtree.errors import CommAborted, PeerError, RingtreeError
+from ringtree.errors import RingtreeError
 from ringtree.runtime.protocols import ll_direct
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_cma as cma
@@ -154,16 +154,7 @@ def test_unshared_paths_give_the_same_bytes(env):
 
 def rank_1_dies(comm) -> tuple[int | None, str]:
     ll_direct.SHARE_PIECE = PIECE
-    x = np.ones(4 * PIECE, np.float32)
-    comm.all_gather(x)  # planned on the shared path
-    if comm.rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(0.05)
-    try:
-        comm.all_gather(x)
-    except (PeerError, CommAborted) as e:  # aborted: another survivor saw it first
-        return e.peer, f"{type(e).__name__}: {e}"
-    return None, "no error"
+    return direct_rank_1_dies(comm, 4 * PIECE)  # planned on the shared path
 
 
 @needs_claim

@@ -9,7 +9,9 @@ call of each block is kept and the medians printed, with staged ÷ direct (> 1: 
 single copy is faster). ``size`` is the larger buffer's bytes, float32 sum, out of place
 (all-reduce: in place, as ``comm.all_reduce(x)``; "staged" is the path the call takes
 without the single copy: the split through the segment, or the ring above
-``THRESHOLDS``; a third arm, ``ring``, forces the ring at every size). A busy host
+``THRESHOLDS``; a third arm, ``ring``, forces the ring at every size; all-gather and
+broadcast add ``unbounced``: the single copy reading straight into the output instead of
+through an L2 scratch, ``shm_cma.read_spans``). A busy host
 slows every arm alike; say how busy it was.
 
     python benchmarks/ll_direct.py --ranks 2 --sizes 64K,256K,1M,4M,16M,64M
@@ -33,8 +35,10 @@ def size(text: str) -> int:
     return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
 
 
-def _use(comm, direct) -> None:
+def _use(comm, direct, bounce=None) -> None:
     comm.ll.direct = direct
+    if direct is not None:  # the "unbounced" arm: peers read straight into the output
+        direct.scratch = bounce
     comm.planner.relayout(comm.planner.nodes)  # forget plans made with the other path
 
 
@@ -54,6 +58,7 @@ def measure(comm, colls: list[str], sizes: list[int], blocks: int) -> dict:
     direct = comm.ll.direct
     assert direct is not None, "the single-copy path is off here (RINGTREE_DEBUG=INFO: why)"
     direct.min_bytes = 1
+    bounce = direct.scratch
     res = {}
     for coll in colls:
         for nbytes in sizes:
@@ -70,9 +75,11 @@ def measure(comm, colls: list[str], sizes: list[int], blocks: int) -> dict:
             elif coll == "all_gather":
                 def call(small=small, big=big):
                     comm.all_gather(small, out=big)
+                arms += (("unbounced", direct),)
             elif coll == "broadcast":  # of the larger buffer, from rank 0
                 def call(big=big):
                     comm.broadcast(big, 0)
+                arms += (("unbounced", direct),)
             else:
                 def call(small=small, big=big):
                     comm.reduce_scatter(big, out=small)
@@ -80,12 +87,12 @@ def measure(comm, colls: list[str], sizes: list[int], blocks: int) -> dict:
             times: dict[str, list[float]] = {name: [] for name, _ in arms}
             for _ in range(blocks):
                 for name, d in arms:
-                    _use(comm, d)
+                    _use(comm, d, None if name == "unbounced" else bounce)
                     run = partial(call, algo="ring") if name == "ring" else call
                     run()
                     times[name].append(_block(comm, run, iters))
             res[(coll, nbytes)] = {k: statistics.median(v) for k, v in times.items()}
-    _use(comm, direct)
+    _use(comm, direct, bounce)
     return res
 
 
@@ -102,13 +109,13 @@ def main() -> None:
     res = run_ranks(measure, a.ranks, a.colls.split(","), sizes, a.blocks, timeout=3600)[0]
     if isinstance(res, BaseException):
         raise res
-    print("| collective | size | direct | staged | staged ÷ direct | ring | ring ÷ direct |\n"
-          "|---|---|---|---|---|---|---|")
+    print("| collective | size | direct | staged | staged ÷ direct | ring | ring ÷ direct "
+          "| unbounced | unbounced ÷ direct |\n|---|---|---|---|---|---|---|---|---|")
     for (coll, nbytes), t in res.items():
-        ring = f"{t['ring'] * 1e6:,.1f} | {t['ring'] / t['direct']:.2f}" if "ring" in t \
-            else "- | -"
+        extra = [f"{t[k] * 1e6:,.1f} | {t[k] / t['direct']:.2f}" if k in t else "- | -"
+                 for k in ("ring", "unbounced")]
         print(f"| {coll} | {nbytes} | {t['direct'] * 1e6:,.1f} | {t['staged'] * 1e6:,.1f} "
-              f"| {t['staged'] / t['direct']:.2f} | {ring} |")
+              f"| {t['staged'] / t['direct']:.2f} | {' | '.join(extra)} |")
     print(f"# load at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -124,13 +124,18 @@ def through_ctypes(comm, counts: list[int], dtypes: list[str]) -> list[str]:
 
 
 def streamed(comm, counts: list[int], dtypes: list[str]) -> list[str]:
-    """:func:`every_case` with the all-gather's own block streamed at every size
-    (``ll_direct.STREAM_MIN``), compiled and through NumPy."""
-    least, ll_direct.STREAM_MIN = ll_direct.STREAM_MIN, 1
+    """:func:`every_case` with the all-gather's own block streamed and the peers' blocks
+    (the broadcast's buffer) read bounced at every size (``ll_direct.STREAM_MIN``,
+    ``BOUNCE_BROADCAST``) through a scratch of an odd size smaller than a block, compiled
+    and through NumPy."""
+    least = ll_direct.STREAM_MIN, ll_direct.BOUNCE_BROADCAST, comm.ll.direct.scratch
+    ll_direct.STREAM_MIN = ll_direct.BOUNCE_BROADCAST = 1
+    if least[2] is not None:
+        comm.ll.direct.scratch = np.empty(1000, np.uint8)
     try:
         return every_case(comm, counts, dtypes) + through_ctypes(comm, counts, dtypes)
     finally:
-        ll_direct.STREAM_MIN = least
+        ll_direct.STREAM_MIN, ll_direct.BOUNCE_BROADCAST, comm.ll.direct.scratch = least
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -293,19 +298,26 @@ def test_compiled_and_ctypes_reads_agree():
         base = cma.address(src)
         # more spans than one system call takes, odd lengths, an empty one
         cuts = [(o, (o * 7) % 991 + 1) for o in range(0, 60000, 997)] + [(5, 0)]
-        for python in (True, False):
+        # bounced: through a scratch smaller than most spans, of an odd size
+        ways = [(True, None), (False, None), (False, np.empty(333, np.uint8))]
+        for python, scratch in ways:
             dst = np.zeros_like(src)
             cma.read_spans(child, [(cma.address(dst) + o, base + o, m) for o, m in cuts],
-                           python=python)
+                           python=python, scratch=scratch)
             for o, m in cuts:
                 assert np.array_equal(dst[o:o + m], src[o:o + m]), (python, o, m)
+            with pytest.raises(OSError) as e:  # a page the peer has not mapped
+                cma.read_spans(child, [(cma.address(dst), 4096, 8)], python=python,
+                               scratch=scratch)
+            assert e.value.errno == errno.EFAULT
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
     gone = child  # reaped: ESRCH, which a Direct reports as the peer's death
-    for python in (True, False):
+    for python, scratch in ways:
         with pytest.raises(ProcessLookupError):
-            cma.read_spans(gone, [(cma.address(src), base, 8)], python=python)
+            cma.read_spans(gone, [(cma.address(src), base, 8)], python=python,
+                           scratch=scratch)
     ll = SimpleNamespace(rank=0, n=2, peers={0: None, 1: SimpleNamespace(pid=gone)})
     with pytest.raises(PeerError, match=f"rank 1 died \\(pid {gone} is gone\\)") as e:
         ll_direct.Direct(ll, None).read(1, [(cma.address(src), base, 8)])

@@ -27,11 +27,13 @@ needs_claim = pytest.mark.skipif(not cma.can_claim(), reason="no compiled _cma")
 
 
 @needs_claim
-@pytest.mark.parametrize("write", [False, True])
+@pytest.mark.parametrize("write", [False, True, "bounced"])
 def test_racing_claims_copy_every_piece_once(write):
     """Three threads (the GIL released) race on one counter, each copying from its own
     source: every piece of the destination comes whole from one of them, and the pieces
-    each reports are the ones that hold its bytes."""
+    each reports are the ones that hold its bytes (``bounced``: reads through each
+    thread's scratch, smaller than a piece)."""
+    bounced, write = write == "bounced", write is True
     piece, npieces = 4096, 3001
     nbytes = piece * npieces - 123  # a short last piece
     srcs = [np.full(nbytes, k + 1, np.uint8) for k in range(3)]
@@ -43,7 +45,9 @@ def test_racing_claims_copy_every_piece_once(write):
         def run(k: int, dst=dst, words=words, got=got) -> None:
             local, remote = (cma.address(srcs[k]), cma.address(dst)) if write else \
                 (cma.address(dst), cma.address(srcs[k]))
-            got[k] = cma.claim(os.getpid(), words, 2, local, remote, nbytes, piece, write)
+            scratch = np.empty(1000, np.uint8) if bounced else None
+            got[k] = cma.claim(os.getpid(), words, 2, local, remote, nbytes, piece, write,
+                               scratch)
         threads = [threading.Thread(target=run, args=(k,)) for k in range(3)]
         for t in threads:
             t.start()
@@ -88,10 +92,14 @@ def test_write_spans_into_another_process(python):
         cma.write_spans(child, [(cma.address(src), cma.address(dst), 8)], python=python)
 
 
-def shared_gathers(comm, dtypes: list[str]) -> list[str]:
+def shared_gathers(comm, dtypes: list[str], bounced: bool = False) -> list[str]:
     """All-gathers shared in :data:`PIECE` pieces against Simple's ``direct`` Program;
-    what differs, and whether the ranks' pieces add up to every piece exactly once."""
+    what differs, and whether the ranks' pieces add up to every piece exactly once
+    (``bounced``: the reads through a scratch smaller than a piece)."""
     ll_direct.SHARE_PIECE = PIECE
+    if bounced and comm.ll.direct.scratch is not None:
+        ll_direct.STREAM_MIN = 1
+        comm.ll.direct.scratch = np.empty(1000, np.uint8)
     op_of = {}
     real = ll_direct.DirectOp._shared
 
@@ -128,10 +136,11 @@ def shared_gathers(comm, dtypes: list[str]) -> list[str]:
 
 
 @needs_claim
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_shared_gather_bits_and_pieces(n):
+@pytest.mark.parametrize("n,bounced", [(2, False), (3, False), (4, False), (2, True),
+                                       (3, True)])
+def test_shared_gather_bits_and_pieces(n, bounced):
     res = run_ranks(shared_gathers, n, ["float32", "int8"] if n == 2 else ["float64"],
-                    timeout=60, env=ALL_DIRECT)
+                    bounced, timeout=60, env=ALL_DIRECT)
     for r, bad in enumerate(res):
         assert bad == [], f"rank {r}: {bad}"
 
@@ -173,10 +182,10 @@ def rank_1_cannot_write(comm) -> tuple[str, bool]:
     if comm.rank == 1:
         real = cma.claim
 
-        def fault(pid, words, index, local, remote, nbytes, piece, write):
+        def fault(pid, words, index, local, remote, nbytes, piece, write, *scratch):
             if write:
                 raise OSError(errno.EFAULT, os.strerror(errno.EFAULT))
-            return real(pid, words, index, local, remote, nbytes, piece, write)
+            return real(pid, words, index, local, remote, nbytes, piece, write, *scratch)
         ll_direct.cma.claim = fault  # every write fails, whatever is left to claim
     try:
         comm.all_gather(x)
@@ -201,10 +210,10 @@ def rank_1_late(comm) -> tuple[tuple[int, int], bool]:
         op_of["op"] = self
         return real_shared(self, *a)
 
-    def late(self, peer, index, local, remote, nbytes, write):
+    def late(self, peer, index, local, remote, nbytes, write, *bounce):
         if not write:
             time.sleep(0.3)
-        return real_claim(self, peer, index, local, remote, nbytes, write)
+        return real_claim(self, peer, index, local, remote, nbytes, write, *bounce)
     ll_direct.DirectOp._shared = spy
     if comm.rank == 1:
         ll_direct.Direct.claim = late

@@ -87,8 +87,17 @@ MIN_BYTES: dict[tuple[Collective, bool], int] = {
 PIECE = 256 << 10   # bytes of a peer's block read and folded at a time (L2 is 2 MiB)
 # all-gather output bytes from which the own block is copied with streaming stores (as
 # LL's gather in transports/_llc.c): 0.81-0.87x the call's CPU time at 8-64 MiB on 2
-# ranks, a tie at 4.5 MiB, where the output may still serve the caller from the caches
+# ranks, a tie at 4.5 MiB, where the output may still serve the caller from the caches;
+# and from which the peers' blocks (a broadcast's buffer) are read bounced through an
+# L2 scratch and streamed on (shm_cma.read_spans: no read for ownership either). 2 ranks,
+# alternated in one job (benchmarks/ll_direct.py's "unbounced" arm), straight ÷ bounced:
+# 8 MiB 1.06-1.12, 12 MiB 1.14, 16 MiB 1.16-1.20, 32 MiB 1.13, 64 MiB 1.11
 STREAM_MIN = 8 << 20
+# a broadcast's bytes from which its read bounces: its reader's and root's buffers are
+# all the memory it touches, and up to 12 MiB they stayed in the 16 MiB L3, where the
+# straight read was faster (bounced ÷ straight 1.30-1.37 at 8 MiB, 1.28 at 12 MiB;
+# 16 MiB 0.94-0.96, 32 MiB 0.94, 64 MiB 0.90)
+BOUNCE_BROADCAST = 16 << 20
 PROBE = 0x434D41    # the probe's "count": its header differs from every call's
 PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
 # the all-gather's shared copies (DirectOp._shared): the output's address (the word
@@ -121,6 +130,7 @@ class Direct:
         # all-gather copies shared through piece counters (RINGTREE_CMA_SHARE; they need
         # the compiled atomic add)
         self.share = cma.can_claim()
+        self.scratch = cma.bounce_buffer()  # bounced reads of large outputs (STREAM_MIN)
 
     def applies(self, coll: Collective, count: int, itemsize: int, op_code: int) -> bool:
         """Run a call of ``count`` elements a block directly? (From :data:`MIN_BYTES` of
@@ -136,12 +146,12 @@ class Direct:
         return nbytes >= max(least, 1)
 
     def claim(self, peer: int, index: int, local: int, remote: int, nbytes: int,
-              write: bool) -> tuple[int, int]:
+              write: bool, bounce: bool = False) -> tuple[int, int]:
         """:func:`~ringtree.transports.shm_cma.claim` with ``peer``: (errno or 0, pieces
-        copied); ESRCH raises, naming it."""
+        copied); ESRCH raises, naming it. ``bounce``: a read through :attr:`scratch`."""
         try:
             return 0, cma.claim(self.pids[peer], self.ll.W, index, local, remote, nbytes,
-                                SHARE_PIECE, write)
+                                SHARE_PIECE, write, self.scratch if bounce else None)
         except OSError as e:
             if e.errno == errno.ESRCH:
                 raise PeerError(peer, f"rank {peer} died (pid {self.pids[peer]} is gone) "
@@ -149,11 +159,16 @@ class Direct:
                                       "all-gather") from None
             return e.errno or errno.EIO, 0
 
-    def read(self, peer: int, spans: list[tuple[int, int, int]], write: bool = False) -> int:
-        """Read ``spans`` from ``peer`` (``write``: write them into it): 0, or the errno
-        (| :data:`WROTE` for a write; ESRCH raises, naming it)."""
+    def read(self, peer: int, spans: list[tuple[int, int, int]], write: bool = False,
+             bounce: bool = False) -> int:
+        """Read ``spans`` from ``peer`` (``write``: write them into it; ``bounce``: read
+        through :attr:`scratch`, :func:`~ringtree.transports.shm_cma.read_spans`): 0, or
+        the errno (| :data:`WROTE` for a write; ESRCH raises, naming it)."""
         try:
-            (cma.write_spans if write else cma.read_spans)(self.pids[peer], spans)
+            if write:
+                cma.write_spans(self.pids[peer], spans)
+            else:
+                cma.read_spans(self.pids[peer], spans, scratch=self.scratch if bounce else None)
         except OSError as e:
             if e.errno == errno.ESRCH:
                 raise PeerError(peer, f"rank {peer} died (pid {self.pids[peer]} is gone) "
@@ -290,7 +305,8 @@ class DirectOp:
             status = 0
             for q in range(ll.n):
                 if q != me and nb:
-                    e = self.direct.read(q, [(base + q * nb, addrs[q], nb)])
+                    e = self.direct.read(q, [(base + q * nb, addrs[q], nb)],
+                                         bounce=nb * ll.n >= STREAM_MIN)
                     if e:
                         status = q << 32 | e
                         break
@@ -340,7 +356,8 @@ class DirectOp:
         into our output, then our input into q's; the status."""
         nb, me, W = self.nbytes, self.ll.rank, self.ll.W
         e, got = self.direct.claim(q, words[me] + COUNT + q, base + q * nb,
-                                   int(W[words[q] + ADDR]), nb, False)
+                                   int(W[words[q] + ADDR]), nb, False,
+                                   nb * self.ll.n >= STREAM_MIN)
         done[0] += got
         if e:
             return q << 32 | e
@@ -365,7 +382,8 @@ class DirectOp:
             if out is not x:
                 out[...] = x
         elif self.nbytes:
-            e = self.direct.read(root, [(cma.address(out), addrs[root], self.nbytes)])
+            e = self.direct.read(root, [(cma.address(out), addrs[root], self.nbytes)],
+                                 bounce=self.nbytes >= BOUNCE_BROADCAST)
             status = root << 32 | e if e else 0
         self._complete(status, timeout)
 

@@ -47,40 +47,7 @@
 #include <sys/uio.h>
 
 #include "_stream.h"
-
-#define IOV_BATCH 64
-
-static int move_spans(pid_t pid, struct iovec *loc, struct iovec *rem, Py_ssize_t n,
-                      int write)
-{
-    Py_ssize_t i = 0;
-    while (i < n) {
-        Py_ssize_t k = n - i < IOV_BATCH ? n - i : IOV_BATCH;
-        ssize_t got = write ? process_vm_writev(pid, loc + i, (unsigned long)k, rem + i,
-                                                (unsigned long)k, 0)
-                            : process_vm_readv(pid, loc + i, (unsigned long)k, rem + i,
-                                               (unsigned long)k, 0);
-        if (got < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        if (got == 0)
-            return EFAULT;
-        /* skip the spans read whole, then advance into a partly read one */
-        while (i < n && (size_t)got >= loc[i].iov_len) {
-            got -= (ssize_t)loc[i].iov_len;
-            i++;
-        }
-        if (got > 0) {
-            loc[i].iov_base = (char *)loc[i].iov_base + got;
-            loc[i].iov_len -= (size_t)got;
-            rem[i].iov_base = (char *)rem[i].iov_base + got;
-            rem[i].iov_len -= (size_t)got;
-        }
-    }
-    return 0;
-}
+#include "_vm.h"
 
 /* read `len` bytes at `remote` in pid into `local` through the scratch (`slen` bytes):
  * the kernel's copy lands in the scratch, which stays in this core's L2, and a streamed

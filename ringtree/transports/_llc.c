@@ -32,6 +32,7 @@
 #include "../_kernel.h"
 #include "_ndview.h"
 #include "_stream.h"
+#include "_vm.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -1500,6 +1501,136 @@ static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
     }
 }
 
+/* ---- the single-copy all-reduce's block ---------------------------------------------- */
+
+/* fold_push(pids, ins, outs, order, me, own, dst, at, dtype, op, piece, scratch) -> status
+ * One rank's block of the single-copy all-reduce on plain buffers
+ * (ringtree/runtime/protocols/ll_direct_ar.py) in one call with the GIL released: for
+ * each piece of `piece` bytes, every peer's row read from its input with
+ * process_vm_readv into the peer's slot of `scratch`, the rows folded in `order` into
+ * dst (reg_fold: through an L1 tile where dst is the own row, in place), then the folded
+ * piece written from L2 into every peer's output with process_vm_writev.
+ * pids, ins, outs: by rank (the own entries unused), ins/outs the addresses of this
+ * block's first byte in every rank's input and output; order: the fold's ranks; own:
+ * this rank's row (its input's block), dst: its output's block, as long; scratch: at
+ * least (ranks - 1) * piece bytes. 0, or q << 32 | errno of the first failed move, with
+ * 1 << 16 set when it was a write into q's output. */
+#define PUSH_WROTE (1 << 16)
+static long long push_body(fold_fn f, int item, int n, int me, const long *pids,
+                           const uint64_t *ins, const uint64_t *outs, const int *order,
+                           char *own, char *dst, Py_ssize_t len, Py_ssize_t piece,
+                           char *scratch) {
+    char *rows[MAXR];
+    for (Py_ssize_t off = 0; off < len; off += piece) {
+        Py_ssize_t m = len - off < piece ? len - off : piece;
+        int slot = 0;
+        for (int k = 0; k < n; k++) {
+            int q = order[k];
+            if (q == me) {
+                rows[k] = own + off;
+                continue;
+            }
+            rows[k] = scratch + (Py_ssize_t)slot++ * piece;
+            struct iovec lv = {rows[k], (size_t)m};
+            struct iovec rv = {(void *)(uintptr_t)(ins[q] + (uint64_t)off), (size_t)m};
+            int err = move_spans((pid_t)pids[q], &lv, &rv, 1, 0);
+            if (err)
+                return (long long)q << 32 | err;
+        }
+        reg_fold(f, item, rows, n, dst + off, m);
+        for (int q = 0; q < n; q++) {
+            if (q == me)
+                continue;
+            struct iovec lv = {dst + off, (size_t)m};
+            struct iovec rv = {(void *)(uintptr_t)(outs[q] + (uint64_t)off), (size_t)m};
+            int err = move_spans((pid_t)pids[q], &lv, &rv, 1, 1);
+            if (err)
+                return (long long)q << 32 | PUSH_WROTE | err;
+        }
+    }
+    return 0;
+}
+
+/* n integers of seq into dst (unsigned: addresses); -1 with an error set */
+static int read_ints(PyObject *seq, int n, long *lv, uint64_t *uv, int *iv, const char *what) {
+    PyObject *t = PySequence_Fast(seq, what);
+    if (t == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(t) != n) {
+        PyErr_Format(PyExc_ValueError, "fold_push: %s must have %d items", what, n);
+        Py_DECREF(t);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(t, i);
+        if (lv)
+            lv[i] = PyLong_AsLong(o);
+        else if (uv)
+            uv[i] = PyLong_AsUnsignedLongLong(o);
+        else
+            iv[i] = (int)PyLong_AsLong(o);
+    }
+    Py_DECREF(t);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *fold_push(PyObject *self, PyObject *args) {
+    PyObject *pids_o, *ins_o, *outs_o, *order_o, *own_o, *dst_o, *scr_o;
+    int me, dtype, op;
+    Py_ssize_t piece;
+    unsigned long long at;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOiOOKiinO", &pids_o, &ins_o, &outs_o, &order_o, &me,
+                          &own_o, &dst_o, &at, &dtype, &op, &piece, &scr_o))
+        return NULL;
+    Py_ssize_t n = PySequence_Size(order_o);
+    fold_fn f = pick(dtype, op);
+    if (n < 2 || n > MAXR || me < 0 || me >= n || f == NULL || piece <= 0 ||
+        piece % ITEMSIZE[dtype]) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "fold_push: 2 to 256 ranks, me one of them, a "
+                                              "dtype and op the kernel folds, whole items a piece");
+        return NULL;
+    }
+    long pids[MAXR];
+    uint64_t ins[MAXR], outs[MAXR];
+    int order[MAXR];
+    if (read_ints(pids_o, (int)n, pids, NULL, NULL, "pids") < 0 ||
+        read_ints(ins_o, (int)n, NULL, ins, NULL, "ins") < 0 ||
+        read_ints(outs_o, (int)n, NULL, outs, NULL, "outs") < 0 ||
+        read_ints(order_o, (int)n, NULL, NULL, order, "order") < 0)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        ins[i] += at, outs[i] += at;
+        if (order[i] < 0 || order[i] >= n) {
+            PyErr_SetString(PyExc_ValueError, "fold_push: order holds a rank out of range");
+            return NULL;
+        }
+    }
+    Py_buffer own, dst, scr;
+    if (two_buffers(own_o, dst_o, &own, &dst) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(scr_o, &scr, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&own);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    long long status = -1;
+    if (own.len != dst.len || own.len % ITEMSIZE[dtype] || scr.len < (n - 1) * piece)
+        PyErr_SetString(PyExc_ValueError, "fold_push: own and dst of one length in whole "
+                                          "items, scratch of (ranks - 1) pieces");
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        status = push_body(f, ITEMSIZE[dtype], (int)n, me, pids, ins, outs, order, own.buf,
+                           dst.buf, own.len, piece, scr.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&own);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&scr);
+    return status < 0 ? NULL : PyLong_FromLongLong(status);
+}
+
 /* the registered call, GIL released: -1 done, else a code of call s (as run()): all but
  * that wait is done. `stream`: the copies with non-temporal stores (no read for
  * ownership; a line written into another core's cache costs more here than one
@@ -1747,6 +1878,9 @@ static PyObject *folds(PyObject *self, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"folds", folds, METH_VARARGS, "folds(dtype, op): whether the kernel folds the pair"},
+    {"fold_push", fold_push, METH_VARARGS,
+     "fold_push(pids, ins, outs, order, me, own, dst, at, dtype, op, piece, scratch): the "
+     "single-copy all-reduce's block, GIL released (0 or q << 32 | errno)"},
     {"ndlayout", nd_layout, METH_VARARGS,
      "ndlayout(ndarray, probes): read NumPy arrays' fields if the probes agree (_ndview.h)"},
     {NULL, NULL, 0, NULL}};

@@ -43,7 +43,8 @@ from ringtree.transports.shm_ll import POISON, SEQ_MASK
 # None when built without a C compiler, or built from other sources (ringtree.kernels)
 _llc = kernels.load("ringtree.transports._llc")
 
-__all__ = ["available", "describe", "enabled", "finish", "folds", "make_round",
+__all__ = ["available", "describe", "enabled", "finish", "fold_push", "folds", "make_round",
+           "pushes",
            "round_for", "run_gather", "run_round", "run_scatter"]
 
 def _probes() -> tuple:
@@ -90,6 +91,24 @@ def folds(dtype_code: int, op_code: int) -> bool:
     """Does the kernel fold ``dtype_code`` (:attr:`DType.code`) with ``op_code``
     (:attr:`ReduceOp.code`)?"""
     return _llc is not None and _llc.folds(dtype_code, op_code)
+
+
+def fold_push(pids: Sequence[int], ins: Sequence[int], outs: Sequence[int],
+              order: Sequence[int], me: int, own: np.ndarray, dst: np.ndarray, at: int,
+              dtype_code: int, op_code: int, piece: int, scratch: np.ndarray) -> int:
+    """The single-copy all-reduce's block in one call (``_llc.fold_push``, the GIL
+    released; :mod:`ringtree.runtime.protocols.ll_direct_ar`): every peer's row read a
+    ``piece`` at a time (``process_vm_readv``, from ``ins[q] + at``), folded in ``order``
+    with the own row ``own`` into ``dst``, pushed into every peer's output (``outs[q] +
+    at``, ``process_vm_writev``). 0, or ``q << 32 | errno`` of the first failed move
+    (``| 1 << 16`` for a write). Only where :func:`folds` and the kernel is built."""
+    return _llc.fold_push(pids, ins, outs, order, me, own, dst, at, dtype_code, op_code,
+                          piece, scratch)
+
+
+def pushes() -> bool:
+    """Is ``fold_push`` there (a build from before it lacks it)?"""
+    return enabled() and hasattr(_llc, "fold_push")
 
 
 def make_round(ll, mine: tuple[int, int], nbytes: int, rows: Sequence[Sequence[int]],

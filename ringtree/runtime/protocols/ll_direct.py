@@ -170,12 +170,17 @@ class Direct:
             else:
                 cma.read_spans(self.pids[peer], spans, scratch=self.scratch if bounce else None)
         except OSError as e:
-            if e.errno == errno.ESRCH:
-                raise PeerError(peer, f"rank {peer} died (pid {self.pids[peer]} is gone) "
-                                      f"while rank {self.ll.rank} "
-                                      f"{'wrote into' if write else 'read'} its buffer") from None
-            return (e.errno or errno.EIO) | (WROTE if write else 0)
+            return self.failed(peer, e.errno or errno.EIO, write)
         return 0
+
+    def failed(self, peer: int, err: int, write: bool) -> int:
+        """A failed move with ``peer``: ESRCH raises, naming it; else the status bits
+        (``err`` | :data:`WROTE` for a write)."""
+        if err == errno.ESRCH:
+            raise PeerError(peer, f"rank {peer} died (pid {self.pids[peer]} is gone) "
+                                  f"while rank {self.ll.rank} "
+                                  f"{'wrote into' if write else 'read'} its buffer") from None
+        return err | (WROTE if write else 0)
 
 
 def probe(ll: LL, timeout: float) -> tuple[Direct | None, str]:

@@ -18,7 +18,10 @@ mapped, but the kernel can copy between them (cross-memory attach, as Open MPI's
    :data:`PIECE` bytes at a time — a peer's row read into an L2-sized scratch (straight
    into the output piece for the first operand when the output is not the own input),
    the own row read in place, AVG dividing the piece — and writes each folded piece,
-   still in L2, into block ``r`` of every peer's output (``process_vm_writev``);
+   still in L2, into block ``r`` of every peer's output (``process_vm_writev``). Where
+   the kernel folds the dtype and op (not AVG), the block's loop is one compiled call
+   with the GIL released (``shm_native.fold_push``, pieces of :data:`NATIVE_PIECE`,
+   through an L1 tile in place): the same reads, fold order and writes;
 3. complete: a synchronisation carrying the rank's status (a failed read or write raises
    on every rank, naming who could not read or write whom). After it every output is
    whole, and no rank returns, so no caller reuses a buffer, while a peer may still read
@@ -61,7 +64,7 @@ collective that fails mid-way.
 Where it runs: from :data:`MIN_BYTES` (``RINGTREE_CMA_MIN`` overrides it, as for the
 other single-copy calls), where it was measured ahead of the segment's split and the
 ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers"): 2 ranks
-from 4 MiB; on more ranks from 32 MiB (below, with 2 ranks per core here, the kernel's
+from 1 MiB; on more ranks from 8 MiB (below, with 2 ranks per core here, the kernel's
 slower copy cost as much CPU time as the split's extra passes). Not for
 PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
 (:func:`~ringtree.runtime.protocols.ll_direct.probe`) checks writes too.
@@ -74,8 +77,9 @@ import numpy as np
 from ringtree.dtypes import DType
 from ringtree.ir.program import Collective, Program
 from ringtree.ops import ReduceOp, Reducer
-from ringtree.runtime.protocols.ll_direct import ADDR, Direct, DirectOp
+from ringtree.runtime.protocols.ll_direct import ADDR, WROTE, Direct, DirectOp
 from ringtree.transports import shm_cma as cma
+from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL
 
 __all__ = ["MIN_BYTES", "AllReduceOp", "applies", "op_for"]
@@ -89,13 +93,24 @@ OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR
 # runs each): 2 ranks 0.94 at 1 MiB, 0.98 at 2, 1.12 at 4, 1.32-1.34 at 8-16, 2.56 at 64;
 # 3 ranks 0.81-0.83 at 4 MiB, 0.99 at 8, 1.01-1.14 at 16, 1.08-1.19 at 32, 1.26-1.27 at 64;
 # 4 ranks on 2 cores 0.67-0.91 at 4 MiB, 0.85-1.02 at 8, 0.99-1.12 at 16, 1.00-1.06 at
-# 32, 1.02-1.16 at 64: so more than 2 ranks from 32 MiB
-MIN_BYTES: dict[bool, int] = {False: 4 << 20, True: 32 << 20}
+# 32, 1.02-1.16 at 64: so more than 2 ranks from 32 MiB. With the block's loop compiled
+# (shm_native.fold_push; quiet host, AMD EPYC, 512 KiB L2 a core): 2 ranks 0.85-0.93 at
+# 512 KiB, 1.00 at 768 KiB, 1.03-1.08 at 1 MiB, 1.14-1.15 at 2, 1.25 at 4, 1.51 at 16,
+# 1.91 at 64; 3 ranks on 2 cores 0.77 at 1 MiB, 1.04 at 4, 1.20 at 8, 1.07 at 16, 1.22
+# at 32; 4 ranks 0.76 at 2 MiB, 0.89 at 4, 1.09 at 8, 1.07 at 16, 1.16 at 32: so 2 ranks
+# from 1 MiB, more from 8 MiB
+MIN_BYTES: dict[bool, int] = {False: 1 << 20, True: 8 << 20}
 # bytes of a peer's row read and folded at a time: 2 ranks, 16 and 64 MiB, alternated in
 # one job (loaded host): 256 KiB pieces (ll_direct.PIECE) 1.03-1.13x the time of 512 KiB,
 # 1 MiB and 2 MiB within 3% of 512 KiB, 64 KiB 1.2x; two pieces of scratch fill the
 # 1 MiB L2 here
 PIECE = 512 << 10
+# the same in the compiled loop (shm_native.fold_push), where a piece costs no Python:
+# 2 ranks, alternated in one job (quiet host, 512 KiB L2), two runs, µs: 1 MiB 32 KiB
+# 187-200, 64 KiB 188-190, 128 KiB 194-198, 256 KiB 200-203; 16 MiB 2,772-3,106 /
+# 2,726-3,146 / 2,891-3,271 / 3,080-3,485; 64 MiB 10,744-11,006 / 10,474-10,897 /
+# 10,914-11,234 / 11,407-11,527
+NATIVE_PIECE = 64 << 10
 
 
 def applies(direct: Direct | None, coll: Collective, count: int, itemsize: int,
@@ -124,7 +139,7 @@ class AllReduceOp(DirectOp):
     """The all-reduce: fold the own block of every rank's input, writing each folded
     piece into every peer's output too (the module's steps)."""
 
-    __slots__ = ("bounds", "pos")
+    __slots__ = ("bounds", "pos", "op_code", "pids", "native")
 
     def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
                  op_code: int, root: int):
@@ -132,6 +147,10 @@ class AllReduceOp(DirectOp):
         n = ll.n
         self.bounds = [q * count // n for q in range(n + 1)]  # block q: bounds[q:q+2]
         self.pos = self.order.index(ll.rank)  # the own row's place in the fold
+        self.op_code = op_code
+        self.pids = [direct.pids.get(q, 0) for q in range(n)]
+        # the block's loop in one compiled call (AVG divides each piece in Python)
+        self.native = native.pushes() and native.folds(dt.code, op_code) and not self.avg
         self.run = self._all_reduce
 
     def _publish_both(self, x: np.ndarray, out: np.ndarray, timeout: float) -> list:
@@ -161,6 +180,8 @@ class AllReduceOp(DirectOp):
         failed read's or write's status."""
         me, item, n = self.ll.rank, x.itemsize, self.ll.n
         own_row, dst = x[lo:hi], out[lo:hi]
+        if self.native:
+            return self._fold_native(own_row, dst, addrs, lo * item)
         alias = np.may_share_memory(own_row, dst)  # in place
         via_tmp = alias and self.pos >= 2  # the own row is read after the first write
         acc_is_own = alias and not via_tmp
@@ -194,4 +215,20 @@ class AllReduceOp(DirectOp):
                 e = self.direct.read(q, [(src, addrs[q][1] + at, m * item)], write=True)
                 if e:
                     return q << 32 | e
+        return 0
+
+    def _fold_native(self, own_row: np.ndarray, dst: np.ndarray, addrs: list, at: int) -> int:
+        """:meth:`_fold`'s loop in one compiled call (``shm_native.fold_push``, pieces of
+        :data:`NATIVE_PIECE`): the same reads, rank-order fold and writes, the same bits."""
+        n, item = self.ll.n, own_row.itemsize
+        piece = max(item, NATIVE_PIECE // item * item)
+        s = self._scratch
+        if s is None or s.dtype != np.uint8 or s.size < (n - 1) * piece:
+            s = self._scratch = np.empty((n - 1) * piece, np.uint8)
+        status = native.fold_push(self.pids, [a for a, _ in addrs], [o for _, o in addrs],
+                                  self.order, self.ll.rank, own_row, dst, at,
+                                  self.dtype.code, self.op_code, piece, s)
+        if status:
+            q, wrote = status >> 32, bool(status & WROTE)
+            return q << 32 | self.direct.failed(q, status & 0xFFFF, wrote)
         return 0

@@ -1,5 +1,5 @@
 """Single-copy all-gather, reduce-scatter and broadcast
-(``ringtree/runtime/protocols/ll_direct.py``) and all-reduce (``ll_direct_ar.py``)
+(``ringtree/runtime/protocols/ll_direct.py``) and all-reduce (``ll_direct_fold.py``)
 against the shared segment's paths, in the same processes, alternated block by block.
 
 Each rank pins itself to CPU ``rank`` when the ranks fit the CPUs; for every size, the

@@ -207,7 +207,7 @@ declare("RINGTREE_CMA", flag, True,
 declare("RINGTREE_CMA_MIN", integer, None,
         "bytes (the larger buffer) from which all-reduce, all-gather, reduce-scatter and "
         "broadcast read peers' buffers directly (default: the measured crossovers, see "
-        "ll_direct.py and ll_direct_ar.py)")
+        "ll_direct.py and ll_direct_fold.py)")
 declare("RINGTREE_CMA_SHARE", flag, True,
         "large single-copy all-gathers share their copies: pieces drawn from shared "
         "counters, an early rank writing its input into a late one's output "

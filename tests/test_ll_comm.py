@@ -91,7 +91,7 @@ def test_waiting_for_async_ll_calls_runs_them_in_issue_order():
 
 def disagree(comm):
     """Rank 1's count puts its call on Simple, the others' on LL (with the single copy
-    off, which would take rank 1's call on the LL lines from ll_direct_ar.MIN_BYTES)."""
+    off, which would take rank 1's call on the LL lines from ll_direct_fold.MIN_BYTES)."""
     count = THRESHOLDS[Collective.ALL_REDUCE][1] // 2 if comm.rank == 1 else 4  # 2x the bytes
     try:
         comm.all_reduce(np.ones(count, np.float32), timeout=60)

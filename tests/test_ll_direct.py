@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 from ringtree.errors import CommAborted, PeerError, RingtreeError
-from ringtree.runtime.protocols import ll_direct
+from ringtree.runtime.protocols import ll_direct, ll_direct_fold
 from ringtree.runtime.protocols.ll_direct import MIN_BYTES, DirectOp
 from ringtree.testing import RankPool, run_ranks
 from ringtree.transports import shm_cma as cma
 
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
           "float64"]
-# one element, odd counts, and one over a fold piece (ll_direct.PIECE) of every dtype
-COUNTS = [1, 7, 1001, ll_direct.PIECE // 2 + 3]
+# one element, odd counts, and one over a fold piece (ll_direct_fold.SCATTER_PIECE) of every dtype
+COUNTS = [1, 7, 1001, ll_direct_fold.SCATTER_PIECE // 2 + 3]
 ALL_DIRECT = {"RINGTREE_CMA_MIN": "1"}
 
 
@@ -138,9 +138,10 @@ def streamed(comm, counts: list[int], dtypes: list[str]) -> list[str]:
         ll_direct.STREAM_MIN, ll_direct.BOUNCE_BROADCAST, comm.ll.direct.scratch = least
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_direct_gives_simples_bits(n):
-    with RankPool(n, env=ALL_DIRECT) as pool:
+@pytest.mark.parametrize("n,native", [(1, "1"), (2, "1"), (3, "1"), (2, "0")])
+def test_direct_gives_simples_bits(n, native):
+    """(``native``: the reduce-scatter's loop compiled, or in Python)"""
+    with RankPool(n, env={**ALL_DIRECT, "RINGTREE_LL_NATIVE": native}) as pool:
         assert pool.run_ok(probed) == [True] * n
         for r, bad in enumerate(pool.run_ok(every_case, COUNTS if n == 2 else COUNTS[1:3],
                                             DTYPES if n == 2 else ["float32", "int8"])):
@@ -269,13 +270,31 @@ def test_a_killed_peer_is_named():
     assert (1, True) in [(res[r][0], res[r][1].startswith("PeerError")) for r in (0, 2)], res
 
 
+def post_unmapped(module, buf: np.ndarray) -> None:
+    """From now on ``module``'s publication posts an address this process has not mapped
+    for ``buf`` (its first ask for it: later ones, the own folds' and copies', stay
+    true), so a peer's move of it fails in the kernel (EFAULT), in C or in Python."""
+    real, posted = module.cma, [cma.address(buf)]
+
+    class Unmapped:  # the module's cma, but buf's address unmapped once
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def address(a):
+            at = real.address(a)
+            if posted and at == posted[0]:
+                posted.clear()
+                return 4096
+            return at
+    module.cma = Unmapped()
+
+
 def rank_1_cannot_read(comm) -> tuple[str, bool]:
     x = np.arange(10000, dtype=np.float32) + comm.rank
     keep = x.copy()
-    if comm.rank == 1:
-        def fault(*_a, **_k):
-            raise OSError(errno.EFAULT, os.strerror(errno.EFAULT))
-        ll_direct.cma.read_spans = fault
+    if comm.rank == 0:
+        post_unmapped(ll_direct, x)
     try:
         comm.reduce_scatter(x)
     except RingtreeError as e:
@@ -283,8 +302,10 @@ def rank_1_cannot_read(comm) -> tuple[str, bool]:
     return "no error", np.array_equal(x, keep)
 
 
-def test_a_failed_read_is_raised_on_every_rank():
-    for msg, kept in run_ranks(rank_1_cannot_read, 2, timeout=60, env=ALL_DIRECT):
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_failed_read_is_raised_on_every_rank(native):
+    env = {**ALL_DIRECT, "RINGTREE_LL_NATIVE": native}
+    for msg, kept in run_ranks(rank_1_cannot_read, 2, timeout=60, env=env):
         assert "rank 1 could not read rank 0's buffer" in msg and kept, msg
 
 

@@ -17,7 +17,7 @@
  *
  * write(pid, spans) -> 0 or an errno
  *   the same with process_vm_writev(2): this process's spans into the peer's memory (the
- *   single-copy all-reduce's folded pieces, ringtree/runtime/protocols/ll_direct_ar.py).
+ *   single-copy all-reduce's folded pieces, ringtree/runtime/protocols/ll_direct_fold.py).
  *
  * claim(pid, words, index, local, remote, nbytes, piece, write[, scratch]) -> (errno, pieces)
  *   pieces of one span drawn from a shared counter by an atomic add (see cma_claim); a

@@ -1505,11 +1505,12 @@ static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
 
 /* fold_push(pids, ins, outs, order, me, own, dst, at, dtype, op, piece, scratch) -> status
  * One rank's block of the single-copy all-reduce on plain buffers
- * (ringtree/runtime/protocols/ll_direct_ar.py) in one call with the GIL released: for
+ * (ringtree/runtime/protocols/ll_direct_fold.py) in one call with the GIL released: for
  * each piece of `piece` bytes, every peer's row read from its input with
  * process_vm_readv into the peer's slot of `scratch`, the rows folded in `order` into
  * dst (reg_fold: through an L1 tile where dst is the own row, in place), then the folded
- * piece written from L2 into every peer's output with process_vm_writev.
+ * piece written from L2 into every peer's output with process_vm_writev (outs None:
+ * not pushed, the reduce-scatter's block).
  * pids, ins, outs: by rank (the own entries unused), ins/outs the addresses of this
  * block's first byte in every rank's input and output; order: the fold's ranks; own:
  * this rank's row (its input's block), dst: its output's block, as long; scratch: at
@@ -1538,7 +1539,7 @@ static long long push_body(fold_fn f, int item, int n, int me, const long *pids,
                 return (long long)q << 32 | err;
         }
         reg_fold(f, item, rows, n, dst + off, m);
-        for (int q = 0; q < n; q++) {
+        for (int q = 0; outs != NULL && q < n; q++) {
             if (q == me)
                 continue;
             struct iovec lv = {dst + off, (size_t)m};
@@ -1597,7 +1598,7 @@ static PyObject *fold_push(PyObject *self, PyObject *args) {
     int order[MAXR];
     if (read_ints(pids_o, (int)n, pids, NULL, NULL, "pids") < 0 ||
         read_ints(ins_o, (int)n, NULL, ins, NULL, "ins") < 0 ||
-        read_ints(outs_o, (int)n, NULL, outs, NULL, "outs") < 0 ||
+        (outs_o != Py_None && read_ints(outs_o, (int)n, NULL, outs, NULL, "outs") < 0) ||
         read_ints(order_o, (int)n, NULL, NULL, order, "order") < 0)
         return NULL;
     for (int i = 0; i < n; i++) {
@@ -1621,8 +1622,9 @@ static PyObject *fold_push(PyObject *self, PyObject *args) {
                                           "items, scratch of (ranks - 1) pieces");
     else {
         Py_BEGIN_ALLOW_THREADS
-        status = push_body(f, ITEMSIZE[dtype], (int)n, me, pids, ins, outs, order, own.buf,
-                           dst.buf, own.len, piece, scr.buf);
+        status = push_body(f, ITEMSIZE[dtype], (int)n, me, pids, ins,
+                           outs_o == Py_None ? NULL : outs, order, own.buf, dst.buf, own.len,
+                           piece, scr.buf);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&own);

@@ -97,7 +97,7 @@ def fold_push(pids: Sequence[int], ins: Sequence[int], outs: Sequence[int],
               order: Sequence[int], me: int, own: np.ndarray, dst: np.ndarray, at: int,
               dtype_code: int, op_code: int, piece: int, scratch: np.ndarray) -> int:
     """The single-copy all-reduce's block in one call (``_llc.fold_push``, the GIL
-    released; :mod:`ringtree.runtime.protocols.ll_direct_ar`): every peer's row read a
+    released; :mod:`ringtree.runtime.protocols.ll_direct_fold`): every peer's row read a
     ``piece`` at a time (``process_vm_readv``, from ``ins[q] + at``), folded in ``order``
     with the own row ``own`` into ``dst``, pushed into every peer's output (``outs[q] +
     at``, ``process_vm_writev``). 0, or ``q << 32 | errno`` of the first failed move

@@ -71,7 +71,7 @@ LL_RANK = 2.0e-6
 # 64 MiB (0.67-0.79x from 16 MiB in a slow phase of the machine). Above 8 ranks (64 KiB
 # cells) not measured. Where peers may read and write each other's memory, the planner
 # takes LL's single-copy all-reduce from its own crossover whatever these say
-# (runtime/protocols/ll_direct_ar.py, MIN_BYTES: ahead of the split and the ring from
+# (runtime/protocols/ll_direct_fold.py, MIN_BYTES: ahead of the split and the ring from
 # 4 MiB on 2 ranks); these thresholds are the choice without it (RINGTREE_CMA=0).
 THRESHOLDS: dict[Collective, tuple[int, int]] = {
     Collective.ALL_REDUCE: (16 << 20, 64 << 20),

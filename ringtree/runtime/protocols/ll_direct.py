@@ -17,11 +17,12 @@ so does this path. One call:
    :data:`STREAM_MIN`; from blocks over :data:`SHARE_PIECE` (2-8 ranks), the copies
    shared instead (:meth:`DirectOp._shared`: pieces drawn from counters in the lines, an
    early rank writing its input into a late rank's output with ``process_vm_writev``,
-   peers taken as they post, the own block copied while none has); reduce-scatter — block ``r`` of every
+   peers taken as they post, the own block copied while none has); reduce-scatter
+   (:class:`~ringtree.runtime.protocols.ll_direct_fold.ScatterOp`) — block ``r`` of every
    peer's input, a cache-sized piece at a time, folded into the output in the Program's
    rank order (the same operands in the same order as the segment's path: the same
-   bits; :meth:`Reducer.combine`, no fused multiply-add); broadcast — every rank but the
-   root reads the root's buffer;
+   bits; ``Reducer.combine``, no fused multiply-add; the loop compiled where the kernel
+   folds the pair); broadcast — every rank but the root reads the root's buffer;
 3. complete: a second synchronisation whose payload is the rank's read status. It is
    what lets a rank's buffer be reused: no rank returns before every peer has read it.
    A failed read is reported there, so every rank raises (naming the rank that could
@@ -34,7 +35,7 @@ failure leaves the inputs as they were.
 
 Whether it may run is probed once per communicator (:func:`probe`, collective, at the
 LL segment's creation): every rank publishes a random token and its address, reads every
-peer's (and writes it back: :mod:`ll_direct_ar` writes), and the ranks agree on the
+peer's (and writes it back: :mod:`ll_direct_fold` writes), and the ranks agree on the
 outcome. Refused reads (``EPERM``: ptrace policy;
 ``ENOSYS``/seccomp), another pid namespace, or ``RINGTREE_CMA=0`` leave the segment's
 paths; ``RINGTREE_DEBUG=INFO`` says which.
@@ -59,7 +60,7 @@ from ringtree.dtypes import DType
 from ringtree.errors import PeerError, RingtreeError
 from ringtree.ir.program import Collective, Program
 from ringtree.ir.wire import PROTO_LL, WireHeader, algo_code
-from ringtree.ops import ReduceOp, Reducer
+from ringtree.ops import ReduceOp
 from ringtree.runtime.plan import Desc
 from ringtree.runtime.protocols.ll import one_shot
 from ringtree.transports import shm_cma as cma
@@ -84,7 +85,6 @@ MIN_BYTES: dict[tuple[Collective, bool], int] = {
     (Collective.BROADCAST, False): 4 << 20,  # 2 MiB: a tie with Simple's pipeline
     (Collective.BROADCAST, True): 4 << 20,   # 1 MiB: 0.56x
 }
-PIECE = 256 << 10   # bytes of a peer's block read and folded at a time (L2 is 2 MiB)
 # all-gather output bytes from which the own block is copied with streaming stores (as
 # LL's gather in transports/_llc.c): 0.81-0.87x the call's CPU time at 8-64 MiB on 2
 # ranks, a tie at 4.5 MiB, where the output may still serve the caller from the caches;
@@ -101,7 +101,7 @@ BOUNCE_BROADCAST = 16 << 20
 PROBE = 0x434D41    # the probe's "count": its header differs from every call's
 PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
 # the all-gather's shared copies (DirectOp._shared): the output's address (the word
-# ll_direct_ar's all-reduce posts it in too), and from COUNT on one piece counter per peer
+# ll_direct_fold's all-reduce posts it in too), and from COUNT on one piece counter per peer
 # the rank reads from (a line's inline payload holds 12 words)
 OUT, COUNT = 3, 4
 SHARE_MAX = 8       # ranks up to which the all-gather shares its reads (12 - COUNT)
@@ -252,8 +252,8 @@ class DirectOp:
         self._scratch: np.ndarray | None = None
         # every rank's inline payload word, by parity
         self._words = tuple([_payload(ll, q, p) for q in range(ll.n)] for p in (0, 1))
-        self.run = self._gather if coll is Collective.ALL_GATHER else \
-            self._broadcast if coll is Collective.BROADCAST else self._scatter
+        # (the reduce-scatter and the all-reduce: ll_direct_fold's subclasses)
+        self.run = self._gather if coll is Collective.ALL_GATHER else self._broadcast
 
     def describe(self) -> str:
         return f"{self.name}(count={self.count}, {self.dtype.value}, proto=LL, single copy)"
@@ -391,54 +391,6 @@ class DirectOp:
                                  bounce=self.nbytes >= BOUNCE_BROADCAST)
             status = root << 32 | e if e else 0
         self._complete(status, timeout)
-
-    def _scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer, timeout: float) -> None:
-        order = self.order
-        if not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x)
-        addrs = self._publish(x, timeout)
-        item = x.itemsize
-        lo_b = self.block * self.count
-        mine = x[lo_b:lo_b + self.count]
-        step = max(1, PIECE // item)
-        scratch = self._buffers(min(step, self.count), x.dtype)
-        alias = np.may_share_memory(mine, out)
-        status = 0
-        for lo in range(0, self.count, step):
-            m = min(step, self.count - lo)
-            status = self._piece(x, out, red, addrs, lo, m, scratch, alias, mine)
-            if status:
-                break
-        if not status and self.avg:
-            red.postdivide(out, len(order))
-        self._complete(status, timeout)
-
-    def _piece(self, x, out, red, addrs, lo: int, m: int, scratch, alias: bool,
-               mine) -> int:
-        """Fold elements ``lo:lo+m`` of every rank's block into ``out`` in rank order:
-        0, or the failed read's status."""
-        me, item = self.ll.rank, x.itemsize
-        at = (self.block * self.count + lo) * item  # the piece's byte offset in an input
-        own = mine[lo:lo + m]
-        if alias:  # in place: out's piece is our own operand; keep it before writing out
-            scratch[1][:m] = own
-            own = scratch[1][:m]
-        acc, first = out[lo:lo + m], None
-        for k, q in enumerate(self.order):
-            if q == me:
-                operand = own
-            else:
-                operand = acc if k == 0 else scratch[0][:m]  # the first: straight into out
-                e = self.direct.read(q, [(cma.address(operand), addrs[q] + at, m * item)])
-                if e:
-                    return q << 32 | e
-            if k == 0:
-                first = operand  # folded with the second, not copied first
-            else:
-                red.combine(acc, first if k == 1 else acc, operand)
-        if len(self.order) == 1 and first is not acc:  # one rank: its block, as it is
-            acc[...] = first
-        return 0
 
     def _buffers(self, m: int, dtype: np.dtype) -> np.ndarray:
         s = self._scratch

@@ -32,7 +32,7 @@ from ringtree.ir.program import Collective, Program
 from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
-from ringtree.runtime.protocols import ll_direct, ll_direct_ar, ll_entry, ll_gather, ll_hot
+from ringtree.runtime.protocols import ll_direct, ll_direct_fold, ll_entry, ll_gather, ll_hot
 from ringtree.runtime.protocols.ll import LLOp, fits
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL, open_ll
@@ -111,7 +111,7 @@ class LLRunner:
     def direct_for(self, spec) -> bool:
         """Does the call of ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) run on
         the single-copy path (:mod:`~ringtree.runtime.protocols.ll_direct`)?"""
-        return ll_direct_ar.applies(self.direct, spec.coll, spec.count, spec.dtype.itemsize,
+        return ll_direct_fold.applies(self.direct, spec.coll, spec.count, spec.dtype.itemsize,
                                     spec.reducer.code if spec.reducer else 0)
 
     def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int):
@@ -119,8 +119,8 @@ class LLRunner:
         Program): an :class:`~ringtree.runtime.protocols.ll_direct.DirectOp` where
         :meth:`direct_for`, else an :class:`LLOp`."""
         d = self.direct
-        if ll_direct_ar.applies(d, prog.collective, count, dt.itemsize, op_code):
-            return ll_direct_ar.op_for(self.ll, d, prog, dt, count, op_code, root)
+        if ll_direct_fold.applies(d, prog.collective, count, dt.itemsize, op_code):
+            return ll_direct_fold.op_for(self.ll, d, prog, dt, count, op_code, root)
         return LLOp(self.ll, prog, dt, count, op_code, root)
 
     def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):

@@ -1,13 +1,18 @@
-"""A large all-reduce on the user's own buffers with one copy of each byte: the peers'
-inputs read and their outputs written where they lie, with ``process_vm_readv(2)`` and
-``process_vm_writev(2)``.
+"""The single-copy folds: a large all-reduce (and reduce-scatter) on the user's own
+buffers with one copy of each byte: the peers' inputs read and their outputs written
+where they lie, with ``process_vm_readv(2)`` and ``process_vm_writev(2)``.
+
+The reduce-scatter (:class:`ScatterOp`, run where :mod:`ll_direct` decides) is the
+all-reduce's first half: block ``r`` of every rank's input folded into rank ``r``'s
+output, nothing pushed. Both run the block's loop as one compiled call where the kernel
+folds the dtype and op (:class:`FoldOp`).
 
 Through the segment (:mod:`ll_split`) a rank stages its part, folds, and copies the
 peers' folded blocks out: 4 S moved per rank on 2 ranks for an all-reduce of ``S``
 bytes; above 16 MiB on 2 ranks the ring (Simple) ran instead. Registered buffers
 (:mod:`ll_reg`) need no staging because every peer maps them; plain buffers cannot be
 mapped, but the kernel can copy between them (cross-memory attach, as Open MPI's
-``smsc/cma`` and :mod:`ll_direct`'s reduce-scatter do). One call:
+``smsc/cma`` does). One all-reduce:
 
 1. publish: every rank posts its input's and its output's addresses in its LL line's
    inline payload (:class:`~ringtree.runtime.protocols.ll_direct.DirectOp`'s words, the
@@ -82,7 +87,7 @@ from ringtree.transports import shm_cma as cma
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL
 
-__all__ = ["MIN_BYTES", "AllReduceOp", "applies", "op_for"]
+__all__ = ["MIN_BYTES", "AllReduceOp", "FoldOp", "ScatterOp", "applies", "op_for"]
 
 OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR, TOKEN)
 # the all-reduce's bytes from which it runs, by "more than 2 ranks" (benchmarks/ll_direct.py
@@ -105,6 +110,7 @@ MIN_BYTES: dict[bool, int] = {False: 1 << 20, True: 8 << 20}
 # 1 MiB and 2 MiB within 3% of 512 KiB, 64 KiB 1.2x; two pieces of scratch fill the
 # 1 MiB L2 here
 PIECE = 512 << 10
+SCATTER_PIECE = 256 << 10  # the same for the reduce-scatter's Python loop
 # the same in the compiled loop (shm_native.fold_push), where a piece costs no Python:
 # 2 ranks, alternated in one job (quiet host, 512 KiB L2), two runs, µs: 1 MiB 32 KiB
 # 187-200, 64 KiB 188-190, 128 KiB 194-198, 256 KiB 200-203; 16 MiB 2,772-3,106 /
@@ -131,15 +137,50 @@ def applies(direct: Direct | None, coll: Collective, count: int, itemsize: int,
 def op_for(ll: LL, direct: Direct, prog: Program, dt: DType, count: int, op_code: int,
            root: int) -> DirectOp:
     """The single-copy op of ``prog`` (where :func:`applies`)."""
-    cls = AllReduceOp if prog.collective is Collective.ALL_REDUCE else DirectOp
+    cls = {Collective.ALL_REDUCE: AllReduceOp, Collective.REDUCE_SCATTER: ScatterOp}.get(
+        prog.collective, DirectOp)
     return cls(ll, direct, prog, dt, count, op_code, root)
 
 
-class AllReduceOp(DirectOp):
+class FoldOp(DirectOp):
+    """A single-copy call that folds: the block's loop compiled where it can be."""
+
+    __slots__ = ("op_code", "pids", "native")
+
+    def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
+                 op_code: int, root: int):
+        super().__init__(ll, direct, prog, dt, count, op_code, root)
+        self.op_code = op_code
+        self.pids = [direct.pids.get(q, 0) for q in range(ll.n)]
+        # the block's loop in one compiled call (AVG divides in Python; one rank copies)
+        self.native = native.pushes() and native.folds(dt.code, op_code) and \
+            not self.avg and ll.n > 1
+
+    def _fold_native(self, own_row: np.ndarray, dst: np.ndarray, ins: list[int],
+                     outs: list[int] | None, at: int) -> int:
+        """The block's loop in one compiled call (``shm_native.fold_push``, pieces of
+        :data:`NATIVE_PIECE`): every peer's row read from ``ins[q] + at``, the rank-order
+        fold with ``own_row`` into ``dst``, each piece pushed to ``outs[q] + at`` (None:
+        not pushed); the same reads, fold and writes as the Python loops, the same bits.
+        0, or the failed move's status."""
+        n, item = self.ll.n, own_row.itemsize
+        piece = max(item, NATIVE_PIECE // item * item)
+        s = self._scratch
+        if s is None or s.dtype != np.uint8 or s.size < (n - 1) * piece:
+            s = self._scratch = np.empty((n - 1) * piece, np.uint8)
+        status = native.fold_push(self.pids, ins, outs, self.order, self.ll.rank, own_row,
+                                  dst, at, self.dtype.code, self.op_code, piece, s)
+        if status:
+            q, wrote = status >> 32, bool(status & WROTE)
+            return q << 32 | self.direct.failed(q, status & 0xFFFF, wrote)
+        return 0
+
+
+class AllReduceOp(FoldOp):
     """The all-reduce: fold the own block of every rank's input, writing each folded
     piece into every peer's output too (the module's steps)."""
 
-    __slots__ = ("bounds", "pos", "op_code", "pids", "native")
+    __slots__ = ("bounds", "pos")
 
     def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
                  op_code: int, root: int):
@@ -147,10 +188,6 @@ class AllReduceOp(DirectOp):
         n = ll.n
         self.bounds = [q * count // n for q in range(n + 1)]  # block q: bounds[q:q+2]
         self.pos = self.order.index(ll.rank)  # the own row's place in the fold
-        self.op_code = op_code
-        self.pids = [direct.pids.get(q, 0) for q in range(n)]
-        # the block's loop in one compiled call (AVG divides each piece in Python)
-        self.native = native.pushes() and native.folds(dt.code, op_code) and not self.avg
         self.run = self._all_reduce
 
     def _publish_both(self, x: np.ndarray, out: np.ndarray, timeout: float) -> list:
@@ -181,7 +218,8 @@ class AllReduceOp(DirectOp):
         me, item, n = self.ll.rank, x.itemsize, self.ll.n
         own_row, dst = x[lo:hi], out[lo:hi]
         if self.native:
-            return self._fold_native(own_row, dst, addrs, lo * item)
+            return self._fold_native(own_row, dst, [a for a, _ in addrs],
+                                     [o for _, o in addrs], lo * item)
         alias = np.may_share_memory(own_row, dst)  # in place
         via_tmp = alias and self.pos >= 2  # the own row is read after the first write
         acc_is_own = alias and not via_tmp
@@ -217,18 +255,67 @@ class AllReduceOp(DirectOp):
                     return q << 32 | e
         return 0
 
-    def _fold_native(self, own_row: np.ndarray, dst: np.ndarray, addrs: list, at: int) -> int:
-        """:meth:`_fold`'s loop in one compiled call (``shm_native.fold_push``, pieces of
-        :data:`NATIVE_PIECE`): the same reads, rank-order fold and writes, the same bits."""
-        n, item = self.ll.n, own_row.itemsize
-        piece = max(item, NATIVE_PIECE // item * item)
-        s = self._scratch
-        if s is None or s.dtype != np.uint8 or s.size < (n - 1) * piece:
-            s = self._scratch = np.empty((n - 1) * piece, np.uint8)
-        status = native.fold_push(self.pids, [a for a, _ in addrs], [o for _, o in addrs],
-                                  self.order, self.ll.rank, own_row, dst, at,
-                                  self.dtype.code, self.op_code, piece, s)
-        if status:
-            q, wrote = status >> 32, bool(status & WROTE)
-            return q << 32 | self.direct.failed(q, status & 0xFFFF, wrote)
+
+class ScatterOp(FoldOp):
+    """The reduce-scatter: fold block ``block`` of every rank's input into the output,
+    a peer's row read a piece at a time into a scratch (:mod:`ll_direct`'s steps)."""
+
+    __slots__ = ()
+
+    def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
+                 op_code: int, root: int):
+        super().__init__(ll, direct, prog, dt, count, op_code, root)
+        self.run = self._scatter
+
+    def _scatter(self, x: np.ndarray, out: np.ndarray, red: Reducer, timeout: float) -> None:
+        order = self.order
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        addrs = self._publish(x, timeout)
+        item = x.itemsize
+        lo_b = self.block * self.count
+        mine = x[lo_b:lo_b + self.count]
+        if self.native:
+            status = self._fold_native(mine, out, addrs, None, lo_b * item) if \
+                self.count else 0
+            self._complete(status, timeout)
+            return
+        step = max(1, SCATTER_PIECE // item)
+        scratch = self._buffers(min(step, self.count), x.dtype)
+        alias = np.may_share_memory(mine, out)
+        status = 0
+        for lo in range(0, self.count, step):
+            m = min(step, self.count - lo)
+            status = self._piece(x, out, red, addrs, lo, m, scratch, alias, mine)
+            if status:
+                break
+        if not status and self.avg:
+            red.postdivide(out, len(order))
+        self._complete(status, timeout)
+
+    def _piece(self, x, out, red, addrs, lo: int, m: int, scratch, alias: bool,
+               mine) -> int:
+        """Fold elements ``lo:lo+m`` of every rank's block into ``out`` in rank order:
+        0, or the failed read's status."""
+        me, item = self.ll.rank, x.itemsize
+        at = (self.block * self.count + lo) * item  # the piece's byte offset in an input
+        own = mine[lo:lo + m]
+        if alias:  # in place: out's piece is our own operand; keep it before writing out
+            scratch[1][:m] = own
+            own = scratch[1][:m]
+        acc, first = out[lo:lo + m], None
+        for k, q in enumerate(self.order):
+            if q == me:
+                operand = own
+            else:
+                operand = acc if k == 0 else scratch[0][:m]  # the first: straight into out
+                e = self.direct.read(q, [(cma.address(operand), addrs[q] + at, m * item)])
+                if e:
+                    return q << 32 | e
+            if k == 0:
+                first = operand  # folded with the second, not copied first
+            else:
+                red.combine(acc, first if k == 1 else acc, operand)
+        if len(self.order) == 1 and first is not acc:  # one rank: its block, as it is
+            acc[...] = first
         return 0

@@ -1,4 +1,4 @@
-"""The single-copy all-reduce on plain buffers (``runtime/protocols/ll_direct_ar.py``):
+"""The single-copy all-reduce on plain buffers (``runtime/protocols/ll_direct_fold.py``):
 the bits of the rank-order fold for NumPy dtypes and ops and bfloat16 torch tensors, odd
 counts, several fold pieces, in place and not (the own row first, second and later in
 the fold; ranks in place and not in one call), 2-4 ranks, through ctypes too; both sides
@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from hot_entry_cases import KILL_ENV, assert_killed_named, killed_peer
+from test_ll_direct import post_unmapped
 from test_ll_native import _input
 from test_ll_split import _want
 
@@ -19,8 +20,8 @@ from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
 from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp, resolve
-from ringtree.runtime.protocols import ll_direct, ll_direct_ar
-from ringtree.runtime.protocols.ll_direct_ar import AllReduceOp
+from ringtree.runtime.protocols import ll_direct, ll_direct_fold
+from ringtree.runtime.protocols.ll_direct_fold import AllReduceOp
 from ringtree.testing import run_ranks
 
 ALL_DIRECT = {"RINGTREE_CMA_MIN": "1"}
@@ -54,7 +55,7 @@ def every_case(comm, counts: list[int]) -> list[str]:
     bad = []
     # this process only: several pieces a block, cheaply (the Python loop's and the
     # compiled one's)
-    piece = ll_direct_ar.PIECE = ll_direct_ar.NATIVE_PIECE = 4096
+    piece = ll_direct_fold.PIECE = ll_direct_fold.NATIVE_PIECE = 4096
     for dname, op in CASES:
         item = np.dtype(dname).itemsize
         for count in counts + [comm.size * 3 * piece // item + 5]:
@@ -78,12 +79,12 @@ def native_runs(comm, counts: list[int], native: bool) -> list[str]:
     """:func:`every_case`, and whether the compiled loop ran where it should (every case
     but AVG and float16 with the kernel; none without)."""
     calls = [0]
-    real = ll_direct_ar.native.fold_push
+    real = ll_direct_fold.native.fold_push
 
     def counted(*a):
         calls[0] += 1
         return real(*a)
-    ll_direct_ar.native.fold_push = counted
+    ll_direct_fold.native.fold_push = counted
     bad = every_case(comm, counts)
     if (calls[0] > 0) != native:
         bad.append(f"the compiled loop ran {calls[0]} times")
@@ -93,7 +94,7 @@ def native_runs(comm, counts: list[int], native: bool) -> list[str]:
 @pytest.mark.parametrize("n,native", [(2, True), (3, True), (4, True), (2, False),
                                       (3, False)])
 def test_direct_all_reduce_gives_the_rank_order_bits(n, native):
-    if native and not ll_direct_ar.native.pushes():
+    if native and not ll_direct_fold.native.pushes():
         pytest.skip("no compiled _llc")
     counts = [1, 7, 1001] if n < 4 else [5]
     env = ALL_DIRECT if native else {**ALL_DIRECT, "RINGTREE_LL_NATIVE": "0"}
@@ -103,7 +104,7 @@ def test_direct_all_reduce_gives_the_rank_order_bits(n, native):
 
 def mixed_in_place(comm) -> list[str]:
     """Even ranks in place, odd ranks into a separate ``out`` (each rank's own choice)."""
-    ll_direct_ar.PIECE = ll_direct_ar.NATIVE_PIECE = 4096
+    ll_direct_fold.PIECE = ll_direct_fold.NATIVE_PIECE = 4096
     bad = []
     for count in (7, 3 * 4096 + 5):
         x = _input(comm.rank, count, DType.FLOAT32, "sum")
@@ -159,7 +160,7 @@ def test_torch_bfloat16():
 
 def at_crossover(comm) -> list[tuple[int, bool, bool]]:
     """float32 sums just below and at the crossover: (bytes, direct?, bits right)."""
-    first = -(-ll_direct_ar.MIN_BYTES[comm.size > 2] // 4)
+    first = -(-ll_direct_fold.MIN_BYTES[comm.size > 2] // 4)
     res = []
     for count in (first - 1, first):
         x = _input(comm.rank, count, DType.FLOAT32, "sum")
@@ -183,18 +184,18 @@ def test_where_it_applies():
     def direct(n: int, least: int | None):
         return SimpleNamespace(ll=SimpleNamespace(n=n), min_bytes=least,
                                applies=lambda *a: "ll_direct's")
-    ar, big, code = Collective.ALL_REDUCE, ll_direct_ar.MIN_BYTES[False] // 4, ReduceOp.SUM.code
-    assert ll_direct_ar.applies(direct(2, None), ar, big, 4, code)
-    assert not ll_direct_ar.applies(direct(2, None), ar, big - 1, 4, code)
-    more = ll_direct_ar.MIN_BYTES[True] // 4
+    ar, big, code = Collective.ALL_REDUCE, ll_direct_fold.MIN_BYTES[False] // 4, ReduceOp.SUM.code
+    assert ll_direct_fold.applies(direct(2, None), ar, big, 4, code)
+    assert not ll_direct_fold.applies(direct(2, None), ar, big - 1, 4, code)
+    more = ll_direct_fold.MIN_BYTES[True] // 4
     assert more > big
-    assert ll_direct_ar.applies(direct(4, None), ar, more, 4, code)
-    assert not ll_direct_ar.applies(direct(4, None), ar, more - 1, 4, code)
-    assert not ll_direct_ar.applies(direct(3, None), ar, big, 4, code)
-    assert ll_direct_ar.applies(direct(4, 1), ar, 1, 4, code)
-    assert not ll_direct_ar.applies(direct(2, 1), ar, big, 4, ReduceOp.PREMUL_SUM.code)
-    assert not ll_direct_ar.applies(None, ar, big, 4, code)
-    assert ll_direct_ar.applies(direct(2, None), Collective.ALL_GATHER, 1, 4, 0) == \
+    assert ll_direct_fold.applies(direct(4, None), ar, more, 4, code)
+    assert not ll_direct_fold.applies(direct(4, None), ar, more - 1, 4, code)
+    assert not ll_direct_fold.applies(direct(3, None), ar, big, 4, code)
+    assert ll_direct_fold.applies(direct(4, 1), ar, 1, 4, code)
+    assert not ll_direct_fold.applies(direct(2, 1), ar, big, 4, ReduceOp.PREMUL_SUM.code)
+    assert not ll_direct_fold.applies(None, ar, big, 4, code)
+    assert ll_direct_fold.applies(direct(2, None), Collective.ALL_GATHER, 1, 4, 0) == \
         "ll_direct's"
 
 
@@ -213,22 +214,9 @@ def rank_1_cannot(comm, move: str, in_place: bool) -> tuple[str, bool]:
     error, and whether the rank's input kept its values."""
     x = np.arange(10001, dtype=np.float32) + comm.rank
     keep = x.copy()
-    if comm.rank == 0:
-        real, posted = ll_direct_ar.cma, {"read": "x", "write": "out"}[move]
-
-        class Unmapped:  # the module's cma, but the address of one buffer unmapped
-            def __getattr__(self, name):
-                return getattr(real, name)
-
-            @staticmethod
-            def address(a):  # (only the publication's: the first ask)
-                at = real.address(a)
-                if at != real.address(bufs[posted]) or bufs.pop("posted", None) is None:
-                    return at
-                return 4096
-        ll_direct_ar.cma = Unmapped()
     out = x if in_place else np.empty_like(x)
-    bufs = {"x": x, "out": out, "posted": True}
+    if comm.rank == 0:
+        post_unmapped(ll_direct_fold, {"read": x, "write": out}[move])
     try:
         comm.all_reduce(x, out=out)
     except RingtreeError as e:

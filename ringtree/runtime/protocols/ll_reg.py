@@ -333,7 +333,7 @@ class Registered(KernelPath):
                 for q in range(n)]
         mine = out[lo:hi]
         self._fold(rows, mine, red, self.in_place and me >= 2)
-        copy = cma.stream if out.nbytes >= kernel_path.STREAM_MIN_AR else np.copyto
+        copy = cma.stream if kernel_path.pushes_stream(n, out.nbytes) else np.copyto
         for q in range(n):  # pushed: only this rank reads or writes block me anywhere
             if q != me and hi > lo:
                 copy(self._peer(q, self.locs[q][1], x.dtype, m)[lo:hi], mine)

@@ -20,17 +20,30 @@ import numpy as np
 
 from ringtree.errors import RingtreeError
 from ringtree.ir.program import Collective
+from ringtree.transports import cpu_caches
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import SEQ_MASK
 
 # output bytes from which the peers' blocks are copied with streaming stores (no read for
 # ownership; as ll_direct's all-gather): a 32 MiB copy took 0.3-0.55x NumPy's alone
 STREAM_MIN = 8 << 20
-# an all-reduce's from this many bytes: its folded block copied into the peers' outputs
-# with streaming stores (a line written into another core's cache costs more here than
-# one streamed to memory; at 256 KiB, in the caches, streaming was slower: loaded host,
-# docs/design-notes.md)
-STREAM_MIN_AR = 1 << 20
+# an all-reduce's folded block is copied into the peers' outputs with streaming stores
+# once the ranks' buffers together (ranks x bytes) exceed this; else with cached ones
+# (pushes_stream). Twice the L3: quiet host, AMD EPYC with a 16 MiB L3 shared by both
+# cores, 512 KiB L2 each, alternated in one job, cached ÷ streamed: 2 ranks 1 MiB 0.60,
+# 2 MiB 0.49-0.53, 4 MiB 0.54, 8 MiB 0.90, 16 MiB 0.92, 32 MiB 1.00 (each rank reading
+# its whole result after every call: 0.58, 0.53, 0.53, 0.94, 0.95); 4 ranks on 2 cores
+# 1 MiB 0.61, 4 MiB 0.91, 16 MiB 1.16. On a host with 2 MiB of L2 a core (and a 32 MiB
+# L3), loaded, a line written into another core's cache cost more than one streamed to
+# memory from 1 MiB (2 ranks) on: there, from 2 MiB in all (docs/design-notes.md)
+STREAM_MIN_AR = 2 << 20 if cpu_caches.level_bytes(2) >= 2 << 20 else \
+    2 * cpu_caches.level_bytes(3)
+
+
+def pushes_stream(n: int, nbytes: int) -> bool:
+    """Does an all-reduce of ``nbytes`` on ``n`` ranks push its folded blocks with
+    streaming stores (:data:`STREAM_MIN_AR`)?"""
+    return n * nbytes > STREAM_MIN_AR
 
 
 class KernelPath:
@@ -93,7 +106,7 @@ class KernelPath:
             b = [q * m // n * item for q in range(n + 1)]
             rows = tuple(xa + b[me] if q == me else self._at(q, locs[q][0], m * item) + b[me]
                          for q in range(n))
-            dst, nbytes, stream = oa + b[me], b[me + 1] - b[me], size >= STREAM_MIN_AR
+            dst, nbytes, stream = oa + b[me], b[me + 1] - b[me], pushes_stream(n, size)
             for q in range(n):
                 if q != me and nbytes:
                     cps += [self._at(q, locs[q][1], m * item) + b[me], dst, nbytes]

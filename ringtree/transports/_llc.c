@@ -1517,23 +1517,23 @@ static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
  * least (ranks - 1) * piece bytes. 0, or q << 32 | errno of the first failed move, with
  * 1 << 16 set when it was a write into q's output. */
 #define PUSH_WROTE (1 << 16)
-static long long push_body(fold_fn f, int item, int n, int me, const long *pids,
-                           const uint64_t *ins, const uint64_t *outs, const int *order,
-                           char *own, char *dst, Py_ssize_t len, Py_ssize_t piece,
-                           char *scratch) {
+static long long push_body(fold_fn f, int item, int n, int me, const Py_ssize_t *pids,
+                           const Py_ssize_t *ins, const Py_ssize_t *outs,
+                           const Py_ssize_t *order, char *own, char *dst, Py_ssize_t len,
+                           Py_ssize_t piece, char *scratch) {
     char *rows[MAXR];
     for (Py_ssize_t off = 0; off < len; off += piece) {
         Py_ssize_t m = len - off < piece ? len - off : piece;
         int slot = 0;
         for (int k = 0; k < n; k++) {
-            int q = order[k];
+            int q = (int)order[k];
             if (q == me) {
                 rows[k] = own + off;
                 continue;
             }
             rows[k] = scratch + (Py_ssize_t)slot++ * piece;
             struct iovec lv = {rows[k], (size_t)m};
-            struct iovec rv = {(void *)(uintptr_t)(ins[q] + (uint64_t)off), (size_t)m};
+            struct iovec rv = {(void *)(uintptr_t)(ins[q] + off), (size_t)m};
             int err = move_spans((pid_t)pids[q], &lv, &rv, 1, 0);
             if (err)
                 return (long long)q << 32 | err;
@@ -1543,36 +1543,13 @@ static long long push_body(fold_fn f, int item, int n, int me, const long *pids,
             if (q == me)
                 continue;
             struct iovec lv = {dst + off, (size_t)m};
-            struct iovec rv = {(void *)(uintptr_t)(outs[q] + (uint64_t)off), (size_t)m};
+            struct iovec rv = {(void *)(uintptr_t)(outs[q] + off), (size_t)m};
             int err = move_spans((pid_t)pids[q], &lv, &rv, 1, 1);
             if (err)
                 return (long long)q << 32 | PUSH_WROTE | err;
         }
     }
     return 0;
-}
-
-/* n integers of seq into dst (unsigned: addresses); -1 with an error set */
-static int read_ints(PyObject *seq, int n, long *lv, uint64_t *uv, int *iv, const char *what) {
-    PyObject *t = PySequence_Fast(seq, what);
-    if (t == NULL)
-        return -1;
-    if (PySequence_Fast_GET_SIZE(t) != n) {
-        PyErr_Format(PyExc_ValueError, "fold_push: %s must have %d items", what, n);
-        Py_DECREF(t);
-        return -1;
-    }
-    for (int i = 0; i < n; i++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(t, i);
-        if (lv)
-            lv[i] = PyLong_AsLong(o);
-        else if (uv)
-            uv[i] = PyLong_AsUnsignedLongLong(o);
-        else
-            iv[i] = (int)PyLong_AsLong(o);
-    }
-    Py_DECREF(t);
-    return PyErr_Occurred() ? -1 : 0;
 }
 
 static PyObject *fold_push(PyObject *self, PyObject *args) {
@@ -1593,16 +1570,15 @@ static PyObject *fold_push(PyObject *self, PyObject *args) {
                                               "dtype and op the kernel folds, whole items a piece");
         return NULL;
     }
-    long pids[MAXR];
-    uint64_t ins[MAXR], outs[MAXR];
-    int order[MAXR];
-    if (read_ints(pids_o, (int)n, pids, NULL, NULL, "pids") < 0 ||
-        read_ints(ins_o, (int)n, NULL, ins, NULL, "ins") < 0 ||
-        (outs_o != Py_None && read_ints(outs_o, (int)n, NULL, outs, NULL, "outs") < 0) ||
-        read_ints(order_o, (int)n, NULL, NULL, order, "order") < 0)
+    Py_ssize_t pids[MAXR], ins[MAXR], outs[MAXR], order[MAXR];
+    if (read_index_list(pids_o, n, pids, "fold_push: pids") < 0 ||
+        read_index_list(ins_o, n, ins, "fold_push: ins") < 0 ||
+        (outs_o != Py_None && read_index_list(outs_o, n, outs, "fold_push: outs") < 0) ||
+        read_index_list(order_o, n, order, "fold_push: order") < 0)
         return NULL;
     for (int i = 0; i < n; i++) {
-        ins[i] += at, outs[i] += at;
+        ins[i] += (Py_ssize_t)at;
+        outs[i] = outs_o == Py_None ? 0 : outs[i] + (Py_ssize_t)at;
         if (order[i] < 0 || order[i] >= n) {
             PyErr_SetString(PyExc_ValueError, "fold_push: order holds a rank out of range");
             return NULL;

@@ -234,3 +234,23 @@ def test_a_failed_read_or_write_is_raised_on_every_rank(move, in_place, native):
         assert f"rank 1 could not {verb} rank 0's buffer" in msg, msg
         # out of place no input is written (in place a rank's output is its input)
         assert kept or in_place, msg
+
+
+def test_fold_push_refuses_bad_arguments():
+    """The compiled loop names what is wrong before it moves anything."""
+    if not ll_direct_fold.native.pushes():
+        pytest.skip("no compiled _llc")
+    own, dst, s = np.ones(8, np.float32), np.zeros(8, np.float32), np.empty(64, np.uint8)
+    f32, add = DType.FLOAT32.code, ReduceOp.SUM.code
+    push = ll_direct_fold.native.fold_push
+    cases = [((0, 0), (0, 0), None, (0, 5), "out of range"),
+             ((0,), (0, 0), None, (0, 1), "pids: expected 2"),
+             ((0, 0), (0, 0), (0, 0), (0,), "2 to 256 ranks")]
+    for pids, ins, outs, order, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            push(pids, ins, outs, order, 0, own, dst, 0, f32, add, 16, s)
+    with pytest.raises(ValueError, match="scratch"):
+        push((0, 0), (0, 0), None, (0, 1), 0, own, dst, 0, f32, add, 128, s)
+    with pytest.raises(ValueError, match="whole items"):
+        push((0, 0), (0, 0), None, (0, 1), 0, own, dst, 0, f32, add, 6, s)
+    assert not dst.any()  # nothing moved

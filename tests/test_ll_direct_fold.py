@@ -102,6 +102,31 @@ def test_direct_all_reduce_gives_the_rank_order_bits(n, native):
         assert bad == [], f"rank {r}: {bad}"
 
 
+def shrunk_pieces(comm) -> list[str]:
+    """The compiled loop at its default piece on more ranks than the scratch holds at
+    full size (NATIVE_SCRATCH ÷ (n - 1) bytes a peer): blocks of several such pieces and
+    a partial one, float32 sum and float64 max, in place."""
+    bad = []
+    per = ll_direct_fold.NATIVE_SCRATCH // (comm.size - 1) & ~4095
+    assert per < ll_direct_fold.NATIVE_PIECE, "the case would not shrink the piece"
+    for dname, op in (("float32", "sum"), ("float64", "max")):
+        count = comm.size * (2 * per + 4096 + 24) // np.dtype(dname).itemsize + 3
+        x = _input(comm.rank, count, DType(dname), op)
+        before = _calls()
+        if comm.all_reduce(x, op).tobytes() != _reference(comm.size, count, dname, op):
+            bad.append(f"{dname} {op}: differs")
+        if _calls() == before:
+            bad.append(f"{dname} {op}: not direct")
+    return bad
+
+
+def test_more_ranks_fold_smaller_pieces():
+    if not ll_direct_fold.native.pushes():
+        pytest.skip("no compiled _llc")
+    for r, bad in enumerate(run_ranks(shrunk_pieces, 5, timeout=90, env=ALL_DIRECT)):
+        assert bad == [], f"rank {r}: {bad}"
+
+
 def mixed_in_place(comm) -> list[str]:
     """Even ranks in place, odd ranks into a separate ``out`` (each rank's own choice)."""
     ll_direct_fold.PIECE = ll_direct_fold.NATIVE_PIECE = 4096

@@ -68,8 +68,8 @@ collective that fails mid-way.
 
 Where it runs: from :data:`MIN_BYTES` (``RINGTREE_CMA_MIN`` overrides it, as for the
 other single-copy calls), where it was measured ahead of the segment's split and the
-ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers"): 2 ranks
-from 1 MiB; on more ranks from 8 MiB (below, with 2 ranks per core here, the kernel's
+ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers" and "The
+crossover is the host's"): 2 ranks from 2 MiB; on more ranks from 8 MiB (below, with 2 ranks per core here, the kernel's
 slower copy cost as much CPU time as the split's extra passes). Not for
 PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
 (:func:`~ringtree.runtime.protocols.ll_direct.probe`) checks writes too.
@@ -102,9 +102,14 @@ OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR
 # (shm_native.fold_push; quiet host, AMD EPYC, 512 KiB L2 a core): 2 ranks 0.85-0.93 at
 # 512 KiB, 1.00 at 768 KiB, 1.03-1.08 at 1 MiB, 1.14-1.15 at 2, 1.25 at 4, 1.51 at 16,
 # 1.91 at 64; 3 ranks on 2 cores 0.77 at 1 MiB, 1.04 at 4, 1.20 at 8, 1.07 at 16, 1.22
-# at 32; 4 ranks 0.76 at 2 MiB, 0.89 at 4, 1.09 at 8, 1.07 at 16, 1.16 at 32: so 2 ranks
-# from 1 MiB, more from 8 MiB
-MIN_BYTES: dict[bool, int] = {False: 1 << 20, True: 8 << 20}
+# at 32; 4 ranks 0.76 at 2 MiB, 0.89 at 4, 1.09 at 8, 1.07 at 16, 1.16 at 32. On a third
+# host (AMD EPYC Zen 3, where the kernel's copy ran at 9 GB/s against 23 for a user-space
+# copy at 1 MiB) the split won to 8 MiB with 64 KiB pieces (0.65 at 1 MiB, 0.75 at 2, 0.82
+# at 4, 0.96 at 8) and to about 3 MiB with the 128 KiB pieces below. The crossover is the
+# host's; the one that loses least on the worst of the three measured hosts is 2 MiB
+# (at 1 MiB the split is at most 8 % slower there, the single copy up to 1.5x): 2 ranks
+# from 2 MiB, more from 8 MiB
+MIN_BYTES: dict[bool, int] = {False: 2 << 20, True: 8 << 20}
 # bytes of a peer's row read and folded at a time: 2 ranks, 16 and 64 MiB, alternated in
 # one job (loaded host): 256 KiB pieces (ll_direct.PIECE) 1.03-1.13x the time of 512 KiB,
 # 1 MiB and 2 MiB within 3% of 512 KiB, 64 KiB 1.2x; two pieces of scratch fill the
@@ -115,8 +120,16 @@ SCATTER_PIECE = 256 << 10  # the same for the reduce-scatter's Python loop
 # 2 ranks, alternated in one job (quiet host, 512 KiB L2), two runs, µs: 1 MiB 32 KiB
 # 187-200, 64 KiB 188-190, 128 KiB 194-198, 256 KiB 200-203; 16 MiB 2,772-3,106 /
 # 2,726-3,146 / 2,891-3,271 / 3,080-3,485; 64 MiB 10,744-11,006 / 10,474-10,897 /
-# 10,914-11,234 / 11,407-11,527
-NATIVE_PIECE = 64 << 10
+# 10,914-11,234 / 11,407-11,527; on a Zen 3 host with the same L2, where each move
+# through the kernel costs more (32 MiB read in 64 KiB moves 1.3x the time of 256 KiB
+# ones), 64 / 128 / 256 KiB: 1 MiB 239 / 228 / 212, 4 MiB 731-807 / 660-716 / 629-636,
+# 16 MiB 2,523-3,118 / 2,227-2,787 / 2,407-2,606, 64 MiB 9,990 / 9,123 / 8,809. 128 KiB
+# is within 5 % of the best on the first host and 13 % on the second (64 KiB: 27 %;
+# 256 KiB: 12 % on the first, and four ranks' scratch rows would no longer fit the L2)
+NATIVE_PIECE = 128 << 10
+# the scratch's rows (a piece of each peer's) together, so that on 5-8 ranks they still
+# fit a 512 KiB L2 beside the output piece: the piece shrinks to this ÷ (n - 1)
+NATIVE_SCRATCH = 384 << 10
 
 
 def applies(direct: Direct | None, coll: Collective, count: int, itemsize: int,
@@ -164,7 +177,8 @@ class FoldOp(DirectOp):
         not pushed); the same reads, fold and writes as the Python loops, the same bits.
         0, or the failed move's status."""
         n, item = self.ll.n, own_row.itemsize
-        piece = max(item, NATIVE_PIECE // item * item)
+        per = max(4096, min(NATIVE_PIECE, NATIVE_SCRATCH // (n - 1)) & ~4095)
+        piece = max(item, per // item * item)
         s = self._scratch
         if s is None or s.dtype != np.uint8 or s.size < (n - 1) * piece:
             s = self._scratch = np.empty((n - 1) * piece, np.uint8)

@@ -124,7 +124,7 @@ SCATTER_PIECE = 256 << 10  # the same for the reduce-scatter's Python loop
 # through the kernel costs more (32 MiB read in 64 KiB moves 1.3x the time of 256 KiB
 # ones), 64 / 128 / 256 KiB: 1 MiB 239 / 228 / 212, 4 MiB 731-807 / 660-716 / 629-636,
 # 16 MiB 2,523-3,118 / 2,227-2,787 / 2,407-2,606, 64 MiB 9,990 / 9,123 / 8,809. 128 KiB
-# is within 5 % of the best on the first host and 13 % on the second (64 KiB: 27 %;
+# is within 6 % of the best on the first host and 13 % on the second (64 KiB: 27 %;
 # 256 KiB: 12 % on the first, and four ranks' scratch rows would no longer fit the L2)
 NATIVE_PIECE = 128 << 10
 # the scratch's rows (a piece of each peer's) together, so that on 5-8 ranks they still

@@ -69,8 +69,9 @@ collective that fails mid-way.
 Where it runs: from :data:`MIN_BYTES` (``RINGTREE_CMA_MIN`` overrides it, as for the
 other single-copy calls), where it was measured ahead of the segment's split and the
 ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers" and "The
-crossover is the host's"): 2 ranks from 2 MiB; on more ranks from 8 MiB (below, with 2 ranks per core here, the kernel's
-slower copy cost as much CPU time as the split's extra passes). Not for
+crossover is the host's"): 2 ranks from 2 MiB; on more ranks from 8 MiB (below, with
+2 ranks per core, the kernel's slower copy cost as much CPU time as the split's extra
+passes). Not for
 PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
 (:func:`~ringtree.runtime.protocols.ll_direct.probe`) checks writes too.
 """
@@ -107,8 +108,8 @@ OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR
 # copy at 1 MiB) the split won to 8 MiB with 64 KiB pieces (0.65 at 1 MiB, 0.75 at 2, 0.82
 # at 4, 0.96 at 8) and to about 3 MiB with the 128 KiB pieces below. The crossover is the
 # host's; the one that loses least on the worst of the three measured hosts is 2 MiB
-# (at 1 MiB the split is at most 8 % slower there, the single copy up to 1.5x): 2 ranks
-# from 2 MiB, more from 8 MiB
+# (at 1 MiB the split costs at most 8 % on the Zen 2 host, the single copy 1.5x on the
+# Zen 3 one): 2 ranks from 2 MiB, more from 8 MiB
 MIN_BYTES: dict[bool, int] = {False: 2 << 20, True: 8 << 20}
 # bytes of a peer's row read and folded at a time: 2 ranks, 16 and 64 MiB, alternated in
 # one job (loaded host): 256 KiB pieces (ll_direct.PIECE) 1.03-1.13x the time of 512 KiB,

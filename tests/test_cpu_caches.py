@@ -1,7 +1,5 @@
 """The cache sizes read from sysfs (``transports/cpu_caches.py``) and the registered
-all-reduce's choice of streamed pushes made from them (``ll_reg_kernel.pushes_stream``);
-the CPU's flags from /proc/cpuinfo and the single-copy reads' bounce made from them
-(``shm_cma.bounces``)."""
+all-reduce's choice of streamed pushes made from them (``ll_reg_kernel.pushes_stream``)."""
 
 from __future__ import annotations
 
@@ -55,34 +53,3 @@ def test_pushes_stream_once_the_ranks_bytes_exceed_twice_the_l3(monkeypatch, n, 
     """The measured host's rule (16 MiB L3): 2 ranks cached to 16 MiB, 4 ranks to 8 MiB."""
     monkeypatch.setattr(ll_reg_kernel, "STREAM_MIN_AR", 2 * (16 << 20))
     assert ll_reg_kernel.pushes_stream(n, nbytes) is streamed
-
-
-def test_flags_from_cpuinfo(tmp_path, monkeypatch):
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 erms fsrm\n\n"
-                    "processor\t: 1\nflags\t\t: fpu\n")
-    monkeypatch.setattr(cpu_caches, "_CPUINFO", str(info))
-    cpu_caches._flags.cache_clear()
-    try:
-        assert cpu_caches.has_flag("erms") and cpu_caches.has_flag("avx2")
-        assert not cpu_caches.has_flag("avx512f") and not cpu_caches.has_flag("er")
-        monkeypatch.setattr(cpu_caches, "_CPUINFO", str(tmp_path / "absent"))
-        cpu_caches._flags.cache_clear()
-        assert not cpu_caches.has_flag("fpu")  # unreadable: no flags
-    finally:
-        cpu_caches._flags.cache_clear()
-
-
-@pytest.mark.parametrize("erms,compiled,bounces", [(False, True, True), (True, True, False),
-                                                   (False, False, False)])
-def test_reads_bounce_only_without_erms(monkeypatch, erms, compiled, bounces):
-    """Bounced reads where the kernel copies with a ``rep movsq`` loop (no ERMS), straight
-    ones where it copies with ``rep movsb``; none without the compiled ``_cma``."""
-    from ringtree.transports import shm_cma
-
-    monkeypatch.setattr(cpu_caches, "has_flag", lambda name: erms and name == "erms")
-    if not compiled:
-        monkeypatch.setattr(shm_cma, "_cma", None)
-    elif shm_cma._cma is None:
-        pytest.skip("no compiled _cma")
-    assert shm_cma.bounces() is bounces

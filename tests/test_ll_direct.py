@@ -130,7 +130,7 @@ def streamed(comm, counts: list[int], dtypes: list[str]) -> list[str]:
     and through NumPy."""
     least = ll_direct.STREAM_MIN, ll_direct.BOUNCE_BROADCAST, comm.ll.direct.scratch
     ll_direct.STREAM_MIN = ll_direct.BOUNCE_BROADCAST = 1
-    if cma.bounce_buffer() is not None:  # (also where this CPU's reads go straight)
+    if least[2] is not None:
         comm.ll.direct.scratch = np.empty(1000, np.uint8)
     try:
         return every_case(comm, counts, dtypes) + through_ctypes(comm, counts, dtypes)

@@ -97,7 +97,7 @@ def shared_gathers(comm, dtypes: list[str], bounced: bool = False) -> list[str]:
     what differs, and whether the ranks' pieces add up to every piece exactly once
     (``bounced``: the reads through a scratch smaller than a piece)."""
     ll_direct.SHARE_PIECE = PIECE
-    if bounced and cma.bounce_buffer() is not None:  # (also where reads go straight)
+    if bounced and comm.ll.direct.scratch is not None:
         ll_direct.STREAM_MIN = 1
         comm.ll.direct.scratch = np.empty(1000, np.uint8)
     op_of = {}

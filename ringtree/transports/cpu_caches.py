@@ -1,11 +1,8 @@
-"""The CPU's data caches, from Linux's sysfs (``/sys/devices/system/cpu/cpuN/cache``),
-and its feature flags, from ``/proc/cpuinfo``.
+"""The CPU's data caches, from Linux's sysfs (``/sys/devices/system/cpu/cpuN/cache``).
 
 Some of the shared-memory paths choose between cached and streamed (non-temporal)
 stores by whether the bytes they touch fit the caches; where the sizes cannot be read
-(another OS, a container without sysfs) :data:`DEFAULT` stands in. The single-copy
-reads choose whether to bounce through a scratch by how the kernel copies
-(:func:`has_flag`, ``erms``: :mod:`ringtree.transports.shm_cma`).
+(another OS, a container without sysfs) :data:`DEFAULT` stands in.
 """
 
 from __future__ import annotations
@@ -13,12 +10,11 @@ from __future__ import annotations
 import functools
 import os
 
-__all__ = ["DEFAULT", "has_flag", "level_bytes"]
+__all__ = ["DEFAULT", "level_bytes"]
 
 # level -> bytes assumed when sysfs says nothing (a common server core's L2 and L3)
 DEFAULT = {1: 32 << 10, 2: 1 << 20, 3: 32 << 20}
 _ROOT = "/sys/devices/system/cpu/cpu{}/cache"
-_CPUINFO = "/proc/cpuinfo"
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -57,22 +53,3 @@ def level_bytes(level: int, cpu: int = 0) -> int:
     """Bytes of the level-``level`` data cache of ``cpu`` (the L3: the whole cache its
     core shares), or :data:`DEFAULT`'s where sysfs does not say."""
     return _levels(cpu).get(level, DEFAULT.get(level, 0))
-
-
-@functools.cache
-def _flags() -> frozenset[str]:
-    """The first ``flags`` line of /proc/cpuinfo (x86; empty elsewhere or unreadable)."""
-    try:
-        with open(_CPUINFO) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def has_flag(name: str) -> bool:
-    """Does the CPU list feature ``name`` (as /proc/cpuinfo spells it, e.g. ``erms``)?
-    False where the file says nothing."""
-    return name in _flags()

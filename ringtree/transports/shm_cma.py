@@ -38,7 +38,6 @@ import os
 import numpy as np
 
 from ringtree import kernels
-from ringtree.transports import cpu_caches
 
 # None when built without a C compiler (or from other sources, ringtree.kernels): the
 # same system call through ctypes
@@ -117,21 +116,6 @@ BOUNCE = 256 << 10
 def bounce_buffer() -> np.ndarray | None:
     """A scratch for bounced reads, or None where reads cannot bounce (no ``_cma``)."""
     return np.empty(BOUNCE, np.uint8) if _cma is not None else None
-
-
-def bounces() -> bool:
-    """Do large reads pay for a bounce here? Not where the CPU has ERMS (x86's enhanced
-    ``rep movsb``), with which Linux's ``copy_to_user`` copies (``rep movsb`` with FSRM,
-    else ``rep_movs_alternative``, whose large copies take ``rep movsb`` with ERMS and a
-    ``rep movsq`` loop without; arch/x86/include/asm/uaccess_64.h, lib/copy_user_64.S).
-    Measured alternated in one job, 2 ranks, bounced ÷ straight: an AMD EPYC Zen 2
-    without ERMS, all-gather 0.83-0.94 at 8-64 MiB (the bounce ahead), broadcast from 16
-    MiB 0.90-0.96; a Zen 3 with ERMS and FSRM, all-gather 1.05-1.29 at 8-16 MiB and
-    0.94-1.10 at 64 MiB (2 ranks, two benchmarks, four jobs), 1.06-1.10 at 8-16 MiB and
-    0.96 at 64 MiB (4 ranks), broadcast 1.11-1.28 at 16-64 MiB: with ``rep movsb`` the
-    kernel's copy into the output costs no more than the bounce's second pass. Where it is not x86 (no such flag) the reads bounce, as
-    measured on the host without ERMS."""
-    return _cma is not None and not cpu_caches.has_flag("erms")
 
 
 def read_into(pid: int, into: np.ndarray, remote: int, nbytes: int) -> None:

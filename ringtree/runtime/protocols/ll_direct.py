@@ -91,8 +91,7 @@ MIN_BYTES: dict[tuple[Collective, bool], int] = {
 # and from which the peers' blocks (a broadcast's buffer) are read bounced through an
 # L2 scratch and streamed on (shm_cma.read_spans: no read for ownership either). 2 ranks,
 # alternated in one job (benchmarks/ll_direct.py's "unbounced" arm), straight ÷ bounced:
-# 8 MiB 1.06-1.12, 12 MiB 1.14, 16 MiB 1.16-1.20, 32 MiB 1.13, 64 MiB 1.11, on a CPU
-# without ERMS; with it the reads go straight (shm_cma.bounces: Direct.scratch is None)
+# 8 MiB 1.06-1.12, 12 MiB 1.14, 16 MiB 1.16-1.20, 32 MiB 1.13, 64 MiB 1.11
 STREAM_MIN = 8 << 20
 # a broadcast's bytes from which its read bounces: its reader's and root's buffers are
 # all the memory it touches, and up to 12 MiB they stayed in the 16 MiB L3, where the
@@ -131,8 +130,7 @@ class Direct:
         # all-gather copies shared through piece counters (RINGTREE_CMA_SHARE; they need
         # the compiled atomic add)
         self.share = cma.can_claim()
-        # bounced reads of large outputs (STREAM_MIN) where they pay (shm_cma.bounces)
-        self.scratch = cma.bounce_buffer() if cma.bounces() else None
+        self.scratch = cma.bounce_buffer()  # bounced reads of large outputs (STREAM_MIN)
 
     def applies(self, coll: Collective, count: int, itemsize: int, op_code: int) -> bool:
         """Run a call of ``count`` elements a block directly? (From :data:`MIN_BYTES` of

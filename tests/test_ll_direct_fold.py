@@ -104,19 +104,29 @@ def test_direct_all_reduce_gives_the_rank_order_bits(n, native):
 
 def shrunk_pieces(comm) -> list[str]:
     """The compiled loop at its default piece on more ranks than the scratch holds at
-    full size (NATIVE_SCRATCH ÷ (n - 1) bytes a peer): blocks of several such pieces and
-    a partial one, float32 sum and float64 max, in place."""
-    bad = []
-    per = ll_direct_fold.NATIVE_SCRATCH // (comm.size - 1) & ~4095
-    assert per < ll_direct_fold.NATIVE_PIECE, "the case would not shrink the piece"
+    full size (NATIVE_SCRATCH ÷ (n - 1) bytes a peer, whole pages): blocks of several
+    such pieces and a partial one, float32 sum and float64 max, in place; the pieces the
+    loop was handed are the shrunk ones."""
+    bad, pieces = [], []
+    real = ll_direct_fold.native.fold_push
+
+    def spy(*a):
+        pieces.append(a[10])
+        return real(*a)
+    ll_direct_fold.native.fold_push = spy
     for dname, op in (("float32", "sum"), ("float64", "max")):
-        count = comm.size * (2 * per + 4096 + 24) // np.dtype(dname).itemsize + 3
+        item = np.dtype(dname).itemsize
+        per = ll_direct_fold.native_piece(comm.size, item)
+        if not (per < ll_direct_fold.NATIVE_PIECE and per % 4096 == 0 and
+                (comm.size - 1) * per <= ll_direct_fold.NATIVE_SCRATCH):
+            bad.append(f"{dname}: piece {per} is not a shrunk whole page count")
+        count = comm.size * (2 * per + 4096 + 24) // item + 3
         x = _input(comm.rank, count, DType(dname), op)
-        before = _calls()
+        del pieces[:]
         if comm.all_reduce(x, op).tobytes() != _reference(comm.size, count, dname, op):
             bad.append(f"{dname} {op}: differs")
-        if _calls() == before:
-            bad.append(f"{dname} {op}: not direct")
+        if pieces != [per]:
+            bad.append(f"{dname} {op}: the compiled loop ran with pieces {pieces}, not {per}")
     return bad
 
 

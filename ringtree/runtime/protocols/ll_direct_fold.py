@@ -133,6 +133,14 @@ NATIVE_PIECE = 128 << 10
 NATIVE_SCRATCH = 384 << 10
 
 
+def native_piece(n: int, item: int) -> int:
+    """Bytes of each peer's row the compiled loop moves at a time on ``n`` ranks:
+    :data:`NATIVE_PIECE`, shrunk to whole pages so that the ``n - 1`` rows of the
+    scratch fit :data:`NATIVE_SCRATCH`, in whole items of ``item`` bytes."""
+    per = max(4096, min(NATIVE_PIECE, NATIVE_SCRATCH // (n - 1)) & ~4095)
+    return max(item, per // item * item)
+
+
 def applies(direct: Direct | None, coll: Collective, count: int, itemsize: int,
             op_code: int) -> bool:
     """Does a call of ``count`` elements run on a single-copy path (this all-reduce, or
@@ -178,8 +186,7 @@ class FoldOp(DirectOp):
         not pushed); the same reads, fold and writes as the Python loops, the same bits.
         0, or the failed move's status."""
         n, item = self.ll.n, own_row.itemsize
-        per = max(4096, min(NATIVE_PIECE, NATIVE_SCRATCH // (n - 1)) & ~4095)
-        piece = max(item, per // item * item)
+        piece = native_piece(n, item)
         s = self._scratch
         if s is None or s.dtype != np.uint8 or s.size < (n - 1) * piece:
             s = self._scratch = np.empty((n - 1) * piece, np.uint8)

@@ -160,8 +160,10 @@ declare("RINGTREE_ALGO", text, "",
         "algorithms to use: NCCL_ALGO syntax, e.g. `ring;allreduce:^tree`")
 declare("RINGTREE_TUNE", choice("online", "model"), "online",
         "`online`: across hosts, time the cost model's close candidates on the "
-        "communicator once per (collective, size) and keep the fastest; `model`: the "
-        "model alone")
+        "communicator once per (collective, size) and keep the fastest; on one host, "
+        "time the single-copy all-reduce against the segment's split once per octave "
+        "of bytes where hosts disagree (1-16 MiB on 2 ranks, 4-64 MiB on more); "
+        "`model`: the model and the fixed crossovers alone")
 declare("RINGTREE_DEBUG", upper, "", "`INFO` prints each rank's first collectives and algorithms")
 declare("RINGTREE_SHM_SLOTS", whole, 4, "shared-memory slots per ring")
 declare("RINGTREE_SHM_YIELD_US", number, 0.0,
@@ -199,6 +201,11 @@ declare("RINGTREE_LL_YIELD_US", number, 2000.0,
 declare("RINGTREE_LL_NATIVE", flag, True,
         "run LL's publish, wait and fold in the compiled kernel where the package built it "
         "(0 = the same steps in Python, the same bits)")
+declare("RINGTREE_LL_STORES", choice("measure", "stream", "cache"), "measure",
+        "how LL's compiled rounds copy into the segment from 4 KiB: `stream` (non-temporal "
+        "stores), `cache` (through the caches), `measure`: both timed on the communicator "
+        "at its first LL call of 4 KiB or more, the faster kept (`stream` with "
+        "`RINGTREE_TUNE=model`)")
 declare("RINGTREE_CMA", flag, True,
         "single-copy all-reduce, all-gather, reduce-scatter and broadcast between a host's "
         "ranks: "

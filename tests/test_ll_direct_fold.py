@@ -133,7 +133,9 @@ def shrunk_pieces(comm) -> list[str]:
 def test_more_ranks_fold_smaller_pieces():
     if not ll_direct_fold.native.pushes():
         pytest.skip("no compiled _llc")
-    for r, bad in enumerate(run_ranks(shrunk_pieces, 5, timeout=90, env=ALL_DIRECT)):
+    # RINGTREE_TUNE=model: no measuring calls (ll_stores) beside the one counted
+    env = {**ALL_DIRECT, "RINGTREE_TUNE": "model"}
+    for r, bad in enumerate(run_ranks(shrunk_pieces, 5, timeout=90, env=env)):
         assert bad == [], f"rank {r}: {bad}"
 
 
@@ -207,9 +209,12 @@ def at_crossover(comm) -> list[tuple[int, bool, bool]]:
 
 
 def test_crossover_and_switch():
-    for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60)):
+    """The rule outside the measuring (ll_crossover: RINGTREE_TUNE=model turns it off)."""
+    model = {"RINGTREE_TUNE": "model"}
+    for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60, env=model)):
         assert [(d, ok) for _, d, ok in res] == [(False, True), (True, True)], (r, res)
-    for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60, env={"RINGTREE_CMA": "0"})):
+    for r, res in enumerate(run_ranks(at_crossover, 2, timeout=60,
+                                      env={**model, "RINGTREE_CMA": "0"})):
         assert [(d, ok) for _, d, ok in res] == [(False, True), (False, True)], (r, res)
 
 
@@ -217,7 +222,7 @@ def test_where_it_applies():
     """2 ranks and more from their MIN_BYTES, or where RINGTREE_CMA_MIN says; no PREMUL_SUM;
     the other collectives as ll_direct decides."""
     def direct(n: int, least: int | None):
-        return SimpleNamespace(ll=SimpleNamespace(n=n), min_bytes=least,
+        return SimpleNamespace(ll=SimpleNamespace(n=n), min_bytes=least, measured={},
                                applies=lambda *a: "ll_direct's")
     ar, big, code = Collective.ALL_REDUCE, ll_direct_fold.MIN_BYTES[False] // 4, ReduceOp.SUM.code
     assert ll_direct_fold.applies(direct(2, None), ar, big, 4, code)
@@ -230,6 +235,9 @@ def test_where_it_applies():
     assert ll_direct_fold.applies(direct(4, 1), ar, 1, 4, code)
     assert not ll_direct_fold.applies(direct(2, 1), ar, big, 4, ReduceOp.PREMUL_SUM.code)
     assert not ll_direct_fold.applies(None, ar, big, 4, code)
+    measured = direct(2, None)  # an octave measured on the communicator (ll_crossover)
+    measured.measured[(big * 4).bit_length()] = False
+    assert not ll_direct_fold.applies(measured, ar, big, 4, code)
     assert ll_direct_fold.applies(direct(2, None), Collective.ALL_GATHER, 1, 4, 0) == \
         "ll_direct's"
 

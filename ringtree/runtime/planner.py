@@ -319,17 +319,21 @@ class Planner:
         and the op it prepares from it."""
         coll = spec.coll
         assert coll is not None
-        algo = protocols.algorithm(LL, coll)
-        assert algo is not None
-        prog = build(coll, algo, self.size, self.rank, nbytes,
-                     Options(root=max(spec.root, 0), channels=1, nodes=self.nodes))
+        prog = self.ll_program(coll, spec.root, nbytes)
         code = spec.reducer.code if spec.reducer is not None else 0
-        plan = Plan(key, algo, [], name=coll.value, coll_code=coll.code, root=spec.root,
+        plan = Plan(key, prog.algo, [], name=coll.value, coll_code=coll.code, root=spec.root,
                     protocol=LL)
         plan.program = prog
         plan.ll_op = self.ll.prepare(prog, spec.dtype, spec.count, code, spec.root)
         self._remember_ready(spec, plan)
         return plan
+
+    def ll_program(self, coll: Collective, root: int, nbytes: int) -> Program:
+        """The one-round Program the LL runner serves ``coll`` with."""
+        algo = protocols.algorithm(LL, coll)
+        assert algo is not None
+        return build(coll, algo, self.size, self.rank, nbytes,
+                     Options(root=max(root, 0), channels=1, nodes=self.nodes))
 
     def _build_rounds(self, spec: CallSpec, key: tuple, prog: Program, nbytes: int
                       ) -> Plan | None:

@@ -202,6 +202,10 @@ static fold_fn pick(int dtype, int op) {
 
 /* ---- the Round object -------------------------------------------------------------- */
 
+/* bytes from which a copy into the segment streams (copy_out), unless the round was
+ * told otherwise (Round.stores: the store mode measured on the communicator) */
+#define SHARE_NT 4096
+
 typedef struct {
     PyObject_HEAD
     Py_buffer seg;
@@ -215,6 +219,7 @@ typedef struct {
     Py_ssize_t *row_off[2];            /* the rows to fold, in the Program's order */
     int64_t spin_ns, yield_ns;
     Py_ssize_t nbytes, row_bytes;      /* the largest contribution; a row's bytes */
+    Py_ssize_t share_nt;               /* bytes from which copies into the segment stream */
     Py_ssize_t *place_off[2];          /* gather: output block b <- this offset (places) */
     int nplace, own;                   /* output blocks; the one that is ours (-1: none) */
     int srow;                          /* scatter: 1 + the fold row that is ours (0: unset) */
@@ -241,6 +246,7 @@ typedef struct {
     /* registered buffers' agreement (reg_words): this rank's state line, the peers' (in
      * peer order), and the state-line words: the mark, input, output, header, announce */
     Py_ssize_t reg_state, *reg_peer, reg_w[5];
+    PyObject *weakrefs;                /* a communicator's rounds are kept by weak refs */
 } Round;
 
 static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
@@ -270,6 +276,8 @@ static int64_t real_ns(void) {
 }
 
 static void Round_dealloc(Round *k) {
+    if (k->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)k);
     unrecord(k);
     Py_CLEAR(k->pair);
     Py_CLEAR(k->descr);
@@ -332,7 +340,7 @@ static PyObject *Round_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         return NULL;
     k->npeers = (int)np_, k->nrows = (int)nr, k->dtype = dtype, k->op = op, k->fold = fold;
     k->spin_ns = spin, k->yield_ns = yld, k->nbytes = nbytes, k->row_bytes = row_bytes;
-    k->alone = -1;
+    k->alone = -1, k->share_nt = SHARE_NT;
     Py_ssize_t *mem = PyMem_Calloc(3 * np_ + 2 * nr + 1, sizeof(Py_ssize_t));
     if (mem == NULL) {
         Py_DECREF(k);
@@ -411,7 +419,6 @@ static int wait_peers(Round *k, int p, uint64_t s, int first) {
  * the peers' reads from memory (docs/design-notes.md, "Streaming stores into the
  * segment"). The sfence orders them before the sequence word that publishes them. */
 #define STREAM_MIN (8 << 20) /* output bytes from which a gather streams its stores */
-#define SHARE_NT 4096        /* bytes from which a copy into the segment streams */
 static void copy_out(char *dst, const char *src, Py_ssize_t m, int stream) {
     if (stream)
         stream_copy(dst, src, (size_t)m);
@@ -423,9 +430,9 @@ static void copy_out(char *dst, const char *src, Py_ssize_t m, int stream) {
  * rank's area of parity p */
 static void stage_others(Round *k, int p, const char *x) {
     char *mine = k->base + k->mine_off[p];
-    copy_out(mine, x, k->skip_lo, k->skip_lo >= SHARE_NT);
+    copy_out(mine, x, k->skip_lo, k->skip_lo >= k->share_nt);
     copy_out(mine + k->skip_hi, x + k->skip_hi, k->nbytes - k->skip_hi,
-             k->nbytes - k->skip_hi >= SHARE_NT);
+             k->nbytes - k->skip_hi >= k->share_nt);
 }
 
 #define RING 1000000
@@ -538,7 +545,7 @@ static int fold_own(Round *k, int p, const char *x, Py_ssize_t xlen, char *out,
  * codes. */
 static int round_body(Round *k, int p, uint64_t s, const uint64_t h[3], const void *x,
                       Py_ssize_t xlen, void *out, Py_ssize_t olen) {
-    int streamed = x != NULL && xlen >= SHARE_NT;
+    int streamed = x != NULL && xlen >= k->share_nt;
     if (x != NULL)
         copy_out(k->base + k->mine_off[p], x, xlen, streamed);
     int r = publish_wait(k, p, s, h);
@@ -1004,7 +1011,7 @@ static PyObject *Round_places(Round *k, PyObject *const *args, Py_ssize_t nargs)
 static int gather_body(Round *k, uint64_t s, const uint64_t h[3], const char *x,
                        Py_ssize_t m, char *o, Py_ssize_t block) {
     int p = (int)(s & 1);
-    copy_out(k->base + k->mine_off[p], x, m, m >= SHARE_NT);
+    copy_out(k->base + k->mine_off[p], x, m, m >= k->share_nt);
     int r = publish(k, p, s, h);
     int stream = (Py_ssize_t)k->nplace * block >= STREAM_MIN;
     if (r == -1) {
@@ -1121,7 +1128,7 @@ static int scatter_body(Round *k, uint64_t s, const uint64_t h[3], const char *x
                         char *out, int staged) {
     int p = (int)(s & 1);
     if (staged)
-        copy_out(k->base + k->mine_off[p], x, k->nbytes, k->nbytes >= SHARE_NT);
+        copy_out(k->base + k->mine_off[p], x, k->nbytes, k->nbytes >= k->share_nt);
     else
         stage_others(k, p, x);
     int r = publish_wait(k, p, s, h);
@@ -1247,7 +1254,7 @@ static PyObject *Round_bshot(Round *k, PyObject *const *args, Py_ssize_t nargs) 
     char *x = xb.buf;
     Py_BEGIN_ALLOW_THREADS
     if (root)
-        copy_out(k->base + k->mine_off[p], x, xb.len, xb.len >= SHARE_NT);
+        copy_out(k->base + k->mine_off[p], x, xb.len, xb.len >= k->share_nt);
     r = publish_wait(k, p, s, h);
     if (r == -1 && !root)
         memcpy(x, k->base + k->place_off[p][0], xb.len);
@@ -1335,7 +1342,7 @@ static void fold_tiles(Round *k, int p, const char *x, char *d, char *o) {
         row_ptrs(k, p, t, rows);
         rows[k->srow - 1] = (char *)x + k->skip_lo + t;
         k->fold(tile, rows, k->nrows, m / item);
-        copy_out(d + t, tile, m, 1);
+        copy_out(d + t, tile, m, m >= k->share_nt);
         memcpy(o + t, tile, m);
     }
 }
@@ -1790,7 +1797,31 @@ static PyObject *Round_reg(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLong(r);
 }
 
+/* stores([share_nt]) -> int: copies into the segment of at least share_nt bytes stream
+ * (copy_out); smaller ones, and all of them for a share_nt past any copy, go through the
+ * caches. Returns the value in force (before the change, if one is given). */
+static PyObject *Round_stores(Round *k, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t was = k->share_nt;
+    if (nargs == 0)
+        return PyLong_FromSsize_t(was);
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "stores([share_nt])");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[0]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "stores: share_nt must be >= 0");
+        return NULL;
+    }
+    k->share_nt = n;
+    return PyLong_FromSsize_t(was);
+}
+
 static PyMethodDef Round_methods[] = {
+    {"stores", (PyCFunction)(void (*)(void))Round_stores, METH_FASTCALL,
+     "stores([share_nt]) -> int: copies into the segment from share_nt bytes stream"},
     {"run", (PyCFunction)(void (*)(void))Round_run, METH_FASTCALL,
      "run(x, out, s, h0, h1, h2): contribute, publish, wait, fold"},
     {"wait", (PyCFunction)(void (*)(void))Round_wait, METH_FASTCALL,
@@ -1839,6 +1870,7 @@ static PyTypeObject RoundType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ringtree.transports._llc.Round",
     .tp_basicsize = sizeof(Round),
     .tp_dealloc = (destructor)Round_dealloc,
+    .tp_weaklistoffset = offsetof(Round, weakrefs),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "One prepared LL round on a segment (see the module's source).",
     .tp_methods = Round_methods,

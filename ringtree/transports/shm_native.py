@@ -31,6 +31,7 @@ the same bits.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -44,8 +45,8 @@ from ringtree.transports.shm_ll import POISON, SEQ_MASK
 _llc = kernels.load("ringtree.transports._llc")
 
 __all__ = ["available", "describe", "enabled", "finish", "fold_push", "folds", "make_round",
-           "pushes",
-           "round_for", "run_gather", "run_round", "run_scatter"]
+           "pushes", "round_for", "rounds_on", "run_gather", "run_round", "run_scatter", "share_nt",
+           "stores"]
 
 def _probes() -> tuple:
     """Arrays and what NumPy says of them, for ``_llc.ndlayout`` (``_ndview.h``): a
@@ -111,6 +112,42 @@ def pushes() -> bool:
     return enabled() and hasattr(_llc, "fold_push")
 
 
+# the rounds made on each segment and the bytes from which their copies into it stream
+# (:func:`stores`), by segment (an LL); a round goes when its op does
+_ROUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+SHARE_NT = 4096  # the kernel's default (_llc.c, SHARE_NT)
+CACHED = 1 << 62  # a share_nt past any copy: every copy into the segment is cached
+
+
+def _rounds(ll) -> list:
+    rounds = _ROUNDS.get(ll)
+    if rounds is None:
+        rounds = _ROUNDS[ll] = [SHARE_NT, weakref.WeakSet()]
+    return rounds
+
+
+def stores(ll, share_nt: int) -> None:
+    """Every round on ``ll``, made or to be made: copies into the segment of at least
+    ``share_nt`` bytes stream (non-temporal stores), smaller ones go through the caches
+    (:data:`SHARE_NT` the default, :data:`CACHED` none streamed). The bits never change."""
+    rounds = _rounds(ll)
+    rounds[0] = share_nt
+    for k in list(rounds[1]):
+        k.stores(share_nt)
+
+
+def share_nt(ll) -> int:
+    """The bytes from which ``ll``'s rounds stream their copies into the segment."""
+    rounds = _ROUNDS.get(ll)
+    return SHARE_NT if rounds is None else rounds[0]
+
+
+def rounds_on(ll) -> list:
+    """The rounds made on ``ll`` that are still in use."""
+    rounds = _ROUNDS.get(ll)
+    return [] if rounds is None else list(rounds[1])
+
+
 def make_round(ll, mine: tuple[int, int], nbytes: int, rows: Sequence[Sequence[int]],
                row_bytes: int, dtype_code: int, op_code: int):
     """A prepared round on ``ll`` (:class:`ringtree.transports.shm_ll.LL`): this rank's
@@ -125,9 +162,14 @@ def make_round(ll, mine: tuple[int, int], nbytes: int, rows: Sequence[Sequence[i
             raise ValueError(f"LL rows end at byte {last}, past the segment")
     if max(mine) + nbytes > ll.seg.size:
         raise ValueError("LL contribution past the segment")
-    return _llc.Round(ll.seg.mm, ll.my_seq, mine, words[0], words[1], sleep,
-                      tuple(rows[0]), tuple(rows[1]), dtype_code, op_code,
-                      int(ll.spin * 1e9), int(ll.yield_s * 1e9), nbytes, row_bytes)
+    k = _llc.Round(ll.seg.mm, ll.my_seq, mine, words[0], words[1], sleep,
+                   tuple(rows[0]), tuple(rows[1]), dtype_code, op_code,
+                   int(ll.spin * 1e9), int(ll.yield_s * 1e9), nbytes, row_bytes)
+    rounds = _rounds(ll)
+    rounds[1].add(k)
+    if rounds[0] != SHARE_NT:
+        k.stores(rounds[0])
+    return k
 
 
 def round_for(ll, order: Sequence[int], block: int, dtype_code: int, itemsize: int,

@@ -127,6 +127,9 @@ class Direct:
         self.ll = ll
         self.pids = {r: info.pid for r, info in ll.peers.items() if r != ll.rank}
         self.min_bytes = min_bytes
+        # the all-reduce's choice by octave of bytes (bit_length), where it was measured
+        # on this communicator (ll_crossover): True for the single copy
+        self.measured: dict[int, bool] = {}
         # all-gather copies shared through piece counters (RINGTREE_CMA_SHARE; they need
         # the compiled atomic add)
         self.share = cma.can_claim()

@@ -71,8 +71,9 @@ other single-copy calls), where it was measured ahead of the segment's split and
 ring (``docs/design-notes.md``, "Single-copy all-reduce on plain buffers" and "The
 crossover is the host's"): 2 ranks from 2 MiB; on more ranks from 8 MiB (below, with
 2 ranks per core, the kernel's slower copy cost as much CPU time as the split's extra
-passes). Not for
-PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
+passes). In the band of sizes where hosts disagree, the communicator times both paths
+at the first call of each octave and keeps the faster
+(:mod:`~ringtree.runtime.protocols.ll_crossover`). Not for PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
 (:func:`~ringtree.runtime.protocols.ll_direct.probe`) checks writes too.
 """
 
@@ -109,7 +110,9 @@ OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR
 # at 4, 0.96 at 8) and to about 3 MiB with the 128 KiB pieces below. The crossover is the
 # host's; the one that loses least on the worst of the three measured hosts is 2 MiB
 # (at 1 MiB the split costs at most 8 % on the Zen 2 host, the single copy 1.5x on the
-# Zen 3 one): 2 ranks from 2 MiB, more from 8 MiB
+# Zen 3 one): 2 ranks from 2 MiB, more from 8 MiB. Where the hosts disagree, the
+# communicator measures both instead (ll_crossover.BAND); this is the rule outside it,
+# and inside with RINGTREE_TUNE=model
 MIN_BYTES: dict[bool, int] = {False: 2 << 20, True: 8 << 20}
 # bytes of a peer's row read and folded at a time: 2 ranks, 16 and 64 MiB, alternated in
 # one job (loaded host): 256 KiB pieces (ll_direct.PIECE) 1.03-1.13x the time of 512 KiB,
@@ -152,8 +155,12 @@ def applies(direct: Direct | None, coll: Collective, count: int, itemsize: int,
     n = direct.ll.n
     if n < 2 or op_code == ReduceOp.PREMUL_SUM.code:
         return False
+    nbytes = count * itemsize
+    measured = direct.measured.get(nbytes.bit_length())  # ll_crossover's, in its band
+    if measured is not None:
+        return measured
     least = direct.min_bytes if direct.min_bytes is not None else MIN_BYTES[n > 2]
-    return count * itemsize >= max(least, 1)
+    return nbytes >= max(least, 1)
 
 
 def op_for(ll: LL, direct: Direct, prog: Program, dt: DType, count: int, op_code: int,

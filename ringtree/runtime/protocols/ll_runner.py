@@ -32,7 +32,15 @@ from ringtree.ir.program import Collective, Program
 from ringtree.ops import OP_NAMES
 from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
-from ringtree.runtime.protocols import ll_direct, ll_direct_fold, ll_entry, ll_gather, ll_hot
+from ringtree.runtime.protocols import (
+    ll_crossover,
+    ll_direct,
+    ll_direct_fold,
+    ll_entry,
+    ll_gather,
+    ll_hot,
+    ll_stores,
+)
 from ringtree.runtime.protocols.ll import LLOp, fits
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL, open_ll
@@ -67,6 +75,10 @@ class LLRunner:
         self._gone: threading.Thread | None = None  # the thread last let go (exit joins it)
         self.direct: ll_direct.Direct | None = None  # peers' buffers readable: ll_direct
         self.reg = None  # registered buffers (ll_reg.Registered, made by Communicator.empty)
+        # what is measured on the communicator at its first calls: the store mode, and
+        # where the single copy takes over from the split
+        self.stores: ll_stores.Stores | None = None
+        self.crossover: ll_crossover.Crossover | None = None
 
     @classmethod
     def for_comm(cls, comm) -> LLRunner | None:
@@ -85,12 +97,15 @@ class LLRunner:
                           spin_us=s.ll_spin_us if s.ll_spin_us is not None else
                           0.0 if crowded(comm.size) else 5.0, yield_us=s.ll_yield_us)
         comm.fabric.closers.append(runner.close)
+        runner.stores = ll_stores.configure(comm, runner)
         why = "RINGTREE_CMA=0"
         if s.cma:
             runner.direct, why = ll_direct.probe(runner.ll, comm.timeout)
             if runner.direct is not None:
                 runner.direct.min_bytes = s.cma_min
                 runner.direct.share = runner.direct.share and s.cma_share
+                if s.tune == "online" and s.cma_min is None:
+                    runner.crossover = ll_crossover.Crossover(comm, runner)
         if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
             print(f"ringtree: LL rounds {native.describe()}; single-copy all-reduce, "
                   f"all-gather, reduce-scatter: {'process_vm_readv' if not why else 'off (' + why + ')'}",
@@ -110,18 +125,31 @@ class LLRunner:
 
     def direct_for(self, spec) -> bool:
         """Does the call of ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) run on
-        the single-copy path (:mod:`~ringtree.runtime.protocols.ll_direct`)?"""
+        the single-copy path (:mod:`~ringtree.runtime.protocols.ll_direct`)? An
+        all-reduce in the band where hosts disagree is measured first, once per octave
+        (:mod:`~ringtree.runtime.protocols.ll_crossover`; collective)."""
+        if self.crossover is not None:
+            self.crossover.settle(spec)
         return ll_direct_fold.applies(self.direct, spec.coll, spec.count, spec.dtype.itemsize,
                                     spec.reducer.code if spec.reducer else 0)
 
     def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int):
         """The op that runs ``prog`` on this segment (ValueError: not a one-round
         Program): an :class:`~ringtree.runtime.protocols.ll_direct.DirectOp` where
-        :meth:`direct_for`, else an :class:`LLOp`."""
+        :meth:`direct_for`, else an :class:`LLOp`. The first such op of a block that
+        streams measures the store mode first (collective)."""
+        self.settle_stores(count * dt.itemsize)
         d = self.direct
         if ll_direct_fold.applies(d, prog.collective, count, dt.itemsize, op_code):
             return ll_direct_fold.op_for(self.ll, d, prog, dt, count, op_code, root)
         return LLOp(self.ll, prog, dt, count, op_code, root)
+
+    def settle_stores(self, nbytes: int) -> None:
+        """Measure the store mode (:mod:`~ringtree.runtime.protocols.ll_stores`) if it is
+        still to be measured and an LL call's block of ``nbytes`` would stream; every rank
+        calls this at the same call."""
+        if self.stores is not None:
+            self.stores.settle(nbytes)
 
     def run(self, comm, op: LLOp, spec, seq: int, async_op: bool, timeout: float | None):
         """Run ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) on ``op``: now, or,

@@ -1,0 +1,102 @@
+"""Where the single-copy all-reduce takes over from the segment's split, measured on the
+communicator that runs them.
+
+Two LL paths serve a large all-reduce on one host: the split through the segment
+(:mod:`~ringtree.runtime.protocols.ll_split`: every rank copies its part in and the
+folded blocks out, 4 S of passes on 2 ranks) and the single copy
+(:mod:`~ringtree.runtime.protocols.ll_direct_fold`: the kernel reads each peer's row
+where it lies, ``process_vm_readv``, 2.5 S). Fewer passes win once the kernel's cost per
+move is paid off, and that point is the host's: on 2 ranks (``benchmarks/ll_direct.py``,
+alternated in one job) 768 KiB-1 MiB on an AMD EPYC Zen 2, 4 MiB on an Intel host and
+8 MiB on a Zen 3, where the kernel copied at 9 GB/s against 23 for a user-space copy.
+:data:`~ringtree.runtime.protocols.ll_direct_fold.MIN_BYTES` is the constant that loses
+least on the worst of those hosts; it loses up to 1.25x on each of them somewhere.
+
+So inside :data:`BAND` (the sizes where the hosts measured so far disagreed), the first
+all-reduce of each power-of-two octave of bytes (``2^(k-1) <= bytes < 2^k``) times both
+paths on the communicator (:func:`~ringtree.runtime.protocols.ll_timing.compare`): on
+zero scratch buffers of the call's dtype and count, in place when the call is, with the
+call's operator, each path prepared as the planner would and run through the runner
+(what a call pays but the planning). The single copy replaces the split below
+:data:`~ringtree.runtime.protocols.ll_direct_fold.MIN_BYTES` (or the split the single
+copy above it) only when it was faster by the margin on every rank.
+
+Both paths give the bits of the rank-order fold (the split folds every element from
+the same operands in the same order as the fold round, and so does the single copy):
+the timing picks a speed, never a result. Later calls in the octave cost one dictionary
+look-up (:attr:`~ringtree.runtime.protocols.ll_direct.Direct.measured`); planned shapes
+keep their plan. ``RINGTREE_TUNE=model`` or ``RINGTREE_CMA_MIN`` turn the measuring
+off (the constant, or the caller's threshold, decides); ``RINGTREE_DEBUG=INFO`` prints
+each measurement (rank 0).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ringtree.ir.program import Collective
+from ringtree.ops import ReduceOp
+from ringtree.runtime.protocols import ll_direct_fold
+from ringtree.runtime.protocols.ll import LLOp
+from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch_run
+
+__all__ = ["BAND", "Crossover"]
+
+# bytes of an all-reduce, [low, high), by "more than 2 ranks", where the measured
+# crossovers of the hosts above fell. 2 ranks 768 KiB-8 MiB (the split won below 768 KiB
+# on every host, the single copy from 16 MiB by 1.16-1.9x). More ranks: on the Zen 2
+# host the single copy trailed to 4-8 MiB (4 ranks on 2 cores 0.76x at 2 MiB, 3 ranks
+# 0.77x at 1 MiB), on the Zen 3 one it led from 256 KiB, where the split starts (4 ranks
+# 1.2-1.8x at 256 KiB-32 MiB; 3 ranks level at 1-2 MiB), and below 256 KiB the fold
+# round won by 2-3x on both; LL's own range ends at 64 MiB there
+# (ringtree.tuning.proto.THRESHOLDS)
+BAND: dict[bool, tuple[int, int]] = {False: (1 << 20, 16 << 20), True: (256 << 10, 64 << 20)}
+
+
+class Crossover:
+    """One communicator's measured crossover (``LLRunner.crossover``)."""
+
+    def __init__(self, comm, runner):
+        self._comm = weakref.ref(comm)  # the communicator owns the runner, which owns this
+        self.runner = runner
+        self.log: list[Timed] = []  # first arm: the single copy; second: the split
+
+    def settle(self, spec) -> None:
+        """Measure both paths for ``spec`` (a :class:`~ringtree.runtime.callspec.CallSpec`
+        the planner is about to plan) if it is an all-reduce in :data:`BAND` whose octave
+        has not been measured; collective: every rank plans the same call."""
+        direct = self.runner.direct
+        if direct is None or spec.coll is not Collective.ALL_REDUCE or \
+                direct.min_bytes is not None or spec.op is ReduceOp.PREMUL_SUM:
+            return
+        nbytes = spec.count * spec.dtype.itemsize
+        lo, hi = BAND[direct.ll.n > 2]
+        comm = self._comm()
+        if not lo <= nbytes < hi or nbytes.bit_length() in direct.measured or comm is None:
+            return
+        runner = self.runner
+        runner.settle_stores(nbytes)  # the split's speed depends on it
+        if runner.pending:
+            runner.drain()  # the scratch calls take the next numbers after queued calls
+        prog = comm.planner.ll_program(spec.coll, spec.root, nbytes)
+        dt, count, root = spec.dtype, spec.count, spec.root
+        code = spec.reducer.code if spec.reducer is not None else 0
+        x = np.zeros(count, dt.storage)
+        out = x if spec.in_place else np.zeros(count, dt.storage)
+        arms = tuple(scratch_run(comm, runner, op, x, out, spec.reducer) for op in (
+            ll_direct_fold.op_for(direct.ll, direct, prog, dt, count, code, root),
+            LLOp(direct.ll, prog, dt, count, code, root)))
+        default = nbytes >= ll_direct_fold.MIN_BYTES[direct.ll.n > 2]
+        m = compare(comm, arms, nbytes, default)
+        direct.measured[nbytes.bit_length()] = m.chose_first
+        self.log.append(m)
+        if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
+            k = nbytes.bit_length()
+            print(f"ringtree: all_reduce {nbytes} B: measured us (slowest rank, median of "
+                  f"{ROUNDS}): single copy {m.first * 1e6:,.0f}, split {m.second * 1e6:,.0f}, "
+                  f"ratio by rank {m.ratios[0]:.2f}-{m.ratios[1]:.2f}; chose "
+                  f"{'single copy' if m.chose_first else 'split'} for {1 << (k - 1)}-"
+                  f"{(1 << k) - 1} B (default: {'single copy' if default else 'split'}); "
+                  f"took {m.seconds * 1e3:,.1f} ms", flush=True)

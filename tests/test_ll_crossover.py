@@ -1,0 +1,126 @@
+"""The single-copy all-reduce's crossover measured on the communicator
+(``runtime/protocols/ll_crossover.py``): once per octave inside the band, the same
+choice on every rank, the rank-order bits whichever path runs, off with
+``RINGTREE_TUNE=model`` and ``RINGTREE_CMA_MIN``; the rule's margin; a peer dead during
+the measuring named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+from hot_entry_cases import KILL_ENV, assert_killed_named
+
+import ringtree
+from ringtree.runtime.protocols import ll_direct_fold, ll_timing
+from ringtree.runtime.protocols.ll_crossover import BAND
+from ringtree.runtime.protocols.ll_timing import calls_per_sample, choose
+from ringtree.testing import run_ranks
+
+MIB = 1 << 20
+
+
+def _exact(rank: int, count: int) -> np.ndarray:
+    """float32 values whose sums over a few ranks are exact in any order."""
+    return ((np.arange(count) * (rank + 3)) % 1024).astype(np.float32)
+
+
+def in_band(comm) -> dict:
+    """float32 sums at 1 MiB, 1.5 MiB (the same octave) and 2 MiB, in place and not."""
+    ok = []
+    for count in (MIB // 4, 3 * MIB // 8, MIB // 2):
+        x = _exact(comm.rank, count)
+        want = sum(_exact(r, count) for r in range(comm.size))
+        got = comm.all_reduce(x, out=np.empty_like(x))
+        comm.all_reduce(x)
+        ok.append(got.tobytes() == want.tobytes() == x.tobytes())
+    log = comm.ll.crossover.log
+    return {"ok": ok, "bytes": [m.nbytes for m in log],
+            "chosen": [m.chose_first for m in log],
+            "times": all(m.first > 0 and m.second > 0 and m.ratios[0] <= m.ratios[1]
+                         for m in log),
+            "measured": dict(comm.ll.direct.measured)}
+
+
+def test_measured_once_per_octave_and_alike_on_every_rank():
+    res = run_ranks(in_band, 2, timeout=120)
+    for r in res:
+        assert r["ok"] == [True] * 3, r
+        assert r["bytes"] == [MIB, 2 * MIB] and r["times"], r
+        assert r["measured"] == {MIB.bit_length(): r["chosen"][0],
+                                 (2 * MIB).bit_length(): r["chosen"][1]}, r
+    assert res[0]["chosen"] == res[1]["chosen"]
+
+
+def three_ranks(comm) -> tuple[bool, list[int]]:
+    x = _exact(comm.rank, MIB)  # 4 MiB: in the band of more than 2 ranks
+    want = sum(_exact(r, MIB) for r in range(comm.size))
+    comm.all_reduce(x)
+    return x.tobytes() == want.tobytes(), [m.nbytes for m in comm.ll.crossover.log]
+
+
+def test_more_ranks_measure_from_their_band():
+    assert BAND[True][0] <= 4 * MIB < BAND[True][1]
+    for r in run_ranks(three_ranks, 3, timeout=120):
+        assert r == (True, [4 * MIB]), r
+
+
+def random_sum(comm) -> bytes:
+    """Inexact float32 sums (the order of the adds shows in the bits)."""
+    x = np.random.default_rng(comm.rank).standard_normal(3 * MIB // 8).astype(np.float32)
+    return comm.all_reduce(x, out=np.empty_like(x)).tobytes()
+
+
+def test_both_paths_give_the_same_bits():
+    """What the measuring chooses between: the single copy (forced from 1 byte) and the
+    split (the single copy off) on the same inexact inputs."""
+    single = run_ranks(random_sum, 2, timeout=60, env={"RINGTREE_CMA_MIN": "1"})
+    split = run_ranks(random_sum, 2, timeout=60, env={"RINGTREE_CMA": "0"})
+    assert single[0] == single[1] == split[0] == split[1]
+
+
+def untuned(comm) -> tuple[bool, bool]:
+    x = _exact(comm.rank, 3 * MIB // 8)
+    comm.all_reduce(x)
+    return comm.ll.crossover is None, comm.ll.direct.measured == {}
+
+
+def test_off_with_the_model_or_a_threshold():
+    for env in ({"RINGTREE_TUNE": "model"}, {"RINGTREE_CMA_MIN": str(4 * MIB)}):
+        assert run_ranks(untuned, 2, timeout=60, env=env) == [(True, True)] * 2, env
+
+
+def test_the_rule():
+    """The default (ll_direct_fold.MIN_BYTES) stands unless the other path was faster
+    by more than the margin on every rank (ll_timing.choose; the single copy the first
+    arm); samples of the same calls on every rank."""
+    m = ll_timing.MARGIN
+    assert choose(True, 1.0, 1.0) and not choose(False, 1.0, 1.0)  # a tie: the default
+    assert choose(False, 0.5, 1 - m - 0.01)            # the single copy faster everywhere
+    assert not choose(False, 0.5, 1.0)                 # ... but not on one rank
+    assert not choose(True, 1 / (1 - m) + 0.01, 3.0)   # the split faster everywhere
+    assert choose(True, 1.0, 3.0)
+    assert calls_per_sample(1) == 64 and calls_per_sample(1 << 40) == 1
+    assert calls_per_sample(MIB) == ll_timing.SAMPLE_BYTES // MIB
+    lo, hi = BAND[False]
+    assert lo <= ll_direct_fold.MIN_BYTES[False] < hi
+    assert BAND[True][0] <= ll_direct_fold.MIN_BYTES[True] < BAND[True][1]
+
+
+def dies_first(comm):
+    """Rank 1 dies before its first all-reduce; the others' first one (4 MiB, in the
+    band) measures, and waits on rank 1 in its first scratch call."""
+    if comm.rank == 1:
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_reduce(_exact(comm.rank, MIB), timeout=30)
+    except ringtree.RingtreeError as e:
+        return getattr(e, "peer", None), str(e)
+    return None, "no error"
+
+
+def test_a_peer_dead_during_the_measuring_is_named():
+    assert_killed_named(run_ranks(dies_first, 3, timeout=60, env=KILL_ENV))

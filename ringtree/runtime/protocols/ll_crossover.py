@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import weakref
 
-import numpy as np
-
 from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
 from ringtree.runtime.protocols import ll_direct_fold
 from ringtree.runtime.protocols.ll import LLOp
-from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch_run
+from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch, scratch_run
 
 __all__ = ["BAND", "Crossover"]
 
@@ -83,8 +81,8 @@ class Crossover:
         prog = comm.planner.ll_program(spec.coll, spec.root, nbytes)
         dt, count, root = spec.dtype, spec.count, spec.root
         code = spec.reducer.code if spec.reducer is not None else 0
-        x = np.zeros(count, dt.storage)
-        out = x if spec.in_place else np.zeros(count, dt.storage)
+        x = scratch(count, dt.storage)
+        out = x if spec.in_place else scratch(count, dt.storage)
         arms = tuple(scratch_run(comm, runner, op, x, out, spec.reducer) for op in (
             ll_direct_fold.op_for(direct.ll, direct, prog, dt, count, code, root),
             LLOp(direct.ll, prog, dt, count, code, root)))

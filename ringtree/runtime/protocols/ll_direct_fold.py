@@ -195,8 +195,9 @@ class FoldOp(DirectOp):
         n, item = self.ll.n, own_row.itemsize
         piece = native_piece(n, item)
         s = self._scratch
-        if s is None or s.dtype != np.uint8 or s.size < (n - 1) * piece:
-            s = self._scratch = np.empty((n - 1) * piece, np.uint8)
+        slots = (n - 1) * (piece + 4096)  # a page more a slot: _llc.c, PUSH_SLOT
+        if s is None or s.dtype != np.uint8 or s.size < slots:
+            s = self._scratch = np.empty(slots, np.uint8)
         status = native.fold_push(self.pids, ins, outs, self.order, self.ll.rank, own_row,
                                   dst, at, self.dtype.code, self.op_code, piece, s)
         if status:

@@ -41,7 +41,7 @@ from ringtree.dtypes import DType
 from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp, resolve
 from ringtree.runtime.protocols.ll import LLOp
-from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch_run
+from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch, scratch_run
 from ringtree.transports import shm_native as native
 
 __all__ = ["PROBE", "Stores", "configure"]
@@ -90,7 +90,7 @@ class Stores:
         ll, count = runner.ll, PROBE // 4
         prog = comm.planner.ll_program(Collective.ALL_REDUCE, 0, PROBE)
         op = LLOp(ll, prog, DType.FLOAT32, count, ReduceOp.SUM.code, 0)
-        x = np.zeros(count, np.float32)
+        x = scratch(count, np.float32)
         run = scratch_run(comm, runner, op, x, x, resolve(ReduceOp.SUM, DType.FLOAT32))
 
         def with_stores(share_nt: int):

@@ -51,12 +51,41 @@
         _mm_stream_si128(q_ + 4, r##4), _mm_stream_si128(q_ + 5, r##5);                    \
         _mm_stream_si128(q_ + 6, r##6), _mm_stream_si128(q_ + 7, r##7);                    \
     } while (0)
+
+/* the copy's body, dst 16-byte aligned: 128-byte blocks with the loads a block ahead of
+ * the stores (a holds the 128 bytes at i, b the next), streamed or through the caches;
+ * returns the bytes copied (a multiple of 128, 0 below 384) */
+static inline size_t lead_copy(char *dst, const char *src, size_t m, int stream)
+{
+    size_t i = 0;
+    if (m < 384)
+        return 0;
+    __m128i a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7;
+    STREAM_LOAD8(a, src);
+    for (; i + 384 <= m; i += 256) {
+        STREAM_LOAD8(b, src + i + 128);
+        if (stream)
+            STREAM_STORE8(dst + i, a);
+        else
+            CACHE_STORE8(dst + i, a);
+        STREAM_LOAD8(a, src + i + 256);
+        if (stream)
+            STREAM_STORE8(dst + i + 128, b);
+        else
+            CACHE_STORE8(dst + i + 128, b);
+    }
+    if (stream)
+        STREAM_STORE8(dst + i, a);
+    else
+        CACHE_STORE8(dst + i, a);
+    return i + 128;
+}
 #endif
 
 static inline void stream_copy(char *dst, const char *src, size_t m)
 {
 #if defined(__x86_64__)
-    size_t near = ((uintptr_t)dst - (uintptr_t)src) & 4095, head, i = 0;
+    size_t near = ((uintptr_t)dst - (uintptr_t)src) & 4095, head, i;
     if (near > 0 && near < STREAM_ALIAS && m <= STREAM_ALIAS_MAX) {
         memcpy(dst, src, m);
         return;
@@ -66,18 +95,7 @@ static inline void stream_copy(char *dst, const char *src, size_t m)
         head = m;
     memcpy(dst, src, head);
     dst += head, src += head, m -= head;
-    if (m >= 384) { /* a holds the 128 bytes at i, b the next: loads lead by 128 */
-        __m128i a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7;
-        STREAM_LOAD8(a, src);
-        for (; i + 384 <= m; i += 256) {
-            STREAM_LOAD8(b, src + i + 128);
-            STREAM_STORE8(dst + i, a);
-            STREAM_LOAD8(a, src + i + 256);
-            STREAM_STORE8(dst + i + 128, b);
-        }
-        STREAM_STORE8(dst + i, a);
-        i += 128;
-    }
+    i = lead_copy(dst, src, m, 1);
     for (; i + 64 <= m; i += 64) {
         __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
         __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
@@ -105,25 +123,14 @@ static inline void stream_copy(char *dst, const char *src, size_t m)
 static inline void cached_copy(char *dst, const char *src, size_t m)
 {
 #if defined(__x86_64__)
-    size_t head = (16 - ((uintptr_t)dst & 15)) & 15, i = 0;
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15, i;
     if (m < 256) {
         memcpy(dst, src, m);
         return;
     }
     memcpy(dst, src, head);
     dst += head, src += head, m -= head;
-    if (m >= 384) {
-        __m128i a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7;
-        STREAM_LOAD8(a, src);
-        for (; i + 384 <= m; i += 256) {
-            STREAM_LOAD8(b, src + i + 128);
-            CACHE_STORE8(dst + i, a);
-            STREAM_LOAD8(a, src + i + 256);
-            CACHE_STORE8(dst + i + 128, b);
-        }
-        CACHE_STORE8(dst + i, a);
-        i += 128;
-    }
+    i = lead_copy(dst, src, m, 0);
     for (; i + 16 <= m; i += 16)
         _mm_store_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
     memcpy(dst + i, src + i, m - i);

@@ -35,22 +35,16 @@
         r##4 = _mm_loadu_si128(q_ + 4), r##5 = _mm_loadu_si128(q_ + 5);                    \
         r##6 = _mm_loadu_si128(q_ + 6), r##7 = _mm_loadu_si128(q_ + 7);                    \
     } while (0)
-#define CACHE_STORE8(p, r)                                                                 \
+/* the eight registers r0..r7 into 128 bytes at p (16-byte aligned) with `st`:
+ * _mm_store_si128 (through the caches) or _mm_stream_si128 (non-temporal) */
+#define STORE8(st, p, r)                                                                   \
     do {                                                                                   \
         __m128i *q_ = (__m128i *)(p);                                                      \
-        _mm_store_si128(q_, r##0), _mm_store_si128(q_ + 1, r##1);                          \
-        _mm_store_si128(q_ + 2, r##2), _mm_store_si128(q_ + 3, r##3);                      \
-        _mm_store_si128(q_ + 4, r##4), _mm_store_si128(q_ + 5, r##5);                      \
-        _mm_store_si128(q_ + 6, r##6), _mm_store_si128(q_ + 7, r##7);                      \
+        st(q_, r##0), st(q_ + 1, r##1), st(q_ + 2, r##2), st(q_ + 3, r##3);                \
+        st(q_ + 4, r##4), st(q_ + 5, r##5), st(q_ + 6, r##6), st(q_ + 7, r##7);            \
     } while (0)
-#define STREAM_STORE8(p, r)                                                                \
-    do {                                                                                   \
-        __m128i *q_ = (__m128i *)(p);                                                      \
-        _mm_stream_si128(q_, r##0), _mm_stream_si128(q_ + 1, r##1);                        \
-        _mm_stream_si128(q_ + 2, r##2), _mm_stream_si128(q_ + 3, r##3);                    \
-        _mm_stream_si128(q_ + 4, r##4), _mm_stream_si128(q_ + 5, r##5);                    \
-        _mm_stream_si128(q_ + 6, r##6), _mm_stream_si128(q_ + 7, r##7);                    \
-    } while (0)
+#define STREAM_STORE8(p, r) STORE8(_mm_stream_si128, p, r)
+#define CACHE_STORE8(p, r) STORE8(_mm_store_si128, p, r)
 
 /* the copy's body, dst 16-byte aligned: 128-byte blocks with the loads a block ahead of
  * the stores (a holds the 128 bytes at i, b the next), streamed or through the caches;

@@ -13,11 +13,9 @@ processes landed on it, which a guest cannot see. The method is the online choic
    communicator's next sequence numbers, as a call does, so every rank must run the same
    ones: the calls per sample come from the bytes alone (:func:`calls_per_sample`);
 2. one untimed call of each, then :data:`ROUNDS` rounds, the first arm alternating
-   between rounds, each sample ``k`` calls back to back after a barrier. Without it,
-   with two ranks a core, a rank still finishing one sample's calls while its peers
-   began the next moved several milliseconds from one arm's samples into the other's
-   (4 ranks on 2 cores, 1 MiB: the split measured 3.1-3.8x faster than the single copy
-   after another measurement, 0.58-0.72x slower without one; timed alone, 0.6-0.7x);
+   between rounds, each sample ``k`` calls back to back after a barrier, so that a
+   rank's lag from the previous sample is not counted in the next one's time (with two
+   ranks a core a rank can be a scheduler tick behind its peers);
 3. per rank, the median of the rounds' ratios (first ÷ second arm, the two samples of a
    round taken back to back: a slow phase of the machine, which can outlast a sample and
    slow every library up to 4x, hits both sides of a ratio alike); the lowest and
@@ -106,10 +104,10 @@ def scratch(count: int, dtype) -> np.ndarray:
     """Zeros of ``dtype`` for the arms, in pages mapped for them alone (``mmap``), as
     glibc gives a large NumPy array in a fresh process. Not from ``malloc``: freeing a
     large mapped chunk raises glibc's dynamic mmap threshold, so the measuring would move
-    the caller's later buffers of that size onto the ``brk`` heap, and a scratch buffer
-    of its own there measured otherwise (4 ranks on 2 cores, 1 MiB: the single copy
-    1,480-1,680 µs and the split 430-540 µs on heap scratch after the store mode's
-    measuring, 780-880 and 1,370-1,440 on mapped pages)."""
+    the caller's later buffers of that size onto the ``brk`` heap; and where a scratch
+    buffer lay changed what it measured (4 ranks on 2 cores, 1 MiB, before the copies
+    ignored a buffer's offset within its page: the single copy 1,480-1,680 µs and the
+    split 430-540 µs on heap scratch, 780-880 and 1,370-1,440 on mapped pages)."""
     dt = np.dtype(dtype)
     return np.frombuffer(mmap.mmap(-1, max(count * dt.itemsize, 1)), dt, count)
 

@@ -22,12 +22,12 @@ from ringtree.ir.collectives import IN_OUTPUT, OUT_INPUT, Collective
 from ringtree.ops import ReduceOp, resolve
 from ringtree.runtime.aliasing import check_out
 from ringtree.runtime.planner import CallSpec
+from ringtree.transports.shm_cma import address
 
 _BARRIER_OP = resolve(ReduceOp.BOR, DType.UINT8)
 
 
-def _addr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+_addr = address  # a contiguous array's first byte (compiled: __array_interface__ is ~2 µs)
 
 
 def _in_place(coll: Collective, xa: np.ndarray, oa: np.ndarray, rank: int) -> bool:

@@ -102,10 +102,11 @@ def as_flat(x: object, what: str = "buffer", writable: bool = True) -> tuple[np.
         except TypeError:
             raise TypeError(f"{what}: expected an array, tensor or buffer, got "
                             f"{type(x).__name__}") from None
-    if arr.dtype.name == "bfloat16":  # ml_dtypes
+    dt = _FROM_NUMPY.get(arr.dtype)  # (a dtype's .name is built in Python: ~3 µs)
+    if dt is None and arr.dtype.name == "bfloat16":  # ml_dtypes
         dt = DType.BFLOAT16
         arr = arr.view(np.uint16)
-    else:
+    elif dt is None:
         dt = parse_dtype(arr.dtype)
     if not arr.flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous (got strides {arr.strides}); "

@@ -162,8 +162,16 @@ class Reducer:
             np.floor_divide(x, x.dtype.type(nranks), out=x)
 
 
+# the Reducer of every valid (ReduceOp, DType) pair, made once: a Reducer is frozen, and
+# resolving a plain op was ~2 µs of an async call's ~20 µs of argument checks
+_PLAIN: dict[tuple[ReduceOp, DType], Reducer] = {}
+
+
 def resolve(op: object, dtype: DType) -> Reducer:
     """Validate ``op`` for ``dtype`` and return its Reducer (raises before anything is sent)."""
+    red = _PLAIN.get((op, dtype)) if type(op) is ReduceOp else None
+    if red is not None:
+        return red
     if isinstance(op, PremulSum):
         if dtype not in (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64) and \
                 float(op.scalar) != int(op.scalar):
@@ -191,4 +199,5 @@ def resolve(op: object, dtype: DType) -> Reducer:
         raise ValueError("PREMUL_SUM needs a scalar: use ringtree.premul_sum(scalar)")
     if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and dtype.is_float:
         raise TypeError(f"{op.name} is defined for integer dtypes, not {dtype.value}")
-    return Reducer(op, dtype)
+    red = _PLAIN[(op, dtype)] = Reducer(op, dtype)
+    return red

@@ -202,3 +202,20 @@ def test_blocking_fast_path_enters_the_hot_path_directly(pool):
         assert t == [6.0 if rank == 0 else 3.0] * 16
         assert big == [2.0] * 16 + [3.0] * 16
         assert blk == [2.0 * (rank + 2)] * 16
+
+
+def test_the_kept_operator_is_told_apart_from_every_other():
+    """The key the fast path keeps the last operator by (``fastpath._kind``: a
+    ``ReduceOp``'s hash where torch hashes the kind) differs for every kind, and a
+    premultiplied sum, never kept, matches none of them."""
+    from ringtree.torch.fastpath import _kind
+
+    opts = dist.AllreduceOptions()
+    keys = []
+    for kind in dist.ReduceOp.RedOpType.__members__.values():
+        if kind != dist.ReduceOp.RedOpType.PREMUL_SUM:
+            opts.reduceOp = kind
+            keys.append(_kind(opts.reduceOp))
+    assert len(keys) == len(set(keys)) == len(dist.ReduceOp.RedOpType.__members__) - 1
+    opts.reduceOp = dist._make_nccl_premul_sum(2.0)
+    assert _kind(opts.reduceOp) not in keys

@@ -33,6 +33,7 @@ import numpy as np
 
 from ringtree.ir.program import Buf
 from ringtree.runtime.batch import conflict
+from ringtree.transports.shm_cma import address
 
 __all__ = ["check_out", "order_group", "span"]
 
@@ -41,7 +42,7 @@ def span(a: np.ndarray | None) -> tuple[int, int] | None:
     """The byte range ``[lo, hi)`` of a contiguous array (None if empty or absent)."""
     if a is None or a.nbytes == 0:
         return None
-    lo = a.__array_interface__["data"][0]
+    lo = address(a) if a.flags.c_contiguous else a.__array_interface__["data"][0]
     return lo, lo + a.nbytes
 
 

@@ -30,7 +30,9 @@ Process handling follows mpirun/torchrun:
   with 128+signal when they are gone (a second signal kills them with SIGKILL). If the
   launcher itself dies, Linux kills the ranks (``PR_SET_PDEATHSIG``);
 - the first rank to fail (non-zero exit or killed by a signal) stops the job: the others get
-  SIGTERM, then SIGKILL after ``--grace`` seconds, and the launcher exits with that rank's code
+  :data:`~ringtree.bootstrap.launch_report.SETTLE` seconds to leave on their own (a rank already on its way out — it left
+  the job, its peers failed on that — is reported by its own exit, not by our signal),
+  then SIGTERM, then SIGKILL after ``--grace`` seconds, and the launcher exits with that rank's code
   (128+signal for a signal) after one summary line on stderr; with ``--enable-recovery`` the
   others run on (``--max-restarts K``: and dead ranks are replaced), the code and summary the same;
 - ``--timeout S`` stops the job after S seconds and exits with 124, naming the ranks that were
@@ -59,7 +61,7 @@ from ringtree.bootstrap import environ
 from ringtree.bootstrap.jobtoken import bind_address
 from ringtree.bootstrap.launch_args import PROG, Options, UsageError, parse
 from ringtree.bootstrap.launch_bind import cpu_for, say_binding
-from ringtree.bootstrap.launch_report import LAST_LINES, Exit, how, report
+from ringtree.bootstrap.launch_report import LAST_LINES, SETTLE, Exit, how, isatty, plural, report
 from ringtree.bootstrap.procs import child_setup, routed_signals, signal_groups, sleep_on
 from ringtree.bootstrap.store import StoreError, StoreServer
 
@@ -168,7 +170,7 @@ class _Job:
         self.opts = opts
         self.server = server
         # tag stderr unless a person watches it: several ranks' tracebacks interleave
-        self.tag_err = opts.tag_output or not _isatty(sys.stderr)
+        self.tag_err = opts.tag_output or not isatty(sys.stderr)
         self.addr, self.port, self.torch_port, self.token = addr, port, torch_port, token
         self.ranks: list[_Rank] = []
         self.pending_signals: list[int] = []
@@ -325,6 +327,8 @@ class _Job:
         got_signal: int | None = None
         timed_out: list[_Rank] | None = None
         kill_at: float | None = None
+        stop_at: float | None = None  # when the ranks left after a failure are stopped
+        stopping = False              # they were: a rank that goes now was stopped
 
         while True:
             now = time.monotonic()
@@ -335,14 +339,17 @@ class _Job:
                 if r.code is not None:
                     exited.append(r)
                     r.exit = Exit(r.rank, r.proc.pid, r.code, now - self.start, running - 1,
-                                  stopped=failure is not None and not o.enable_recovery)
+                                  stopped=stopping)
             alive = self._alive()
             bad = [r for r in exited if r.code != 0]
             if bad and failure is None and got_signal is None and timed_out is None:
-                failure = (bad[0], 0 if o.enable_recovery else len(alive))
+                failure = (bad[0], 0)
                 if not o.enable_recovery:  # else the survivors go on (they shrink)
-                    self._stop(alive, signal.SIGTERM)
-                    kill_at = now + o.grace
+                    stop_at = now + SETTLE
+            if stop_at is not None and (now >= stop_at or not alive):
+                failure, stop_at, stopping = (failure[0], len(alive)), None, True
+                self._stop(alive, signal.SIGTERM)
+                kill_at = now + o.grace
             if bad and o.enable_recovery and got_signal is None and timed_out is None:
                 self._restart(bad)
                 alive = self._alive()
@@ -363,6 +370,8 @@ class _Job:
                 kill_at = None
 
             wake = [1.0]
+            if stop_at is not None:
+                wake.append(stop_at - now)
             if kill_at is not None:
                 wake.append(kill_at - now)
             if deadline is not None and timed_out is None:
@@ -386,7 +395,7 @@ class _Job:
                 stopping, first = True, sig
                 with self.out_lock:
                     print(f"{PROG}: got {signal.Signals(sig).name}, forwarded it to "
-                          f"{_plural(len(alive), 'rank')} (send it again to kill them)",
+                          f"{plural(len(alive), 'rank')} (send it again to kill them)",
                           file=sys.stderr, flush=True)
                 self._stop(alive, sig)
             else:  # impatient user, or already stopping: no more waiting
@@ -436,14 +445,3 @@ class _Job:
 
 class _ExportError(Exception):
     pass
-
-
-def _isatty(f) -> bool:
-    try:
-        return f.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"

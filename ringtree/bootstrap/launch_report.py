@@ -22,6 +22,11 @@ from dataclasses import dataclass, field
 _CULPRIT = re.compile(r"culprit: rank (\d+)")
 _NAMED = re.compile(r"rank (\d+)(?: died|, which hosts the store, is gone| called abort"
                     r"| is gone| was started twice)")
+# seconds between the first failure and SIGTERM to the ranks still running: a rank that
+# called sys.exit(0) mid-job closes its connections in its exit handlers, its peers fail
+# on it at once, and on a loaded host the first of them could exit before it did; it was
+# then stopped by the launcher and reported as stuck instead of as the rank that left
+SETTLE = 1.0
 LAST_LINES = 12
 
 
@@ -107,3 +112,14 @@ def report(exits: list[Exit], first_bad: Exit, stopped: int, abort_line: str | N
                 lines.append(f"  last lines of rank {e.rank}:")
                 lines += [f"    [{e.rank}] {ln}" for ln in e.lines]
     return "\n".join(lines)
+
+
+def isatty(f) -> bool:
+    try:
+        return f.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -198,6 +198,9 @@ declare("RINGTREE_LL_SPIN_US", number, None,
         "its cores)")
 declare("RINGTREE_LL_YIELD_US", number, 2000.0,
         "µs an LL wait polls with `sched_yield` before sleeping on its doorbell")
+declare("RINGTREE_LL_ASYNC_US", number, 500.0,
+        "µs an async LL call waits at most for a thread to wait on it before the LL thread "
+        "takes it (0 = the LL thread is woken at every async call)")
 declare("RINGTREE_LL_NATIVE", flag, True,
         "run LL's publish, wait and fold in the compiled kernel where the package built it "
         "(0 = the same steps in Python, the same bits)")

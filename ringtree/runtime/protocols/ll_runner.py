@@ -20,8 +20,6 @@ collective through the store, like the shm transport's setup). From then on:
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from threading import get_ident
 
 import numpy as np
@@ -30,7 +28,6 @@ from ringtree.dtypes import DType
 from ringtree.errors import RingtreeError
 from ringtree.ir.program import Collective, Program
 from ringtree.ops import OP_NAMES
-from ringtree.runtime import at_exit
 from ringtree.runtime.plan import DescAt
 from ringtree.runtime.protocols import (
     ll_crossover,
@@ -42,6 +39,7 @@ from ringtree.runtime.protocols import (
     ll_stores,
 )
 from ringtree.runtime.protocols.ll import LLOp, fits
+from ringtree.runtime.protocols.ll_async import AsyncCalls
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL, open_ll
 from ringtree.work import Work
@@ -59,20 +57,13 @@ def default_cell(nranks: int) -> int:
     return CELL if nranks <= 8 else SMALL_CELL
 
 
-class LLRunner:
+class LLRunner(AsyncCalls):
     """One communicator's LL segment and the ops prepared on it."""
 
     def __init__(self, ll: LL):
         self.ll = ll
         self.cell = ll.cell_bytes
-        # async LL calls run in issue order on a thread of their own; anything else that
-        # takes a sequence number (an LL call, a Simple call's announcement) drains it
-        self.pending = 0
-        self._running = False    # a queued call is being run (by the LL thread or a waiter)
-        self._queue: deque = deque()
-        self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._gone: threading.Thread | None = None  # the thread last let go (exit joins it)
+        self._init_async()
         self.direct: ll_direct.Direct | None = None  # peers' buffers readable: ll_direct
         self.reg = None  # registered buffers (ll_reg.Registered, made by Communicator.empty)
         # what is measured on the communicator at its first calls: the store mode, and
@@ -97,6 +88,7 @@ class LLRunner:
                           spin_us=s.ll_spin_us if s.ll_spin_us is not None else
                           0.0 if crowded(comm.size) else 5.0, yield_us=s.ll_yield_us)
         comm.fabric.closers.append(runner.close)
+        runner.grace = s.ll_async_us * 1e-6
         runner.stores = ll_stores.configure(comm, runner)
         why = "RINGTREE_CMA=0"
         if s.cma:
@@ -161,67 +153,6 @@ class LLRunner:
             self.drain()
         return self.run_arrays(comm, op, spec.inp, spec.out, spec.reducer, spec.result,
                                spec.post, seq, False, timeout)
-
-    # ---- async calls: one thread, issue order --------------------------------------------
-
-    def submit(self, comm, op: LLOp, inp, out, red, result, post, seq: int,
-               timeout: float | None) -> Work:
-        work = Work(op.name)
-        work.help = lambda: self.help(work)
-        with self._cv:
-            self._queue.append((comm, op, inp, out, red, result, post, seq, timeout, work))
-            self.pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True,
-                                                name=f"ringtree-ll-rank{comm.rank}")
-                self._thread.start()
-                at_exit.register(self)
-            self._cv.notify_all()
-        return work
-
-    def drain(self) -> None:
-        """Wait until every async LL call issued so far has finished."""
-        with self._cv:
-            while self.pending:
-                self._cv.wait(0.1)
-
-    def help(self, work: Work) -> None:
-        """Run the queued calls up to and including ``work``'s on this thread, in issue
-        order and one at a time with the LL thread; return once ``work``'s call has been
-        taken from the queue (by this thread or the LL thread)."""
-        while True:
-            with self._cv:
-                while self._running:
-                    self._cv.wait(0.1)
-                if not any(item[-1] is work for item in self._queue):
-                    return
-                item = self._queue.popleft()
-                self._running = True
-            self._run_queued(item)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue or self._running:
-                    if self._thread is not threading.current_thread():
-                        return
-                    self._cv.wait(0.5)
-                item = self._queue.popleft()
-                self._running = True
-            self._run_queued(item)
-
-    def _run_queued(self, item: tuple) -> None:
-        comm, op, inp, out, red, result, post, seq, timeout, work = item
-        try:
-            self.run_arrays(comm, op, inp, out, red, result, post, seq, False, timeout)
-            err = None
-        except BaseException as e:  # noqa: BLE001 - the Work raises it
-            err = e
-        with self._cv:
-            self.pending -= 1
-            self._running = False
-            self._cv.notify_all()
-        work._finish(None if err is not None else result, err)
 
     def announce(self, head: tuple[int, int, int]) -> None:
         """A Simple call takes its sequence number: show its header (call words)."""
@@ -387,23 +318,6 @@ class LLRunner:
     def check(self) -> None:
         """Idle hook of a Simple call: MismatchError if a peer runs another call."""
         self.ll.check_announced(lambda: "the current call")
-
-    def _let_go(self) -> None:
-        with self._cv:
-            if self._thread is not None:
-                self._gone = self._thread
-            self._thread = None
-            self._cv.notify_all()
-
-    def release_thread(self) -> threading.Thread | None:
-        """:func:`ringtree.runtime.at_exit.register`'s hook: let the LL thread go and return
-        it, or the one :meth:`close` let go, which may still be returning from its last
-        call: its frame holds the call's arrays, and an array over a torch tensor freed
-        after the interpreter began to finalize aborted the process ("terminate called
-        without an active exception", torchrun's DDP example under load, about one run in
-        thirty)."""
-        self._let_go()
-        return self._gone
 
     def close(self) -> None:
         """Close the segment (a thread waiting in it fails) and let the LL thread go."""

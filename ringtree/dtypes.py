@@ -113,24 +113,34 @@ def as_flat(x: object, what: str = "buffer", writable: bool = True) -> tuple[np.
                          f"pass np.ascontiguousarray(x)")
     if writable and not arr.flags.writeable:
         raise ValueError(f"{what} is read-only but the collective writes to it")
-    return arr.reshape(-1), dt
+    return (arr if arr.ndim == 1 else arr.reshape(-1)), dt
+
+
+_FROM_TORCH: dict = {}  # torch dtype -> DType, as met
 
 
 def _torch_flat(t: object, what: str) -> tuple[np.ndarray, DType]:
+    """:func:`as_flat` of a torch tensor. Each step is the cheap form of its check (an
+    async ``dist.all_reduce`` paid ~8 µs here): ``is_cpu`` (``device.type`` builds a
+    device, ~0.8 µs), a detached view only under autograd (~0.9 µs), no reshape of a
+    flat view, the dtype from a table filled as dtypes are met."""
     import torch  # noqa: PLC0415 (optional dependency)
 
     assert isinstance(t, torch.Tensor)
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"{what} is on {t.device}; ringtree moves CPU memory")
     if not t.is_contiguous():
         raise ValueError(f"{what} must be contiguous; call .contiguous() first")
-    dt = parse_dtype(t.dtype)
-    t = t.detach()
+    dt = _FROM_TORCH.get(t.dtype)
+    if dt is None:  # parse_dtype reads the dtype's name: ~2.5 µs, once per torch dtype
+        dt = _FROM_TORCH[t.dtype] = parse_dtype(t.dtype)
+    if t.requires_grad:
+        t = t.detach()
     if dt is DType.BFLOAT16:
         arr = t.view(torch.int16).numpy().view(np.uint16)
     else:
         arr = t.numpy()
-    return arr.reshape(-1), dt
+    return (arr if arr.ndim == 1 else arr.reshape(-1)), dt
 
 
 def bf16_to_f32(u: np.ndarray) -> np.ndarray:

@@ -6,7 +6,8 @@ Run under the launcher (ranks pinned one per core when ranks <= cores)::
 
     ringtree run -n 2 python benchmarks/torch_percall.py [--iters 2000] [--rounds 5]
 
-Rank 0 prints, per collective and size, the median over rounds of the mean µs per call
+Rank 0 prints, per collective and size (the all-reduce also issued with
+``async_op=True`` and waited for at once, the general path's cost), the median over rounds of the mean µs per call
 for ``dist.*`` on ringtree, the communicator's own NumPy call, ``dist.*`` on gloo, and
 ``dist.*`` on a Python group whose calls are already done (the floor torch's wrapper sets).
 """
@@ -72,6 +73,10 @@ def _cases(n: int, nbytes: int, gloo, comm, null) -> dict:
         "all_reduce": (lambda: dist.all_reduce(t), lambda: comm.all_reduce(x),
                        lambda: dist.all_reduce(t, group=gloo),
                        lambda: dist.all_reduce(t, group=null)),
+        "all_reduce async+wait": (lambda: dist.all_reduce(t, async_op=True).wait(),
+                                  lambda: comm.all_reduce(x, async_op=True).wait(),
+                                  lambda: dist.all_reduce(t, group=gloo, async_op=True).wait(),
+                                  lambda: dist.all_reduce(t, group=null, async_op=True).wait()),
         "all_gather_into_tensor": (lambda: dist.all_gather_into_tensor(big, blk),
                                    lambda: comm.all_gather(kx, out=bx),
                                    lambda: dist.all_gather_into_tensor(big, blk, group=gloo),

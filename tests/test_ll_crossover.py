@@ -1,4 +1,4 @@
-"""The single-copy all-reduce's crossover measured on the communicator
+"""The single-copy all-reduce's and all-gather's crossover measured on the communicator
 (``runtime/protocols/ll_crossover.py``): once per octave inside the band, the same
 choice on every rank, the rank-order bits whichever path runs, off with
 ``RINGTREE_TUNE=model`` and ``RINGTREE_CMA_MIN``; the rule's margin; a peer dead during
@@ -15,7 +15,7 @@ from hot_entry_cases import KILL_ENV, assert_killed_named
 
 import ringtree
 from ringtree.runtime.protocols import ll_direct_fold, ll_timing
-from ringtree.runtime.protocols.ll_crossover import BAND
+from ringtree.runtime.protocols.ll_crossover import BAND, GATHER_BAND
 from ringtree.runtime.protocols.ll_timing import calls_per_sample, choose
 from ringtree.testing import run_ranks
 
@@ -67,6 +67,47 @@ def test_more_ranks_measure_from_their_band():
         assert r == (True, [4 * MIB]), r
 
 
+def gathers(comm) -> dict:
+    """All-gathers of 8, 12 (the same octave) and 16 MiB of output, then the 8 MiB one
+    again (now planned): every block in place, measured once per octave."""
+    ok = []
+    for mib in (8, 12, 16, 8):
+        count = (mib * MIB) // 4 // comm.size
+        out = np.empty(count * comm.size, np.float32)
+        comm.all_gather(_exact(comm.rank, count), out=out)
+        want = np.concatenate([_exact(r, count) for r in range(comm.size)])
+        ok.append(out.tobytes() == want.tobytes())
+    log = comm.ll.crossover.log
+    return {"ok": ok, "bytes": [m.nbytes for m in log], "chosen": [m.chose_first for m in log],
+            "measured": dict(comm.ll.direct.measured_gather)}
+
+
+def test_the_all_gather_is_measured_once_per_octave_and_alike_on_every_rank():
+    assert GATHER_BAND[0] <= 8 * MIB < 16 * MIB < GATHER_BAND[1]
+    res = run_ranks(gathers, 2, timeout=120)
+    for r in res:
+        assert r["ok"] == [True] * 4, r
+        assert r["bytes"] == [8 * MIB, 16 * MIB], r
+        assert r["measured"] == {(8 * MIB).bit_length(): r["chosen"][0],
+                                 (16 * MIB).bit_length(): r["chosen"][1]}, r
+    assert res[0]["chosen"] == res[1]["chosen"]
+
+
+def gather_on(comm) -> bytes:
+    count = 3 * MIB // comm.size
+    x = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)
+    return comm.all_gather(x).tobytes()
+
+
+def test_the_all_gather_gives_the_same_bytes_on_both_paths():
+    """The two paths the measuring picks between, each forced: the single copy (from 1
+    byte) and the segment's streamed gather (LL, the single copy off), 3 ranks."""
+    single = run_ranks(gather_on, 3, timeout=60, env={"RINGTREE_CMA_MIN": "1"})
+    segment = run_ranks(gather_on, 3, timeout=60,
+                        env={"RINGTREE_CMA": "0", "RINGTREE_PROTO": "allgather:LL"})
+    assert len(set(single + segment)) == 1
+
+
 def random_sum(comm) -> bytes:
     """Inexact float32 sums (the order of the adds shows in the bits)."""
     x = np.random.default_rng(comm.rank).standard_normal(3 * MIB // 8).astype(np.float32)
@@ -84,7 +125,9 @@ def test_both_paths_give_the_same_bits():
 def untuned(comm) -> tuple[bool, bool]:
     x = _exact(comm.rank, 3 * MIB // 8)
     comm.all_reduce(x)
-    return comm.ll.crossover is None, comm.ll.direct.measured == {}
+    comm.all_gather(_exact(comm.rank, 2 * MIB))  # 16 MiB of output on 2 ranks
+    return comm.ll.crossover is None, comm.ll.direct.measured == {} and \
+        comm.ll.direct.measured_gather == {}
 
 
 def test_off_with_the_model_or_a_threshold():

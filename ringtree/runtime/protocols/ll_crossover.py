@@ -36,11 +36,11 @@ import weakref
 
 from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
-from ringtree.runtime.protocols import ll_direct_fold
+from ringtree.runtime.protocols import ll_direct, ll_direct_fold
 from ringtree.runtime.protocols.ll import LLOp
 from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch, scratch_run
 
-__all__ = ["BAND", "Crossover"]
+__all__ = ["BAND", "GATHER_BAND", "Crossover"]
 
 # bytes of an all-reduce, [low, high), by "more than 2 ranks", where the measured
 # crossovers of the hosts above fell. 2 ranks 768 KiB-8 MiB (the split won below 768 KiB
@@ -51,6 +51,14 @@ __all__ = ["BAND", "Crossover"]
 # round won by 2-3x on both; LL's own range ends at 64 MiB there
 # (ringtree.tuning.proto.THRESHOLDS)
 BAND: dict[bool, tuple[int, int]] = {False: (1 << 20, 16 << 20), True: (256 << 10, 64 << 20)}
+# an all-gather's output bytes, [low, high), where its single copy and the segment's
+# streamed gather (ll_gather) are measured against each other: from where the single
+# copy takes over (ll_direct.MIN_BYTES, above LL's own range). benchmarks/ll_direct.py
+# with RINGTREE_PROTO=allgather:LL (the segment, "staged"), staged ÷ single copy, on the
+# AMD EPYC Zen 3 host: 2 ranks 8 MiB 0.78-0.85, 16 MiB 0.90-1.06, 64 MiB 0.96-1.09; 4
+# ranks on 2 cores 4 MiB 0.61-0.72, 16 MiB 0.72-0.78, 64 MiB 0.88; the single copy had
+# led on the Zen 2 host (2 ranks 0.82x and 1.08x the segment's time at 16 and 64 MiB)
+GATHER_BAND = (ll_direct.MIN_BYTES[(Collective.ALL_GATHER, False)], 256 << 20)
 
 
 class Crossover:
@@ -63,38 +71,51 @@ class Crossover:
 
     def settle(self, spec) -> None:
         """Measure both paths for ``spec`` (a :class:`~ringtree.runtime.callspec.CallSpec`
-        the planner is about to plan) if it is an all-reduce in :data:`BAND` whose octave
-        has not been measured; collective: every rank plans the same call."""
+        the planner is about to plan) if it is an all-reduce in :data:`BAND` or an
+        all-gather in :data:`GATHER_BAND` whose octave has not been measured; collective:
+        every rank plans the same call."""
         direct = self.runner.direct
-        if direct is None or spec.coll is not Collective.ALL_REDUCE or \
-                direct.min_bytes is not None or spec.op is ReduceOp.PREMUL_SUM:
+        if direct is None or direct.min_bytes is not None:
             return
-        nbytes = spec.count * spec.dtype.itemsize
-        lo, hi = BAND[direct.ll.n > 2]
+        n, block = direct.ll.n, spec.count * spec.dtype.itemsize
+        if spec.coll is Collective.ALL_REDUCE and spec.op is not ReduceOp.PREMUL_SUM:
+            nbytes, (lo, hi), table = block, BAND[n > 2], direct.measured
+        elif spec.coll is Collective.ALL_GATHER:
+            nbytes, (lo, hi), table = block * n, GATHER_BAND, direct.measured_gather
+        else:
+            return
         comm = self._comm()
-        if not lo <= nbytes < hi or nbytes.bit_length() in direct.measured or comm is None:
+        if not lo <= nbytes < hi or nbytes.bit_length() in table or comm is None:
             return
-        runner = self.runner
-        runner.settle_stores(nbytes)  # the split's speed depends on it
-        if runner.pending:
-            runner.drain()  # the scratch calls take the next numbers after queued calls
-        prog = comm.planner.ll_program(spec.coll, spec.root, nbytes)
+        self.runner.settle_stores(block)  # the segment's speed depends on it
+        if self.runner.pending:
+            self.runner.drain()  # the scratch calls take the next numbers after queued calls
+        table[nbytes.bit_length()] = self._measure(comm, spec, nbytes)
+
+    def _measure(self, comm, spec, nbytes: int) -> bool:
+        """Time the single copy against the segment's path for ``spec``: whether the
+        single copy is kept (or taken) for its octave."""
+        direct, runner, coll = self.runner.direct, self.runner, spec.coll
+        prog = comm.planner.ll_program(coll, spec.root, nbytes)
         dt, count, root = spec.dtype, spec.count, spec.root
         code = spec.reducer.code if spec.reducer is not None else 0
         x = scratch(count, dt.storage)
-        out = x if spec.in_place else scratch(count, dt.storage)
+        if coll is Collective.ALL_GATHER:
+            out, default, other = scratch(count * direct.ll.n, dt.storage), True, "segment"
+        else:
+            out = x if spec.in_place else scratch(count, dt.storage)
+            default, other = nbytes >= ll_direct_fold.MIN_BYTES[direct.ll.n > 2], "split"
         arms = tuple(scratch_run(comm, runner, op, x, out, spec.reducer) for op in (
             ll_direct_fold.op_for(direct.ll, direct, prog, dt, count, code, root),
             LLOp(direct.ll, prog, dt, count, code, root)))
-        default = nbytes >= ll_direct_fold.MIN_BYTES[direct.ll.n > 2]
         m = compare(comm, arms, nbytes, default)
-        direct.measured[nbytes.bit_length()] = m.chose_first
         self.log.append(m)
         if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
             k = nbytes.bit_length()
-            print(f"ringtree: all_reduce {nbytes} B: measured us (slowest rank, median of "
-                  f"{ROUNDS}): single copy {m.first * 1e6:,.0f}, split {m.second * 1e6:,.0f}, "
-                  f"ratio by rank {m.ratios[0]:.2f}-{m.ratios[1]:.2f}; chose "
-                  f"{'single copy' if m.chose_first else 'split'} for {1 << (k - 1)}-"
-                  f"{(1 << k) - 1} B (default: {'single copy' if default else 'split'}); "
+            print(f"ringtree: {coll.value} {nbytes} B: measured us (slowest rank, median of "
+                  f"{ROUNDS}): single copy {m.first * 1e6:,.0f}, {other} "
+                  f"{m.second * 1e6:,.0f}, ratio by rank {m.ratios[0]:.2f}-{m.ratios[1]:.2f}; "
+                  f"chose {'single copy' if m.chose_first else other} for {1 << (k - 1)}-"
+                  f"{(1 << k) - 1} B (default: {'single copy' if default else other}); "
                   f"took {m.seconds * 1e3:,.1f} ms", flush=True)
+        return m.chose_first

@@ -130,6 +130,9 @@ class Direct:
         # the all-reduce's choice by octave of bytes (bit_length), where it was measured
         # on this communicator (ll_crossover): True for the single copy
         self.measured: dict[int, bool] = {}
+        # the all-gather's, by octave of output bytes (True: the single copy; False: the
+        # segment's streamed gather, which the planner then takes on LL at any size)
+        self.measured_gather: dict[int, bool] = {}
         # all-gather copies shared through piece counters (RINGTREE_CMA_SHARE; they need
         # the compiled atomic add)
         self.share = cma.can_claim()
@@ -146,7 +149,17 @@ class Direct:
         nbytes = count * itemsize * (1 if coll is Collective.BROADCAST else self.ll.n)
         least = self.min_bytes if self.min_bytes is not None else \
             MIN_BYTES[(coll, self.ll.n > 2)]
-        return nbytes >= max(least, 1)
+        if nbytes < max(least, 1):
+            return False
+        return coll is not Collective.ALL_GATHER or self.gather_measured(nbytes) is not False
+
+    def gather_measured(self, nbytes: int) -> bool | None:
+        """What :mod:`~ringtree.runtime.protocols.ll_crossover` measured for an all-gather
+        of ``nbytes`` of output above LL's own range (True: the single copy; False: the
+        segment's streamed gather), or None."""
+        if nbytes < MIN_BYTES[(Collective.ALL_GATHER, self.ll.n > 2)]:
+            return None
+        return self.measured_gather.get(nbytes.bit_length())
 
     def claim(self, peer: int, index: int, local: int, remote: int, nbytes: int,
               write: bool, bounce: bool = False) -> tuple[int, int]:

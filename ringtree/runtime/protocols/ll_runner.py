@@ -116,14 +116,21 @@ class LLRunner(AsyncCalls):
         return fits(self.ll, coll, count, itemsize)
 
     def direct_for(self, spec) -> bool:
-        """Does the call of ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`) run on
-        the single-copy path (:mod:`~ringtree.runtime.protocols.ll_direct`)? An
-        all-reduce in the band where hosts disagree is measured first, once per octave
+        """Does LL serve the call of ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`)
+        whatever its size: on the single-copy path
+        (:mod:`~ringtree.runtime.protocols.ll_direct`), or, for an all-gather measured
+        faster on the segment, streamed through it? An all-reduce or all-gather in the
+        band where hosts disagree is measured first, once per octave
         (:mod:`~ringtree.runtime.protocols.ll_crossover`; collective)."""
         if self.crossover is not None:
             self.crossover.settle(spec)
-        return ll_direct_fold.applies(self.direct, spec.coll, spec.count, spec.dtype.itemsize,
-                                    spec.reducer.code if spec.reducer else 0)
+        d = self.direct
+        if ll_direct_fold.applies(d, spec.coll, spec.count, spec.dtype.itemsize,
+                                  spec.reducer.code if spec.reducer else 0):
+            return True
+        # an all-gather whose segment path was measured faster: LL serves it, streamed
+        return d is not None and spec.coll is Collective.ALL_GATHER and \
+            d.gather_measured(spec.count * spec.dtype.itemsize * d.ll.n) is False
 
     def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int):
         """The op that runs ``prog`` on this segment (ValueError: not a one-round

@@ -29,12 +29,13 @@ Process handling follows mpirun/torchrun:
   to the launcher (e.g. Ctrl-C) are forwarded once to each rank's group, and the launcher exits
   with 128+signal when they are gone (a second signal kills them with SIGKILL). If the
   launcher itself dies, Linux kills the ranks (``PR_SET_PDEATHSIG``);
-- the first rank to fail (non-zero exit or killed by a signal) stops the job: the others get
-  :data:`~ringtree.bootstrap.launch_report.SETTLE` seconds to leave on their own (a rank already on its way out — it left
-  the job, its peers failed on that — is reported by its own exit, not by our signal),
-  then SIGTERM, then SIGKILL after ``--grace`` seconds, and the launcher exits with that rank's code
-  (128+signal for a signal) after one summary line on stderr; with ``--enable-recovery`` the
-  others run on (``--max-restarts K``: and dead ranks are replaced), the code and summary the same;
+- the first rank to fail (non-zero exit or killed by a signal) stops the job: the others
+  get ``launch_report.SETTLE`` seconds to leave on their own (a rank already on its way
+  out — it left the job, its peers failed on that — is reported by its own exit, not by
+  our signal), then SIGTERM, then SIGKILL after ``--grace`` seconds, and the launcher
+  exits with that rank's code (128+signal for a signal) after one summary line on stderr;
+  with ``--enable-recovery`` the others run on (``--max-restarts K``: and dead ranks are
+  replaced), the code and summary the same;
 - ``--timeout S`` stops the job after S seconds and exits with 124, naming the ranks that were
   still running;
 - ``--tag-output`` prefixes every line with ``[rank]`` (and sets ``PYTHONUNBUFFERED=1`` unless

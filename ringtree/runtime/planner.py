@@ -348,17 +348,19 @@ class Planner:
         return plan
 
     def _protocol(self, spec: CallSpec, nbytes: int) -> str:
-        """LL (one host, no algorithm named, LL serves the collective) where its single-copy
-        path runs the call or the communicator has one rank (its LL op copies at most, in
-        one C entry), else the cheaper (algorithm, protocol) pair (choose_protocol)."""
+        """LL (one host, no algorithm named, LL serves the collective) where LL serves the
+        call at any size (its single-copy path, or an all-gather measured faster streamed
+        through the segment: ``LLRunner.serves_any_size``) or the communicator has one
+        rank (its LL op copies at most, in one C entry), else the cheaper (algorithm,
+        protocol) pair (choose_protocol)."""
         ll, coll = self.ll, spec.coll
         if ll is None or coll is None or spec.algo is not None or spec.blocks is not None \
                 or protocols.algorithm(LL, coll) is None:
             return SIMPLE
-        if LL in self.proto_enabled.get(coll, ()) and (ll.direct_for(spec) or self.size == 1
-                                                       and ll.fits(coll, spec.count,
-                                                                   spec.dtype.itemsize)):
-            return LL  # one copy: peers' buffers read in place (protocols/ll_direct.py)
+        if LL in self.proto_enabled.get(coll, ()) and (
+                ll.serves_any_size(spec) or
+                self.size == 1 and ll.fits(coll, spec.count, spec.dtype.itemsize)):
+            return LL  # one copy (protocols/ll_direct.py), or a measured streamed gather
         return choose_protocol(coll, nbytes, self.size, self.proto_enabled.get(coll),
                                ll.fits(coll, spec.count, spec.dtype.itemsize), self.model(),
                                self.algo_enabled.get(coll))

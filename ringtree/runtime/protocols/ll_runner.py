@@ -115,7 +115,7 @@ class LLRunner(AsyncCalls):
     def fits(self, coll: Collective, count: int, itemsize: int) -> bool:
         return fits(self.ll, coll, count, itemsize)
 
-    def direct_for(self, spec) -> bool:
+    def serves_any_size(self, spec) -> bool:
         """Does LL serve the call of ``spec`` (a :class:`~ringtree.runtime.planner.CallSpec`)
         whatever its size: on the single-copy path
         (:mod:`~ringtree.runtime.protocols.ll_direct`), or, for an all-gather measured
@@ -135,7 +135,7 @@ class LLRunner(AsyncCalls):
     def prepare(self, prog: Program, dt: DType, count: int, op_code: int, root: int):
         """The op that runs ``prog`` on this segment (ValueError: not a one-round
         Program): an :class:`~ringtree.runtime.protocols.ll_direct.DirectOp` where
-        :meth:`direct_for`, else an :class:`LLOp`. The first such op of a block that
+        :meth:`serves_any_size`, else an :class:`LLOp`. The first such op of a block that
         streams measures the store mode first (collective)."""
         self.settle_stores(count * dt.itemsize)
         d = self.direct

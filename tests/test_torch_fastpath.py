@@ -1,9 +1,12 @@
-"""The blocking ``dist.*`` fast path (:mod:`ringtree.torch.fastpath`) against the general one.
+"""The ``dist.*`` fast path (:mod:`ringtree.torch.fastpath`) against the general one.
 
-A blocking call (``async_op=False``) of a contiguous NumPy-typed tensor runs through cached
-NumPy views straight into the communicator; ``async_op=True`` takes the general path. Both
-must give the same bits, follow a tensor whose memory changes, and let errors reach the
-caller (a dead peer: ``test_torch_shrink`` kills a rank under a fast-path all-reduce).
+A call of a contiguous NumPy-typed tensor runs through cached NumPy views straight into
+the communicator: a blocking one (``async_op=False``) to its end, an async one issued
+there with a :class:`~ringtree.torch.work.PendingWork` over the communicator's Work. The
+general path (:class:`~ringtree.torch.collectives.CollectiveOps`: staging, a
+``RingtreeWork``) is what the rest takes. Both must give the same bits, follow a tensor
+whose memory changes, and let errors reach the caller (a dead peer: ``test_torch_shrink``
+kills a rank under a fast-path all-reduce).
 """
 
 from __future__ import annotations
@@ -13,7 +16,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is an optional extra")
 dist = pytest.importorskip("torch.distributed")
 
+from contextlib import contextmanager  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+from ringtree.torch.collectives import CollectiveOps  # noqa: E402
 from ringtree.torch.testing import TorchRankPool  # noqa: E402
+from ringtree.torch.work import PendingWork  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -29,44 +37,128 @@ def _data(rank: int, n: int, dtype) -> torch.Tensor:
     return (torch.arange(n, dtype=torch.float64) % 3 + rank + 1).to(dtype)
 
 
-def _both(fn, *tensors):
-    """fn(*copies, async_op) blocking and async on copies of ``tensors``: both results."""
-    out = []
-    for async_op in (False, True):
+# the group's entries the fast path takes, under torch 2.13's names and the older ones
+_ENTRIES = ("allreduce", "broadcast", "reduce", "all_gather_single", "_allgather_base",
+            "reduce_scatter_single", "_reduce_scatter_base")
+
+
+@contextmanager
+def _general(group):
+    """``group``'s calls on the general path: each entry the general method itself."""
+    for name in _ENTRIES:
+        setattr(group, name, getattr(CollectiveOps, name).__get__(group))
+    try:
+        yield
+    finally:
+        for name in _ENTRIES:
+            delattr(group, name)
+
+
+def _three(group, fn, *tensors):
+    """fn(*copies, async_op) blocking, async and on the general path, on copies of
+    ``tensors``: the three results, and whether the async call's Work was the fast
+    path's."""
+    out, pending = [], None
+    for async_op, general in ((False, False), (True, False), (True, True)):
         copies = [t.clone() for t in tensors]
-        w = fn(*copies, async_op)
-        if w is not None:
-            w.wait()
+        if general:
+            with _general(group):
+                fn(*copies, async_op).wait()
+        else:
+            w = fn(*copies, async_op)
+            if w is not None:
+                pending = type(w) is PendingWork
+                w.wait()
         out.append(copies)
-    return out
+    return out, pending
 
 
 def _same_bits(ctx):
     r, n = ctx.rank, ctx.size
-    pairs = []
+    runs = []
     for dtype in (torch.float32, torch.float64, torch.int64, torch.uint8):
         for k in (7, 300_000):  # cached views, and a view too large to keep
             x = _data(r, k, dtype)
             for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
-                pairs.append(_both(lambda t, a, op=op: dist.all_reduce(t, op, async_op=a), x))
-                pairs.append(_both(lambda t, a, op=op: dist.reduce(t, 1, op, async_op=a), x))
-            pairs.append(_both(lambda t, a: dist.broadcast(t, 1, async_op=a), x))
-            pairs.append(_both(lambda o, i, a: dist.all_gather_into_tensor(o, i, async_op=a),
-                               torch.zeros(k * n, dtype=dtype), x))
+                runs.append(_three(ctx.group, lambda t, a, op=op: dist.all_reduce(
+                    t, op, async_op=a), x))
+                runs.append(_three(ctx.group, lambda t, a, op=op: dist.reduce(
+                    t, 1, op, async_op=a), x))
+            runs.append(_three(ctx.group, lambda t, a: dist.broadcast(t, 1, async_op=a), x))
+            runs.append(_three(ctx.group, lambda o, i, a: dist.all_gather_into_tensor(
+                o, i, async_op=a), torch.zeros(k * n, dtype=dtype), x))
             big = _data(r, k * n, dtype)
-            pairs.append(_both(lambda o, i, a: dist.reduce_scatter_tensor(o, i, async_op=a),
-                               torch.zeros(k, dtype=dtype), big))
-    same = all(torch.equal(a, b) for blocking, general in pairs
-               for a, b in zip(blocking, general))
-    return same, len(ctx.group._views or {}) > 0, pairs[0][0][0]
+            runs.append(_three(ctx.group, lambda o, i, a: dist.reduce_scatter_tensor(
+                o, i, async_op=a), torch.zeros(k, dtype=dtype), big))
+    same = all(torch.equal(a, b) and torch.equal(a, c) for (blocking, fast, general), _ in runs
+               for a, b, c in zip(blocking, fast, general))
+    return same, all(p for _, p in runs), len(ctx.group._views or {}) > 0, runs[0][0][0][0]
 
 
-def test_blocking_fast_path_gives_the_general_paths_bits(pool):
+def test_fast_paths_give_the_general_paths_bits(pool):
     res = pool.run_ok(_same_bits)
-    for same, cached, _ in res:
-        assert same and cached
-    assert torch.equal(res[0][2], res[1][2])
-    assert torch.equal(res[0][2], _data(0, 7, torch.float32) + _data(1, 7, torch.float32))
+    for same, pending, cached, _ in res:
+        assert same and pending and cached
+    assert torch.equal(res[0][3], res[1][3])
+    assert torch.equal(res[0][3], _data(0, 7, torch.float32) + _data(1, 7, torch.float32))
+
+
+def _async_works(ctx):
+    """Async fast-path calls in flight together, waited for in reverse order, with a
+    future and its callback, and a wait with a timeout; bad arguments raise at the call."""
+    r = ctx.rank
+    ts = [torch.full((5,), float(r + k)) for k in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    works.append(dist.broadcast(bc := torch.full((3,), float(r)), 1, async_op=True))
+    seen = []
+    fut = works[0].get_future().then(lambda f: seen.append(f.value()[0].tolist()))
+    done = [w.wait(timeout=timedelta(seconds=30)) for w in reversed(works)]
+    fut.wait()
+    later = works[1].get_future().wait()  # asked for once the call is done
+    states = [(w.is_completed(), w.is_success(), w.exception()) for w in works]
+    try:
+        dist.all_gather_into_tensor(torch.zeros(5), torch.ones(7), async_op=True)
+        refused = None
+    except Exception as e:  # noqa: BLE001 - what the caller sees
+        refused = type(e).__name__
+    return ([t.tolist() for t in ts], bc.tolist(), seen, later[0].tolist(), done, states,
+            refused, repr(works[0]))
+
+
+def test_async_fast_path_works_wait_in_any_order_with_futures(pool):
+    for ts, bc, seen, later, done, states, refused, text in pool.run_ok(_async_works):
+        assert ts == [[2.0 * k + 1] * 5 for k in range(4)] and bc == [1.0] * 3
+        assert seen == [[1.0] * 5] and later == [3.0] * 5
+        assert done == [True] * 5 and states == [(True, True, None)] * 5
+        assert refused is not None and text == "<RingtreeWork allreduce done>"
+
+
+def _async_timeout(ctx):
+    """Rank 1 does not join rank 0's async all-reduce: rank 0's short wait gives up with
+    the call still going, then the call's own deadline fails it, in torch's words."""
+    if ctx.rank == 1:
+        return None
+    opts = dist.AllreduceOptions()
+    opts.asyncOp, opts.timeout = True, timedelta(seconds=1)
+    w = ctx.group.allreduce([torch.ones(4)], opts)
+    out = [type(w).__name__]
+    for wait in (lambda: w.wait(timeout=timedelta(milliseconds=50)), w.wait):
+        try:
+            wait()
+            out.append(None)
+        except Exception as e:  # noqa: BLE001 - what the caller sees
+            out.append((isinstance(e, dist.DistBackendError), str(e).splitlines()[0]))
+    out.append((w.is_completed(), w.is_success()))
+    return out
+
+
+def test_async_fast_path_times_out_in_torchs_words():
+    with TorchRankPool(2, gloo=False, pg_timeout=60) as p:
+        res = p.run_ok(_async_timeout)[0]
+    assert res[0] == "PendingWork"
+    assert res[1][0] and "Timed out waiting 50ms for allreduce" in res[1][1]
+    assert res[2][0] and "Timed out waiting 1000ms for allreduce" in res[2][1], res
+    assert res[3] == (True, False)
 
 
 def _follows_memory(ctx):
@@ -87,7 +179,7 @@ def _follows_memory(ctx):
     dist.all_reduce(strided)  # the general path: 2
     pre = torch.ones(16)
     dist.all_reduce(pre, dist._make_nccl_premul_sum(3.0))  # 6, after a cached SUM
-    work = ctx.group.allreduce([torch.ones(4)])  # default options: asynchronous
+    work = ctx.group.allreduce([torch.ones(4)])  # no options: the general path
     work.wait()
     opts = dist.AllreduceOptions()
     opts.asyncOp = False

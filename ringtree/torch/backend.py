@@ -8,7 +8,8 @@ communicator's streaming executor (through :class:`~ringtree.torch.engine.Progre
 a thin adapter; the core's worker thread drives it until a thread waits on it) and returns
 a :class:`~ringtree.torch.work.RingtreeWork` at once; the autograd thread that issues
 DDP's bucket all-reduces never waits for communication. A blocking ``dist.*`` call
-(``opts.asyncOp`` False) instead runs to completion on its caller's thread (``_now``).
+(``opts.asyncOp`` False) instead runs to completion on its caller's thread (``_now``),
+and a single plain tensor's call skips all of this (:mod:`ringtree.torch.fastpath`).
 This module holds the group's identity, the plumbing from ringtree Works to torch Works,
 its lifetime, and the backend creator torch calls.
 
@@ -35,7 +36,7 @@ from ringtree.errors import CommAborted
 from ringtree.torch.collectives import CollectiveOps
 from ringtree.torch.engine import ProgressEngine
 from ringtree.torch.errors import for_torch
-from ringtree.torch.fastpath import BlockingPath
+from ringtree.torch.fastpath import FastPath
 from ringtree.torch.store import TorchStore, master_address, shared_secret
 from ringtree.torch.tensors import run_all
 from ringtree.torch.work import RingtreeWork, _seconds
@@ -48,7 +49,7 @@ def _timeout_s(timeout: Any, default: float) -> float:
     return default if t is None else t
 
 
-class RingtreeProcessGroup(BlockingPath, CollectiveOps, dist.ProcessGroup):
+class RingtreeProcessGroup(FastPath, CollectiveOps, dist.ProcessGroup):
     """A ringtree communicator behind torch's ProcessGroup interface (CPU tensors)."""
 
     def __init__(self, comm: ringtree.Communicator, timeout: float | None = None):

@@ -1,9 +1,17 @@
-"""The blocking ``dist.*`` call at the communicator's per-call cost.
+"""``dist.*`` calls at the communicator's per-call cost, blocking and async.
 
 ``dist.all_reduce(t)`` (torch's ``opts.asyncOp`` False) waits on its Work at once, so
 nothing needs a pending Work, a future, a completion thread or a staged tensor: the call
-runs on its caller's thread and returns a :class:`~ringtree.torch.work.DoneWork`. What
-each call used to rebuild is cached here:
+runs on its caller's thread and returns a :class:`~ringtree.torch.work.DoneWork`. An async
+call (``opts.asyncOp`` True) is issued to the communicator as a NumPy call is
+(``comm.all_reduce(x, async_op=True)``: an LL call queued for the LL thread or a waiter,
+:mod:`ringtree.runtime.protocols.ll_async`) and returns a
+:class:`~ringtree.torch.work.PendingWork` over the communicator's Work, where the general
+path staged the tensor, built a ``RingtreeWork`` and chained its completion on the
+communicator's (two locks, a closure and a callback a call, which made an 8-byte
+``dist.all_reduce(t, async_op=True).wait()`` on 2 ranks cost 177 µs against the
+communicator's 50). A call refused as it is issued (bad arguments) raises at once, as the
+general path's does. What each call used to rebuild is cached here:
 
 - the NumPy view of a tensor (``Tensor.numpy`` costs ~1.5 µs), keyed by its data
   pointer, dtype and element count. The view keeps its tensor's storage alive, so no other
@@ -16,7 +24,7 @@ each call used to rebuild is cached here:
 - the reduce operator: the last plain one, with its kind (:data:`_kind`: the option's
   hash, ~0.4 µs, where ``ReduceOp ==`` costs ~2 µs).
 
-The view then enters the communicator's one-call hot path itself
+A blocking call's view then enters the communicator's one-call hot path itself
 (``LLRunner.broadcast_now``, ``reduce_now``, ``gather_now``, ``scatter_now``: the C
 entries ``bshot``, ``rhot``, ``ghot``, ``shot`` for a shape seen before), exactly as
 ``Communicator.broadcast`` (``reduce``, ``all_gather``, ``reduce_scatter``) does first for
@@ -26,15 +34,16 @@ the communicator's method. An all-reduce calls ``Communicator.all_reduce``, whos
 path is its own frame (:mod:`ringtree.runtime.protocols.ll_hot`), from ``allreduce``
 itself, with the last tensor's view, operator and timeout checked inline (the tensor
 by identity, then its data pointer, dtype, element count and contiguity, since a
-tensor's data and dtype can change in place: ``set_``, ``resize_``, ``.data =``). Each entry is one method of the group placed
-before the general ones (:class:`BlockingPath` precedes
-:class:`~ringtree.torch.collectives.CollectiveOps`), so a blocking call costs torch's
-own wrapper, the three option reads (pybind properties, ~0.3 µs each), the view, the
-group's lock and the communicator's call. A failure goes the general way: the error is
+tensor's data and dtype can change in place: ``set_``, ``resize_``, ``.data =``). Each
+entry is one method of the group placed before the general ones (:class:`FastPath`
+precedes :class:`~ringtree.torch.collectives.CollectiveOps`), so a blocking call costs
+torch's own wrapper, the three option reads (pybind properties, ~0.3 µs each), the view,
+the group's lock and the communicator's call. A failure goes the general way: the error is
 carried by a :class:`~ringtree.torch.work.RingtreeWork` and raised from ``wait()``.
-Tensors the fast path does not take (non-contiguous, dtypes NumPy lacks — bfloat16, bool,
-int16, complex —, sparse, with ``requires_grad`` through their detached view: taken)
-go the general path of :mod:`ringtree.torch.collectives`.
+Calls the fast path does not take (coalesced, several tensors; tensors non-contiguous,
+of dtypes NumPy lacks — bfloat16, bool, int16, complex —, sparse; with ``requires_grad``
+through their detached view: taken) go the general path of
+:mod:`ringtree.torch.collectives`.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from ringtree.errors import CommAborted
 from ringtree.ops import ReduceOp
 from ringtree.runtime.protocols.ll_runner import MISS
 from ringtree.torch.tensors import _NUMPY, reduce_op
-from ringtree.torch.work import DoneWork, RingtreeWork, _seconds
+from ringtree.torch.work import DoneWork, PendingWork, RingtreeWork, _seconds
 
 
 def _hash_is_kind() -> bool:
@@ -80,7 +89,7 @@ _STRIDED = torch.strided
 
 
 class _Hot:
-    """What a blocking ``allreduce`` reads per call, in one plain object: an attribute of
+    """What ``allreduce`` reads per call, in one plain object: an attribute of
     the group (a pybind-derived ``ProcessGroup``, whose type lookups are not cached) costs
     ~35 ns more than a slot here; ten of them were a tenth of the call. ``view``: the
     last tensor's (tensor, data pointer, dtype, numel, NumPy view); ``op``: the last
@@ -96,11 +105,11 @@ class _Hot:
         self.work = DoneWork(None)
 
 
-class BlockingPath:
+class FastPath:
     """Put before :class:`~ringtree.torch.collectives.CollectiveOps` in
     RingtreeProcessGroup's bases (which provide ``comm``, ``timeout``, ``_lock``,
     ``_closed``, ``_coalescing``, ``_finish`` and ``_dispatch``): each entry below takes a
-    blocking call it can serve and hands every other to the general method (``super()``)."""
+    call it can serve and hands every other to the general method (``super()``)."""
 
     _views: dict | None = None
     _td: tuple = (None, None)
@@ -112,8 +121,7 @@ class BlockingPath:
 
     def allreduce(self, tensors, opts=None):
         h = self._hot  # the state read per call, one attribute of the group away
-        if h is None or opts is None or opts.asyncOp or self._coalescing is not None or \
-                len(tensors) != 1:
+        if h is None or opts is None or self._coalescing is not None or len(tensors) != 1:
             return self._allreduce_first(tensors, opts)
         t = tensors[0]
         v = h.view  # the last tensor's view: checked by identity, then in place changes
@@ -136,80 +144,94 @@ class BlockingPath:
         if not td == tmo[0]:
             tmo = h.td = (td, _seconds(td))
         tmo = h.timeout if tmo[1] is None else tmo[1]
+        pending = opts.asyncOp
         with h.lock:
             if self._closed:
                 raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
             try:
-                h.comm.all_reduce(x, op, timeout=tmo)
+                part = h.comm.all_reduce(x, op, async_op=pending, timeout=tmo)
             except BaseException as e:  # noqa: BLE001 - the Work carries it
+                if pending:  # refused as issued (bad arguments): raised at once
+                    raise
                 return self._failed("allreduce", tensors, e, tmo)
+        if pending:
+            return PendingWork(part, tensors, self, "allreduce", tmo)
         w = h.work
         w._result = tensors
         return w
 
     def _allreduce_first(self, tensors, opts):
         """:meth:`allreduce` without its state (made here, unless the group is shut
-        down) or for a call it does not take (async, coalescing, several tensors)."""
+        down) or for a call it does not take (coalescing, several tensors, no options)."""
         if self._hot is None and not self._closed:
             self._hot = _Hot(self.comm, self._lock, self.timeout)
             return self.allreduce(tensors, opts)
         return super().allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
-        if opts is None or opts.asyncOp or self._coalescing is not None or len(tensors) != 1:
+        if opts is None or self._coalescing is not None or len(tensors) != 1:
             return super().broadcast(tensors, opts)
         x = self._view(tensors[0])
         if x is None:
             return super().broadcast(tensors, opts)
-        return self._run_blocking("broadcast", tensors, _broadcast, x, None, int(opts.rootRank),
-                              self._seconds_of(opts.timeout))
+        return self._run("broadcast", tensors, _broadcast, x, None, int(opts.rootRank),
+                         self._seconds_of(opts.timeout), opts.asyncOp)
 
     def reduce(self, tensors, opts=None):
-        if opts is None or opts.asyncOp or self._coalescing is not None or len(tensors) != 1:
+        if opts is None or self._coalescing is not None or len(tensors) != 1:
             return super().reduce(tensors, opts)
         x = self._view(tensors[0])
         if x is None:
             return super().reduce(tensors, opts)
-        return self._run_blocking("reduce", tensors, _reduce, x, int(opts.rootRank),
-                                  self._op_of(opts.reduceOp), self._seconds_of(opts.timeout))
+        return self._run("reduce", tensors, _reduce, x, int(opts.rootRank),
+                         self._op_of(opts.reduceOp), self._seconds_of(opts.timeout),
+                         opts.asyncOp)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
-        if opts is None or opts.asyncOp or self._coalescing is not None:
+        if opts is None or self._coalescing is not None:
             return super().all_gather_single(output, input, opts)
         xo, xi = self._view(output), self._view(input)
         if xo is None or xi is None:
             return super().all_gather_single(output, input, opts)
-        return self._run_blocking("all_gather_single", [output], _all_gather, xi, xo, None,
-                              self._seconds_of(opts.timeout))
+        return self._run("all_gather_single", [output], _all_gather, xi, xo, None,
+                         self._seconds_of(opts.timeout), opts.asyncOp)
 
     _allgather_base = all_gather_single
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
-        if opts is None or opts.asyncOp or self._coalescing is not None:
+        if opts is None or self._coalescing is not None:
             return super().reduce_scatter_single(output, input, opts)
         xo, xi = self._view(output), self._view(input)
         if xo is None or xi is None:
             return super().reduce_scatter_single(output, input, opts)
-        return self._run_blocking("reduce_scatter_single", [output], _reduce_scatter, xi, xo,
-                              self._op_of(opts.reduceOp), self._seconds_of(opts.timeout))
+        return self._run("reduce_scatter_single", [output], _reduce_scatter, xi, xo,
+                         self._op_of(opts.reduceOp), self._seconds_of(opts.timeout),
+                         opts.asyncOp)
 
     _reduce_scatter_base = reduce_scatter_single
 
     # ---- what the entries share -------------------------------------------------------
 
-    def _run_blocking(self, name: str, value: Any, entry, x, a, b, tmo: float | None):
-        """Run ``entry(comm, x, a, b, tmo)`` on this thread, in this group's issue
-        order; the group's one finished Work holding ``value`` (torch waits on a blocking
-        call's Work at once and drops it), or a failed Work of its own that raises
-        torch's form of the error from ``wait()``."""
+    def _run(self, name: str, value: Any, entry, x, a, b, tmo: float | None,
+             pending: bool):
+        """``entry(comm, x, a, b, tmo, pending)`` in this group's issue order: run to its
+        end on this thread (``pending`` False: the group's one finished Work holding
+        ``value``, since torch waits on a blocking call's Work at once and drops it) or
+        issued (a :class:`~ringtree.torch.work.PendingWork` over the communicator's
+        Work); a call that fails as it is issued or run gets a failed Work of its own that
+        raises torch's form of the error from ``wait()``."""
         tmo = self.timeout if tmo is None else tmo
         with self._lock:
             if self._closed:
                 raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
             try:
-                entry(self.comm, x, a, b, tmo)
+                part = entry(self.comm, x, a, b, tmo, pending)
             except BaseException as e:  # noqa: BLE001 - the Work carries it
+                if pending:  # refused as issued (bad arguments): raised at once
+                    raise
                 return self._failed(name, value, e, tmo)
+        if pending:
+            return PendingWork(part, value, self, name, tmo)
         return self._done(value)
 
     def _failed(self, name: str, value: Any, e: BaseException, tmo: float | None):
@@ -279,25 +301,38 @@ class BlockingPath:
 # hot entry does not take (MISS: not planned yet, a subgroup, a broken communicator ...)
 # goes through the communicator's method, which takes the general path.
 
-def _broadcast(comm, x: np.ndarray, out: None, root: int, tmo: float) -> None:
+def _broadcast(comm, x: np.ndarray, out: None, root: int, tmo: float, pending: bool):
+    if pending:
+        return comm.broadcast(x, root, async_op=True, timeout=tmo)
     ll = comm.ll
     if ll is None or ll.broadcast_now(comm, x, root, tmo) is MISS:
         comm.broadcast(x, root, timeout=tmo)
+    return None
 
 
-def _reduce(comm, x: np.ndarray, root: int, op: Any, tmo: float) -> None:
+def _reduce(comm, x: np.ndarray, root: int, op: Any, tmo: float, pending: bool):
+    if pending:
+        return comm.reduce(x, root, op, async_op=True, timeout=tmo)
     ll = comm.ll
     if ll is None or ll.reduce_now(comm, x, root, op, None, tmo) is MISS:
         comm.reduce(x, root, op, timeout=tmo)
+    return None
 
 
-def _all_gather(comm, x: np.ndarray, out: np.ndarray, _: None, tmo: float) -> None:
+def _all_gather(comm, x: np.ndarray, out: np.ndarray, _: None, tmo: float, pending: bool):
+    if pending:
+        return comm.all_gather(x, out=out, async_op=True, timeout=tmo)
     ll = comm.ll
     if ll is None or ll.gather_now(comm, x, out, tmo) is MISS:
         comm.all_gather(x, out=out, timeout=tmo)
+    return None
 
 
-def _reduce_scatter(comm, x: np.ndarray, out: np.ndarray, op: Any, tmo: float) -> None:
+def _reduce_scatter(comm, x: np.ndarray, out: np.ndarray, op: Any, tmo: float,
+                    pending: bool):
+    if pending:
+        return comm.reduce_scatter(x, op, out=out, async_op=True, timeout=tmo)
     ll = comm.ll
     if ll is None or ll.scatter_now(comm, x, out, op, tmo) is MISS:
         comm.reduce_scatter(x, op, out=out, timeout=tmo)
+    return None

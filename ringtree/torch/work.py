@@ -19,6 +19,7 @@ What torch and DDP need from a Work, and how this one provides it:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringtree.torch.errors import TorchCollectiveTimeout
+from ringtree.torch.errors import TorchCollectiveTimeout, for_torch
 from ringtree.work import Work
 
 
@@ -126,7 +127,22 @@ class RingtreeWork(Work, dist.Work):
         return f"<RingtreeWork {self.name} {state}>"
 
 
-class DoneWork(dist.Work):
+class _Collective(dist.Work):
+    """What :class:`DoneWork` and :class:`PendingWork` share: a collective's Work on CPU."""
+
+    __slots__ = ()
+
+    def synchronize(self) -> None:
+        """CPU work has no stream to join."""
+
+    def _source_rank(self) -> int:
+        return -1
+
+    def source_rank(self) -> int:
+        return -1
+
+
+class DoneWork(_Collective):
     """The Work of a blocking call that has already succeeded (:mod:`ringtree.torch.fastpath`):
     no event, lock or future until one is asked for; a failed call gets a RingtreeWork."""
 
@@ -154,14 +170,79 @@ class DoneWork(dist.Work):
         fut.set_result(self._result)
         return fut
 
-    def synchronize(self) -> None:
-        """CPU work has no stream to join."""
-
-    def _source_rank(self) -> int:
-        return -1
-
-    def source_rank(self) -> int:
-        return -1
-
     def __repr__(self) -> str:
         return "<RingtreeWork done>"
+
+
+class PendingWork(_Collective):
+    """The Work of an async call issued straight to the communicator
+    (:mod:`ringtree.torch.fastpath`): the communicator's own :class:`ringtree.work.Work`
+    (``part``) is its whole state, so nothing is chained on its completion (no callback,
+    event or lock of this one) unless a future is asked for. The tensors are the call's own
+    memory (no staging), so the result needs no copying back. Errors reach torch's caller
+    as :func:`~ringtree.torch.errors.for_torch` words them, from ``wait()``."""
+
+    __slots__ = ("_part", "_result", "_group", "_name", "_timeout_s", "_future")
+
+    def __init__(self, part: Work, value: Any, group: Any, name: str, timeout_s: float):
+        dist.Work.__init__(self)
+        self._part, self._result, self._group = part, value, group
+        self._name, self._timeout_s = name, timeout_s
+        self._future: torch.futures.Future | None = None
+
+    def _error(self) -> BaseException | None:
+        e = self._part._error
+        return None if e is None else for_torch(e, self._group.rank(), self._name,
+                                                self._timeout_s)
+
+    def wait(self, timeout: Any = None) -> bool:
+        part = self._part
+        t = _seconds(timeout)
+        if t is None:
+            if part.help is not None and not part._event.is_set():
+                part.help()  # run the queued LL call on this thread
+            part._event.wait()
+        elif not part._event.wait(t):
+            raise TorchCollectiveTimeout(f"Timed out waiting {int(round(t * 1000))}ms "
+                                         f"for {self._name} to complete (it goes on)")
+        if part._error is not None:
+            raise self._error()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._part._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._part._event.is_set() and self._part._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error()
+
+    def result(self) -> Any:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        """Completed on the group's completion pool (its callbacks may block on further
+        collectives); an error is a real future error, as :class:`RingtreeWork`'s."""
+        with _FUTURES:
+            if self._future is not None:
+                return self._future
+            inner: torch.futures.Future = torch.futures.Future()
+            self._future = inner.then(_unwrap)
+
+        def resolve() -> None:
+            err = self._error()
+            inner.set_result((True, self._result) if err is None else (False, err))
+
+        if self._part._event.is_set():  # nobody can have chained a callback yet
+            resolve()
+        else:
+            self._part.add_done_callback(lambda _: self._group._dispatch(resolve))
+        return self._future
+
+    def __repr__(self) -> str:
+        state = "done" if self._part._event.is_set() else "pending"
+        return f"<RingtreeWork {self._name} {state}>"
+
+
+_FUTURES = threading.Lock()  # makes a PendingWork's future once, whichever thread asks

@@ -153,3 +153,66 @@ def test_signals_while_waiting_on_the_hot_path():
     res = run_ranks(late_peer_with_signals, 2, timeout=60)
     assert res[0][0] > 10 and res[0][1] and res[1][1], res
     assert res[0][2] == res[1][2] == 6, res
+
+
+def queued_calls(comm) -> dict:
+    """Async all-reduces of planned shapes are queued without the general path (its
+    ``_all_reduce_general`` calls noted by the call's number), in place and into ``out``, behind calls still
+    queued and between blocking ones, each result bit for bit the rank-order fold;
+    bad memory and timeouts still refused at the call; the flight recorder numbers
+    every call in issue order."""
+    n, r = comm.size, comm.rank
+    general: list[int] = []
+    method = comm._all_reduce_general
+    comm._all_reduce_general = lambda *a: (general.append(comm.seq), method(*a))[1]
+    try:
+        wrong, count, asyncs = 0, 40, []
+        x, y = np.empty(count, np.float32), np.empty(count, np.float32)
+        comm.all_reduce(x)
+        comm.all_reduce(x, out=y)  # both shapes planned (the first of each: general)
+        first = len(general)
+        for k in range(6):
+            xs = [_mine(r, count, 10 * k + j) for j in range(3)]
+            outs = [None, np.empty(count, np.float32), None]
+            works = []
+            for v, o in zip(xs, outs):
+                asyncs.append(comm.seq)  # what the counter would record for this call
+                works.append(comm.all_reduce(v, out=o, async_op=True))
+            if k % 2:
+                x[:] = _mine(r, count, 99)
+                comm.all_reduce(x)  # blocking: runs the queued calls first
+            for w in reversed(works):
+                w.wait()
+            for j, (v, o) in enumerate(zip(xs, outs)):
+                want = _mine(0, count, 10 * k + j)
+                for q in range(1, n):
+                    want = want + _mine(q, count, 10 * k + j)
+                got = v if o is None else o
+                wrong += int(got.view(np.uint32).tolist() != want.view(np.uint32).tolist())
+                wrong += int(works[j].result() is not got)
+        refused = []
+        wide = np.zeros(80, np.float32)
+        for bad, out, t in ((wide[::2], None, None), (wide[:40], wide[20:60], None),
+                            (x, None, -1.0)):
+            try:
+                comm.all_reduce(bad, out=out, async_op=True, timeout=t).wait()
+                refused.append(None)
+            except (ValueError, TypeError) as e:
+                refused.append(type(e).__name__)
+        queued = sorted(set(general[first:]) & set(asyncs))
+    finally:
+        del comm._all_reduce_general
+    fr = comm.flight
+    seqs = [e["collective_seq_id"] for e in fr.entries(20)] if fr is not None else None
+    return {"wrong": wrong, "queued_general": queued, "first": first, "refused": refused,
+            "seqs": seqs, "seq": comm.seq}
+
+
+@pytest.mark.parametrize("env", [{}, {"RINGTREE_LL_ASYNC_US": "0"}], ids=["alarm", "notify"])
+def test_async_calls_of_planned_shapes_are_queued_as_they_are(env):
+    for r, got in enumerate(run_ranks(queued_calls, 3, timeout=120, env=env)):
+        assert got["wrong"] == 0 and got["first"] == 2, (r, got)
+        assert got["queued_general"] == [], (r, got)  # (the blocking calls behind queued
+        assert got["refused"] == ["ValueError"] * 3, (r, got)  # ones go the general way)
+        seq = got["seq"]
+        assert got["seqs"] == list(range(seq - 19, seq + 1)), (r, got)

@@ -19,7 +19,9 @@ round's size; ``out``: x's dtype and shape, no overlap) is the C entry's buffer 
 (``NOBUF``: nothing done). Anything else is :meth:`LLRunner._now
 <ringtree.runtime.protocols.ll_runner.LLRunner._now>` (which plans, learns the shape, or
 answers MISS) and then the general path, the communicator's ``_all_reduce_general``,
-which raises every refusal's error as before.
+which raises every refusal's error as before. An async call of a shape the planner has
+planned is queued from here too, with the same checks but for pending LL calls
+(:func:`_queued`), instead of building its ``CallSpec`` and looking its plan up again.
 """
 
 from __future__ import annotations
@@ -51,9 +53,11 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
                algo: str | None = None, timeout: float | None = None):
     """Reduce ``x`` over all ranks; the result replaces ``x`` (or goes to ``out``)."""
     ll = comm.ll
-    if ll is None or type(x) is not ndarray or algo is not None or async_op or \
+    if ll is None or type(x) is not ndarray or algo is not None or \
             out is not None and type(out) is not ndarray:
         return comm._all_reduce_general(x, op, out, async_op, algo, timeout)
+    if async_op:
+        return _queued(comm, ll, x, op, out, timeout)
     reg = ll.reg  # registered buffers: the peers' read in place (ll_reg)
     if reg is not None and x.nbytes >= reg.floor_all_reduce:
         done = reg.call(comm, Collective.ALL_REDUCE, x, out, op, timeout)
@@ -104,3 +108,17 @@ def _now(comm, ll, x: np.ndarray, op, out, timeout: float | None):
     if done is MISS:
         return comm._all_reduce_general(x, op, out, False, None, timeout)
     return done
+
+
+def _queued(comm, ll, x: np.ndarray, op, out, timeout: float | None):
+    """An async call: a planned shape is queued as it is (:meth:`LLRunner._now
+    <ringtree.runtime.protocols.ll_runner.LLRunner._now>`, ``queued``), anything else
+    goes the general path. The timeout is refused before the call is numbered, as
+    ``_run`` does."""
+    if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
+        timeout = as_timeout(timeout)
+    if ll.reg is None or x.nbytes < ll.reg.floor_all_reduce:  # (registered: the general
+        work = ll._now(comm, x, op, out, timeout, True)       # path asks the registry)
+        if work is not MISS:
+            return work
+    return comm._all_reduce_general(x, op, out, True, None, timeout)

@@ -87,12 +87,15 @@ class AsyncCalls:
             with self._cv:
                 while self._running:
                     self._cv.wait(0.1)
-                if work is None and not self._queue or \
-                        work is not None and not any(item[-1] is work for item in self._queue):
+                q = self._queue
+                if work is None and not q or work is not None and not (
+                        q and q[0][-1] is work or any(item[-1] is work for item in q)):
                     return
-                item = self._queue.popleft()
+                item = q.popleft()
                 self._running = True
             self._run_queued(item)
+            if work is not None and item[-1] is work:
+                return
 
     def _loop(self, alarm: ll_alarm.Alarm | None) -> None:
         rang = False

@@ -175,8 +175,8 @@ class LLRunner(AsyncCalls):
         :meth:`run_arrays` when its last shape did not match (the op as a ReduceOp or its
         name: "sum" missed it and planned every call, 4x). Memory: contiguous, writeable,
         an ``out`` that may share memory with ``x`` goes the general way, which tells in
-        place from a partial overlap. A shape with a compiled round becomes
-        ``planner.ready[HOT]``. ``queued``: an async call of a planned shape, queued for
+        place from a partial overlap. A blocking call's shape with a compiled round
+        becomes ``planner.ready[HOT]``. ``queued``: an async call of a planned shape, queued for
         the LL thread (:meth:`submit`, after any calls still queued) with what its plan
         holds, where the general path would build its ``CallSpec`` and look the plan up
         again (~10 µs of a ~15 µs submission); its Work, or MISS."""
@@ -195,7 +195,7 @@ class LLRunner(AsyncCalls):
             if out.dtype != x.dtype or out.shape != x.shape or not f.c_contiguous or \
                     not f.writeable or np.may_share_memory(x, out):
                 return MISS
-        if hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):
+        if not queued and hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):
             ll_hot.keep(comm.planner.ready, x, op, in_place, hit[0])
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)

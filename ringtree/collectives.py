@@ -6,7 +6,9 @@ segment goes to the LL runner's ``*_now`` first (:mod:`ringtree.runtime.protocol
 runs the last shape it saw in one C call (docs/design-notes.md, "The small all-reduce in
 one C entry" and the sections after it) and answers ``MISS`` when the call needs the
 general path. ``all_reduce`` is :func:`ringtree.runtime.protocols.ll_hot.all_reduce`
-itself: its checks and the C call in one frame.
+itself: its checks and the C call in one frame. An async NumPy call of a shape the
+planner has planned on LL (all-reduce, all-gather, reduce-scatter, in-place broadcast)
+is queued for the LL thread as it is (``LLRunner.queue_blocks``), without its spec.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ringtree import api
+from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
 from ringtree.runtime.protocols import ll_hot
 from ringtree.runtime.protocols.ll_runner import MISS
@@ -41,8 +44,9 @@ class Collectives:
     def broadcast(self, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,
                   timeout: float | None = None):
         """Copy root's ``x`` into ``x`` on every rank."""
-        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.broadcast_now(self, x, root, timeout)  # the hot path
+        if algo is None and type(x) is np.ndarray and self.ll is not None:
+            done = self.ll.queue_blocks(self, Collective.BROADCAST, x, x, root, timeout) \
+                if async_op else self.ll.broadcast_now(self, x, root, timeout)  # hot path
             if done is not MISS:
                 return done
         return self._run(api.for_broadcast(self, x, root, algo), async_op, timeout)
@@ -60,8 +64,9 @@ class Collectives:
                    timeout: float | None = None):
         """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
         (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
-        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.gather_now(self, x, out, timeout)
+        if algo is None and type(x) is np.ndarray and self.ll is not None:
+            done = self.ll.queue_blocks(self, Collective.ALL_GATHER, x, out, None, timeout) \
+                if async_op else self.ll.gather_now(self, x, out, timeout)
             if done is not MISS:
                 return done
         return self._run(api.for_all_gather(self, x, out, algo), async_op, timeout)
@@ -70,8 +75,10 @@ class Collectives:
                        algo: str | None = None, timeout: float | None = None):
         """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
         r block r of the result, in ``out`` or a new array."""
-        if algo is None and not async_op and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.scatter_now(self, x, out, op, timeout)
+        if algo is None and type(x) is np.ndarray and self.ll is not None:
+            done = self.ll.queue_blocks(self, Collective.REDUCE_SCATTER, x, out, op,
+                                        timeout) if async_op else \
+                self.ll.scatter_now(self, x, out, op, timeout)
             if done is not MISS:
                 return done
         return self._run(api.for_reduce_scatter(self, x, op, out, algo), async_op, timeout)

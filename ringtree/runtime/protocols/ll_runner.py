@@ -197,26 +197,17 @@ class LLRunner(AsyncCalls):
                 return MISS
         if not queued and hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):
             ll_hot.keep(comm.planner.ready, x, op, in_place, hit[0])
-        if comm._owner.ident != get_ident() and not comm.background:
-            comm._owner.check(comm.rank)
-        flat = x.ndim == 1
-        comm.seq += 1
-        if queued:
-            return self.submit(comm, hit[0], x if flat else x.reshape(-1),
-                               out if flat else out.reshape(-1), hit[1], out, None,
-                               comm.seq, timeout)
-        return self.run_arrays(comm, hit[0], x if flat else x.reshape(-1),
-                               out if flat else out.reshape(-1), hit[1], out, None,
-                               comm.seq, False, timeout)
+        return self._numbered(comm, hit, x, out, out, timeout, queued)
 
     def blocks_now(self, comm, coll: Collective, x: np.ndarray, out, op,
-                   timeout: float | None):
+                   timeout: float | None, queued: bool = False):
         """:meth:`_now`'s twin for all_gather (``op`` None) and reduce_scatter:
         a NumPy call into a separate NumPy ``out`` of ``size`` × (all-gather) or 1/``size``
         (reduce-scatter) the elements of ``x``, whose shape the planner planned on LL
         (:attr:`~ringtree.runtime.planner.Planner.ready_blocks`), with the same O(1)
         checks; an ``out`` that may share memory with ``x`` (in place) goes the general
-        way. :data:`MISS` when the call needs the general path."""
+        way. :data:`MISS` when the call needs the general path. ``queued``: an async
+        call, queued as :meth:`_now` queues one (its Work)."""
         if type(out) is not np.ndarray:
             return MISS
         gather = op is None
@@ -224,22 +215,46 @@ class LLRunner(AsyncCalls):
                                              -1 if gather else OP_NAMES.get(op.lower())
                                              if type(op) is str else op))
         if hit is None or comm._group is not None or comm.health.broken is not None or \
-                self.pending or comm._closed:
+                self.pending and not queued or comm._closed:
             return MISS
         f = out.flags
         if (out.size != x.size * comm.size if gather else x.size != out.size * comm.size) \
                 or out.dtype != x.dtype or not x.flags.c_contiguous or not f.c_contiguous \
                 or not f.writeable or np.may_share_memory(x, out):
             return MISS
-        if hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):  # next: one entry
+        if not queued and hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):
             comm.planner.ready[ll_gather.GATHER if gather else ll_gather.SCATTER] = \
-                ll_gather.entry(hit[0], x, op)
+                ll_gather.entry(hit[0], x, op)  # the next call: one entry
+        return self._numbered(comm, hit, x, out, out, timeout, queued)
+
+    def _numbered(self, comm, hit: tuple, x: np.ndarray, out: np.ndarray, result,
+                  timeout: float | None, queued: bool):
+        """Number a call of a planned shape (``hit``: its op and reducer) from the
+        issuing thread and run it now (``result``) or queue it (its Work)."""
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
         comm.seq += 1
-        return self.run_arrays(comm, hit[0], x if x.ndim == 1 else x.reshape(-1),
-                               out if out.ndim == 1 else out.reshape(-1), hit[1], out, None,
+        flat_x = x if x.ndim == 1 else x.reshape(-1)
+        flat_out = out if out.ndim == 1 else out.reshape(-1)
+        if queued:
+            return self.submit(comm, hit[0], flat_x, flat_out, hit[1], result, None,
+                               comm.seq, timeout)
+        return self.run_arrays(comm, hit[0], flat_x, flat_out, hit[1], result, None,
                                comm.seq, False, timeout)
+
+    def queue_blocks(self, comm, coll: Collective, x: np.ndarray, out, op,
+                     timeout: float | None):
+        """An async all-gather (``op`` None), reduce-scatter or in-place broadcast
+        (``op``: the root) of a planned shape, queued as it is (:meth:`blocks_now`,
+        :meth:`broadcast_blocks`); MISS for the general path (registered buffers at the
+        registry's sizes included)."""
+        reg = self.reg
+        if reg is not None and x.nbytes * self.ll.n >= reg.floor_blocks:
+            return MISS
+        timeout = ll_entry.timeout_of(timeout)
+        if coll is Collective.BROADCAST:
+            return self.broadcast_blocks(comm, x, op, timeout, True)
+        return self.blocks_now(comm, coll, x, out, op, timeout, True)
 
     gather_now = ll_gather.gather_now  # all_gather's one C entry, else blocks_now
     scatter_now = ll_gather.scatter_now  # reduce_scatter's one C entry, else blocks_now
@@ -247,23 +262,19 @@ class LLRunner(AsyncCalls):
     reduce_now = ll_entry.reduce_now  # reduce's one C entry, else MISS
     broadcast_now = ll_gather.broadcast_now  # broadcast's one C entry, else:
 
-    def broadcast_blocks(self, comm, x: np.ndarray, root, timeout: float | None):
+    def broadcast_blocks(self, comm, x: np.ndarray, root, timeout: float | None,
+                         queued: bool = False):
         """:meth:`_now`'s twin for an in-place NumPy broadcast whose shape and
         root the planner planned on LL (a read-only root buffer goes the general way).
-        :data:`MISS` when the call needs the general path."""
+        :data:`MISS` when the call needs the general path; ``queued``: as :meth:`_now`."""
         hit = comm.planner.ready_blocks.get((Collective.BROADCAST, x.dtype, x.size, root))
-        if hit is None or type(root) is not int or comm._group is not None or comm.health.broken is not None or \
-                self.pending or comm._closed or not x.flags.c_contiguous or \
-                not x.flags.writeable:
+        if hit is None or type(root) is not int or comm._group is not None or \
+                comm.health.broken is not None or self.pending and not queued or \
+                comm._closed or not x.flags.c_contiguous or not x.flags.writeable:
             return MISS
-        if comm._owner.ident != get_ident() and not comm.background:
-            comm._owner.check(comm.rank)
-        if hit[0].hot is not None:  # the next call of this shape: one C entry
+        if not queued and hit[0].hot is not None:  # the next call of this shape: one entry
             comm.planner.ready[ll_gather.BCAST] = ll_gather.entry(hit[0], x, root)
-        comm.seq += 1
-        flat = x if x.ndim == 1 else x.reshape(-1)
-        return self.run_arrays(comm, hit[0], flat, flat, None, x, None, comm.seq, False,
-                               timeout)
+        return self._numbered(comm, (hit[0], None), x, x, x, timeout, queued)
     def _finish_hot(self, comm, op: LLOp, out, r: int, s: int, timeout: float | None,
                     x=None) -> None:
         """Complete a hot call the kernel returned early from (``x``: a split's input)."""

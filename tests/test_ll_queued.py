@@ -76,15 +76,10 @@ def queued_all_reduces(comm) -> dict:
                 got = v if o is None else o
                 wrong += int(_bits(got) != _bits(_fold(n, count, 10 * k + j)))
                 wrong += int(works[j].result() is not got)
-        refused = []
         wide = np.zeros(80, np.float32)
-        for bad, out, t in ((wide[::2], None, None), (wide[:40], wide[20:60], None),
-                            (x, None, -1.0)):
-            try:
-                comm.all_reduce(bad, out=out, async_op=True, timeout=t).wait()
-                refused.append(None)
-            except (ValueError, TypeError) as e:
-                refused.append(type(e).__name__)
+        refused = _refused([lambda: comm.all_reduce(wide[::2], async_op=True),
+                            lambda: comm.all_reduce(wide[:40], out=wide[20:60], async_op=True),
+                            lambda: comm.all_reduce(x, async_op=True, timeout=-1.0)])
     finally:
         counted.close()
     return _report(comm, wrong, first, counted.seqs, asyncs, refused)
@@ -121,19 +116,25 @@ def queued_blocks(comm) -> dict:
             wrong += int(_bits(folded) != _bits(fold))
             wrong += int(shared.tolist() != [1.0] * count)
             wrong += int(works[0].result() is not gathered or works[1].result() is not folded)
-        refused = []
-        for call in (lambda: comm.all_gather(mine, out=np.empty(5, np.float32), async_op=True),
-                     lambda: comm.reduce_scatter(ins, out=np.empty(7, np.float32),
-                                                 async_op=True),
-                     lambda: comm.broadcast(shared, 1, async_op=True, timeout=0.0)):
-            try:
-                call().wait()
-                refused.append(None)
-            except (ValueError, TypeError) as e:
-                refused.append(type(e).__name__)
+        refused = _refused([
+            lambda: comm.all_gather(mine, out=np.empty(5, np.float32), async_op=True),
+            lambda: comm.reduce_scatter(ins, out=np.empty(7, np.float32), async_op=True),
+            lambda: comm.broadcast(shared, 1, async_op=True, timeout=0.0)])
     finally:
         counted.close()
     return _report(comm, wrong, first, counted.seqs, asyncs, refused)
+
+
+def _refused(calls: list) -> list:
+    """Each call's error type (None: it ran, and its Work was waited for)."""
+    out = []
+    for call in calls:
+        try:
+            call().wait()
+            out.append(None)
+        except (ValueError, TypeError) as e:
+            out.append(type(e).__name__)
+    return out
 
 
 def _report(comm, wrong: int, first: int, general: list[int], asyncs: list[int],

@@ -8,7 +8,7 @@ one C entry" and the sections after it) and answers ``MISS`` when the call needs
 general path. ``all_reduce`` is :func:`ringtree.runtime.protocols.ll_hot.all_reduce`
 itself: its checks and the C call in one frame. An async NumPy call of a shape the
 planner has planned on LL (all-reduce, all-gather, reduce-scatter, in-place broadcast)
-is queued for the LL thread as it is (``LLRunner.queue_blocks``), without its spec.
+is queued for the LL thread as it is (``LLRunner.queue``), without its spec.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Collectives:
                   timeout: float | None = None):
         """Copy root's ``x`` into ``x`` on every rank."""
         if algo is None and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.queue_blocks(self, Collective.BROADCAST, x, x, root, timeout) \
+            done = self.ll.queue(self, Collective.BROADCAST, x, x, root, timeout) \
                 if async_op else self.ll.broadcast_now(self, x, root, timeout)  # hot path
             if done is not MISS:
                 return done
@@ -65,7 +65,7 @@ class Collectives:
         """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
         (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
         if algo is None and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.queue_blocks(self, Collective.ALL_GATHER, x, out, None, timeout) \
+            done = self.ll.queue(self, Collective.ALL_GATHER, x, out, None, timeout) \
                 if async_op else self.ll.gather_now(self, x, out, timeout)
             if done is not MISS:
                 return done
@@ -76,7 +76,7 @@ class Collectives:
         """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
         r block r of the result, in ``out`` or a new array."""
         if algo is None and type(x) is np.ndarray and self.ll is not None:
-            done = self.ll.queue_blocks(self, Collective.REDUCE_SCATTER, x, out, op,
+            done = self.ll.queue(self, Collective.REDUCE_SCATTER, x, out, op,
                                         timeout) if async_op else \
                 self.ll.scatter_now(self, x, out, op, timeout)
             if done is not MISS:

@@ -1,6 +1,6 @@
-"""Async calls of planned shapes queued as they are (``LLRunner._now`` and
-``LLRunner.queue_blocks`` with ``queued``): no call spec, no second plan look-up, the
-general path's calls (``Communicator._all_reduce_general``, ``Communicator._run``)
+"""Async calls of planned shapes queued as they are (``LLRunner.queue``: ``_now``,
+``blocks_now``, ``broadcast_blocks`` with ``queued``): no call spec, no second plan
+look-up, the general path's calls (``Communicator._all_reduce_general``, ``Communicator._run``)
 counted by the call's number and none for them; in place and into ``out``, behind calls
 still queued and around blocking ones, with the alarm and with every call notified; every
 result bit for bit what the collective defines (the all-reduce's and reduce-scatter's

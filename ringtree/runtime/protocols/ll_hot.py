@@ -21,7 +21,7 @@ round's size; ``out``: x's dtype and shape, no overlap) is the C entry's buffer 
 answers MISS) and then the general path, the communicator's ``_all_reduce_general``,
 which raises every refusal's error as before. An async call of a shape the planner has
 planned is queued from here too, with the same checks but for pending LL calls
-(:func:`_queued`), instead of building its ``CallSpec`` and looking its plan up again.
+(``LLRunner.queue``), instead of building its ``CallSpec`` and looking its plan up again.
 """
 
 from __future__ import annotations
@@ -56,8 +56,10 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
     if ll is None or type(x) is not ndarray or algo is not None or \
             out is not None and type(out) is not ndarray:
         return comm._all_reduce_general(x, op, out, async_op, algo, timeout)
-    if async_op:
-        return _queued(comm, ll, x, op, out, timeout)
+    if async_op:  # a planned shape queued as it is
+        done = ll.queue(comm, Collective.ALL_REDUCE, x, out, op, timeout)
+        return comm._all_reduce_general(x, op, out, True, None, timeout) if done is MISS \
+            else done
     reg = ll.reg  # registered buffers: the peers' read in place (ll_reg)
     if reg is not None and x.nbytes >= reg.floor_all_reduce:
         done = reg.call(comm, Collective.ALL_REDUCE, x, out, op, timeout)
@@ -109,16 +111,3 @@ def _now(comm, ll, x: np.ndarray, op, out, timeout: float | None):
         return comm._all_reduce_general(x, op, out, False, None, timeout)
     return done
 
-
-def _queued(comm, ll, x: np.ndarray, op, out, timeout: float | None):
-    """An async call: a planned shape is queued as it is (:meth:`LLRunner._now
-    <ringtree.runtime.protocols.ll_runner.LLRunner._now>`, ``queued``), anything else
-    goes the general path. The timeout is refused before the call is numbered, as
-    ``_run`` does."""
-    if timeout is not None and not (type(timeout) is float and timeout >= MIN_TIMEOUT):
-        timeout = as_timeout(timeout)
-    if ll.reg is None or x.nbytes < ll.reg.floor_all_reduce:  # (registered: the general
-        work = ll._now(comm, x, op, out, timeout, True)       # path asks the registry)
-        if work is not MISS:
-            return work
-    return comm._all_reduce_general(x, op, out, True, None, timeout)

@@ -242,16 +242,21 @@ class LLRunner(AsyncCalls):
         return self.run_arrays(comm, hit[0], flat_x, flat_out, hit[1], result, None,
                                comm.seq, False, timeout)
 
-    def queue_blocks(self, comm, coll: Collective, x: np.ndarray, out, op,
-                     timeout: float | None):
-        """An async all-gather (``op`` None), reduce-scatter or in-place broadcast
-        (``op``: the root) of a planned shape, queued as it is (:meth:`blocks_now`,
-        :meth:`broadcast_blocks`); MISS for the general path (registered buffers at the
-        registry's sizes included)."""
-        reg = self.reg
-        if reg is not None and x.nbytes * self.ll.n >= reg.floor_blocks:
+    def queue(self, comm, coll: Collective, x: np.ndarray, out, op,
+              timeout: float | None):
+        """An async all-reduce, all-gather (``op`` None), reduce-scatter or in-place
+        broadcast (``op``: the root) of a planned shape, queued as it is (:meth:`_now`,
+        :meth:`blocks_now`, :meth:`broadcast_blocks` with ``queued``): its Work, or MISS
+        for the general path (registered buffers at the registry's sizes included: the
+        general path asks the registry). The timeout is refused before the call is
+        numbered, as ``_run`` does."""
+        reg, reduce = self.reg, coll is Collective.ALL_REDUCE
+        if reg is not None and (x.nbytes >= reg.floor_all_reduce if reduce else
+                                x.nbytes * self.ll.n >= reg.floor_blocks):
             return MISS
         timeout = ll_entry.timeout_of(timeout)
+        if reduce:
+            return self._now(comm, x, op, out, timeout, True)
         if coll is Collective.BROADCAST:
             return self.broadcast_blocks(comm, x, op, timeout, True)
         return self.blocks_now(comm, coll, x, out, op, timeout, True)

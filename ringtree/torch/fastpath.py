@@ -149,7 +149,8 @@ class FastPath:
             if self._closed:
                 raise CommAborted(f"ringtree process group {self._group_name!r} is shut down")
             try:
-                part = h.comm.all_reduce(x, op, async_op=pending, timeout=tmo)
+                part = h.comm.all_reduce(x, op, async_op=True, timeout=tmo) if pending \
+                    else h.comm.all_reduce(x, op, timeout=tmo)
             except BaseException as e:  # noqa: BLE001 - the Work carries it
                 if pending:  # refused as issued (bad arguments): raised at once
                     raise

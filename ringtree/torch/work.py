@@ -182,18 +182,20 @@ class PendingWork(_Collective):
     memory (no staging), so the result needs no copying back. Errors reach torch's caller
     as :func:`~ringtree.torch.errors.for_torch` words them, from ``wait()``."""
 
-    __slots__ = ("_part", "_result", "_group", "_name", "_timeout_s", "_future")
+    __slots__ = ("_part", "_result", "_group", "_name", "_timeout_s", "_future", "_torch")
 
     def __init__(self, part: Work, value: Any, group: Any, name: str, timeout_s: float):
         dist.Work.__init__(self)
         self._part, self._result, self._group = part, value, group
         self._name, self._timeout_s = name, timeout_s
         self._future: torch.futures.Future | None = None
+        self._torch: BaseException | None = None  # the error in torch's words, made once
 
     def _error(self) -> BaseException | None:
         e = self._part._error
-        return None if e is None else for_torch(e, self._group.rank(), self._name,
-                                                self._timeout_s)
+        if e is not None and self._torch is None:
+            self._torch = for_torch(e, self._group.rank(), self._name, self._timeout_s)
+        return self._torch
 
     def wait(self, timeout: Any = None) -> bool:
         part = self._part

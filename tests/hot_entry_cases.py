@@ -1,5 +1,6 @@
 """What the tests of the one-C-entry hot paths share (``Round.hot``/``ghot``/``shot``/
-``bshot``/``rhot``/``split``): the flight recorder's last entries and whether the kernel
+``bshot``/``rhot``/``split``, and the queued async calls): float32 inputs whose every
+add rounds and their rank-order sum, the flight recorder's last entries and whether the kernel
 wrote them, the general path's errors for buffers an entry refuses, a peer that never
 comes (the timed-out call and its failed entry) and a peer killed while the others wait
 in the kernel (named). The ``*_peer`` functions run inside the rank processes."""
@@ -11,6 +12,7 @@ import signal
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 import ringtree
@@ -21,6 +23,22 @@ KILL_ENV = {"RINGTREE_LL_YIELD_US": "200000"}  # the survivors wait in the kerne
 RANKS_AND_KERNEL = pytest.mark.parametrize(
     "nranks,env", [(2, {}), (3, {}), (2, {"RINGTREE_LL_NATIVE": "0"}), (4, {})],
     ids=["kernel-2", "kernel-3", "python-2", "kernel-4-on-2-cores"])
+
+
+def rounding(rank: int, count: int, k: int) -> np.ndarray:
+    """Rank ``rank``'s ``k``-th float32 input: values of magnitudes 1e-3 to 1e3, so every
+    add rounds and any other order of the sum shows in the bits."""
+    rng = np.random.default_rng(1000 * k + rank)
+    return (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 4, count)).astype(np.float32)
+
+
+def rank_order_sum(n: int, count: int, k: int) -> np.ndarray:
+    """NumPy's left fold of :func:`rounding` over ranks 0..n-1: one float32 add at a
+    time, in rank order (the bits every rank of an all-reduce must get)."""
+    want = rounding(0, count, k)
+    for q in range(1, n):
+        want = want + rounding(q, count, k)
+    return want
 
 
 def errors_of(call, cases) -> list[str]:

@@ -12,15 +12,11 @@ import time
 
 import numpy as np
 import pytest
+from hot_entry_cases import rank_order_sum, rounding
 
 import ringtree
 from ringtree.prof.flight import Entry
 from ringtree.testing import run_ranks
-
-
-def _mine(rank: int, count: int, k: int) -> np.ndarray:
-    rng = np.random.default_rng(1000 * k + rank)
-    return (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 4, count)).astype(np.float32)
 
 
 def hot_calls(comm) -> dict:
@@ -32,14 +28,12 @@ def hot_calls(comm) -> dict:
     for count in (2, 40, 5000):  # inline in the line, and in the cell
         x, y = np.empty(count, np.float32), np.empty(count, np.float32)
         for k in range(12):  # in place, then into another array
-            x[:] = _mine(r, count, k)
+            x[:] = rounding(r, count, k)
             got = comm.all_reduce(x) if k < 6 else comm.all_reduce(x, out=y)
-            want = _mine(0, count, k)
-            for q in range(1, n):
-                want = want + _mine(q, count, k)
+            want = rank_order_sum(n, count, k)
             wrong += int(got is not (x if k < 6 else y) or got.view(np.uint32).tolist()
                          != want.view(np.uint32).tolist())
-            wrong += int(k >= 6 and x.tolist() != _mine(r, count, k).tolist())
+            wrong += int(k >= 6 and x.tolist() != rounding(r, count, k).tolist())
     square = np.full((5, 8), r + 1.0, np.float32)    # 40 elements in two dimensions
     comm.all_reduce(square)
     ro = np.ones(40, np.float32)

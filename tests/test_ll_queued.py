@@ -12,22 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hot_entry_cases import rank_order_sum, rounding
 
 from ringtree.testing import run_ranks
 
 MODES = [{}, {"RINGTREE_LL_ASYNC_US": "0"}]
-
-
-def _mine(rank: int, count: int, k: int) -> np.ndarray:
-    rng = np.random.default_rng(1000 * k + rank)
-    return (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 4, count)).astype(np.float32)
-
-
-def _fold(n: int, count: int, k: int) -> np.ndarray:
-    want = _mine(0, count, k)
-    for q in range(1, n):
-        want = want + _mine(q, count, k)
-    return want
 
 
 def _bits(a: np.ndarray) -> list[int]:
@@ -61,20 +50,20 @@ def queued_all_reduces(comm) -> dict:
         comm.all_reduce(x, out=y)  # both shapes planned (the first of each: general)
         first = len(counted.seqs)
         for k in range(6):
-            xs = [_mine(r, count, 10 * k + j) for j in range(3)]
+            xs = [rounding(r, count, 10 * k + j) for j in range(3)]
             outs = [None, np.empty(count, np.float32), None]
             works = []
             for v, o in zip(xs, outs):
                 asyncs.append(comm.seq)  # what the counter would note for this call
                 works.append(comm.all_reduce(v, out=o, async_op=True))
             if k % 2:
-                x[:] = _mine(r, count, 99)
+                x[:] = rounding(r, count, 99)
                 comm.all_reduce(x)  # blocking: runs the queued calls first
             for w in reversed(works):
                 w.wait()
             for j, (v, o) in enumerate(zip(xs, outs)):
                 got = v if o is None else o
-                wrong += int(_bits(got) != _bits(_fold(n, count, 10 * k + j)))
+                wrong += int(_bits(got) != _bits(rank_order_sum(n, count, 10 * k + j)))
                 wrong += int(works[j].result() is not got)
         wide = np.zeros(80, np.float32)
         refused = _refused([lambda: comm.all_reduce(wide[::2], async_op=True),
@@ -97,7 +86,7 @@ def queued_blocks(comm) -> dict:
         comm.broadcast(blk, 1)  # the three shapes planned
         first = len(counted.seqs)
         for k in range(5):
-            mine, ins = _mine(r, count, k), _mine(r, count * n, 50 + k)
+            mine, ins = rounding(r, count, k), rounding(r, count * n, 50 + k)
             gathered, folded, shared = np.empty(count * n, np.float32), \
                 np.empty(count, np.float32), np.full(count, float(r), np.float32)
             asyncs.append(comm.seq)  # what the counter would note for the next call
@@ -110,9 +99,9 @@ def queued_blocks(comm) -> dict:
                 comm.all_gather(blk, out=big)  # blocking, behind the queued ones
             for w in reversed(works):
                 w.wait()
-            want = [_mine(q, count, k) for q in range(n)]
+            want = [rounding(q, count, k) for q in range(n)]
             wrong += int(_bits(gathered) != _bits(np.concatenate(want)))
-            fold = _fold(n, count * n, 50 + k)[r * count:(r + 1) * count]
+            fold = rank_order_sum(n, count * n, 50 + k)[r * count:(r + 1) * count]
             wrong += int(_bits(folded) != _bits(fold))
             wrong += int(shared.tolist() != [1.0] * count)
             wrong += int(works[0].result() is not gathered or works[1].result() is not folded)

@@ -12,7 +12,7 @@ from functools import partial
 
 import numpy as np
 import pytest
-from hot_entry_cases import KILL_ENV, assert_killed_named, killed_peer
+from hot_entry_cases import KILL_ENV, assert_killed_named, killed_peer, rank_order_sum, rounding
 
 from ringtree.runtime.protocols import ll_split
 from ringtree.testing import run_ranks
@@ -22,18 +22,6 @@ pytestmark = pytest.mark.skipif(not shm_native.available(),
                                 reason="ringtree.transports._llc not built (no C compiler)")
 
 COUNT = 66000  # float32: 264 KB, one part (at most a cell), from SPLIT_MIN; 2 and 3 divide it
-
-
-def _mine(rank: int, count: int, k: int) -> np.ndarray:
-    rng = np.random.default_rng(1000 * k + rank)
-    return (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 4, count)).astype(np.float32)
-
-
-def _want(n: int, count: int, k: int) -> np.ndarray:
-    want = _mine(0, count, k)
-    for q in range(1, n):
-        want = want + _mine(q, count, k)  # one float32 add at a time, in rank order
-    return want
 
 
 def _watch(codes: list[int], calls: list[int]) -> None:
@@ -76,8 +64,8 @@ def hot_split(comm, late: bool) -> dict:
     slow = [False]
     wrong = 0
     x, y = np.empty(COUNT, np.float32), np.empty(COUNT, np.float32)
-    mine = [_mine(r, COUNT, k) for k in range(16)]
-    want = [_want(n, COUNT, k).view(np.uint32) for k in range(16)]
+    mine = [rounding(r, COUNT, k) for k in range(16)]
+    want = [rank_order_sum(n, COUNT, k).view(np.uint32) for k in range(16)]
     comm.barrier()
     for k in range(16):
         x[:] = mine[k]

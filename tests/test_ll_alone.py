@@ -128,3 +128,30 @@ def test_one_rank_collectives_bits_records_and_refusals(env):
         assert got["native"] == 0, got
     else:
         assert {(d, op) for d, op, _ in got["general"]} == {("float16", "PremulSum(scalar=3.0)")}, got
+
+
+def after_simple(comm) -> dict:
+    """Hot all-reduces, one on Simple (``algo``), then hot ones again: a rank alone has
+    no peer to wait for, so the calls after the Simple one take the C entry again."""
+    from ringtree.prof.flight import Entry
+
+    x = np.arange(8, dtype=np.float32)
+    for _ in range(3):
+        comm.all_reduce(x)
+    comm.all_reduce(x, algo="ring")
+    ring = comm.flight.ring
+    before = sum(type(e) is not Entry for e in ring if e is not None)
+    for _ in range(5):
+        comm.all_reduce(x)
+    return {"new_from_c": sum(type(e) is not Entry for e in ring if e is not None) - before,
+            "same": x.tolist() == list(range(8)), **recorded(comm, 5)}
+
+
+def test_one_rank_hot_path_after_a_simple_call():
+    pytest.importorskip("ringtree.transports._llc")
+    from ringtree.testing import run_ranks
+
+    got = run_ranks(after_simple, 1, timeout=60)[0]
+    assert not isinstance(got, BaseException), got
+    assert got["same"] and got["new_from_c"] == 5, got
+    assert_recorded(0, got, 5, True, 5)

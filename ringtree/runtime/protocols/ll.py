@@ -160,8 +160,8 @@ class LLOp:
     """One prepared call shape of a Program; ``run(x, out, reducer, timeout)`` runs it."""
 
     __slots__ = ("ll", "coll", "count", "root", "head", "mine", "rows", "rowlist", "scratch",
-                 "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "src", "chunk",
-                 "desc", "order", "placed", "writes", "gathers", "own", "k", "hot", "rec")
+                 "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "src", "chunk", "desc",
+                 "order", "placed", "writes", "gathers", "own", "k", "hot", "rec", "queued_entry")
 
     def __init__(self, ll: LL, prog: Program, dt: DType, count: int, op_code: int,
                  root: int, name: str = ""):
@@ -211,7 +211,7 @@ class LLOp:
         # one C entry: an all-reduce's plain fold (ll_hot.all_reduce), a reduce (reduce_now)
         split = folds and n > 1 and coll is Collective.ALL_REDUCE and \
             ll_split.applies(self, op_code, self.count * storage.itemsize)
-        self.hot = self.rec = None  # rec: the flight recorder hot writes to (its caller sets)
+        self.hot = self.rec = self.queued_entry = None  # (rec, queued_entry: callers set)
         if self.k is not None and not (self.chunk or self.premul or self.avg or split) and \
                 (folds and coll is Collective.ALL_REDUCE or coll is Collective.REDUCE):
             self.hot = self.k

@@ -245,7 +245,7 @@ class DirectOp:
 
     __slots__ = ("ll", "direct", "coll", "count", "nbytes", "dtype", "name", "desc", "head",
                  "order", "block", "avg", "root", "run", "hot", "rec", "_scratch", "_words",
-                 "pieces")
+                 "pieces", "queued_entry")
 
     def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
                  op_code: int, root: int):
@@ -264,6 +264,7 @@ class DirectOp:
         self.avg = op_code == ReduceOp.AVG.code
         self.root = root
         self.hot = self.rec = None  # not the all-reduce hot path's
+        self.queued_entry = False  # a queued call runs through run_arrays
         self.pieces = (0, 0)  # the last shared all-gather's pieces: read, written for peers
         self._scratch: np.ndarray | None = None
         # every rank's inline payload word, by parity

@@ -22,6 +22,7 @@ writes its contribution and waits, its buffers never written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from threading import get_ident
 
 import numpy as np
@@ -56,17 +57,59 @@ def enter(runner, comm, m: tuple, x: np.ndarray, out, timeout: float | None) -> 
         return False
     if comm._owner.ident != get_ident() and not comm.background:
         comm._owner.check(comm.rank)
-    op, fr = m[3], comm.flight
-    if op.rec is not fr:
-        op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc, fr)
-        op.rec = fr
+    op = m[3]
+    if op.rec is not comm.flight:
+        bind(op, comm.flight)
     seq = comm.seq + 1
     r = m[4](x, out, s, seq)
     if r == NOBUF:
         return False
-    comm.seq, ll.seq = seq, s
+    comm.seq = seq
+    entered(runner, comm, op, m[5], x, out, r, s, timeout)
+    return True
+
+
+def run_queued(runner, comm, op, entry: Callable, after: Callable, x: np.ndarray, out,
+               seq: int, timeout: float | None) -> bool:
+    """Run queued async call ``seq`` of ``op`` in its C entry (``entry``, ``after`` as
+    :func:`enter` takes them from ``m``), on the thread that runs the queue: the checks of
+    :func:`enter` but the group, the issuing thread and pending calls (made as the call
+    was issued and numbered; this is the pending call). False: nothing was done,
+    ``run_arrays`` runs it (the parity to wait for, async Simple work in flight, the
+    profiler, a broken or closed communicator, memory the entry refuses)."""
+    ex, ll = comm.executor, runner.ll
+    s = ll.seq + 1
+    if comm.health.broken is not None or comm._closed or ex._batches or \
+            ex.observer.active or ll.synced < s - 1:
+        return False
+    if op.rec is not comm.flight:
+        bind(op, comm.flight)
+    r = entry(x, out, s, seq)
+    if r == NOBUF:
+        return False
+    entered(runner, comm, op, after, x, out, r, s, timeout)
+    return True
+
+
+def bind(op, fr) -> None:
+    """Have ``op``'s C entry write its calls into the flight recorder ``fr`` (None:
+    nowhere)."""
+    op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc, fr)
+    op.rec = fr
+
+
+def entered(runner, comm, op, after: Callable, x: np.ndarray, out, r: int, s: int,
+            timeout: float | None) -> None:
+    """After ``op``'s C entry ran LL call ``s`` and returned ``r``: -1 done; else complete
+    the wait the kernel handed back (:func:`~ringtree.transports.shm_native.finish`: a
+    sleeping peer rung, a late one waited for with the liveness checks that name a dead
+    rank, the timeout), then ``after(x, out, parity)``; a failure is raised, recorded
+    for every rank and in the flight recorder."""
+    ll = runner.ll
+    ll.seq = s
     ll.written[s & 1] = None  # the kernel wrote all three header words
     if r != -1:
+        fr = comm.flight
         try:
             native.finish(ll, op.hot, r, s, comm.timeout if timeout is None else timeout,
                           op.describe)
@@ -75,11 +118,10 @@ def enter(runner, comm, m: tuple, x: np.ndarray, out, timeout: float | None) -> 
             if fr is not None:
                 fr.end_native(err)
             raise err from None
-        m[5](x, out, s & 1)
+        after(x, out, s & 1)
         if fr is not None:
             fr.end_native()
     ll.synced = s
-    return True
 
 
 def reduce_now(runner, comm, x: np.ndarray, root, op, out, timeout: float | None):

@@ -115,12 +115,26 @@ def entry(op, x: np.ndarray, red) -> tuple:
     """``planner.ready``'s entry for the one-entry path of ``op`` (its ``hot`` set): the
     dtype, size and op (None: an all-gather; a broadcast's root) matched, the LLOp, the
     C entry, and what Python does after a late peer (``after(x, out, parity)``)."""
+    return (x.dtype, x.size, red, op, *_entry(op))
+
+
+def queued(op) -> tuple[Callable, Callable] | None:
+    """The C entry and completion of a queued async all-gather, reduce-scatter or
+    broadcast of ``op`` (:func:`~.ll_entry.run_queued`), or None (no one entry: the
+    general round's ``run``)."""
+    if op.hot is None or op.premul:  # (one rank: PREMUL_SUM's scale is set per call)
+        return None
+    centry, after = _entry(op)  # (one rank's entry completes every call: no after)
+    return None if after is None and op.ll.n > 1 else (centry, after)
+
+
+def _entry(op) -> tuple[Callable, Callable | None]:
     if op.coll is Collective.ALL_GATHER:
-        return (x.dtype, x.size, None, op, op.hot.ghot,
-                lambda x, out, p: place(op, p, out.reshape(-1), x.size, 0, x.size))
+        return op.hot.ghot, lambda x, out, p: place(op, p, out.reshape(-1), x.size, 0,
+                                                    x.size)
     if op.coll is Collective.BROADCAST:
-        return (x.dtype, x.size, red, op, op.hot.bshot, _after_broadcast(op))
-    return (x.dtype, x.size, red, op, op.hot.shot, getattr(op.run, "after", None))
+        return op.hot.bshot, _after_broadcast(op)
+    return op.hot.shot, getattr(op.run, "after", None)
 
 
 def _after_broadcast(op) -> Callable:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
-from ringtree.runtime.protocols.ll_entry import MISS
+from ringtree.runtime.protocols.ll_entry import MISS, bind
 from ringtree.runtime.protocols.ll_split import Split
 from ringtree.settings import MIN_TIMEOUT, as_timeout
 from ringtree.transports.shm_native import NOBUF, NOTMINE
@@ -76,10 +76,9 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
             comm.health.broken is not None or ll.pending or comm._closed or \
             ex._batches or ex.observer.active or seg.synced < s - 1:
         return _now(comm, ll, x, op, out, timeout)  # (after Simple calls the parity
-    lop, fr = m[4], comm.flight                      # may need a wait)
-    if lop.rec is not fr:
-        lop.hot.record(*(fr.lane() if fr is not None else (None,) * 3), lop.desc, fr)
-        lop.rec = fr
+    lop = m[4]                                       # may need a wait)
+    if lop.rec is not comm.flight:
+        bind(lop, comm.flight)
     seq = comm.seq + 1
     r = m[5](x, out, s, seq, comm._owner.ident)  # the issuing thread checked first
     if r == NOTMINE:  # not the owner's thread: refused, or this one takes over
@@ -103,6 +102,16 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
         ll._finish_hot(comm, lop, out, r, s, timeout)
     seg.synced = s
     return out
+
+
+def queued(lop) -> tuple | None:
+    """The C entry and completion of a queued async all-reduce of ``lop``'s shape
+    (:func:`~.ll_entry.run_queued`), or None: no one entry, the split (two LL calls, its
+    own completion), a one-rank PREMUL_SUM (whose scale is set per call)."""
+    hot = lop.hot
+    if hot is None or lop.premul or type(lop.run) is Split:
+        return None
+    return hot.hot, lambda x, out, p: hot.fold(out, p)
 
 
 def _now(comm, ll, x: np.ndarray, op, out, timeout: float | None):

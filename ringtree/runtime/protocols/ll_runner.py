@@ -238,12 +238,12 @@ class LLRunner(AsyncCalls):
         flat_out = out if out.ndim == 1 else out.reshape(-1)
         if queued:
             op = hit[0]
-            lean = op.queued_entry
-            if lean is None and op.hot is not None:  # made once the op has its entry
-                lean = op.queued_entry = (ll_hot.queued(op) if op.coll is Collective.
-                                          ALL_REDUCE else ll_gather.queued(op)) or False
+            entry = op.queued_entry  # its C entry, made once the op has one
+            if entry is None and op.hot is not None:
+                entry = op.queued_entry = (ll_hot.queued(op) if op.coll is Collective.
+                                           ALL_REDUCE else ll_gather.queued(op)) or False
             return self.submit(comm, op, flat_x, flat_out, hit[1], result, None,
-                               comm.seq, timeout, lean)
+                               comm.seq, timeout, entry)
         return self.run_arrays(comm, hit[0], flat_x, flat_out, hit[1], result, None,
                                comm.seq, False, timeout)
 

@@ -135,3 +135,30 @@ def killed_during_queued(comm) -> tuple:
 
 def test_peer_killed_while_a_queued_call_waits_in_the_kernel_is_named():
     assert_killed_named(run_ranks(killed_during_queued, 3, timeout=60, env=KILL_ENV))
+
+
+def many_queued(comm) -> tuple[int, int]:
+    """2,000 async all-reduces and all-gathers of int32 (each element naming its call and
+    rank), issued in pairs and waited in reverse: the wrong ones, and how many of the
+    flight recorder's entries the kernel wrote."""
+    from ringtree.prof.flight import Entry
+
+    n, r = comm.size, comm.rank
+    x, y = np.empty(64, np.int32), np.empty(64, np.int32)
+    out = np.empty(64 * n, np.int32)
+    wrong = 0
+    for k in range(1000):
+        x[:] = 16 * k + r
+        y[:] = 16 * k + r + 1
+        works = [comm.all_reduce(x, async_op=True), comm.all_gather(y, out=out, async_op=True)]
+        for w in reversed(works):
+            w.wait()
+        wrong += int(not (x == n * 16 * k + n * (n - 1) // 2).all())
+        want = 16 * k + 1 + np.arange(n, dtype=np.int32)
+        wrong += int(not (out.reshape(n, -1) == want[:, None]).all())
+    return wrong, sum(type(e) is not Entry for e in comm.flight.ring if e is not None)
+
+
+def test_eight_ranks_on_two_cores_through_the_queued_entries():
+    for r, (wrong, from_c) in enumerate(run_ranks(many_queued, 8, timeout=180)):
+        assert wrong == 0 and from_c > 100, (r, wrong, from_c)

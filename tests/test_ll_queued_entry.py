@@ -44,8 +44,8 @@ class _Runs:
 
 def _issue(comm, k: int) -> tuple[list, list, int]:
     """Five async calls (all-reduce in place and into ``out``, all-gather, reduce-scatter,
-    broadcast from the last rank) of shapes planned before, their Works, and the bits each must
-    hold; the number of the first."""
+    broadcast from the last rank) of shapes planned before: their Works, the bits each
+    must hold, the number of the first."""
     n, r, count = comm.size, comm.rank, 40
     first = comm.seq + 1
     inplace, ar_in, ar_out = rounding(r, count, k), rounding(r, count, k + 1), \

@@ -3,7 +3,8 @@
 add rounds and their rank-order sum, the flight recorder's last entries and whether the kernel
 wrote them, the general path's errors for buffers an entry refuses, a peer that never
 comes (the timed-out call and its failed entry) and a peer killed while the others wait
-in the kernel (named). The ``*_peer`` functions run inside the rank processes."""
+in the kernel (named), and signals taken while a rank waits there. The ``*_peer``
+functions run inside the rank processes."""
 
 from __future__ import annotations
 
@@ -121,3 +122,27 @@ def assert_killed_named(res: list) -> None:
     for r in (0, 2):
         peer, msg = res[r]
         assert "rank 1" in msg and "died" in msg, (r, peer, msg)
+
+
+def late_peer_with_signals(comm, call: Callable[[np.ndarray], object]) -> tuple[int, bool]:
+    """Rank 0 takes SIGALRM every millisecond while it waits in ``call(x)`` (an all-reduce
+    of ``x``, planned first) for a rank 1 that comes 20 ms late (in the kernel, then in the
+    Python sleep): the handler's runs, and whether every call completed right and the
+    recorder shows the last five completed."""
+    x = np.zeros(3, np.int64)
+    comm.all_reduce(x)
+    hits, ok = [0], True
+    if comm.rank == 0:
+        signal.signal(signal.SIGALRM, lambda *a: hits.__setitem__(0, hits[0] + 1))
+        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+    try:
+        for k in range(5):
+            if comm.rank == 1:
+                time.sleep(0.02)
+            x[:] = (k, comm.rank, 1)
+            call(x)
+            ok &= x.tolist() == [2 * k, 1, 2]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    states = {e["state"] for e in comm.flight.entries(5)}
+    return hits[0], ok and states == {"completed"}

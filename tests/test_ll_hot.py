@@ -6,12 +6,12 @@ not come named while the recorder shows the call it waits in, signals during the
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 
 import numpy as np
 import pytest
+from hot_entry_cases import late_peer_with_signals as late_with_signals
 from hot_entry_cases import rank_order_sum, rounding
 
 import ringtree
@@ -121,26 +121,8 @@ def test_absent_peer_on_the_hot_path_is_named_and_recorded():
 
 
 def late_peer_with_signals(comm) -> tuple[int, bool, int]:
-    """Rank 0 takes SIGALRM every millisecond while it waits on the hot path for a rank 1
-    that comes 20 ms late (in the kernel, then in the Python sleep): the handler runs,
-    every call completes right, and the recorder shows them completed."""
-    x = np.zeros(3, np.int64)
-    comm.all_reduce(x)
-    hits, ok = [0], True
-    if comm.rank == 0:
-        signal.signal(signal.SIGALRM, lambda *a: hits.__setitem__(0, hits[0] + 1))
-        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
-    try:
-        for k in range(5):
-            if comm.rank == 1:
-                time.sleep(0.02)
-            x[:] = (k, comm.rank, 1)
-            comm.all_reduce(x)
-            ok &= x.tolist() == [2 * k, 1, 2]
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
-    states = {e["state"] for e in comm.flight.entries(5)}
-    return hits[0], ok and states == {"completed"}, comm.seq
+    """:func:`hot_entry_cases.late_peer_with_signals` on the hot path; the call number."""
+    return (*late_with_signals(comm, comm.all_reduce), comm.seq)
 
 
 def test_signals_while_waiting_on_the_hot_path():

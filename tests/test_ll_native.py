@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hot_entry_cases import late_peer_with_signals
 from test_ll import _ll, crowded
 
 from ringtree.dtypes import DType, f32_to_bf16
@@ -188,26 +189,14 @@ def test_a_peer_killed_during_the_kernel_wait_is_named():
 
 
 def signalled(comm) -> tuple[int, bool]:
-    """Rank 0 takes SIGALRM every millisecond while it waits for a late rank 1, in the
-    kernel and in the Python sleep after it; the handler runs and the calls complete."""
+    """:func:`hot_entry_cases.late_peer_with_signals` on a bare LL all-reduce (spinning 5
+    µs, then yielding 2 ms): the handler runs and the calls complete."""
     c = _ll(comm, "sig", spin=5.0, yield_us=2000.0)
     red = resolve("sum", DType.INT64)
-    hits = [0]
-    ok = True
-    if comm.rank == 0:
-        signal.signal(signal.SIGALRM, lambda *a: hits.__setitem__(0, hits[0] + 1))
-        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
     try:
-        for k in range(6):
-            if comm.rank == 1:
-                time.sleep(0.02)
-            x = np.array([k, comm.rank], np.int64)
-            c.all_reduce(x, DType.INT64, red)
-            ok &= x.tolist() == [k * comm.size, 1]
+        return late_peer_with_signals(comm, lambda x: c.all_reduce(x, DType.INT64, red))
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
         c.ll.close()
-    return hits[0], ok
 
 
 @needs_kernel

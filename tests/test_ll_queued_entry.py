@@ -10,8 +10,6 @@ cores run 2,000 queued calls exact."""
 
 from __future__ import annotations
 
-import signal
-import time
 from functools import partial
 
 import numpy as np
@@ -19,6 +17,7 @@ from hot_entry_cases import (
     KILL_ENV,
     assert_killed_named,
     killed_peer,
+    late_peer_with_signals,
     rank_order_sum,
     rounding,
 )
@@ -167,33 +166,16 @@ def test_eight_ranks_on_two_cores_through_the_queued_entries():
         assert wrong == 0 and from_c > 100, (r, wrong, from_c)
 
 
-def late_peer_with_signals(comm) -> tuple:
-    """Rank 0 takes SIGALRM every millisecond while it waits, in a queued call's C entry,
-    for a rank 1 that comes 20 ms late: the handler runs, every call completes right, the
-    kernel wrote their entries, completed."""
+def queued_late_with_signals(comm) -> tuple:
+    """:func:`hot_entry_cases.late_peer_with_signals` with each call queued and waited
+    for; how many of the flight recorder's entries the kernel wrote."""
     from ringtree.prof.flight import Entry
 
-    x = np.zeros(3, np.int64)
-    comm.all_reduce(x)  # planned
-    hits, ok = [0], True
-    if comm.rank == 0:
-        signal.signal(signal.SIGALRM, lambda *a: hits.__setitem__(0, hits[0] + 1))
-        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
-    try:
-        for k in range(5):
-            if comm.rank == 1:
-                time.sleep(0.02)
-            x[:] = (k, comm.rank, 1)
-            comm.all_reduce(x, async_op=True).wait()
-            ok &= x.tolist() == [2 * k, 1, 2]
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
-    last = comm.flight.entries(5)
-    return hits[0], ok and {e["state"] for e in last} == {"completed"}, \
-        sum(type(e) is not Entry for e in comm.flight.ring if e is not None)
+    hits, ok = late_peer_with_signals(comm, partial(_queued_wait, comm))
+    return hits, ok, sum(type(e) is not Entry for e in comm.flight.ring if e is not None)
 
 
 def test_signals_while_a_queued_call_waits_in_the_kernel():
-    res = run_ranks(late_peer_with_signals, 2, timeout=60)
+    res = run_ranks(queued_late_with_signals, 2, timeout=60)
     assert res[0][0] > 10 and res[0][1] and res[1][1], res
     assert res[0][2] >= 5 and res[1][2] >= 5, res  # the kernel's entries

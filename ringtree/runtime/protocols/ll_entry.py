@@ -64,8 +64,11 @@ def enter(runner, comm, m: tuple, x: np.ndarray, out, timeout: float | None) -> 
     r = m[4](x, out, s, seq)
     if r == NOBUF:
         return False
-    comm.seq = seq
-    entered(runner, comm, op, m[5], x, out, r, s, timeout)
+    comm.seq, ll.seq = seq, s
+    ll.written[s & 1] = None  # the kernel wrote all three header words
+    if r != -1:
+        late(runner, comm, op, m[5], x, out, r, s, timeout)
+    ll.synced = s
     return True
 
 
@@ -87,7 +90,11 @@ def run_queued(runner, comm, op, entry: Callable, after: Callable, x: np.ndarray
     r = entry(x, out, s, seq)
     if r == NOBUF:
         return False
-    entered(runner, comm, op, after, x, out, r, s, timeout)
+    ll.seq = s
+    ll.written[s & 1] = None  # the kernel wrote all three header words
+    if r != -1:
+        late(runner, comm, op, after, x, out, r, s, timeout)
+    ll.synced = s
     return True
 
 
@@ -98,30 +105,25 @@ def bind(op, fr) -> None:
     op.rec = fr
 
 
-def entered(runner, comm, op, after: Callable, x: np.ndarray, out, r: int, s: int,
-            timeout: float | None) -> None:
-    """After ``op``'s C entry ran LL call ``s`` and returned ``r``: -1 done; else complete
-    the wait the kernel handed back (:func:`~ringtree.transports.shm_native.finish`: a
-    sleeping peer rung, a late one waited for with the liveness checks that name a dead
-    rank, the timeout), then ``after(x, out, parity)``; a failure is raised, recorded
-    for every rank and in the flight recorder."""
-    ll = runner.ll
-    ll.seq = s
-    ll.written[s & 1] = None  # the kernel wrote all three header words
-    if r != -1:
-        fr = comm.flight
-        try:
-            native.finish(ll, op.hot, r, s, comm.timeout if timeout is None else timeout,
-                          op.describe)
-        except RingtreeError as err:
-            err = comm._on_error(err)
-            if fr is not None:
-                fr.end_native(err)
-            raise err from None
-        after(x, out, s & 1)
+def late(runner, comm, op, after: Callable, x: np.ndarray, out, r: int, s: int,
+         timeout: float | None) -> None:
+    """Complete LL call ``s`` that ``op``'s C entry handed back with ``r`` (not -1): the
+    wait (:func:`~ringtree.transports.shm_native.finish`: a sleeping peer rung, a late one
+    waited for with the liveness checks that name a dead rank, the timeout), then
+    ``after(x, out, parity)``; a failure is raised, recorded for every rank and in the
+    flight recorder."""
+    fr = comm.flight
+    try:
+        native.finish(runner.ll, op.hot, r, s, comm.timeout if timeout is None else timeout,
+                      op.describe)
+    except RingtreeError as err:
+        err = comm._on_error(err)
         if fr is not None:
-            fr.end_native()
-    ll.synced = s
+            fr.end_native(err)
+        raise err from None
+    after(x, out, s & 1)
+    if fr is not None:
+        fr.end_native()
 
 
 def reduce_now(runner, comm, x: np.ndarray, root, op, out, timeout: float | None):

@@ -79,6 +79,10 @@ class Communicator(Collectives, Resilient):
         self._owner = ThreadOwner()
         self.store_host_rank: int | None = None  # the rank whose process serves the store
         self._closed = False
+        # True: a hot entry asks _hot_blocked() before it runs; every writer of a state
+        # that keeps the hot entries out sets it after the state (failure, group, close,
+        # the executor's batches and observer, LL calls queued)
+        self._hot_off = True
         self._group: list[tuple[Call, Work | None, object]] | None = None
         self._group_depth = 0
         self._monitored = 0  # monitored barriers so far (their keys in the store)
@@ -115,6 +119,7 @@ class Communicator(Collectives, Resilient):
         self.planner.ll, self.planner.proto_enabled = self.ll, self.proto_enabled
         self.executor = Executor(rank, self.fabric, on_idle=self._idle)
         self.executor.on_error = self._on_error
+        self.executor.on_busy = self._shut_hot
         self.progress = Progress(self.executor, f"ringtree-rank{rank}")
         self.flight = None  # ringtree.prof.flight.FlightRecorder, set by attach()
         attach(self)  # flight recorder, SIGUSR1 dump, doctor watcher, RINGTREE_PROFILE
@@ -125,6 +130,23 @@ class Communicator(Collectives, Resilient):
         self._check_abort()
         if self.ll is not None:
             self.ll.check()
+
+    def _shut_hot(self) -> None:
+        """A state that keeps the hot entries out may have been set: the next one asks."""
+        self._hot_off = True
+
+    def _hot_blocked(self) -> bool:
+        """Whether a hot entry must leave this call to the general path: a group open,
+        broken, closed, async LL calls pending, async Simple work in flight (memory
+        order), an active profiler. ``_hot_off`` is set to the answer, cleared *before*
+        the states are read: a writer that sets a state after they were read sets it
+        again, so it is never left False with a state set."""
+        self._hot_off = False
+        ex, ll = self.executor, self.ll
+        if self._group is not None or self.health.broken is not None or self._closed or \
+                ex.busy or ex.observer.active or ll is not None and ll.pending:
+            self._hot_off = True
+        return self._hot_off
 
     # ---- issuing ------------------------------------------------------------------------
 
@@ -217,6 +239,7 @@ class Communicator(Collectives, Resilient):
             yield self
         finally:
             self._group = group
+            self._hot_off = True
 
     @contextmanager
     def group(self):
@@ -228,6 +251,7 @@ class Communicator(Collectives, Resilient):
         self._group_depth += 1
         if self._group_depth == 1:
             self._group = []
+            self._hot_off = True
         ok = False
         try:
             yield self
@@ -330,6 +354,7 @@ class Communicator(Collectives, Resilient):
         self.fabric.close()
         detach(self)
         self._closed = True
+        self._hot_off = True
         self.progress.stop()
 
     def close(self) -> None:
@@ -341,6 +366,7 @@ class Communicator(Collectives, Resilient):
         finally:
             detach(self)  # last status for the doctor; RINGTREE_PROFILE files
             self._closed = True
+            self._hot_off = True
             self.progress.stop()
             self.fabric.close()
             if self._owns_store:

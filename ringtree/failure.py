@@ -30,6 +30,13 @@ class Health:
         self.failing = False
 
 
+def _break(comm, err: BaseException) -> None:
+    """Every later call on ``comm`` raises ``err``; its hot entries ask first (the
+    communicator's ``_hot_blocked``), so they are told after the state is set."""
+    comm.health.broken = err
+    comm._hot_off = True
+
+
 def abort_key(comm) -> str:
     return f"{comm.prefix}/abort"
 
@@ -89,7 +96,7 @@ def fail(comm, e: BaseException) -> BaseException:
         first = theirs.decode() if theirs else getattr(e, "cause", None)
         if first and abort_kind(comm) == b"mismatch":  # the cause, and its type
             err = MismatchError(f"rank {comm.rank}: {first}")
-            comm.health.broken = err
+            _break(comm, err)
             comm.fabric.close(first)
             return err
         if first:
@@ -104,7 +111,7 @@ def fail(comm, e: BaseException) -> BaseException:
             reason = (f"rank {host}, which hosts the store, is gone (its store at "
                       f"{comm.store!r} is unreachable); seen by rank {comm.rank} as: {e}")
             err = PeerError(host, reason)
-            comm.health.broken = err
+            _break(comm, err)
             comm.fabric.close(reason)
             return err
         reason = (f"rank {e.peer} died or closed its connection (seen by rank "
@@ -155,7 +162,7 @@ def _record(comm, err: BaseException, reason: str, e: BaseException) -> BaseExce
         err = CommAborted(f"rank {comm.rank}: the communicator was aborted because "
                           f"{won}\n(this rank then saw: {str(e).splitlines()[0]})")
         return broken_by(comm, err, won)
-    comm.health.broken = err
+    _break(comm, err)
     comm.fabric.close(reason)
     return err
 
@@ -171,7 +178,7 @@ def record_abort(comm, reason: str) -> str | None:
 def broken_by(comm, err: BaseException, cause: str) -> BaseException:
     """Fail because of another rank's failure ``cause``: leave our state for the
     doctor ("exited after the abort", not "stuck"), pass the cause on as we close."""
-    comm.health.broken = err
+    _break(comm, err)
     comm.health.after_abort = cause
     from ringtree.prof.watch import publish_closed
 
@@ -185,7 +192,7 @@ def aborted_here(comm, why: str) -> BaseException:
     calls in flight and later raise."""
     record_abort(comm, why)
     health = comm.health
-    health.broken = health.broken or CommAborted(f"rank {comm.rank} aborted")
+    _break(comm, health.broken or CommAborted(f"rank {comm.rank} aborted"))
     return health.broken
 
 
@@ -200,5 +207,5 @@ def revoked_here(comm, why: str) -> BaseException:
     record_abort(comm, why)
     health = comm.health
     if not isinstance(health.broken, CommRevoked):
-        health.broken = CommRevoked(f"rank {comm.rank}: the communicator was revoked: {why}")
+        _break(comm, CommRevoked(f"rank {comm.rank}: the communicator was revoked: {why}"))
     return health.broken

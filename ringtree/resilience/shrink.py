@@ -130,6 +130,7 @@ def _release(comm) -> None:
     comm._fail_pending(comm.health.broken)
     comm.fabric.close()
     comm._closed = True
+    comm._hot_off = True
     comm.progress.stop()
     from ringtree.prof import detach
 

@@ -40,6 +40,9 @@ from ringtree.transports.base import HeaderMismatch
 __all__ = ["Executor", "Batch", "Probe", "Waiting"]
 
 
+def _nothing() -> None:
+    pass
+
 
 class Executor:
     """Runs calls of one rank over a fabric (``isend``/``irecv``/``poll``/``wait``)."""
@@ -50,6 +53,9 @@ class Executor:
         self.on_idle = on_idle
         self.pool = BufferPool()
         self.on_error: Callable[[BaseException], BaseException] | None = None
+        # called after a batch is added or the observer changes (the communicator's hot
+        # entries then look at busy and observer.active again)
+        self.on_busy: Callable[[], None] = _nothing
         self.observer: Observer = NO_OBSERVER
         self._chans: dict[int, deque[Issued]] = {}  # channel -> steps not yet issued
         self.turns: dict[tuple[int, int], deque[CStep]] = {}  # (peer, channel) -> senders
@@ -66,6 +72,7 @@ class Executor:
     def observe(self, observer: Observer | None) -> Observer:
         """Report to ``observer`` from now on (None: to nobody); returns the previous one."""
         old, self.observer = self.observer, observer or NO_OBSERVER
+        self.on_busy()
         return old
 
     def snapshot(self) -> tuple[Waiting, ...]:
@@ -105,6 +112,7 @@ class Executor:
                     batch.touch(call.bufs[b], bool(wr >> b & 1))
         batch.after = [b for b in self._batches if b.conflicts(batch)]
         self._batches.append(batch)
+        self.on_busy()
         self.observer.run_begin(calls)
         if batch.remaining == 0:
             self._complete(batch)
@@ -236,6 +244,7 @@ class Executor:
         batch = Batch([], time.monotonic() + timeout, timeout, on_done)
         batch.probe = Probe(channel, list(peers), test, batch)
         self._batches.append(batch)
+        self.on_busy()
         self._probes.append(batch.probe)
         return batch
 

@@ -62,6 +62,7 @@ class AsyncCalls:
             self._queue.append((comm, op, inp, out, red, result, post, seq, timeout, entry,
                                 work))
             self.pending += 1
+            comm._hot_off = True
             if self._thread is None:
                 self._alarm = alarm = ll_alarm.make(self.grace)
                 self._thread = threading.Thread(target=self._loop, args=(alarm,), daemon=True,

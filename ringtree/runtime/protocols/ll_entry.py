@@ -5,9 +5,10 @@ The communicator's hot paths for an all-gather, a reduce-scatter, a broadcast
 one-part compiled op in ``planner.ready`` (cleared with it) as a tuple whose fields 3-5
 are the :class:`~ringtree.runtime.protocols.ll.LLOp`, its C entry (``Round.ghot``,
 ``shot``, ``bshot``, ``rhot``) and what Python does after a late peer. Once the caller
-matched the shape by identity, :func:`enter` makes the O(1) checks of ``_run`` (group,
-broken, closed, async LL calls pending, async Simple work in flight, an active profiler,
-the parity, the issuing thread), calls the entry, which checks the memory (``NOBUF``:
+matched the shape by identity, :func:`enter` makes the O(1) checks of ``_run`` (the
+communicator's states behind its one flag ``_hot_off``: group, broken, closed, async LL
+calls pending, async Simple work in flight, an active profiler; the parity, the issuing
+thread), calls the entry, which checks the memory (``NOBUF``:
 nothing was done, the general path runs and refuses or copes as before) and writes the
 flight recorder's entry, and completes a call whose wait the kernel handed back
 (:func:`~ringtree.transports.shm_native.finish`: a sleeping peer rung, a late one waited
@@ -50,10 +51,9 @@ def enter(runner, comm, m: tuple, x: np.ndarray, out, timeout: float | None) -> 
     ``x`` and ``out`` as the entry takes them. False: nothing was done (a check or the
     entry refused), the caller takes the general path; True: the call completed (a
     failure raised, recorded for every rank and in the flight recorder)."""
-    ex, ll = comm.executor, runner.ll
+    ll = runner.ll
     s = ll.seq + 1
-    if comm._group is not None or comm.health.broken is not None or runner.pending or \
-            comm._closed or ex._batches or ex.observer.active or ll.synced < s - 1:
+    if comm._hot_off and comm._hot_blocked() or ll.synced < s - 1:
         return False
     if comm._owner.ident != get_ident() and not comm.background:
         comm._owner.check(comm.rank)

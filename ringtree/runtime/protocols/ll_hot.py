@@ -13,10 +13,12 @@ does both in one frame, with what a shape needs per call prepared when it is kep
 dtype object the entry then checks itself, ``Round.expect``, with the size). Every
 check stays, each O(1): the arguments (a NumPy ``x`` and ``out``, no ``algo``, not
 async), the timeout (refused before the call is numbered, as ``_run``), the issuing
-thread (in the C entry: ``NOTMINE`` sends it to ``ThreadOwner.check``), group, broken, closed, async LL calls pending, async Simple work in flight
-(memory order), an active profiler, the parity; the memory (contiguous, writeable, the
-round's size; ``out``: x's dtype and shape, no overlap) is the C entry's buffer request
-(``NOBUF``: nothing done). Anything else is :meth:`LLRunner._now
+thread (in the C entry: ``NOTMINE`` sends it to ``ThreadOwner.check``), the
+communicator's states (group, broken, closed, async LL calls pending, async Simple work
+in flight for the memory order, an active profiler: one flag, ``_hot_off``, that every
+writer of them sets and ``Communicator._hot_blocked`` clears when none holds), the
+parity; the memory (contiguous, writeable, the round's size; ``out``: x's dtype and
+shape, no overlap) is the C entry's buffer request (``NOBUF``: nothing done). Anything else is :meth:`LLRunner._now
 <ringtree.runtime.protocols.ll_runner.LLRunner._now>` (which plans, learns the shape, or
 answers MISS) and then the general path, the communicator's ``_all_reduce_general``,
 which raises every refusal's error as before. An async call of a shape the planner has
@@ -70,11 +72,8 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
     m = comm.planner.ready.get(HOT)
     seg = ll.ll
     s = seg.seq + 1
-    ex = comm.executor
     if m is None or op is not m[2] or (out is None or out is x) is not m[3] or \
-            comm._group is not None or \
-            comm.health.broken is not None or ll.pending or comm._closed or \
-            ex._batches or ex.observer.active or seg.synced < s - 1:
+            comm._hot_off and comm._hot_blocked() or seg.synced < s - 1:
         return _now(comm, ll, x, op, out, timeout)  # (after Simple calls the parity
     lop = m[4]                                       # may need a wait)
     if lop.rec is not comm.flight:

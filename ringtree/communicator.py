@@ -372,9 +372,9 @@ class Communicator(Collectives, Resilient):
             if self._owns_store:
                 try:
                     self.store.add(f"{self.prefix}/closed", 1)
-                    if self._server is not None:
-                        wait_count(self.store, f"{self.prefix}/closed", self.size,
-                                   min(self.timeout, 30.0))
+                    if self._server is not None:  # the others' closes, but the dead's
+                        wait_count(self.store, f"{self.prefix}/closed",
+                                   self.size - len(failure.gone(self)), min(self.timeout, 30.0))
                 except Exception:  # noqa: BLE001 - best effort at shutdown
                     pass
                 self.store.close()

@@ -111,6 +111,44 @@ def test_killed_rank_is_named(n):
         assert name != "CollectiveTimeout", f"rank {r} only noticed by timeout: {msg}"
 
 
+def close_after_a_death(comm):
+    """Rank 1 killed; the survivors close: the store's host waits for the other
+    survivors' closes only (what it waited for, and whether they came)."""
+    import ringtree.communicator as module
+    from ringtree import failure
+
+    waits: list = []
+    real = module.wait_count
+
+    def recorded(store, key, n, timeout):
+        waits.append((n, real(store, key, n, timeout)))
+        return waits[-1][1]
+
+    module.wait_count = recorded
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        comm.all_reduce(x)
+        return "no error"
+    except ringtree.RingtreeError:
+        pass
+    gone = sorted(failure.gone(comm))
+    comm.close()
+    return gone, waits
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_the_stores_host_does_not_wait_for_a_dead_rank_to_close(n):
+    res = run_ranks(close_after_a_death, n, timeout=120, env={"RINGTREE_TIMEOUT": "600"})
+    for r in [0] + list(range(2, n)):
+        gone, waits = res[r]
+        assert gone == [1], (r, res)
+        # rank 0 hosts the store: it waited for the n - 1 live ranks, and they came
+        assert waits == ([(n - 1, True)] if r == 0 else []), (r, res)
+
+
 def stuck_rank(comm):
     if comm.rank == 1:
         time.sleep(4)

@@ -8,9 +8,9 @@ are the :class:`~ringtree.runtime.protocols.ll.LLOp`, its C entry (``Round.ghot`
 matched the shape by identity, :func:`enter` makes the O(1) checks of ``_run`` (the
 communicator's states behind its one flag ``_hot_off``: group, broken, closed, async LL
 calls pending, async Simple work in flight, an active profiler; the parity, the issuing
-thread), calls the entry, which checks the memory (``NOBUF``:
-nothing was done, the general path runs and refuses or copes as before) and writes the
-flight recorder's entry, and completes a call whose wait the kernel handed back
+thread), calls the entry, which checks the memory (``NOBUF``: nothing was done, the
+general path runs and refuses or copes as before) and writes the flight recorder's
+entry, and completes a call whose wait the kernel handed back
 (:func:`~ringtree.transports.shm_native.finish`: a sleeping peer rung, a late one waited
 for with the liveness checks that name a dead rank, the timeout).
 

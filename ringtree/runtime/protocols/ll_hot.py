@@ -4,26 +4,27 @@ A blocking NumPy all-reduce of the last shape the hot path took (``planner.ready
 matched by identity: the array's dtype object, its size, the op object as the caller
 wrote it, in place or not) is one C call, ``Round.hot`` (docs/design-notes.md, "The
 small all-reduce in one C entry" and "The per-call cost: one frame, the array's
-fields"). Before, that call sat behind two Python frames:
-``Collectives.all_reduce`` (its argument checks) and ``LLRunner.all_reduce_now`` (the
-shape and the communicator's state), each frame and each call between them ~0.1-0.3 µs
-of a 1.3 µs one-rank call. :func:`all_reduce` is the communicator's method itself and
-does both in one frame, with what a shape needs per call prepared when it is kept
-(:func:`keep`: the C entry as a bound method, and whether the op is a split; the
-dtype object the entry then checks itself, ``Round.expect``, with the size). Every
-check stays, each O(1): the arguments (a NumPy ``x`` and ``out``, no ``algo``, not
-async), the timeout (refused before the call is numbered, as ``_run``), the issuing
-thread (in the C entry: ``NOTMINE`` sends it to ``ThreadOwner.check``), the
-communicator's states (group, broken, closed, async LL calls pending, async Simple work
-in flight for the memory order, an active profiler: one flag, ``_hot_off``, that every
-writer of them sets and ``Communicator._hot_blocked`` clears when none holds), the
-parity; the memory (contiguous, writeable, the round's size; ``out``: x's dtype and
-shape, no overlap) is the C entry's buffer request (``NOBUF``: nothing done). Anything else is :meth:`LLRunner._now
+fields"). Before, that call sat behind two Python frames: ``Collectives.all_reduce``
+(its argument checks) and ``LLRunner.all_reduce_now`` (the shape and the communicator's
+state), each frame and each call between them ~0.1-0.3 µs of a 1.3 µs one-rank call.
+:func:`all_reduce` is the communicator's method itself and does both in one frame, with
+what a shape needs per call prepared when it is kept (:func:`keep`: the C entry as a
+bound method, and whether the op is a split; the dtype object the entry then checks
+itself, ``Round.expect``, with the size). Every check stays, each O(1): the arguments (a
+NumPy ``x`` and ``out``, no ``algo``, not async), the timeout (refused before the call
+is numbered, as ``_run``), the issuing thread (in the C entry: ``NOTMINE`` sends it to
+``ThreadOwner.check``), the communicator's states (group, broken, closed, async LL calls
+pending, async Simple work in flight for the memory order, an active profiler: one flag,
+``_hot_off``, that every writer of them sets and ``Communicator._hot_blocked`` clears
+when none holds), the parity; the memory (contiguous, writeable, the round's size;
+``out``: x's dtype and shape, no overlap) is the C entry's buffer request (``NOBUF``:
+nothing done). Anything else is :meth:`LLRunner._now
 <ringtree.runtime.protocols.ll_runner.LLRunner._now>` (which plans, learns the shape, or
 answers MISS) and then the general path, the communicator's ``_all_reduce_general``,
 which raises every refusal's error as before. An async call of a shape the planner has
 planned is queued from here too, with the same checks but for pending LL calls
-(``LLRunner.queue``), instead of building its ``CallSpec`` and looking its plan up again.
+(``LLRunner.queue``), instead of building its ``CallSpec`` and looking its plan up
+again.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import numpy as np
 
 from ringtree import failure
 from ringtree.bootstrap.netcheck import check_listener
-from ringtree.bootstrap.rendezvous import Peer, meet, wait_count
+from ringtree.bootstrap.rendezvous import Peer, meet
 from ringtree.collectives import Collectives
 from ringtree.errors import CommAborted, CommRevoked
 from ringtree.prof import attach, detach
@@ -371,10 +371,9 @@ class Communicator(Collectives, Resilient):
             self.fabric.close()
             if self._owns_store:
                 try:
-                    self.store.add(f"{self.prefix}/closed", 1)
+                    self.store.set(failure.closed_key(self, self.rank), b"1")
                     if self._server is not None:  # the others' closes, but the dead's
-                        wait_count(self.store, f"{self.prefix}/closed",
-                                   self.size - len(failure.gone(self)), min(self.timeout, 30.0))
+                        failure.await_closes(self, min(self.timeout, 30.0))
                 except Exception:  # noqa: BLE001 - best effort at shutdown
                     pass
                 self.store.close()

@@ -173,6 +173,12 @@ class Transport(ABC):
         """Before closing because of an abort: leave its first cause where peers read it."""
         return None
 
+    def dead_peers(self) -> set[int]:
+        """The peers whose process this transport can see is gone now (shared memory:
+        pid and start time); one that cannot tell (TCP: a dead host and a slow one look
+        alike) sees none."""
+        return set()
+
     def hang_up(self) -> None:
         """Make every peer's requests to us fail now, as if we had closed, without
         releasing anything a thread of ours may still be using (a revoke from any

@@ -129,6 +129,10 @@ class Fabric:
         except (BlockingIOError, OSError):
             pass
 
+    def dead_peers(self) -> set[int]:
+        """The peers some transport sees are dead now (:meth:`Transport.dead_peers`)."""
+        return set().union(*(t.dead_peers() for t in self.transports))
+
     def hang_up(self, reason: str) -> None:
         """Every peer's requests to us fail now (each transport's ``hang_up``), naming
         ``reason``; nothing is released, so any thread may call it."""

@@ -109,9 +109,8 @@ class ShmTransport(Transport):
         self._next_check = 0.0
         seg.install_sigterm(_LIVE)
         self.bell = seg.Fifo(seg.rank_name(tag, "bell", rank, me.pid, me.ns))
-        self.doorbell = seg.Segment.create_or_attach(seg.rank_name(tag, "db", rank, me.pid,
-                                                                   me.ns),
-                                                     4096)
+        self.doorbell = seg.Segment.create_or_attach(
+            seg.rank_name(tag, "db", rank, me.pid, me.ns), 4096)
         self.my_words = self.doorbell.words()
         self.my_words[0], self.my_words[1] = MAGIC, me.pid
         # Direct sends (the receiver reads our buffer) of messages >= direct_min bytes, to
@@ -143,8 +142,7 @@ class ShmTransport(Transport):
                                    f"RINGTREE_TRANSPORT=tcp)")
             self.peer_dbs[r] = db
             self.peer_words[r] = w = db.words()
-            self.peer_bells[r] = seg.open_bell(seg.rank_name(self.tag, "bell", r, p.pid,
-                                                             p.ns))
+            self.peer_bells[r] = seg.open_bell(seg.rank_name(self.tag, "bell", r, p.pid, p.ns))
             expect = np.array(w[PROBE:PROBE + PROBE_LEN // 8], np.int64).tobytes()
             if r < READS_MAX and w[PROBE_AT] and p.ns == self.me.ns and \
                     cma.probe(p.pid, w[PROBE_AT], expect):
@@ -344,8 +342,7 @@ class ShmTransport(Transport):
             if self.peer_words[p][CLOSED]:
                 how = "closed its connection"
                 cause = self._reason_of(p)
-            elif liveness and self.peers[p].ns == self.me.ns and \
-                    not seg.alive(self.peers[p].pid, self.peers[p].start):
+            elif liveness and seg.gone(self.peers[p], self.me):
                 how = f"died (pid {self.peers[p].pid} is gone)"
             if how is None:
                 continue
@@ -354,6 +351,9 @@ class ShmTransport(Transport):
             self._fail_peer(p, PeerError(p, f"rank {p} {how} (shm channel {r.channel})", cause))
             hit = True
         return hit
+
+    def dead_peers(self) -> set[int]:
+        return {r for r, p in self.peers.items() if seg.gone(p, self.me)}
 
     def _finished_before(self, r: Ring) -> bool:
         """A peer that closed may have done its part of ``r`` first: left data for us, or

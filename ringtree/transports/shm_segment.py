@@ -72,6 +72,12 @@ def alive(pid: int, started: int | None = None) -> bool:
     return st is not None and (started is None or st == started)
 
 
+def gone(p: PeerInfo, me: PeerInfo) -> bool:
+    """``p`` runs in ``me``'s pid namespace and its process is gone (a pid in another
+    namespace cannot be looked at: never gone)."""
+    return p.ns == me.ns and not alive(p.pid, p.start)
+
+
 @dataclass(frozen=True)
 class PeerInfo:
     """A process of the job: its rank, pid, start time (see :func:`start_time`) and pid

@@ -291,6 +291,11 @@ def measure(lib: Lib, colls: list[str], sizes: list[int], reps: int, warmup: int
                 for _ in range(iters):
                     call()
                 times.append((time.perf_counter() - t0) / iters)
+                # untimed: a rank that is done waits here instead of running on (the next
+                # size's first call, closing) while a rank that shares its core still has
+                # the last call to finish; without it, 4 ranks on 2 cores put up to a
+                # scheduler tick into the last repetition of ranks that sleep in waits
+                lib.barrier()
             out[coll][nbytes] = times
     return out
 

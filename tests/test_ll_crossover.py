@@ -15,7 +15,7 @@ from hot_entry_cases import KILL_ENV, assert_killed_named
 
 import ringtree
 from ringtree.runtime.protocols import ll_direct_fold, ll_timing
-from ringtree.runtime.protocols.ll_crossover import BAND, GATHER_BAND
+from ringtree.runtime.protocols.ll_crossover import BAND, GATHER_BAND, GATHER_OWN
 from ringtree.runtime.protocols.ll_timing import calls_per_sample, choose
 from ringtree.testing import run_ranks
 
@@ -79,7 +79,8 @@ def gathers(comm) -> dict:
         ok.append(out.tobytes() == want.tobytes())
     log = comm.ll.crossover.log
     return {"ok": ok, "bytes": [m.nbytes for m in log], "chosen": [m.chose_first for m in log],
-            "measured": dict(comm.ll.direct.measured_gather)}
+            "measured": dict(comm.ll.direct.measured_gather),
+            "modes": len(comm.ll.crossover.modes)}
 
 
 def test_the_all_gather_is_measured_once_per_octave_and_alike_on_every_rank():
@@ -91,6 +92,45 @@ def test_the_all_gather_is_measured_once_per_octave_and_alike_on_every_rank():
         assert r["measured"] == {(8 * MIB).bit_length(): r["chosen"][0],
                                  (16 * MIB).bit_length(): r["chosen"][1]}, r
     assert res[0]["chosen"] == res[1]["chosen"]
+
+
+def gather_modes(comm) -> dict:
+    """An all-gather of 32 MiB a rank (its own buffers measured: the read mode, then the
+    path), then its octave forced onto the other read mode: every block exact both
+    times, the input untouched."""
+    count = GATHER_OWN // 4
+    x = _exact(comm.rank, count)
+    want = np.concatenate([_exact(r, count) for r in range(comm.size)])
+    out = np.empty(count * comm.size, np.float32)
+    comm.all_gather(x, out=out)
+    ok = [out.tobytes() == want.tobytes()]
+    d, k = comm.ll.direct, (count * comm.size * 4).bit_length()
+    table = dict(d.straight_gather)
+    d.measured_gather[k] = True  # the single copy, in the mode not chosen
+    d.straight_gather[k] = not d.straight_gather[k]
+    comm.planner.relayout(comm.planner.nodes)
+    out[...] = 0
+    comm.all_gather(x, out=out)
+    ok.append(out.tobytes() == want.tobytes())
+    ok.append(x.tobytes() == _exact(comm.rank, count).tobytes())
+    modes = comm.ll.crossover.modes
+    return {"ok": ok, "modes": [(m.nbytes, m.chose_first) for m in modes], "table": table,
+            "k": k}
+
+
+def test_the_all_gather_measures_its_read_mode_on_its_own_buffers():
+    """From GATHER_OWN bytes a rank the single copy's read mode (shared pieces or
+    straight reads) is measured once, alike on every rank, before the path; below it,
+    never (the octaves measured on scratch keep the pieces)."""
+    res = run_ranks(gather_modes, 2, timeout=180)
+    for r in res:
+        assert r["ok"] == [True] * 3, r
+        (nbytes, shared), = r["modes"]
+        assert nbytes == 2 * GATHER_OWN, r
+        assert r["table"] == {r["k"]: not shared}, r
+    assert res[0]["modes"] == res[1]["modes"]
+    for r in run_ranks(gathers, 2, timeout=120):  # 8-16 MiB of output: scratch
+        assert r["ok"] == [True] * 4 and r["modes"] == 0, r
 
 
 def gather_on(comm) -> bytes:

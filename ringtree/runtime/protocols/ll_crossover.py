@@ -60,6 +60,11 @@ BAND: dict[bool, tuple[int, int]] = {False: (1 << 20, 16 << 20), True: (256 << 1
 # led on the Zen 2 host (2 ranks 0.82x and 1.08x the segment's time at 16 and 64 MiB)
 GATHER_BAND = (ll_direct.MIN_BYTES[(Collective.ALL_GATHER, False)], 256 << 20)
 
+# an all-gather's input bytes from which its measuring runs on the call's own buffers
+# (_own_buffers), not on scratch: glibc maps every array this large on its own (its
+# dynamic mmap threshold stops at 32 MiB), so the next call's buffers lie as this one's
+GATHER_OWN = 32 << 20
+
 
 class Crossover:
     """One communicator's measured crossover (``LLRunner.crossover``)."""
@@ -68,6 +73,7 @@ class Crossover:
         self._comm = weakref.ref(comm)  # the communicator owns the runner, which owns this
         self.runner = runner
         self.log: list[Timed] = []  # first arm: the single copy; second: the split
+        self.modes: list[Timed] = []  # the all-gather's single copy: shared; straight
 
     def settle(self, spec) -> None:
         """Measure both paths for ``spec`` (a :class:`~ringtree.runtime.callspec.CallSpec`
@@ -99,15 +105,18 @@ class Crossover:
         prog = comm.planner.ll_program(coll, spec.root, nbytes)
         dt, count, root = spec.dtype, spec.count, spec.root
         code = spec.reducer.code if spec.reducer is not None else 0
-        x = scratch(count, dt.storage)
-        if coll is Collective.ALL_GATHER:
-            out, default, other = scratch(count * direct.ll.n, dt.storage), True, "segment"
+        if coll is Collective.ALL_GATHER:  # on the call's own buffers: see _own_buffers
+            x, out = _own_buffers(spec, count, direct.ll.n)
+            default, other = True, "segment"
         else:
+            x = scratch(count, dt.storage)
             out = x if spec.in_place else scratch(count, dt.storage)
             default, other = nbytes >= ll_direct_fold.MIN_BYTES[direct.ll.n > 2], "split"
         arms = tuple(scratch_run(comm, runner, op, x, out, spec.reducer) for op in (
             ll_direct_fold.op_for(direct.ll, direct, prog, dt, count, code, root),
             LLOp(direct.ll, prog, dt, count, code, root)))
+        if coll is Collective.ALL_GATHER and x is spec.inp:  # the call's own buffers
+            self._gather_mode(comm, arms[0], nbytes)
         m = compare(comm, arms, nbytes, default)
         self.log.append(m)
         if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
@@ -119,3 +128,55 @@ class Crossover:
                   f"{(1 << k) - 1} B (default: {'single copy' if default else other}); "
                   f"took {m.seconds * 1e3:,.1f} ms", flush=True)
         return m.chose_first
+
+
+    def _gather_mode(self, comm, single, nbytes: int) -> None:
+        """Which single copy the all-gather's octave takes, timed on the call's own
+        buffers before it races the segment: pieces shared by the ranks and bounced
+        through L2 from ``STREAM_MIN`` (the default on more than 2 ranks, where an early
+        rank takes over a late one's pieces), or straight reads, one ``process_vm_readv``
+        of each peer's block into the output (the default on 2). On a Zen 2 host the
+        bounce led by 1.06-1.20x at 8-64 MiB; on a Zen 3 host, 2 ranks, 64 MiB arrays in
+        huge pages, the straight reads took 0.89x the shared pieces' time (7,481 against
+        8,392 µs, nine blocks alternated in one job, twice alike). Only from
+        :data:`GATHER_OWN`: on scratch the straight reads came close to the segment at
+        16 MiB (2.8-3.4 against 2.1-2.7 ms) and won it in one job of four, whose heap
+        arrays then took 6.2 ms a call; the shared pieces on scratch (7.2 ms) never do."""
+        table, k = self.runner.direct.straight_gather, nbytes.bit_length()
+
+        def mode(straight: bool):
+            def arm() -> None:
+                table[k] = straight
+                single()
+            return arm
+
+        m = compare(comm, (mode(False), mode(True)), nbytes, self.runner.direct.ll.n > 2)
+        table[k] = not m.chose_first
+        self.modes.append(m)
+        if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
+            print(f"ringtree: all_gather {nbytes} B: measured us (slowest rank, median of "
+                  f"{ROUNDS}): shared pieces {m.first * 1e6:,.0f}, straight reads "
+                  f"{m.second * 1e6:,.0f}; chose "
+                  f"{'shared pieces' if m.chose_first else 'straight reads'}", flush=True)
+
+
+def _own_buffers(spec, count: int, n: int):
+    """The all-gather's input and output for its measuring: from :data:`GATHER_OWN`
+    bytes of input (what the kernel reads) the call's own, below it shared scratch. The kernel's copy costs what
+    the pages it reads cost to pin, and those are the caller's: an 8 MiB
+    ``process_vm_readv`` of a source in 4 KiB pages (glibc's ``brk`` heap, or a mapping
+    without transparent huge pages, as torch's allocations) took 1.8-2.1 ms, of one in
+    2 MiB pages (a large NumPy array in its own mapping, which NumPy advises huge)
+    1.0-1.1 ms (AMD EPYC Zen 3); a 16 MiB all-gather's single copy on heap arrays took
+    2.4-7.5 ms from job to job, the segment's 2.3-2.6. Shared scratch (4 KiB pages of
+    shared memory) is the slow case: on it the single copy took 2.8-3.5x the segment's
+    time at 16 and 64 MiB, so it wins only where it would on any pages. Below 32 MiB an
+    array may lie on the heap or in its own mapping depending on what was freed before,
+    so the first call's buffers say nothing of the next's; from 32 MiB they do. An
+    all-gather's arms only write the output, which the call overwrites anyway, and read
+    the input, which no arm writes."""
+    x, out = spec.inp, spec.out
+    if count * spec.dtype.itemsize < GATHER_OWN or x is None or out is None or \
+            x.size != count or out.size != count * n:
+        return scratch(count, spec.dtype.storage), scratch(count * n, spec.dtype.storage)
+    return x, out

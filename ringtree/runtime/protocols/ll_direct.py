@@ -133,6 +133,10 @@ class Direct:
         # the all-gather's, by octave of output bytes (True: the single copy; False: the
         # segment's streamed gather, which the planner then takes on LL at any size)
         self.measured_gather: dict[int, bool] = {}
+        # and by the same octaves, where its single copy reads each peer's block straight
+        # into the output (one process_vm_readv a peer, Intel MPI's way) instead of in
+        # shared, bounced pieces (measured too: which wins depends on the callers' pages)
+        self.straight_gather: dict[int, bool] = {}
         # all-gather copies shared through piece counters (RINGTREE_CMA_SHARE; they need
         # the compiled atomic add)
         self.share = cma.can_claim()
@@ -319,8 +323,9 @@ class DirectOp:
         own = None
         if cma.address(x) != base + me * nb:  # not in place: the own block while peers read
             own = self._own_copy(x, out[me * self.count:(me + 1) * self.count])
-        if self.direct.share and 2 <= ll.n <= SHARE_MAX and nb > SHARE_PIECE and \
-                cma.can_claim():
+        straight = self.direct.straight_gather.get((nb * ll.n).bit_length(), False)
+        if not straight and self.direct.share and 2 <= ll.n <= SHARE_MAX and \
+                nb > SHARE_PIECE and cma.can_claim():
             status, own = self._shared(x, base, own, timeout)
         else:
             addrs = self._publish(x, timeout)
@@ -328,7 +333,7 @@ class DirectOp:
             for q in range(ll.n):
                 if q != me and nb:
                     e = self.direct.read(q, [(base + q * nb, addrs[q], nb)],
-                                         bounce=nb * ll.n >= STREAM_MIN)
+                                         bounce=not straight and nb * ll.n >= STREAM_MIN)
                     if e:
                         status = q << 32 | e
                         break

@@ -8,8 +8,9 @@ processes landed on it, which a guest cannot see. The method is the online choic
 (:mod:`ringtree.tuning.autotune`, after FFTW's planner: Frigo & Johnson, Proc. IEEE
 93(2), 2005), for two arms:
 
-1. the arms are calls on scratch buffers (:func:`scratch`), never the caller's; each
-   takes the
+1. the arms are calls on scratch buffers (:func:`scratch`), never the caller's, but
+   for a large all-gather, which only writes its output (on the call's own from 32 MiB a
+   rank: :func:`ringtree.runtime.protocols.ll_crossover._own_buffers`); each takes the
    communicator's next sequence numbers, as a call does, so every rank must run the same
    ones: the calls per sample come from the bytes alone (:func:`calls_per_sample`);
 2. one untimed call of each, then :data:`ROUNDS` rounds, the first arm alternating
@@ -101,10 +102,12 @@ def compare(comm, arms: tuple[Callable[[], None], Callable[[], None]], nbytes: i
 
 
 def scratch(count: int, dtype) -> np.ndarray:
-    """Zeros of ``dtype`` for the arms, in pages mapped for them alone (``mmap``), as
-    glibc gives a large NumPy array in a fresh process. Not from ``malloc``: freeing a
-    large mapped chunk raises glibc's dynamic mmap threshold, so the measuring would move
-    the caller's later buffers of that size onto the ``brk`` heap; and where a scratch
+    """Zeros of ``dtype`` for the arms, in pages mapped for them alone (``mmap``: shared
+    anonymous memory in 4 KiB pages, about the slowest the kernel's copy reads from; an
+    8 MiB read from huge pages took half the time: the single copy wins on scratch only
+    where it wins on most pages). Not from ``malloc``: freeing a large mapped chunk
+    raises glibc's dynamic mmap threshold, so the measuring would move the caller's
+    later buffers of that size onto the ``brk`` heap; and where a scratch
     buffer lay changed what it measured (4 ranks on 2 cores, 1 MiB, before the copies
     ignored a buffer's offset within its page: the single copy 1,480-1,680 µs and the
     split 430-540 µs on heap scratch, 780-880 and 1,370-1,440 on mapped pages)."""

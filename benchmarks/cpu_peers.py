@@ -22,7 +22,9 @@ How it measures, so that numbers can be compared:
   with ``sched_setaffinity``); with more ranks than CPUs nobody is pinned.
 - *One method.* :mod:`cpu_peers_worker` (and ``cpu_peers_ccl.cpp`` for oneCCL, the same
   steps in C++): float32 sum, all-reduce in place, one checked call with exact sums, warm-up,
-  then repetitions of back-to-back calls after a barrier, the slowest rank's time each.
+  then repetitions of back-to-back calls after a barrier, the slowest rank's time each,
+  every repetition followed by an untimed barrier (with two ranks a core, a rank that is
+  done must not run on while a rank on its core finishes its last call).
 - *The limit* is measured in the same rounds: the adds and copies every shared-memory
   algorithm must do (``Limit`` in the worker), by as many processes pinned the same way.
   "of limit" is limit time ÷ the library's time (1.0 = at the machine's limit).

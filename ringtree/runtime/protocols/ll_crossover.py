@@ -129,7 +129,6 @@ class Crossover:
                   f"took {m.seconds * 1e3:,.1f} ms", flush=True)
         return m.chose_first
 
-
     def _gather_mode(self, comm, single, nbytes: int) -> None:
         """Which single copy the all-gather's octave takes, timed on the call's own
         buffers before it races the segment: pieces shared by the ranks and bounced
@@ -155,26 +154,26 @@ class Crossover:
         self.modes.append(m)
         if comm.debug in ("INFO", "TRACE") and comm.rank == 0:
             print(f"ringtree: all_gather {nbytes} B: measured us (slowest rank, median of "
-                  f"{ROUNDS}): shared pieces {m.first * 1e6:,.0f}, straight reads "
+                  f"{ROUNDS}): pieces {m.first * 1e6:,.0f}, straight reads "
                   f"{m.second * 1e6:,.0f}; chose "
-                  f"{'shared pieces' if m.chose_first else 'straight reads'}", flush=True)
+                  f"{'pieces' if m.chose_first else 'straight reads'}", flush=True)
 
 
 def _own_buffers(spec, count: int, n: int):
-    """The all-gather's input and output for its measuring: from :data:`GATHER_OWN`
-    bytes of input (what the kernel reads) the call's own, below it shared scratch. The kernel's copy costs what
-    the pages it reads cost to pin, and those are the caller's: an 8 MiB
-    ``process_vm_readv`` of a source in 4 KiB pages (glibc's ``brk`` heap, or a mapping
-    without transparent huge pages, as torch's allocations) took 1.8-2.1 ms, of one in
-    2 MiB pages (a large NumPy array in its own mapping, which NumPy advises huge)
-    1.0-1.1 ms (AMD EPYC Zen 3); a 16 MiB all-gather's single copy on heap arrays took
-    2.4-7.5 ms from job to job, the segment's 2.3-2.6. Shared scratch (4 KiB pages of
-    shared memory) is the slow case: on it the single copy took 2.8-3.5x the segment's
-    time at 16 and 64 MiB, so it wins only where it would on any pages. Below 32 MiB an
-    array may lie on the heap or in its own mapping depending on what was freed before,
-    so the first call's buffers say nothing of the next's; from 32 MiB they do. An
-    all-gather's arms only write the output, which the call overwrites anyway, and read
-    the input, which no arm writes."""
+    """The all-gather's input and output for its measuring: the call's own from
+    :data:`GATHER_OWN` bytes of input (what the kernel reads), shared scratch below.
+
+    The kernel's copy costs what the pages it reads cost to pin, and those are the
+    caller's: an 8 MiB ``process_vm_readv`` of a source in 4 KiB pages (glibc's ``brk``
+    heap, or a mapping without transparent huge pages, as torch's allocations) took
+    1.8-2.1 ms, of one in 2 MiB pages (a large NumPy array in its own mapping, which
+    NumPy advises huge) 1.0-1.1 ms (AMD EPYC Zen 3). A 16 MiB all-gather's single copy on
+    heap arrays took 2.4-7.5 ms from job to job, the segment's 2.3-2.6. Shared scratch
+    (4 KiB pages of shared memory) is a slow case: on it the single copy took 2.8-3.5x
+    the segment's time at 16 and 64 MiB. Below 32 MiB an array may lie on the heap or in
+    its own mapping depending on what was freed before, so the first call's buffers say
+    nothing of the next's; from 32 MiB they do. An all-gather's arms only write the
+    output, which the call overwrites anyway, and read the input, which no arm writes."""
     x, out = spec.inp, spec.out
     if count * spec.dtype.itemsize < GATHER_OWN or x is None or out is None or \
             x.size != count or out.size != count * n:

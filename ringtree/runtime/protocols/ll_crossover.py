@@ -164,11 +164,12 @@ def _own_buffers(spec, count: int, n: int):
     :data:`GATHER_OWN` bytes of input (what the kernel reads), shared scratch below.
 
     The kernel's copy costs what the pages it reads cost to pin, and those are the
-    caller's: an 8 MiB ``process_vm_readv`` of a source in 4 KiB pages (glibc's ``brk``
-    heap, or a mapping without transparent huge pages, as torch's allocations) took
-    1.8-2.1 ms, of one in 2 MiB pages (a large NumPy array in its own mapping, which
-    NumPy advises huge) 1.0-1.1 ms (AMD EPYC Zen 3). A 16 MiB all-gather's single copy on
-    heap arrays took 2.4-7.5 ms from job to job, the segment's 2.3-2.6. Shared scratch
+    caller's: an 8 MiB ``process_vm_readv`` of a source in 4 KiB pages took 1.8-2.1 ms,
+    of one in 2 MiB pages 1.0-1.1 ms (AMD EPYC Zen 3). NumPy advises huge pages for an
+    array from 4 MiB, which the kernel gives where the memory was not touched before (a
+    mapping of its own, the heap's fresh end); reused heap memory keeps its 4 KiB pages,
+    and torch advises none. A 16 MiB all-gather's single copy on heap arrays took
+    2.4-7.5 ms from job to job, the segment's 2.3-2.6. Shared scratch
     (4 KiB pages of shared memory) is a slow case: on it the single copy took 2.8-3.5x
     the segment's time at 16 and 64 MiB. Below 32 MiB an array may lie on the heap or in
     its own mapping depending on what was freed before, so the first call's buffers say

@@ -133,6 +133,39 @@ def test_the_all_gather_measures_its_read_mode_on_its_own_buffers():
         assert r["ok"] == [True] * 4 and r["modes"] == 0, r
 
 
+def straight_offsets(comm) -> list:
+    """Straight reads forced on an 8 MiB all-gather's octave, into an output at the
+    input's offset in a cache line and at 4 bytes from it: whether each read bounced,
+    and every block exact."""
+    count = 2 * MIB // comm.size * 2  # 8 MiB of float32 output on 2 ranks
+    d, k = comm.ll.direct, (count * comm.size * 4).bit_length()
+    d.measured_gather[k] = d.straight_gather[k] = True
+    bounced: list = []
+    real = d.read
+
+    def read(q, spans, write=False, bounce=False):
+        bounced.append(bounce)
+        return real(q, spans, write, bounce)
+
+    d.read = read
+    x = _exact(comm.rank, count)
+    want = np.concatenate([_exact(r, count) for r in range(comm.size)])
+    got = []
+    for shift in (0, 1):  # floats from the input's offset in a cache line
+        raw = np.zeros(count * comm.size + 32, np.float32)
+        at = ((x.ctypes.data - raw.ctypes.data) % 64) // 4 + shift
+        out = raw[at:at + count * comm.size]
+        bounced.clear()
+        comm.all_gather(x, out=out)
+        got.append((out.tobytes() == want.tobytes(), list(bounced)))
+    return got
+
+
+def test_straight_reads_bounce_where_the_offsets_in_a_cache_line_differ():
+    for r in run_ranks(straight_offsets, 2, timeout=60):
+        assert r == [(True, [False]), (True, [True])], r
+
+
 def gather_on(comm) -> bytes:
     count = 3 * MIB // comm.size
     x = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)

@@ -168,8 +168,9 @@ def _own_buffers(spec, count: int, n: int):
     of one in 2 MiB pages 1.0-1.1 ms (AMD EPYC Zen 3). NumPy advises huge pages for an
     array from 4 MiB, which the kernel gives where the memory was not touched before (a
     mapping of its own, the heap's fresh end); reused heap memory keeps its 4 KiB pages,
-    and torch advises none. A 16 MiB all-gather's single copy on heap arrays took
-    2.4-7.5 ms from job to job, the segment's 2.3-2.6. Shared scratch
+    and torch advises none. (A 16 MiB all-gather's straight reads of heap arrays took
+    5.6-7.5 ms in some jobs: their offsets in a cache line differed, which
+    ``DirectOp._gather`` now bounces.) Shared scratch
     (4 KiB pages of shared memory) is a slow case: on it the single copy took 2.8-3.5x
     the segment's time at 16 and 64 MiB. Below 32 MiB an array may lie on the heap or in
     its own mapping depending on what was freed before, so the first call's buffers say

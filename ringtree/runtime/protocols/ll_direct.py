@@ -332,13 +332,13 @@ class DirectOp:
             status = 0
             for q in range(ll.n):
                 if q != me and nb:
+                    dst = base + q * nb
                     # straight only where the peer's input and our block share their
                     # offset in a cache line: else the kernel's copy (rep movsb) took
                     # 2.4-2.7x as long (16 MiB, 2 ranks), bounced reads 1.0-1.2x
-                    off = (addrs[q] - base - q * nb) % 64
-                    e = self.direct.read(q, [(base + q * nb, addrs[q], nb)],
-                                         bounce=(not straight or off != 0) and
-                                         nb * ll.n >= STREAM_MIN)
+                    bounce = nb * ll.n >= STREAM_MIN and \
+                        not (straight and (addrs[q] - dst) % 64 == 0)
+                    e = self.direct.read(q, [(dst, addrs[q], nb)], bounce=bounce)
                     if e:
                         status = q << 32 | e
                         break

@@ -137,7 +137,7 @@ def straight_offsets(comm) -> list:
     """Straight reads forced on an 8 MiB all-gather's octave, into an output at the
     input's offset in a cache line and at 4 bytes from it: whether each read bounced,
     and every block exact."""
-    count = 2 * MIB // comm.size * 2  # 8 MiB of float32 output on 2 ranks
+    count = MIB  # 4 MiB a rank: 8 MiB of float32 output on 2 ranks (STREAM_MIN)
     d, k = comm.ll.direct, (count * comm.size * 4).bit_length()
     d.measured_gather[k] = d.straight_gather[k] = True
     bounced: list = []

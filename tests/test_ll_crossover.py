@@ -84,7 +84,7 @@ def gathers(comm) -> dict:
 
 
 def test_the_all_gather_is_measured_once_per_octave_and_alike_on_every_rank():
-    assert GATHER_BAND[0] <= 8 * MIB < 16 * MIB < GATHER_BAND[1]
+    assert GATHER_BAND[False][0] <= 8 * MIB < 16 * MIB < GATHER_BAND[False][1]
     res = run_ranks(gathers, 2, timeout=120)
     for r in res:
         assert r["ok"] == [True] * 4, r
@@ -135,7 +135,7 @@ def test_the_all_gather_measures_its_read_mode_on_its_own_buffers():
 
 def straight_offsets(comm) -> list:
     """Straight reads forced on an 8 MiB all-gather's octave, into an output at the
-    input's offset in a cache line and at 4 bytes from it: whether each read bounced,
+    peer's input's offset in a cache line and at 4 bytes from it: whether each read bounced,
     and every block exact."""
     count = MIB  # 4 MiB a rank: 8 MiB of float32 output on 2 ranks (STREAM_MIN)
     d, k = comm.ll.direct, (count * comm.size * 4).bit_length()
@@ -150,10 +150,12 @@ def straight_offsets(comm) -> list:
     d.read = read
     x = _exact(comm.rank, count)
     want = np.concatenate([_exact(r, count) for r in range(comm.size)])
+    # the peer's input's offset in a cache line (each process's allocator places its own)
+    peer = int(comm.all_gather(np.array([x.ctypes.data % 64]))[1 - comm.rank, 0])
     got = []
-    for shift in (0, 1):  # floats from the input's offset in a cache line
+    for shift in (0, 1):  # floats from the peer's input's offset in a cache line
         raw = np.zeros(count * comm.size + 32, np.float32)
-        at = ((x.ctypes.data - raw.ctypes.data) % 64) // 4 + shift
+        at = ((peer - raw.ctypes.data) % 64) // 4 + shift
         out = raw[at:at + count * comm.size]
         bounced.clear()
         comm.all_gather(x, out=out)
@@ -164,6 +166,54 @@ def straight_offsets(comm) -> list:
 def test_straight_reads_bounce_where_the_offsets_in_a_cache_line_differ():
     for r in run_ranks(straight_offsets, 2, timeout=60):
         assert r == [(True, [False]), (True, [True])], r
+
+
+def pushes(comm) -> dict:
+    """A 1 MiB all-gather (2 ranks: measured against the segment; more: below their
+    band, the segment), then its octave forced onto the single copy, out of place and in
+    place: every block exact, the input untouched, and how the single copy moved the
+    blocks (one write a peer, no read)."""
+    count = MIB // 4 // comm.size
+    d, k = comm.ll.direct, (count * comm.size * 4).bit_length()
+    x = _exact(comm.rank, count)
+    want = np.concatenate([_exact(r, count) for r in range(comm.size)])
+    out = np.empty(count * comm.size, np.float32)
+    comm.all_gather(x, out=out)
+    ok, measured = [out.tobytes() == want.tobytes()], dict(d.measured_gather)
+    moves: list = []
+    real = d.read
+
+    def read(q, spans, write=False, bounce=False):
+        moves.append((q, write, spans[0][2]))
+        return real(q, spans, write, bounce)
+
+    d.read = read
+    d.measured_gather[k] = True
+    comm.planner.relayout(comm.planner.nodes)
+    out[...] = 0
+    comm.all_gather(x, out=out)
+    inplace = np.zeros(count * comm.size, np.float32)
+    mine = inplace[comm.rank * count:(comm.rank + 1) * count]
+    mine[...] = x
+    comm.all_gather(mine, out=inplace)
+    ok += [out.tobytes() == want.tobytes(), inplace.tobytes() == want.tobytes(),
+           x.tobytes() == _exact(comm.rank, count).tobytes()]
+    return {"ok": ok, "measured": measured, "k": k, "moves": sorted(moves)}
+
+
+def test_below_lls_range_the_single_copy_pushes_where_measured():
+    """On 2 ranks a 1 MiB all-gather (below LL's 4 MiB) is measured against the segment,
+    alike on every rank; on 3 it is not (their band starts above LL's range). Where the
+    single copy runs there, each rank writes its input into every peer's output."""
+    assert GATHER_BAND[False][0] <= MIB < GATHER_BAND[True][0]
+    for n in (2, 3):
+        res = run_ranks(pushes, n, timeout=60)
+        for me, r in enumerate(res):
+            assert r["ok"] == [True] * 4, r
+            peers = sorted((me + j) % n for j in range(1, n))
+            assert r["moves"] == sorted([(q, True, MIB // 4 // n * 4) for q in peers] * 2), r
+            assert r["measured"] == ({r["k"]: res[0]["measured"][r["k"]]} if n == 2
+                                     else {}), r
 
 
 def gather_on(comm) -> bytes:

@@ -17,6 +17,7 @@ import pytest
 from test_ll_direct import rank_1_dies as direct_rank_1_dies
 
 from ringtree.errors import RingtreeError
+from ringtree.ir.program import Collective
 from ringtree.runtime.protocols import ll_direct
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_cma as cma
@@ -92,11 +93,18 @@ def test_write_spans_into_another_process(python):
         cma.write_spans(child, [(cma.address(src), cma.address(dst), 8)], python=python)
 
 
+def shared_in(piece: int) -> None:
+    """Share the all-gather's copies in pieces of ``piece`` bytes, with LL's range on 2
+    ranks moved below every size (below it the 2-rank single copy pushes instead)."""
+    ll_direct.SHARE_PIECE = piece
+    ll_direct.MIN_BYTES = {**ll_direct.MIN_BYTES, (Collective.ALL_GATHER, False): 1}
+
+
 def shared_gathers(comm, dtypes: list[str], bounced: bool = False) -> list[str]:
     """All-gathers shared in :data:`PIECE` pieces against Simple's ``direct`` Program;
     what differs, and whether the ranks' pieces add up to every piece exactly once
     (``bounced``: the reads through a scratch smaller than a piece)."""
-    ll_direct.SHARE_PIECE = PIECE
+    shared_in(PIECE)
     if bounced and comm.ll.direct.scratch is not None:
         ll_direct.STREAM_MIN = 1
         comm.ll.direct.scratch = np.empty(1000, np.uint8)
@@ -146,7 +154,7 @@ def test_shared_gather_bits_and_pieces(n, bounced):
 
 
 def unshared(comm) -> tuple[bool, bytes]:
-    ll_direct.SHARE_PIECE = PIECE
+    shared_in(PIECE)
     x = np.arange(3 * PIECE + 5, dtype=np.int32) * (comm.rank + 1)
     out = comm.all_gather(x)
     want = np.concatenate([np.arange(x.size, dtype=np.int32) * (r + 1)
@@ -162,7 +170,7 @@ def test_unshared_paths_give_the_same_bytes(env):
 
 
 def rank_1_dies(comm) -> tuple[int | None, str]:
-    ll_direct.SHARE_PIECE = PIECE
+    shared_in(PIECE)
     return direct_rank_1_dies(comm, 4 * PIECE)  # planned on the shared path
 
 
@@ -176,7 +184,7 @@ def test_a_killed_peer_is_named():
 
 
 def rank_1_cannot_write(comm) -> tuple[str, bool]:
-    ll_direct.SHARE_PIECE = PIECE
+    shared_in(PIECE)
     x = np.arange(4 * PIECE, dtype=np.float32) + comm.rank
     keep = x.copy()
     if comm.rank == 1:
@@ -202,7 +210,7 @@ def test_a_failed_write_is_raised_on_every_rank():
 
 def rank_1_late(comm) -> tuple[tuple[int, int], bool]:
     """Rank 1 starts its reads late: its peers write their inputs into its output."""
-    ll_direct.SHARE_PIECE = PIECE
+    shared_in(PIECE)
     op_of = {}
     real_shared, real_claim = ll_direct.DirectOp._shared, ll_direct.Direct.claim
 

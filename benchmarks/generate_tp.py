@@ -23,8 +23,8 @@ values (in either order: IEEE addition is commutative) gives the same bits. A di
 is reported with where it is.
 
 vLLM's CPU shm kernel lives in ``_C_AVX512.abi3.so``: ``--vllm-so`` loads it in a child
-process first and reports why it cannot be used when it does not load (it is built for
-AVX-512; a CPU without it gets SIGILL).
+process first (it is built for AVX-512; a CPU without it gets SIGILL) and, where it
+loads, runs it as the ``vllm`` backend (:mod:`tp_peers`); else it reports why not.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ import argparse
 import glob
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
+import tp_peers
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BACKENDS = ("ringtree", "torch", "gloo", "deepspeed")
+BACKENDS = ("ringtree", "torch", "gloo", "deepspeed", "vllm")
 RANKS = 2
 
 
@@ -60,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--deepspeed-python", help="an interpreter whose environment has "
                     "DeepSpeed (with the shm op built) and torch")
     ap.add_argument("--torch-ext", help="TORCH_EXTENSIONS_DIR holding DeepSpeed's built op")
-    ap.add_argument("--vllm-so", help="vLLM's _C_AVX512.abi3.so, to check whether it loads")
+    ap.add_argument("--vllm-so", help="vLLM's _C_AVX512.abi3.so (its shm all-reduce)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin ranks to cores")
     ap.add_argument("--profile", action="store_true", help="one more ringtree run under "
                     "torch.profiler: rank 0's time per token in matmuls, other torch ops, "
@@ -97,25 +98,14 @@ def skipped(a: argparse.Namespace) -> dict[str, str]:
             out["deepspeed"] = "not given (--deepspeed-python VENV/bin/python)"
         elif a.dtype != "float32":
             out["deepspeed"] = f"its fp kernel takes float32, not {a.dtype}"
+    if "vllm" in a.backends:
+        if a.dtype != "float32":
+            out["vllm"] = f"its kernel takes float32, bfloat16 and float16, not {a.dtype}"
+        else:
+            loads, why = tp_peers.vllm_loads(a.vllm_so, a.deepspeed_python or sys.executable)
+            if not loads:
+                out["vllm"] = why
     return out
-
-
-def vllm_status(so: str | None, python: str) -> str:
-    """Whether vLLM's kernel library loads, tried in a child (a SIGILL kills it)."""
-    if so is None:
-        return "not given (--vllm-so FILE)"
-    code = "import sys, torch; torch.ops.load_library(sys.argv[1]); " \
-           "print(hasattr(torch.ops._C, 'shm_allreduce'))"
-    r = subprocess.run([python, "-c", code, so], capture_output=True, text=True,
-                       timeout=300, cwd="/")
-    if r.returncode == 0:
-        return f"loads (shm_allreduce registered: {r.stdout.strip()}); not wired here"
-    why = r.stderr.strip().splitlines()[-1:] or [""]
-    if r.returncode < 0:
-        why = [f"killed by {signal.Signals(-r.returncode).name}"]
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    avx = "this CPU reports avx512f" if "avx512f" in flags else "this CPU has no avx512f"
-    return f"does not load: {why[0]} ({avx}; the library is built for AVX-512)"
 
 
 def median(xs: list[float]) -> float:
@@ -151,7 +141,6 @@ def table(res: dict) -> str:
                      + ", ".join(f"{k} {v:.1f}" for k, v in prof["us_per_token"].items()))
     for name, why in res.get("skipped", {}).items():
         lines.append(f"skipped {name}: {why}")
-    lines.append(f"vllm: {res.get('vllm', 'not checked')}")
     return "\n".join(lines)
 
 
@@ -211,30 +200,10 @@ def _backends(a, rank: int, world, ds: bool) -> dict:
         out["gloo"] = Other("gloo", lambda t: dist.all_reduce(t))
     if ds:
         out["deepspeed"] = Other("deepspeed", torch.ops.deepspeed.inference_all_reduce_)
+    if "vllm" in a.backends and "vllm" not in a.skipped:
+        out["vllm"] = Other("vllm", tp_peers.vllm_join(torch, dist, a.vllm_so,
+                                                       f"rt-tp-{os.environ['MASTER_PORT']}"))
     return {k: _timed(v) for k, v in out.items() if k in a.backends}
-
-
-def _init_torch(a, ds_wanted: bool) -> tuple[bool, str]:
-    """torch.distributed over gloo (through DeepSpeed when wanted); is its shm op live?"""
-    import torch
-    import torch.distributed as dist
-
-    if not ds_wanted:
-        dist.init_process_group("gloo")
-        return False, ""
-    try:
-        import deepspeed
-        import deepspeed.comm as dscomm
-    except ImportError as e:
-        dist.init_process_group("gloo")
-        return False, f"import deepspeed failed: {e}"
-    dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
-    cdb = dscomm.comm.cdb
-    live = getattr(cdb, "shm_comm_op", None) is not None and \
-        hasattr(getattr(torch.ops, "deepspeed", None), "inference_all_reduce_")
-    why = "" if live else f"deepspeed {deepspeed.__version__}: its shm op is not active " \
-        "(not built in --torch-ext, or LOCAL_SIZE != WORLD_SIZE)"
-    return live, why
 
 
 def _bits(comms: dict, world, dtype) -> dict[str, str]:
@@ -339,15 +308,15 @@ def worker(a) -> None:
 
     p_rt, _ = (int(p) for p in a.ports.split(","))
     world = ringtree.init(rank, RANKS, "127.0.0.1", p_rt, timeout=120)
-    ds_wanted = "deepspeed" in a.backends and not skipped(a)
-    ds, why = _init_torch(a, ds_wanted)
+    ds_wanted = "deepspeed" in a.backends and "deepspeed" not in a.skipped
+    ds, why = tp_peers.init_torch(ds_wanted)
     comms = _backends(a, rank, world, ds)
     dtype = getattr(torch, a.dtype)
     cfg, sd, prompts, opts, reqs = _job(a)
     res: dict = {"backends": {k: {"tokens_per_s": [], "ar_us_call": [], "ar_us_token": [],
                                   "ar_alone_us": []}
                               for k in [*comms, "tp1"]},
-                 "skipped": skipped(a) | ({"deepspeed": why} if why else {}),
+                 "skipped": a.skipped | ({"deepspeed": why} if why else {}),
                  "bits": _bits(comms, world, a.dtype)}
     for rnd in range(a.rounds + 1):              # round 0 warms every backend up
         for name in [*comms, "tp1"]:
@@ -402,6 +371,7 @@ def launch(a, argv: list[str]) -> dict:
         ports += [p for p in [free_port()] if p != ports[0]]
     env = dict(os.environ, WORLD_SIZE=str(RANKS), LOCAL_SIZE=str(RANKS),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[1]), OMP_NUM_THREADS="1",
+               RT_TP_SKIPPED=json.dumps(a.skipped),
                DS_ACCELERATOR="cpu", PYTHONPATH=os.pathsep.join(
                    [REPO, *filter(None, [os.environ.get("PYTHONPATH")])]))
     if a.torch_ext:
@@ -429,11 +399,12 @@ def launch(a, argv: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
-    if a.worker is not None:
+    if a.worker is not None:  # what the launcher found unable to run
+        a.skipped = json.loads(os.environ["RT_TP_SKIPPED"])
         worker(a)
         return
+    a.skipped = skipped(a)
     res = launch(a, argv)
-    res["vllm"] = vllm_status(a.vllm_so, a.deepspeed_python or sys.executable)
     res["load_average"] = os.getloadavg()
     m = res["model"]
     print(f"{RANKS} ranks, tp {RANKS}: GPT {m['layers']} layers x {m['embd']} wide, "

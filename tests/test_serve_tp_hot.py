@@ -24,6 +24,9 @@ BENCH_PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "genera
 
 
 def _bench():
+    here = os.path.dirname(os.path.abspath(BENCH_PATH))  # its sibling tp_peers, as a script
+    if here not in sys.path:                             # run from there finds it
+        sys.path.append(here)
     spec = importlib.util.spec_from_file_location("generate_tp_bench", BENCH_PATH)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -136,16 +139,18 @@ def test_bench_arguments_are_checked(capsys):
         with pytest.raises(SystemExit):
             b.parse_args(bad)
         assert msg in capsys.readouterr().err
-    assert "not given" in b.skipped(b.parse_args([]))["deepspeed"]
+    skip = b.skipped(b.parse_args([]))
+    assert "not given" in skip["deepspeed"] and "not given" in skip["vllm"]
     assert b.skipped(b.parse_args(["--backends", "ringtree"])) == {}
-    assert "not given" in b.vllm_status(None, sys.executable)
+    assert "float32" in b.skipped(b.parse_args(["--backends", "vllm", "--dtype",
+                                                 "float64"]))["vllm"]
 
 
 def test_bench_says_why_a_kernel_library_does_not_load(tmp_path):
     so = tmp_path / "_C_AVX512.abi3.so"
     so.write_bytes(b"not an ELF file")
-    msg = _bench().vllm_status(str(so), sys.executable)
-    assert msg.startswith("does not load: OSError") and "avx512f" in msg, msg
+    loads, msg = _bench().tp_peers.vllm_loads(str(so), sys.executable)
+    assert not loads and msg.startswith("does not load: OSError") and "avx512f" in msg, msg
 
 
 def test_bench_table_and_differences():
@@ -158,12 +163,13 @@ def test_bench_table_and_differences():
         "gloo": {"tokens_per_s": [50.0, 50.0], "ar_us_call": [40.0], "ar_us_token": [80.0],
                  "tokens": [[2]], "diff": "request 0 token 0: 2 vs 1"},
         "tp1": {"tokens_per_s": [400.0], "tokens": [[1]]}},
-        "skipped": {"deepspeed": "not given"}, "vllm": "does not load: x"}
+        "skipped": {"deepspeed": "not given", "vllm": "does not load: x"}}
     lines = b.table(res).splitlines()
     assert lines[1].split()[:3] == ["ringtree", "200", "1.00"]
     assert lines[2].split()[:4] == ["gloo", "50", "0.25", "40.0"] and "NO: request 0" in lines[2]
     assert lines[3].split()[:6] == ["tp1", "400", "2.00", "-", "-", "-"] and "yes" in lines[3]
-    assert "skipped deepspeed: not given" in lines and lines[-1] == "vllm: does not load: x"
+    assert "skipped deepspeed: not given" in lines and lines[-1] == \
+        "skipped vllm: does not load: x"
 
 
 def test_bench_tiny_run(tmp_path):

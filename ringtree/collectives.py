@@ -108,6 +108,10 @@ class Collectives:
 
     def barrier(self, *, async_op: bool = False, timeout: float | None = None):
         """Return once every rank has entered the barrier (dissemination algorithm)."""
+        if not async_op and self.ll is not None:
+            done = self.ll.barrier_now(self, timeout)  # planned on LL before
+            if done is not MISS:
+                return done
         return self._run(api.for_barrier(), async_op, timeout)
 
     def send(self, x, dst: int, tag: int = 0, *, timeout: float | None = None):

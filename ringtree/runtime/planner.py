@@ -37,6 +37,7 @@ from ringtree.ops import ReduceOp, premul_sum
 from ringtree.runtime import imported, protocols
 from ringtree.runtime.callspec import _COPY, _PREMUL, SHAPE_FIELDS, CallSpec, Plan
 from ringtree.runtime.plan import CStep, Region, compile_program
+from ringtree.runtime.protocols.ll_entry import BARRIER
 from ringtree.schedules import Options, algorithms, build, needs_switch, options_for, record
 from ringtree.transports import registry as transport_registry
 from ringtree.tuning.proto import LL, SIMPLE, choose_protocol
@@ -116,12 +117,16 @@ class Planner:
         return plan
 
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
-        """Give :attr:`ready` a NumPy all-reduce planned on LL, :attr:`ready_blocks` an
+        """Give :attr:`ready` a NumPy all-reduce planned on LL, :attr:`ready_blocks` a
+        barrier, an
         all-gather or reduce-scatter into a NumPy ``out`` apart, a broadcast, or a reduce (not bfloat16,
         whose storage is not its dtype, nor a user op). PREMUL_SUM's key is the caller's
         op, ``premul_sum(scalar)``, but for a scalar of 0 (equal to -0.0, whose products
         differ) or NaN."""
         x, op, coll, red = spec.result, spec.op, spec.coll, spec.reducer
+        if coll is Collective.BARRIER:  # LLRunner.barrier_now (no buffers)
+            self.ready_blocks[BARRIER] = (plan.ll_op, red)
+            return
         if coll is Collective.REDUCE:  # every rank (a non-root's result is None)
             x = spec.inp
         if type(x) is not np.ndarray or spec.dtype is DType.BFLOAT16 or \

@@ -118,11 +118,10 @@ class Planner:
 
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
         """Give :attr:`ready` a NumPy all-reduce planned on LL, :attr:`ready_blocks` a
-        barrier, an
-        all-gather or reduce-scatter into a NumPy ``out`` apart, a broadcast, or a reduce (not bfloat16,
-        whose storage is not its dtype, nor a user op). PREMUL_SUM's key is the caller's
-        op, ``premul_sum(scalar)``, but for a scalar of 0 (equal to -0.0, whose products
-        differ) or NaN."""
+        barrier, an all-gather or reduce-scatter into a NumPy ``out`` apart, a broadcast,
+        or a reduce (not bfloat16, whose storage is not its dtype, nor a user op).
+        PREMUL_SUM's key is the caller's op, ``premul_sum(scalar)``, but for a scalar of 0
+        (equal to -0.0, whose products differ) or NaN."""
         x, op, coll, red = spec.result, spec.op, spec.coll, spec.reducer
         if coll is Collective.BARRIER:  # LLRunner.barrier_now (no buffers)
             self.ready_blocks[BARRIER] = (plan.ll_op, red)

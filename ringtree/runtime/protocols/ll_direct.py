@@ -144,7 +144,7 @@ class Direct:
 
     def applies(self, coll: Collective, count: int, itemsize: int, op_code: int) -> bool:
         """Run a call of ``count`` elements a block directly? (From :data:`MIN_BYTES` of
-        its larger buffer.)"""
+        its larger buffer; an all-gather whose octave was measured, as measured.)"""
         if coll is Collective.REDUCE_SCATTER:
             if op_code == ReduceOp.PREMUL_SUM.code:  # its factor is each rank's own
                 return False
@@ -330,7 +330,7 @@ class DirectOp:
         below = nb * ll.n < MIN_BYTES[(Collective.ALL_GATHER, ll.n > 2)]
         if below and (ll.n == 2 or nb <= SHARE_PIECE):
             status = self._push(x, base, timeout)
-        elif not straight and self.direct.share and 2 <= ll.n <= SHARE_MAX and \
+        elif not straight and d.share and 2 <= ll.n <= SHARE_MAX and \
                 nb > SHARE_PIECE and cma.can_claim():
             status, own = self._shared(x, base, own, timeout)
         else:

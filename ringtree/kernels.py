@@ -30,7 +30,7 @@ KERNELS: dict[str, tuple[str, ...]] = {
     "ringtree.sim.engines._heapc": ("ringtree/sim/engines/_heapc.c", _HEADER),
     "ringtree.transports._llc": ("ringtree/transports/_llc.c", "ringtree/transports/_stream.h",
                                  "ringtree/transports/_ndview.h", "ringtree/transports/_vm.h",
-                                 _HEADER),
+                                 "ringtree/transports/_direct.h", _HEADER),
     "ringtree.transports._cma": ("ringtree/transports/_cma.c", "ringtree/transports/_stream.h",
                                  "ringtree/transports/_vm.h", _HEADER),
     "ringtree.resilience._crc32c": ("ringtree/resilience/_crc32c.c", _HEADER),

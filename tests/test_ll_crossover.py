@@ -15,8 +15,9 @@ import numpy as np
 from hot_entry_cases import KILL_ENV, assert_killed_named
 
 import ringtree
-from ringtree.runtime.protocols import ll_direct_fold, ll_timing
+from ringtree.runtime.protocols import ll_direct_entry, ll_direct_fold, ll_timing
 from ringtree.runtime.protocols.ll_crossover import BAND, GATHER_BAND, GATHER_OWN
+from ringtree.runtime.protocols.ll_direct_entry import Compiled
 from ringtree.runtime.protocols.ll_timing import calls_per_sample, choose
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_cma as cma
@@ -210,7 +211,21 @@ def pushes(comm) -> dict:
         moves.append((q, write, spans[0][2]))
         return real(q, spans, write, bounce)
 
-    d.read = read
+    # calls the C entry made (its moves are not d.read's, but for a call it handed back
+    # before the moves: a peer late, which with ranks on a shared core happens)
+    entries: list = []
+    handed: list = []
+    real_after, real_rest = Compiled.after, Compiled._rest
+
+    def after(self, *a):
+        entries.append(self.mode)
+        return real_after(self, *a)
+
+    def rest(self, *a):
+        handed.append(1)
+        return real_rest(self, *a)
+
+    d.read, Compiled.after, Compiled._rest = read, after, rest
     d.measured_gather[k] = True
     comm.planner.relayout(comm.planner.nodes)
     out[...] = 0
@@ -221,20 +236,26 @@ def pushes(comm) -> dict:
     comm.all_gather(mine, out=inplace)
     ok += [out.tobytes() == want.tobytes(), inplace.tobytes() == want.tobytes(),
            x.tobytes() == _exact(comm.rank, count).tobytes()]
-    return {"ok": ok, "measured": measured, "k": k, "moves": sorted(moves)}
+    Compiled.after, Compiled._rest = real_after, real_rest
+    return {"ok": ok, "measured": measured, "k": k, "moves": sorted(moves),
+            "entries": entries, "in_python": 1 + len(handed)}
 
 
 def test_below_lls_range_the_single_copy_pushes_where_measured():
     """On 2 ranks a 1 MiB all-gather (below LL's 4 MiB) is measured against the segment,
     alike on every rank; on 3 it is not (their band starts above LL's range). Where the
-    single copy runs there, each rank writes its input into every peer's output."""
+    single copy runs there, each rank writes its input into every peer's output: in the
+    C entry out of place (where it is built), in Python in place."""
     assert GATHER_BAND[False][0] <= MIB < GATHER_BAND[True][0]
+    compiled = ll_direct_entry.available()
     for n in (2, 3):
         res = run_ranks(pushes, n, timeout=60)
         for me, r in enumerate(res):
             assert r["ok"] == [True] * 4, r
             peers = sorted((me + j) % n for j in range(1, n))
-            assert r["moves"] == sorted([(q, True, MIB // 4 // n * 4) for q in peers] * 2), r
+            writes = [(q, True, MIB // 4 // n * 4) for q in peers]
+            assert r["moves"] == sorted(writes * (r["in_python"] if compiled else 2)), r
+            assert r["entries"] == ([ll_direct_entry.PUSH] if compiled else []), r
             assert r["measured"] == ({r["k"]: res[0]["measured"][r["k"]]} if n == 2
                                      else {}), r
 

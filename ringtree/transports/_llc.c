@@ -246,8 +246,10 @@ typedef struct {
     /* registered buffers' agreement (reg_words): this rank's state line, the peers' (in
      * peer order), and the state-line words: the mark, input, output, header, announce */
     Py_ssize_t reg_state, *reg_peer, reg_w[5];
+    struct DirectCall *dc;             /* the single copy's calls (direct, _direct.h) */
     PyObject *weakrefs;                /* a communicator's rounds are kept by weak refs */
 } Round;
+static void direct_free(struct DirectCall *d);
 
 static inline volatile uint64_t *word(Round *k, Py_ssize_t i) {
     return (volatile uint64_t *)(k->base + 8 * i);
@@ -286,6 +288,7 @@ static void Round_dealloc(Round *k) {
     PyMem_Free(k->peer_word[0]);
     PyMem_Free(k->place_off[0]);
     PyMem_Free(k->reg_peer);
+    direct_free(k->dc);
     PyObject_Free(k);
 }
 
@@ -833,15 +836,22 @@ static PyObject *hot_entry(Round *k, PyObject *const *args, Py_ssize_t nargs, in
  * threading.get_ident() (0: any thread), which Python's call of get_ident and compare of
  * two large ints made cost ~0.1 µs: NOTMINE (nothing done) from another thread */
 #define NOTMINE (-RING - 1)
+/* an entry's optional fifth argument, ident: 0 (none, or this thread's: *nargs becomes
+ * 4), 1 (another thread's) or -1 (an exception) */
+static int not_mine(PyObject *const *args, Py_ssize_t *nargs) {
+    if (*nargs != 5)
+        return 0;
+    unsigned long long id = PyLong_AsUnsignedLongLong(args[4]);
+    if (id == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *nargs = 4;
+    return id != 0 && id != (unsigned long long)PyThread_get_thread_ident();
+}
+
 static PyObject *Round_hot(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs == 5) {
-        unsigned long long id = PyLong_AsUnsignedLongLong(args[4]);
-        if (id == (unsigned long long)-1 && PyErr_Occurred())
-            return NULL;
-        if (id != 0 && id != (unsigned long long)PyThread_get_thread_ident())
-            return PyLong_FromLong(NOTMINE);
-        nargs = 4;
-    }
+    int other = not_mine(args, &nargs);
+    if (other)
+        return other < 0 ? NULL : PyLong_FromLong(NOTMINE);
     return hot_entry(k, args, nargs, 0);
 }
 
@@ -1829,7 +1839,14 @@ static PyObject *Round_stores(Round *k, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(was);
 }
 
+#include "_direct.h"
+
 static PyMethodDef Round_methods[] = {
+    {"direct", (PyCFunction)(void (*)(void))Round_direct, METH_FASTCALL,
+     "direct(mode, me, pids, pay0, pay1, order, block, lo, hi, piece, stream_own, scratch)"
+     ": the single copy's calls (dcall)"},
+    {"dcall", (PyCFunction)(void (*)(void))Round_dcall, METH_FASTCALL,
+     "dcall(x, out, s, seq[, ident]): a single-copy call in one entry (NOBUF: not for it)"},
     {"stores", (PyCFunction)(void (*)(void))Round_stores, METH_FASTCALL,
      "stores([share_nt]) -> int: copies into the segment from share_nt bytes stream"},
     {"run", (PyCFunction)(void (*)(void))Round_run, METH_FASTCALL,
@@ -1921,7 +1938,13 @@ PyMODINIT_FUNC PyInit__llc(void) {
         PyModule_AddIntConstant(m, "NOBUF", NOBUF) < 0 ||
         PyModule_AddIntConstant(m, "NOTMINE", NOTMINE) < 0 ||
         PyModule_AddIntConstant(m, "SECOND", SECOND) < 0 ||
-        PyModule_AddIntConstant(m, "REG_LEARN", REG_LEARN) < 0) {
+        PyModule_AddIntConstant(m, "REG_LEARN", REG_LEARN) < 0 ||
+        PyModule_AddIntConstant(m, "D_GONE", D_GONE) < 0 ||
+        PyModule_AddIntConstant(m, "D_FAILED", D_FAILED) < 0 ||
+        PyModule_AddIntConstant(m, "DM_PUSH", DM_PUSH) < 0 ||
+        PyModule_AddIntConstant(m, "DM_READ", DM_READ) < 0 ||
+        PyModule_AddIntConstant(m, "DM_FOLD", DM_FOLD) < 0 ||
+        PyModule_AddIntConstant(m, "DM_FOLD_PUSH", DM_FOLD_PUSH) < 0) {
         Py_DECREF(m);
         return NULL;
     }

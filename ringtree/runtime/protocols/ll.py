@@ -162,6 +162,7 @@ class LLOp:
     __slots__ = ("ll", "coll", "count", "root", "head", "mine", "rows", "rowlist", "scratch",
                  "ufunc", "quiet", "avg", "premul", "dtype", "name", "run", "src", "chunk", "desc",
                  "order", "placed", "writes", "gathers", "own", "k", "hot", "rec", "queued_entry")
+    paired = False  # one LL call a call (the single copy's ops make two: ll_entry.enter)
 
     def __init__(self, ll: LL, prog: Program, dt: DType, count: int, op_code: int,
                  root: int, name: str = ""):
@@ -203,8 +204,7 @@ class LLOp:
         # what the Program has this rank do in its one round, not which collective it is
         self.writes = bool(shape.to) and per > 0
         folds = bool(shape.order)
-        self.gathers = len(shape.placed) > 1             # several output blocks
-        self.own = shape.placed == (me,)                 # its own block, as it is
+        self.gathers, self.own = len(shape.placed) > 1, shape.placed == (me,)  # (its block)
         self.k = None if n == 1 or op_code == USER_OP or not native.enabled() else \
             native.round_for(ll, shape.order, shape.block, dt.code, storage.itemsize, op_code,
                              count, per, size)

@@ -36,7 +36,7 @@ import weakref
 
 from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
-from ringtree.runtime.protocols import ll_direct, ll_direct_fold
+from ringtree.runtime.protocols import ll_direct, ll_direct_entry, ll_direct_fold
 from ringtree.runtime.protocols.ll import LLOp
 from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch, scratch_run
 
@@ -121,7 +121,7 @@ class Crossover:
             out = x if spec.in_place else scratch(count, dt.storage)
             default, other = nbytes >= ll_direct_fold.MIN_BYTES[direct.ll.n > 2], "split"
         arms = tuple(scratch_run(comm, runner, op, x, out, spec.reducer) for op in (
-            ll_direct_fold.op_for(direct.ll, direct, prog, dt, count, code, root),
+            ll_direct_entry.op_for(direct.ll, direct, prog, dt, count, code, root),
             LLOp(direct.ll, prog, dt, count, code, root)))
         if coll is Collective.ALL_GATHER and x is spec.inp:  # the call's own buffers
             self._gather_mode(comm, arms[0], nbytes)

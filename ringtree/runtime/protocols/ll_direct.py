@@ -33,12 +33,7 @@ read, by ``ESRCH``. A read only ever writes the output (all-gather: the blocks o
 peers; reduce-scatter: a scratch buffer, then the output's piece), never an input, so a
 failure leaves the inputs as they were.
 
-Whether it may run is probed once per communicator (:func:`probe`, collective, at the
-LL segment's creation): every rank publishes a random token and its address, reads every
-peer's (and writes it back: :mod:`ll_direct_fold` writes), and the ranks agree on the
-outcome. Refused reads (``EPERM``: ptrace policy;
-``ENOSYS``/seccomp), another pid namespace, or ``RINGTREE_CMA=0`` leave the segment's
-paths; ``RINGTREE_DEBUG=INFO`` says which.
+Whether it may run is probed once per communicator (:mod:`ll_direct_probe`).
 
 Where it runs: from :data:`MIN_BYTES` (the larger buffer; ``RINGTREE_CMA_MIN``), where it
 was measured faster than the path it replaces on this machine (``docs/design-notes.md``,
@@ -52,7 +47,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 
 import numpy as np
 
@@ -64,11 +58,10 @@ from ringtree.ops import ReduceOp
 from ringtree.runtime.plan import Desc
 from ringtree.runtime.protocols.ll import one_shot
 from ringtree.transports import shm_cma as cma
-from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm_ll import LL
 from ringtree.tuning.proto import THRESHOLDS
 
-__all__ = ["MIN_BYTES", "Direct", "DirectOp", "probe"]
+__all__ = ["MIN_BYTES", "Direct", "DirectOp"]
 
 # the larger buffer's bytes from which the direct path runs, by (collective, ranks > 2):
 # measured against the segment's paths and Simple in the same processes
@@ -98,7 +91,6 @@ STREAM_MIN = 8 << 20
 # straight read was faster (bounced ÷ straight 1.30-1.37 at 8 MiB, 1.28 at 12 MiB;
 # 16 MiB 0.94-0.96, 32 MiB 0.94, 64 MiB 0.90)
 BOUNCE_BROADCAST = 16 << 20
-PROBE = 0x434D41    # the probe's "count": its header differs from every call's
 PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
 # the all-gather's shared copies (DirectOp._shared): the output's address (the word
 # ll_direct_fold's all-reduce posts it in too), and from COUNT on one piece counter per peer
@@ -202,46 +194,6 @@ class Direct:
         return err | (WROTE if write else 0)
 
 
-def probe(ll: LL, timeout: float) -> tuple[Direct | None, str]:
-    """Collective over the segment's ranks: may every rank read every peer's memory?
-    (the :class:`Direct` if so, and why not otherwise)."""
-    why = ""
-    if not cma.supported():
-        why = "no process_vm_readv here"
-    elif any(info.ns != seg.pid_namespace() for info in ll.peers.values()):
-        why = "ranks in different pid namespaces"
-    cma.allow_readers()
-    token = np.frombuffer(secrets.token_bytes(8), np.uint64).copy()
-    head = WireHeader(0, PROBE, 0, 0, Collective.BARRIER.code, 0, 0, PROTO_LL, 0).call_words()
-    W = ll.W
-    what = lambda: "the single-copy probe"  # noqa: E731
-    p = ll.parity(timeout, what)
-    i = _payload(ll, ll.rank, p)
-    W[i + PID], W[i + ADDR], W[i + TOKEN] = os.getpid(), cma.address(token), int(token[0])
-    ll.sync(head, timeout, what)
-    got = np.zeros(1, np.uint64)
-    for q in range(ll.n):
-        j = _payload(ll, q, p)
-        if q == ll.rank or why:
-            continue
-        try:
-            cma.read_into(int(W[j + PID]), got, int(W[j + ADDR]), 8)
-            if int(got[0]) != int(W[j + TOKEN]):
-                why = f"read another process than rank {q}'s"
-            else:  # the single-copy all-reduce writes too: the same token back
-                cma.write_spans(int(W[j + PID]), [(cma.address(got), int(W[j + ADDR]), 8)])
-        except OSError as e:
-            why = f"reading rank {q}: {os.strerror(e.errno or 0)}"
-    p = ll.parity(timeout, what)
-    i = _payload(ll, ll.rank, p)
-    W[i] = 1 if why else 0
-    ll.sync(head, timeout, what)
-    bad = [q for q in range(ll.n) if W[_payload(ll, q, p)]]
-    if bad and not why:
-        why = f"rank {bad[0]} may not read its peers"
-    return (None, why) if bad else (Direct(ll, None), "")
-
-
 class DirectOp:
     """One call shape on the direct path; ``run(x, out, reducer, timeout)`` runs it (the
     :class:`~ringtree.runtime.protocols.ll.LLOp` interface the LL runner calls)."""
@@ -249,6 +201,8 @@ class DirectOp:
     __slots__ = ("ll", "direct", "coll", "count", "nbytes", "dtype", "name", "desc", "head",
                  "order", "block", "avg", "root", "run", "hot", "rec", "_scratch", "_words",
                  "pieces", "queued_entry")
+    paired = True   # two LL calls a call (the hot paths: ll_entry.enter, ll_hot)
+    premul = False  # (ll_entry.scaled: a one-rank PREMUL_SUM never runs here)
 
     def __init__(self, ll: LL, direct: Direct, prog: Program, dt: DType, count: int,
                  op_code: int, root: int):
@@ -266,7 +220,7 @@ class DirectOp:
         self.order, self.block = shape.order, shape.block
         self.avg = op_code == ReduceOp.AVG.code
         self.root = root
-        self.hot = self.rec = None  # not the all-reduce hot path's
+        self.hot = self.rec = None  # the C entry (ll_direct_entry.prepare) and its recorder
         self.queued_entry = False  # a queued call runs through run_arrays
         self.pieces = (0, 0)  # the last shared all-gather's pieces: read, written for peers
         self._scratch: np.ndarray | None = None
@@ -302,14 +256,18 @@ class DirectOp:
         """Post this rank's read status (0, or peer << 32 | errno) and wait until every
         rank has finished reading; raise on every rank if one's read failed.
         ``meanwhile()`` runs between the post and the wait (work that needs no peer)."""
-        ll, W = self.ll, self.ll.W
-        words = self._words[ll.parity(timeout, self.describe)]
-        W[words[ll.rank]] = status
+        ll = self.ll
+        ll.W[self._words[ll.parity(timeout, self.describe)][ll.rank]] = status
         mine = ll.post(self.head)
         if meanwhile is not None:
             meanwhile()
-        ll.collect(mine, timeout, self.describe)
-        for r, i in enumerate(words):
+        self._statuses(ll.collect(mine, timeout, self.describe))
+
+    def _statuses(self, p: int) -> None:
+        """Raise if a rank posted a failed move in parity ``p``'s line (every rank
+        raises: every rank reads every status)."""
+        W = self.ll.W
+        for r, i in enumerate(self._words[p]):
             s = int(W[i])
             if s:
                 q, e = s >> 32, s & 0xFFFF
@@ -334,21 +292,25 @@ class DirectOp:
                 nb > SHARE_PIECE and cma.can_claim():
             status, own = self._shared(x, base, own, timeout)
         else:
-            addrs = self._publish(x, timeout)
-            status = 0
-            for q in range(ll.n):
-                if q != me and nb:
-                    dst = base + q * nb
-                    # straight where the peer's input and our block share their offset
-                    # in a cache line, or where offsets cost the kernel's copy nothing:
-                    # on a Zen 3 host rep movsb took 2.4-2.7x as long across offsets
-                    bounce = nb * ll.n >= STREAM_MIN and not (straight and (
-                        (addrs[q] - dst) % 64 == 0 or not cma.offsets_matter()))
-                    e = self.direct.read(q, [(dst, addrs[q], nb)], bounce=bounce)
-                    if e:
-                        status = q << 32 | e
-                        break
+            status = self._reads(self._publish(x, timeout), base, straight)
         self._complete(status, timeout, own)
+
+    def _reads(self, addrs: list[int], base: int, straight: bool) -> int:
+        """Every peer's block read into the output at ``base`` (``addrs``: every rank's
+        input): the status, 0 or peer << 32 | errno."""
+        ll, nb, me = self.ll, self.nbytes, self.ll.rank
+        for q in range(ll.n):
+            if q != me and nb:
+                dst = base + q * nb
+                # straight where the peer's input and our block share their offset in a
+                # cache line, or where offsets cost the kernel's copy nothing: on a Zen 3
+                # host rep movsb took 2.4-2.7x as long across offsets
+                bounce = nb * ll.n >= STREAM_MIN and not (straight and (
+                    (addrs[q] - dst) % 64 == 0 or not cma.offsets_matter()))
+                e = self.direct.read(q, [(dst, addrs[q], nb)], bounce=bounce)
+                if e:
+                    return q << 32 | e
+        return 0
 
     def _push(self, x: np.ndarray, base: int, timeout: float) -> int:
         """Below LL's own range (where the single copy runs only where it was measured
@@ -359,8 +321,12 @@ class DirectOp:
         host, 2 ranks, alternated in one job, a 1 MiB all-gather's write and own copy
         took 38-41 µs where the read and own copy took 57-70; 4 MiB 304-318 against
         358-362; 64 and 256 KiB level. The status: 0, or peer << 32 | errno | WROTE."""
+        return self._pushes(x, self._posted(x, timeout, base))
+
+    def _pushes(self, x: np.ndarray, words: list[int]) -> int:
+        """:meth:`_push`'s writes, every rank's words posted: the status."""
         ll, W, me, nb = self.ll, self.ll.W, self.ll.rank, self.nbytes
-        words, src = self._posted(x, timeout, base), cma.address(x)
+        src = cma.address(x)
         for k in range(1, ll.n):  # (a call runs here from 1 byte: applies)
             q = (me + k) % ll.n
             if e := self.direct.read(q, [(src, int(W[words[q] + OUT]) + me * nb, nb)],

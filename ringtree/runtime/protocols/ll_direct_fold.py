@@ -74,7 +74,7 @@ crossover is the host's"): 2 ranks from 2 MiB; on more ranks from 8 MiB (below, 
 passes). In the band of sizes where hosts disagree, the communicator times both paths
 at the first call of each octave and keeps the faster
 (:mod:`~ringtree.runtime.protocols.ll_crossover`). Not for PREMUL_SUM (each rank's factor is its own, applied to its own input). The probe
-(:func:`~ringtree.runtime.protocols.ll_direct.probe`) checks writes too.
+(:func:`~ringtree.runtime.protocols.ll_direct_probe.probe`) checks writes too.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ from ringtree.transports import shm_cma as cma
 from ringtree.transports import shm_native as native
 from ringtree.transports.shm_ll import LL
 
-__all__ = ["MIN_BYTES", "AllReduceOp", "FoldOp", "ScatterOp", "applies", "op_for"]
+__all__ = ["MIN_BYTES", "AllReduceOp", "FoldOp", "ScatterOp", "applies"]
 
 OUT = 3  # the inline payload word of the output's address (ll_direct: PID, ADDR, TOKEN)
 # the all-reduce's bytes from which it runs, by "more than 2 ranks" (benchmarks/ll_direct.py
@@ -161,14 +161,6 @@ def applies(direct: Direct | None, coll: Collective, count: int, itemsize: int,
         return measured
     least = direct.min_bytes if direct.min_bytes is not None else MIN_BYTES[n > 2]
     return nbytes >= max(least, 1)
-
-
-def op_for(ll: LL, direct: Direct, prog: Program, dt: DType, count: int, op_code: int,
-           root: int) -> DirectOp:
-    """The single-copy op of ``prog`` (where :func:`applies`)."""
-    cls = {Collective.ALL_REDUCE: AllReduceOp, Collective.REDUCE_SCATTER: ScatterOp}.get(
-        prog.collective, DirectOp)
-    return cls(ll, direct, prog, dt, count, op_code, root)
 
 
 class FoldOp(DirectOp):

@@ -65,6 +65,13 @@ def enter(runner, comm, m: tuple, x: np.ndarray, out, timeout: float | None) -> 
     r = m[4](x, out, s, seq)
     if r == NOBUF:
         return False
+    if op.paired:  # the single copy: LL calls s and s + 1 (ll_direct_entry)
+        comm.seq = seq
+        if r == -1:
+            op.run.after(x, out, r, s, 0.0)
+        else:
+            runner._finish_hot(comm, op, out, r, s, timeout, x)
+        return True
     comm.seq, ll.seq = seq, s
     ll.written[s & 1] = None  # the kernel wrote all three header words
     if r != -1:

@@ -129,6 +129,8 @@ def queued(op) -> tuple[Callable, Callable] | None:
 
 
 def _entry(op) -> tuple[Callable, Callable | None]:
+    if op.paired:  # the single copy's (ll_direct_entry.Compiled): ll_entry.enter completes
+        return op.run.entry, None
     if op.coll is Collective.ALL_GATHER:
         return op.hot.ghot, lambda x, out, p: place(op, p, out.reshape(-1), x.size, 0,
                                                     x.size)

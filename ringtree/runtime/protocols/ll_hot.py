@@ -49,7 +49,9 @@ def keep(ready: dict, x: np.ndarray, op, in_place: bool, lop) -> None:
     ``ready[HOT]`` = (dtype, size, op, in place, LLOp, its C entry, split or not). The
     entry checks the dtype object (``Round.expect``) and the size (the round's bytes)."""
     lop.hot.expect(x.dtype)
-    ready[HOT] = (x.dtype, x.size, op, in_place, lop, lop.hot.hot, type(lop.run) is Split)
+    two = lop.paired or type(lop.run) is Split  # LL calls s and s + 1 in the entry
+    ready[HOT] = (x.dtype, x.size, op, in_place, lop, lop.run.entry if lop.paired else
+                  lop.hot.hot, two)
 
 
 def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
@@ -92,7 +94,7 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
     seg.written[s & 1] = None  # the kernel wrote all three header words
     if out is None:
         out = x
-    if m[6]:  # the split's one entry: LL calls s and s + 1
+    if m[6]:  # the split's or the single copy's one entry: LL calls s and s + 1
         if r == -1:
             lop.run.after(x, out, r, s, 0.0)
         else:

@@ -32,7 +32,9 @@ from ringtree.runtime.plan import DescAt
 from ringtree.runtime.protocols import (
     ll_crossover,
     ll_direct,
+    ll_direct_entry,
     ll_direct_fold,
+    ll_direct_probe,
     ll_entry,
     ll_gather,
     ll_hot,
@@ -92,7 +94,7 @@ class LLRunner(AsyncCalls):
         runner.stores = ll_stores.configure(comm, runner)
         why = "RINGTREE_CMA=0"
         if s.cma:
-            runner.direct, why = ll_direct.probe(runner.ll, comm.timeout)
+            runner.direct, why = ll_direct_probe.probe(runner.ll, comm.timeout)
             if runner.direct is not None:
                 runner.direct.min_bytes = s.cma_min
                 runner.direct.share = runner.direct.share and s.cma_share
@@ -140,7 +142,7 @@ class LLRunner(AsyncCalls):
         self.settle_stores(count * dt.itemsize)
         d = self.direct
         if ll_direct_fold.applies(d, prog.collective, count, dt.itemsize, op_code):
-            return ll_direct_fold.op_for(self.ll, d, prog, dt, count, op_code, root)
+            return ll_direct_entry.op_for(self.ll, d, prog, dt, count, op_code, root)
         return LLOp(self.ll, prog, dt, count, op_code, root)
 
     def settle_stores(self, nbytes: int) -> None:

@@ -1,0 +1,179 @@
+"""The single copy's whole call in one C entry (``Round.dcall``,
+``ll_direct_entry``): every dtype's bytes and the rank-order fold's bits with the kernel
+and without it, on 2 and 3 ranks and 4 ranks on 2 cores, through the hot paths and the
+general one; the flight recorder's entries written from C; a peer late to either of the
+call's two synchronisations (the kernel hands the rest to Python); a kernel rank and a
+Python rank in one job; an absent peer and a killed one named; signals during the wait;
+8 ranks on 2 cores for 2,000 calls."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+from hot_entry_cases import (
+    KILL_ENV,
+    RANKS_AND_KERNEL,
+    absent_peer,
+    assert_absent_named,
+    assert_killed_named,
+    assert_recorded,
+    killed_peer,
+    late_peer_with_signals,
+    rank_order_sum,
+    recorded,
+    rounding,
+)
+
+from ringtree.prof.flight import Entry
+from ringtree.runtime.protocols import ll_direct, ll_direct_entry
+from ringtree.runtime.protocols.ll_direct_entry import Compiled
+from ringtree.testing import run_ranks
+
+ALL_DIRECT = {"RINGTREE_CMA_MIN": "1"}  # the single copy at every size
+DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64")
+
+
+def _bytes(dtype: str, rank: int, count: int, k: int) -> np.ndarray:
+    """Random bytes of ``dtype`` (every bit pattern, NaNs too, for floats)."""
+    rng = np.random.default_rng(7919 * k + rank)
+    return rng.integers(0, 256, count * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
+
+
+def _spy() -> dict:
+    """Count this process's compiled calls by mode, and the calls handed back."""
+    seen = {"entries": {}, "handed": 0}
+    after, rest = Compiled.after, Compiled._rest
+
+    def counted_after(self, *a):
+        seen["entries"][self.mode] = seen["entries"].get(self.mode, 0) + 1
+        return after(self, *a)
+
+    def counted_rest(self, *a):
+        seen["handed"] += 1
+        return rest(self, *a)
+    Compiled.after, Compiled._rest = counted_after, counted_rest
+    return seen
+
+
+def calls(comm) -> dict:
+    """All-gathers of every dtype's bytes, reduce-scatters and all-reduces of rounding
+    float32 sums (in place and into ``out``, 6 of each shape: the hot paths after the
+    first), each compared with the bytes or the rank-order fold; inputs untouched."""
+    n, r = comm.size, comm.rank
+    seen, wrong = _spy(), []
+    for dtype in DTYPES:
+        for count in (3, 4096):
+            out = np.empty((n, count), dtype)
+            for k in range(6):
+                x = _bytes(dtype, r, count, k)
+                keep = x.copy()
+                got = comm.all_gather(x, out=out if k % 2 else out.reshape(-1))
+                want = np.concatenate([_bytes(dtype, q, count, k) for q in range(n)])
+                if got.tobytes() != want.tobytes() or x.tobytes() != keep.tobytes():
+                    wrong.append(f"all_gather {dtype} {count} {k}")
+    for count in (5, 3000):
+        out = np.empty(count, np.float32)
+        for k in range(6):
+            x = rounding(r, count * n, k)
+            keep = x.copy()
+            got = comm.reduce_scatter(x, out=out)
+            want = rank_order_sum(n, count * n, k)[r * count:(r + 1) * count]
+            if got.tobytes() != want.tobytes() or x.tobytes() != keep.tobytes():
+                wrong.append(f"reduce_scatter {count} {k}")
+        for in_place in (True, False):
+            y = np.empty(count, np.float32)
+            for k in range(6):
+                x = rounding(r, count, k)
+                got = comm.all_reduce(x) if in_place else comm.all_reduce(x.copy(), out=y)
+                if got.tobytes() != rank_order_sum(n, count, k).tobytes():
+                    wrong.append(f"all_reduce {count} in_place={in_place} {k}")
+    return {"wrong": wrong, **seen, **recorded(comm, 6)}
+
+
+@RANKS_AND_KERNEL
+def test_every_dtype_and_fold_in_and_out_of_the_kernel(nranks, env):
+    kernel = not env and ll_direct_entry.available()
+    res = run_ranks(calls, nranks, timeout=120, env={**ALL_DIRECT, **env})
+    for r, got in enumerate(res):
+        assert got["wrong"] == [], (r, got)
+        modes = set(got["entries"])
+        assert modes == ({ll_direct_entry.PUSH, ll_direct_entry.FOLD,
+                          ll_direct_entry.FOLD_PUSH} if kernel else set()), (r, got)
+        assert_recorded(r, got, 6, kernel, 12)
+
+
+def late(comm, first: bool) -> dict:
+    """Rank 1 comes 20 ms late to five all-reduces, either to the call (``first``: rank
+    0's kernel gives up waiting at the first synchronisation and Python makes the moves)
+    or, running the Python steps itself, between its moves and the second (rank 0's
+    kernel hands that wait back); then rank 1 skips a call: rank 0's names it."""
+    seen = _spy()
+    if comm.rank == 1 and not first:
+        ll_direct_entry.mode = lambda op: None  # this rank: Python's steps
+        complete = ll_direct.DirectOp._complete
+
+        def slow(self, *a, **kw):
+            time.sleep(0.02)
+            return complete(self, *a, **kw)
+        ll_direct.DirectOp._complete = slow
+    x = np.empty(1000, np.int64)
+    ok = True
+    for k in range(6):
+        if comm.rank == 1 and first and k:
+            time.sleep(0.02)
+        x[:] = 10 * k + comm.rank
+        comm.all_reduce(x)
+        ok &= x.tolist() == [20 * k + 1] * 1000
+    seq = comm.seq + 1
+    got = absent_peer(comm, partial(comm.all_reduce, x), ok)
+    return {**got, **seen, "absent_seq": seq}
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-sync", "second-sync"])
+def test_a_late_peer_hands_the_call_back_to_python(first):
+    if not ll_direct_entry.available():
+        pytest.skip("no compiled _llc")
+    env = {**ALL_DIRECT, "RINGTREE_LL_YIELD_US": "2000"}
+    res = run_ranks(late, 2, first, timeout=60, env=env)
+    got = assert_absent_named(res, res[0]["absent_seq"])
+    assert set(got["entries"]) == {ll_direct_entry.FOLD_PUSH}, got
+    assert (got["handed"] >= 3) == first, got  # the first sync's hand-backs run _rest
+
+
+def test_a_killed_peer_is_named_by_the_kernels_ranks():
+    env = {**ALL_DIRECT, **KILL_ENV}
+    x = partial(np.arange, 30000, dtype=np.float32)
+    assert_killed_named(run_ranks(lambda c: killed_peer(c, lambda: c.all_reduce(x())), 3,
+                                  timeout=60, env=env))
+
+
+def test_signals_while_the_kernel_waits():
+    hits, ok = zip(*run_ranks(lambda c: late_peer_with_signals(c, c.all_reduce), 2,
+                              timeout=60, env=ALL_DIRECT))
+    assert all(ok) and hits[0] > 10, (hits, ok)
+
+
+def many(comm) -> tuple[int, int]:
+    """2,000 all-reduces and all-gathers alternated, each element naming its call and
+    rank: the wrong ones, and how many flight-recorder entries the kernel wrote."""
+    n = comm.size
+    x, out = np.empty(1000, np.int32), np.empty(1000 * n, np.int32)
+    wrong = 0
+    for k in range(1000):
+        x[:] = 16 * k + comm.rank
+        comm.all_gather(x, out=out)
+        want = 16 * k + np.arange(n, dtype=np.int32)
+        wrong += int(not (out.reshape(n, -1) == want[:, None]).all())
+        comm.all_reduce(x)
+        wrong += int(not (x == 16 * k * n + n * (n - 1) // 2).all())
+    return wrong, sum(type(e) is not Entry for e in comm.flight.ring if e is not None)
+
+
+def test_eight_ranks_on_two_cores_through_the_kernel():
+    kernel = ll_direct_entry.available()
+    for r, (wrong, from_c) in enumerate(run_ranks(many, 8, timeout=240, env=ALL_DIRECT)):
+        assert wrong == 0 and (from_c > 100) == kernel, (r, wrong, from_c)

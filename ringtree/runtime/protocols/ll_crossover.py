@@ -40,7 +40,7 @@ from ringtree.runtime.protocols import ll_direct, ll_direct_entry, ll_direct_fol
 from ringtree.runtime.protocols.ll import LLOp
 from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch, scratch_run
 
-__all__ = ["BAND", "GATHER_BAND", "Crossover"]
+__all__ = ["BAND", "GATHER_BAND", "SCATTER_BAND", "Crossover"]
 
 # bytes of an all-reduce, [low, high), by "more than 2 ranks", where the measured
 # crossovers of the hosts above fell. 2 ranks 768 KiB-8 MiB (the split won below 768 KiB
@@ -50,7 +50,12 @@ __all__ = ["BAND", "GATHER_BAND", "Crossover"]
 # 1.2-1.8x at 256 KiB-32 MiB; 3 ranks level at 1-2 MiB), and below 256 KiB the fold
 # round won by 2-3x on both; LL's own range ends at 64 MiB there
 # (ringtree.tuning.proto.THRESHOLDS)
-BAND: dict[bool, tuple[int, int]] = {False: (1 << 20, 16 << 20), True: (256 << 10, 64 << 20)}
+# From the single copy's one C entry (ll_direct_entry) the band reaches down to where
+# the segment's one-entry fold round wins again: on the Intel Xeon host, 2 ranks
+# (alternated jobs, single copy ÷ segment) 0.96-1.02 at 8 KiB, 0.70-0.81 at 12 KiB,
+# 0.51-0.54 at 64 KiB, 0.62-0.72 at 256 KiB, 1.41-1.49 at 4 KiB; 4 ranks on 2 cores
+# 1.13-1.25 at 16 KiB, 0.79-0.84 at 64 KiB
+BAND: dict[bool, tuple[int, int]] = {False: (8 << 10, 16 << 20), True: (32 << 10, 64 << 20)}
 # an all-gather's output bytes, [low, high), where its single copy and the segment's
 # streamed gather (ll_gather) are measured against each other: from where the single
 # copy takes over (ll_direct.MIN_BYTES, above LL's own range). benchmarks/ll_direct.py
@@ -63,9 +68,20 @@ BAND: dict[bool, tuple[int, int]] = {False: (1 << 20, 16 << 20), True: (256 << 1
 # took 1.2-1.4x Open MPI's time at 1 MiB, on the Zen 3 one it led the single copy's
 # reads there (0.74-0.79x its time). At 256 KiB, where the push measured faster on
 # scratch, it was slower than the segment on the callers' buffers (22 against 19 µs)
+# With the C entry the band on 2 ranks starts at 8 KiB: there (alternated jobs) the
+# single copy took 1.26-1.39x the segment's time at 8 KiB, 0.90-0.97 at 16 KiB, 0.53-0.55
+# at 64 KiB, 0.59-0.62 at 256 KiB; on 4 ranks on 2 cores 1.25-1.37 at 64 KiB
 GATHER_BAND: dict[bool, tuple[int, int]] = {
-    False: (1 << 20, 256 << 20),
+    False: (8 << 10, 256 << 20),
     True: (ll_direct.MIN_BYTES[(Collective.ALL_GATHER, True)], 256 << 20)}
+# a reduce-scatter's input bytes where its single copy (from its C entry) and the
+# segment's fold round are measured: on 2 ranks below the single copy's constant (above
+# LL's range), where on the Intel Xeon host the single copy took 1.47-1.49x the
+# segment's time at 4 KiB, 0.86-0.96 at 16 KiB, 0.45-0.54 at 64 KiB, 0.44-0.83 at 1 MiB;
+# on 4 ranks on 2 cores 1.2-1.6x at 16 KiB, 0.80-1.43 at 64 KiB, 1.05-1.09 at 1 MiB: not
+# measured there
+SCATTER_BAND: dict[bool, tuple[int, int]] = {
+    False: (8 << 10, ll_direct.MIN_BYTES[(Collective.REDUCE_SCATTER, False)]), True: (0, 0)}
 
 # an all-gather's input bytes from which its measuring runs on the call's own buffers
 # (_own_buffers), not on scratch: glibc maps every array this large on its own (its
@@ -95,6 +111,8 @@ class Crossover:
             nbytes, (lo, hi), table = block, BAND[n > 2], direct.measured
         elif spec.coll is Collective.ALL_GATHER:
             nbytes, (lo, hi), table = block * n, GATHER_BAND[n > 2], direct.measured_gather
+        elif spec.coll is Collective.REDUCE_SCATTER and spec.op is not ReduceOp.PREMUL_SUM:
+            nbytes, (lo, hi), table = block * n, SCATTER_BAND[n > 2], direct.measured_scatter
         else:
             return
         comm = self._comm()
@@ -116,10 +134,14 @@ class Crossover:
             x, out = _own_buffers(spec, count, direct.ll.n)
             default = nbytes >= ll_direct.MIN_BYTES[(coll, direct.ll.n > 2)]
             other = "segment"
+        elif coll is Collective.REDUCE_SCATTER:
+            x, out = scratch(count * direct.ll.n, dt.storage), scratch(count, dt.storage)
+            default = nbytes >= ll_direct.MIN_BYTES[(coll, direct.ll.n > 2)]
+            other = "segment"
         else:
             x = scratch(count, dt.storage)
             out = x if spec.in_place else scratch(count, dt.storage)
-            default, other = nbytes >= ll_direct_fold.MIN_BYTES[direct.ll.n > 2], "split"
+            default, other = nbytes >= ll_direct_fold.MIN_BYTES[direct.ll.n > 2], "segment"
         arms = tuple(scratch_run(comm, runner, op, x, out, spec.reducer) for op in (
             ll_direct_entry.op_for(direct.ll, direct, prog, dt, count, code, root),
             LLOp(direct.ll, prog, dt, count, code, root)))

@@ -130,13 +130,15 @@ class Direct:
         # shared, bounced pieces (measured too: which wins depends on the callers' pages);
         # unmeasured octaves: straight on 2 ranks
         self.straight_gather: dict[int, bool] = {}
+        self.measured_scatter: dict[int, bool] = {}  # the reduce-scatter's, by octave
         self.straight_default = ll.n == 2
         self.share = cma.can_claim()  # shared copies (RINGTREE_CMA_SHARE; an atomic add)
         self.scratch = cma.bounce_buffer()  # bounced reads of large outputs (STREAM_MIN)
 
     def applies(self, coll: Collective, count: int, itemsize: int, op_code: int) -> bool:
         """Run a call of ``count`` elements a block directly? (From :data:`MIN_BYTES` of
-        its larger buffer; an all-gather whose octave was measured, as measured.)"""
+        its larger buffer; an all-gather or reduce-scatter whose octave was measured, as
+        measured.)"""
         if coll is Collective.REDUCE_SCATTER:
             if op_code == ReduceOp.PREMUL_SUM.code:  # its factor is each rank's own
                 return False
@@ -145,9 +147,11 @@ class Direct:
         nbytes = count * itemsize * (1 if coll is Collective.BROADCAST else self.ll.n)
         least = self.min_bytes if self.min_bytes is not None else \
             MIN_BYTES[(coll, self.ll.n > 2)]
-        if coll is Collective.ALL_GATHER:  # the measured octave, else the constant
-            measured = self.gather_measured(nbytes) if self.min_bytes is None else None
-            return nbytes >= max(least, 1) if measured is None else measured
+        if coll is not Collective.BROADCAST and self.min_bytes is None:  # measured
+            measured = (self.measured_gather if coll is Collective.ALL_GATHER else
+                        self.measured_scatter).get(nbytes.bit_length())
+            if measured is not None:
+                return measured
         return nbytes >= max(least, 1)
 
     def gather_measured(self, nbytes: int) -> bool | None:

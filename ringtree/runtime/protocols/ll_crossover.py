@@ -12,6 +12,12 @@ alternated in one job) 768 KiB-1 MiB on an AMD EPYC Zen 2, 4 MiB on an Intel hos
 :data:`~ringtree.runtime.protocols.ll_direct_fold.MIN_BYTES` is the constant that loses
 least on the worst of those hosts; it loses up to 1.25x on each of them somewhere.
 
+Since the single copy's whole call became one C entry
+(:mod:`~ringtree.runtime.protocols.ll_direct_entry`) it also wins far below: from 12-16
+KiB on 2 ranks on an Intel Xeon host, where the segment's one-entry fold round wins
+below. The all-gather (:data:`GATHER_BAND`) and the reduce-scatter
+(:data:`SCATTER_BAND`: the single copy or the segment's fold round) are measured alike.
+
 So inside :data:`BAND` (the sizes where the hosts measured so far disagreed), the first
 all-reduce of each power-of-two octave of bytes (``2^(k-1) <= bytes < 2^k``) times both
 paths on the communicator (:func:`~ringtree.runtime.protocols.ll_timing.compare`): on
@@ -52,7 +58,7 @@ __all__ = ["BAND", "GATHER_BAND", "SCATTER_BAND", "Crossover"]
 # (ringtree.tuning.proto.THRESHOLDS)
 # From the single copy's one C entry (ll_direct_entry) the band reaches down to where
 # the segment's one-entry fold round wins again: on the Intel Xeon host, 2 ranks
-# (alternated jobs, single copy ÷ segment) 0.96-1.02 at 8 KiB, 0.70-0.81 at 12 KiB,
+# (alternated jobs, single copy ÷ segment) 0.90-1.02 at 8 KiB, 0.70-0.81 at 12 KiB,
 # 0.51-0.54 at 64 KiB, 0.62-0.72 at 256 KiB, 1.41-1.49 at 4 KiB; 4 ranks on 2 cores
 # 1.13-1.25 at 16 KiB, 0.79-0.84 at 64 KiB
 BAND: dict[bool, tuple[int, int]] = {False: (8 << 10, 16 << 20), True: (32 << 10, 64 << 20)}
@@ -69,7 +75,7 @@ BAND: dict[bool, tuple[int, int]] = {False: (8 << 10, 16 << 20), True: (32 << 10
 # reads there (0.74-0.79x its time). At 256 KiB, where the push measured faster on
 # scratch, it was slower than the segment on the callers' buffers (22 against 19 µs)
 # With the C entry the band on 2 ranks starts at 8 KiB: there (alternated jobs) the
-# single copy took 1.26-1.39x the segment's time at 8 KiB, 0.90-0.97 at 16 KiB, 0.53-0.55
+# single copy took 1.27-1.40x the segment's time at 8 KiB, 0.90-1.01 at 16 KiB, 0.53-0.55
 # at 64 KiB, 0.59-0.62 at 256 KiB; on 4 ranks on 2 cores 1.25-1.37 at 64 KiB
 GATHER_BAND: dict[bool, tuple[int, int]] = {
     False: (8 << 10, 256 << 20),

@@ -114,7 +114,7 @@ WROTE = 1 << 16     # a read status's flag: the failed call was a write (process
 ALGO_CODE = algo_code("direct (single copy)")  # encoded here: every rank can name it
 
 
-def _payload(ll: LL, rank: int, parity: int) -> int:
+def payload_word(ll: LL, rank: int, parity: int) -> int:
     """Word index of ``rank``'s inline payload in parity ``parity``'s line."""
     return ll.area(rank, parity, 8)[0] // 8
 
@@ -236,7 +236,7 @@ class DirectOp:
         self.pieces = (0, 0)  # the last shared all-gather's pieces: read, written for peers
         self._scratch: np.ndarray | None = None
         # every rank's inline payload word, by parity
-        self._words = tuple([_payload(ll, q, p) for q in range(ll.n)] for p in (0, 1))
+        self._words = tuple([payload_word(ll, q, p) for q in range(ll.n)] for p in (0, 1))
         # (the reduce-scatter and the all-reduce: ll_direct_fold's subclasses)
         self.run = self._gather if coll is Collective.ALL_GATHER else self._broadcast
 

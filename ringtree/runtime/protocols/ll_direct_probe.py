@@ -17,7 +17,7 @@ import numpy as np
 
 from ringtree.ir.program import Collective
 from ringtree.ir.wire import PROTO_LL, WireHeader
-from ringtree.runtime.protocols.ll_direct import ADDR, PID, TOKEN, Direct, _payload
+from ringtree.runtime.protocols.ll_direct import ADDR, PID, TOKEN, Direct, payload_word
 from ringtree.transports import shm_cma as cma
 from ringtree.transports import shm_segment as seg
 from ringtree.transports.shm_ll import LL
@@ -41,12 +41,12 @@ def probe(ll: LL, timeout: float) -> tuple[Direct | None, str]:
     W = ll.W
     what = lambda: "the single-copy probe"  # noqa: E731
     p = ll.parity(timeout, what)
-    i = _payload(ll, ll.rank, p)
+    i = payload_word(ll, ll.rank, p)
     W[i + PID], W[i + ADDR], W[i + TOKEN] = os.getpid(), cma.address(token), int(token[0])
     ll.sync(head, timeout, what)
     got = np.zeros(1, np.uint64)
     for q in range(ll.n):
-        j = _payload(ll, q, p)
+        j = payload_word(ll, q, p)
         if q == ll.rank or why:
             continue
         try:
@@ -58,10 +58,10 @@ def probe(ll: LL, timeout: float) -> tuple[Direct | None, str]:
         except OSError as e:
             why = f"reading rank {q}: {os.strerror(e.errno or 0)}"
     p = ll.parity(timeout, what)
-    i = _payload(ll, ll.rank, p)
+    i = payload_word(ll, ll.rank, p)
     W[i] = 1 if why else 0
     ll.sync(head, timeout, what)
-    bad = [q for q in range(ll.n) if W[_payload(ll, q, p)]]
+    bad = [q for q in range(ll.n) if W[payload_word(ll, q, p)]]
     if bad and not why:
         why = f"rank {bad[0]} may not read its peers"
     return (None, why) if bad else (Direct(ll, None), "")

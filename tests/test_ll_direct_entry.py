@@ -106,6 +106,39 @@ def test_every_dtype_and_fold_in_and_out_of_the_kernel(nranks, env):
         assert_recorded(r, got, 6, kernel, 12)
 
 
+def queued(comm) -> dict:
+    """Async all-reduces, all-gathers and reduce-scatters of rounding float32 (several
+    in flight, waited for in order), each against the rank-order fold or the blocks:
+    the queue runs them in the C entry (its flight-recorder entries)."""
+    n, r = comm.size, comm.rank
+    seen, wrong, count = _spy(), [], 3000
+    for k in range(4):
+        xs = [rounding(r, count, 3 * k + j) for j in range(3)]
+        outs = [np.empty(count * n, np.float32), np.empty(count // n, np.float32)]
+        works = [comm.all_reduce(xs[0], async_op=True),
+                 comm.all_gather(xs[1], out=outs[0], async_op=True),
+                 comm.reduce_scatter(xs[2][:count // n * n], out=outs[1], async_op=True)]
+        for w in works:
+            w.wait()
+        full = np.concatenate([rounding(q, count, 3 * k + 1) for q in range(n)])
+        fold = rank_order_sum(n, count, 3 * k + 2)[:count // n * n]
+        wrong += [what for what, ok in (
+            ("all_reduce", xs[0].tobytes() == rank_order_sum(n, count, 3 * k).tobytes()),
+            ("all_gather", outs[0].tobytes() == full.tobytes()),
+            ("reduce_scatter", outs[1].tobytes() == fold[r * (count // n):
+                                                          (r + 1) * (count // n)].tobytes()))
+            if not ok]
+    return {"wrong": wrong, **seen, **recorded(comm, 6)}
+
+
+@RANKS_AND_KERNEL
+def test_async_calls_run_in_the_kernel_from_the_queue(nranks, env):
+    kernel = not env and ll_direct_entry.available()
+    for r, got in enumerate(run_ranks(queued, nranks, timeout=120, env={**ALL_DIRECT, **env})):
+        assert got["wrong"] == [], (r, got)
+        assert_recorded(r, got, 6, kernel, 6)
+
+
 def late(comm, first: bool) -> dict:
     """Rank 1 comes 20 ms late to five all-reduces, either to the call (``first``: rank
     0's kernel gives up waiting at the first synchronisation and Python makes the moves)

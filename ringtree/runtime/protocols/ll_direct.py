@@ -232,7 +232,7 @@ class DirectOp:
         self.avg = op_code == ReduceOp.AVG.code
         self.root = root
         self.hot = self.rec = None  # the C entry (ll_direct_entry.prepare) and its recorder
-        self.queued_entry = False  # a queued call runs through run_arrays
+        self.queued_entry = None  # a queued call's C entry, if it has one (ll_runner)
         self.pieces = (0, 0)  # the last shared all-gather's pieces: read, written for peers
         self._scratch: np.ndarray | None = None
         # every rank's inline payload word, by parity

@@ -67,10 +67,7 @@ def enter(runner, comm, m: tuple, x: np.ndarray, out, timeout: float | None) -> 
         return False
     if op.paired:  # the single copy: LL calls s and s + 1 (ll_direct_entry)
         comm.seq = seq
-        if r == -1:
-            op.run.after(x, out, r, s, 0.0)
-        else:
-            runner._finish_hot(comm, op, out, r, s, timeout, x)
+        paired(runner, comm, op, x, out, r, s, timeout)
         return True
     comm.seq, ll.seq = seq, s
     ll.written[s & 1] = None  # the kernel wrote all three header words
@@ -98,12 +95,26 @@ def run_queued(runner, comm, op, entry: Callable, after: Callable, x: np.ndarray
     r = entry(x, out, s, seq)
     if r == NOBUF:
         return False
+    if op.paired:
+        paired(runner, comm, op, x, out, r, s, timeout)
+        return True
     ll.seq = s
     ll.written[s & 1] = None  # the kernel wrote all three header words
     if r != -1:
         late(runner, comm, op, after, x, out, r, s, timeout)
     ll.synced = s
     return True
+
+
+def paired(runner, comm, op, x: np.ndarray, out, r: int, s: int,
+           timeout: float | None) -> None:
+    """Complete LL calls ``s`` and ``s + 1`` of the single copy's C entry, which returned
+    ``r`` (:meth:`~.ll_direct_entry.Compiled.after`); a failure is raised, recorded for
+    every rank and in the flight recorder."""
+    if r == -1:
+        op.run.after(x, out, r, s, 0.0)
+    else:
+        runner._finish_hot(comm, op, out, r, s, timeout, x)
 
 
 def bind(op, fr) -> None:

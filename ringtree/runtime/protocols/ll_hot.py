@@ -109,8 +109,11 @@ def all_reduce(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
 def queued(lop) -> tuple | None:
     """The C entry and completion of a queued async all-reduce of ``lop``'s shape
     (:func:`~.ll_entry.run_queued`), or None: no one entry, the split (two LL calls, its
-    own completion), a one-rank PREMUL_SUM (whose scale is set per call)."""
+    own completion), a one-rank PREMUL_SUM (whose scale is set per call). The single
+    copy's entry completes its two calls itself (no completion)."""
     hot = lop.hot
+    if hot is not None and lop.paired:  # the single copy's entry (ll_entry.paired)
+        return lop.run.entry, None
     if hot is None or lop.premul or type(lop.run) is Split:
         return None
     return hot.hot, lambda x, out, p: hot.fold(out, p)

@@ -31,6 +31,7 @@ from ringtree.prof.flight import Entry
 from ringtree.runtime.protocols import ll_direct, ll_direct_entry
 from ringtree.runtime.protocols.ll_direct_entry import Compiled
 from ringtree.testing import run_ranks
+from ringtree.transports import shm_cma as cma
 
 ALL_DIRECT = {"RINGTREE_CMA_MIN": "1"}  # the single copy at every size
 DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
@@ -41,6 +42,15 @@ def _bytes(dtype: str, rank: int, count: int, k: int) -> np.ndarray:
     """Random bytes of ``dtype`` (every bit pattern, NaNs too, for floats)."""
     rng = np.random.default_rng(7919 * k + rank)
     return rng.integers(0, 256, count * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
+
+
+def test_the_modes_are_the_kernels():
+    if not ll_direct_entry.available():
+        pytest.skip("no compiled _llc")
+    c = ll_direct_entry._llc
+    e = ll_direct_entry
+    assert (e.PUSH, e.READ, e.FOLD, e.FOLD_PUSH, e.OWN_STREAM, e.OWN_MEMCPY) == (
+        c.DM_PUSH, c.DM_READ, c.DM_FOLD, c.DM_FOLD_PUSH, c.OWN_STREAM, c.OWN_MEMCPY)
 
 
 def _spy() -> dict:
@@ -65,6 +75,7 @@ def calls(comm) -> dict:
     first), each compared with the bytes or the rank-order fold; inputs untouched."""
     n, r = comm.size, comm.rank
     seen, wrong = _spy(), []
+    cma._offsets[:] = [r % 2 == 1]  # the own copy: memcpy on even ranks, the loop on odd
     for dtype in DTYPES:
         for count in (3, 4096):
             out = np.empty((n, count), dtype)

@@ -21,13 +21,17 @@
 #define D_FAILED (1 << 27)
 enum { DM_PUSH = 1, DM_READ, DM_FOLD, DM_FOLD_PUSH }; /* the moves (direct()'s mode) */
 enum { DP_STATUS = 0, DP_ADDR = 1, DP_OUT = 3 };      /* inline payload words (ll_direct) */
+/* an all-gather's own copy: the segment's cached loop (cached_copy), streaming stores
+ * (large outputs), or glibc's memcpy (where offsets in a cache line cost its rep movsb
+ * nothing: ll_direct_entry asks shm_cma.offsets_matter) */
+enum { OWN_CACHED = 0, OWN_STREAM, OWN_MEMCPY };
 
 typedef struct DirectCall {
     int mode, n, me;
     Py_ssize_t block;                  /* gather: a block's bytes; fold: the input's */
     Py_ssize_t lo, hi;                 /* fold: this rank's block, bytes of the input */
     Py_ssize_t piece;                  /* fold: bytes of a peer's row a move */
-    int stream_own;                    /* gather: the own copy with streaming stores */
+    int own_copy;                      /* gather: the own copy's stores (OWN_*) */
     Py_ssize_t pay[2][MAXR];           /* every rank's inline payload word, by parity */
     Py_ssize_t pid[MAXR], order[MAXR]; /* pids by rank; the fold's order */
     Py_buffer scratch;                 /* fold: (ranks - 1) slots of a piece and a page */
@@ -94,8 +98,10 @@ static int direct_body(Round *k, uint64_t s, const uint64_t h[3], const char *x,
     r = publish(k, 1 - p, s2, h2);
     if (d->mode == DM_PUSH || d->mode == DM_READ) { /* the own block, while peers copy */
         char *own = out + d->me * d->block;
-        if (own != x)
-            copy_out(own, x, d->block, d->stream_own);
+        if (own != x && d->own_copy == OWN_MEMCPY)
+            memcpy(own, x, (size_t)d->block);
+        else if (own != x)
+            copy_out(own, x, d->block, d->own_copy == OWN_STREAM);
     }
     if (r == -1)
         r = wait_peers(k, 1 - p, s2, 0);
@@ -107,15 +113,15 @@ static int direct_body(Round *k, uint64_t s, const uint64_t h[3], const char *x,
     return -1;
 }
 
-/* direct(mode, me, pids, pay0, pay1, order, block, lo, hi, piece, stream_own, scratch)
+/* direct(mode, me, pids, pay0, pay1, order, block, lo, hi, piece, own_copy, scratch)
  * -> None: this Round runs the single copy's calls (dcall). mode: DM_*; pids, pay0,
  * pay1: by rank, the pid and the inline payload's first word of parity 0 and 1; order:
  * the fold's ranks (folds; else empty); block: a gather's block bytes, a fold's input
- * bytes; lo, hi: a fold's own block; piece, scratch: fold_push's */
+ * bytes; lo, hi: a fold's own block; piece, scratch: fold_push's; own_copy: OWN_* */
 static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12) {
         PyErr_SetString(PyExc_TypeError, "direct(mode, me, pids, pay0, pay1, order, block, "
-                                         "lo, hi, piece, stream_own, scratch)");
+                                         "lo, hi, piece, own_copy, scratch)");
         return NULL;
     }
     DirectCall *d = PyMem_Calloc(1, sizeof(DirectCall));
@@ -125,7 +131,7 @@ static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs)
     d->n = k->npeers + 1;
     d->block = PyLong_AsSsize_t(args[6]), d->lo = PyLong_AsSsize_t(args[7]);
     d->hi = PyLong_AsSsize_t(args[8]), d->piece = PyLong_AsSsize_t(args[9]);
-    d->stream_own = PyObject_IsTrue(args[10]);
+    d->own_copy = (int)PyLong_AsLong(args[10]);
     int folds = d->mode == DM_FOLD || d->mode == DM_FOLD_PUSH;
     if (PyErr_Occurred() || read_index_list(args[2], d->n, d->pid, "direct: pids") < 0 ||
         read_index_list(args[3], d->n, d->pay[0], "direct: pay0") < 0 ||
@@ -137,7 +143,7 @@ static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs)
     if (folds && k->fold == NULL)
         k->fold = pick(k->dtype, k->op); /* (a round made without rows has none) */
     int bad = d->mode < DM_PUSH || d->mode > DM_FOLD_PUSH || d->me < 0 || d->me >= d->n ||
-              d->n < 2 || d->block < 0 || d->stream_own < 0 ||
+              d->n < 2 || d->block < 0 || d->own_copy < OWN_CACHED || d->own_copy > OWN_MEMCPY ||
               (folds && (k->fold == NULL || d->lo < 0 || d->lo > d->hi || d->hi > d->block ||
                          d->piece <= 0 || d->piece % ITEMSIZE[k->dtype]));
     Py_ssize_t top = (k->seg.len >> 3) - 4;

@@ -1843,7 +1843,7 @@ static PyObject *Round_stores(Round *k, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef Round_methods[] = {
     {"direct", (PyCFunction)(void (*)(void))Round_direct, METH_FASTCALL,
-     "direct(mode, me, pids, pay0, pay1, order, block, lo, hi, piece, stream_own, scratch)"
+     "direct(mode, me, pids, pay0, pay1, order, block, lo, hi, piece, own_copy, scratch)"
      ": the single copy's calls (dcall)"},
     {"dcall", (PyCFunction)(void (*)(void))Round_dcall, METH_FASTCALL,
      "dcall(x, out, s, seq[, ident]): a single-copy call in one entry (NOBUF: not for it)"},
@@ -1944,7 +1944,9 @@ PyMODINIT_FUNC PyInit__llc(void) {
         PyModule_AddIntConstant(m, "DM_PUSH", DM_PUSH) < 0 ||
         PyModule_AddIntConstant(m, "DM_READ", DM_READ) < 0 ||
         PyModule_AddIntConstant(m, "DM_FOLD", DM_FOLD) < 0 ||
-        PyModule_AddIntConstant(m, "DM_FOLD_PUSH", DM_FOLD_PUSH) < 0) {
+        PyModule_AddIntConstant(m, "DM_FOLD_PUSH", DM_FOLD_PUSH) < 0 ||
+        PyModule_AddIntConstant(m, "OWN_MEMCPY", OWN_MEMCPY) < 0 ||
+        PyModule_AddIntConstant(m, "OWN_STREAM", OWN_STREAM) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -145,6 +145,7 @@ def straight_offsets(comm, offsets_matter: bool) -> list:
     count = MIB  # 4 MiB a rank: 8 MiB of float32 output on 2 ranks (STREAM_MIN)
     d, k = comm.ll.direct, (count * comm.size * 4).bit_length()
     d.measured_gather[k] = d.straight_gather[k] = True
+    d.push_large = False  # the reads, not the push above LL's range
     bounced: list = []
     real = d.read
 
@@ -173,6 +174,44 @@ def test_straight_reads_bounce_where_the_offsets_in_a_cache_line_differ():
         assert r == [(True, [False]), (True, [True])], r
     for r in run_ranks(straight_offsets, 2, False, timeout=60):  # a host where they cost
         assert r == [(True, [False]), (True, [False])], r         # nothing: never
+
+
+def agreed_push(comm, matters: list[bool]) -> dict:
+    """An 8 MiB all-gather on 2 ranks (above LL's range), rank r taking offsets in a
+    cache line as mattering per ``matters[r]``: what the ranks agreed, how each moved
+    the peer's block (write or read), every block exact, the input untouched."""
+    cma._offsets[:] = [matters[comm.rank]]
+    count = MIB
+    x = _exact(comm.rank, count)
+    want = np.concatenate([_exact(r, count) for r in range(comm.size)])
+    d, moves = comm.ll.direct, []
+    real = d.read
+
+    def read(q, spans, write=False, bounce=False):
+        moves.append(write)
+        return real(q, spans, write, bounce)
+    d.read = read
+    after = ll_direct_entry.Compiled.after  # the C entry's calls: their mode
+    ll_direct_entry.Compiled.after = lambda self, *a: moves.append(("C", self.mode)) or \
+        after(self, *a)
+    out = np.empty(count * comm.size, np.float32)
+    comm.all_gather(x, out=out)
+    for _ in range(3):  # the hot path: the C entry, whose moves d.read does not see
+        out[...] = 0
+        comm.all_gather(x, out=out)
+    return {"push": d.push_large, "moves": moves, "ok": out.tobytes() == want.tobytes()
+            and x.tobytes() == _exact(comm.rank, count).tobytes()}
+
+
+def test_two_ranks_push_above_lls_range_where_both_agree():
+    """Where no rank finds offsets in a cache line slowing the kernel's copy, a 2-rank
+    all-gather above LL's range pushes on both; where one does, both read."""
+    for matters, push in (([False, False], True), ([False, True], False)):
+        for r in run_ranks(agreed_push, 2, matters, timeout=60):
+            assert r["push"] is push and r["ok"], r
+            # Python's moves: writes (True) or reads (False); the C entry's: its mode
+            want = {True, ("C", ll_direct_entry.PUSH)} if push else {False}
+            assert r["moves"] and set(r["moves"]) <= want, r
 
 
 def test_the_offsets_are_measured_once_and_a_failed_read_counts_them():

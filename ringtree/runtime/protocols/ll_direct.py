@@ -138,6 +138,9 @@ class Direct:
         # unmeasured octaves: straight on 2 ranks
         self.straight_gather: dict[int, bool] = {}
         self.measured_scatter: dict[int, bool] = {}  # the reduce-scatter's, by octave
+        # 2 ranks: the all-gather pushes above LL's range too (DirectOp.push); None until
+        # the ranks agree on it (ll_crossover), then the same on every rank
+        self.push_large: bool | None = None
         self.straight_default = ll.n == 2
         self.share = cma.can_claim()  # shared copies (RINGTREE_CMA_SHARE; an atomic add)
         self.scratch = cma.bounce_buffer()  # bounced reads of large outputs (STREAM_MIN)
@@ -211,7 +214,7 @@ class DirectOp:
 
     __slots__ = ("ll", "direct", "coll", "count", "nbytes", "dtype", "name", "desc", "head",
                  "order", "block", "avg", "root", "run", "hot", "rec", "_scratch", "_words",
-                 "pieces", "queued_entry")
+                 "pieces", "queued_entry", "push")
     paired = True   # two LL calls a call (the hot paths: ll_entry.enter, ll_hot)
     premul = False  # (ll_entry.scaled: a one-rank PREMUL_SUM never runs here)
 
@@ -239,6 +242,14 @@ class DirectOp:
         self._words = tuple([payload_word(ll, q, p) for q in range(ll.n)] for p in (0, 1))
         # (the reduce-scatter and the all-reduce: ll_direct_fold's subclasses)
         self.run = self._gather if coll is Collective.ALL_GATHER else self._broadcast
+        # an all-gather pushes (:meth:`_push`) below LL's range on 2 ranks, or on more for
+        # blocks of at most a piece; on 2 ranks above it too once the ranks agreed that
+        # offsets in a cache line cost the kernel's copy nothing (Direct.push_large). Decided
+        # here, once: the C entry's mode and these steps must be the same on every rank
+        n, nb = ll.n, self.nbytes
+        self.push = coll is Collective.ALL_GATHER and (
+            nb * n < MIN_BYTES[(Collective.ALL_GATHER, n > 2)] and (n == 2 or nb <= SHARE_PIECE)
+            or n == 2 and bool(direct.push_large))
 
     def describe(self) -> str:
         return f"{self.name}(count={self.count}, {self.dtype.value}, proto=LL, single copy)"
@@ -296,8 +307,7 @@ class DirectOp:
         if cma.address(x) != base + me * nb:  # not in place: the own block while peers read
             own = self._own_copy(x, out[me * self.count:(me + 1) * self.count])
         straight = d.straight_gather.get((nb * ll.n).bit_length(), d.straight_default)
-        below = nb * ll.n < MIN_BYTES[(Collective.ALL_GATHER, ll.n > 2)]
-        if below and (ll.n == 2 or nb <= SHARE_PIECE):
+        if self.push:
             status = self._push(x, base, timeout)
         elif not straight and d.share and 2 <= ll.n <= SHARE_MAX and \
                 nb > SHARE_PIECE and cma.can_claim():
@@ -324,9 +334,10 @@ class DirectOp:
         return 0
 
     def _push(self, x: np.ndarray, base: int, timeout: float) -> int:
-        """Below LL's own range (where the single copy runs only where it was measured
-        faster, :mod:`~ringtree.runtime.protocols.ll_crossover`), on 2 ranks, or on more
-        for blocks of at most a piece (larger ones are shared, :meth:`_shared`): the rank
+        """Where :attr:`push` (below LL's own range, where the single copy runs only
+        where it was measured faster, :mod:`~ringtree.runtime.protocols.ll_crossover`, on
+        2 ranks, or on more for blocks of at most a piece, larger ones being shared,
+        :meth:`_shared`; on 2 ranks above it where the ranks agreed): the rank
         writes its input into its block of every peer's output, one
         ``process_vm_writev`` a peer, from its own (cache-warm) input. On an Intel Xeon
         host, 2 ranks, alternated in one job, a 1 MiB all-gather's write and own copy

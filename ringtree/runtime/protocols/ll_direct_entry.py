@@ -78,8 +78,7 @@ def mode(op: DirectOp) -> int | None:
     if not available() or n < 2:
         return None
     if op.coll is Collective.ALL_GATHER:  # (ll_direct's constants as they are now)
-        if nb * n < direct.MIN_BYTES[(Collective.ALL_GATHER, n > 2)] and \
-                (n == 2 or nb <= direct.SHARE_PIECE):
+        if op.push:
             return PUSH
         straight = d.straight_gather.get((nb * n).bit_length(), d.straight_default)
         shared = not straight and d.share and 2 <= n <= direct.SHARE_MAX and \

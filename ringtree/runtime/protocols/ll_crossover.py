@@ -127,6 +127,8 @@ class Crossover:
         comm = self._comm()
         if spec.coll is Collective.ALL_GATHER and n == 2 and direct.push_large is None and \
                 nbytes >= ll_direct.MIN_BYTES[(spec.coll, False)] and comm is not None:
+            if self.runner.pending:
+                self.runner.drain()  # (as the measuring: after the queued calls)
             direct.push_large = self._agree_push(comm)
         if not lo <= nbytes < hi or nbytes.bit_length() in table or comm is None:
             return

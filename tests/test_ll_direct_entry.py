@@ -32,6 +32,7 @@ from ringtree.runtime.protocols import ll_direct, ll_direct_entry
 from ringtree.runtime.protocols.ll_direct_entry import Compiled
 from ringtree.testing import run_ranks
 from ringtree.transports import shm_cma as cma
+from ringtree.transports.shm_native import SECOND
 
 ALL_DIRECT = {"RINGTREE_CMA_MIN": "1"}  # the single copy at every size
 DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
@@ -54,13 +55,15 @@ def test_the_modes_are_the_kernels():
 
 
 def _spy() -> dict:
-    """Count this process's compiled calls by mode, and the calls handed back."""
-    seen = {"entries": {}, "handed": 0}
+    """Count this process's compiled calls by mode, the calls handed back at the first
+    synchronisation (``handed``: Python made the moves) and at the second (``second``)."""
+    seen = {"entries": {}, "handed": 0, "second": 0}
     after, rest = Compiled.after, Compiled._rest
 
-    def counted_after(self, *a):
+    def counted_after(self, x, out, r, *a):
         seen["entries"][self.mode] = seen["entries"].get(self.mode, 0) + 1
-        return after(self, *a)
+        seen["second"] += SECOND // 2 <= r < ll_direct_entry._llc.D_GONE
+        return after(self, x, out, r, *a)
 
     def counted_rest(self, *a):
         seen["handed"] += 1
@@ -185,7 +188,9 @@ def test_a_late_peer_hands_the_call_back_to_python(first):
     res = run_ranks(late, 2, first, timeout=60, env=env)
     got = assert_absent_named(res, res[0]["absent_seq"])
     assert set(got["entries"]) == {ll_direct_entry.FOLD_PUSH}, got
-    assert (got["handed"] >= 3) == first, got  # the first sync's hand-backs run _rest
+    # rank 1 was 20 ms late five times, past rank 0's 2 ms budgets: at the first sync
+    # (Python made the moves) or at the second (Python finished the wait)
+    assert got["handed" if first else "second"] >= 3, got
 
 
 def test_a_killed_peer_is_named_by_the_kernels_ranks():

@@ -10,8 +10,8 @@
  * between that post and the wait), and looks at the statuses. The words, the moves and
  * their order are those of the Python steps, so kernel and Python ranks run one job.
  *
- * What it hands back to Python (ll_direct_entry.complete): a code of call s (RING, a
- * late peer i >= 0, a mismatch -2 - i; nothing after the post done: Python finishes
+ * What it hands back to Python (ll_direct_entry.Compiled.after): a code of call s
+ * (RING, a late peer i >= 0, a mismatch -2 - i; nothing after the post done: Python finishes
  * that wait and runs the moves and call s + 1 itself), SECOND + a code of call s + 1
  * (the moves and the own copy done: Python finishes that wait and reads the statuses),
  * D_GONE + (q << 1 | wrote) (peer q's process is gone: ESRCH on a move; Python names
@@ -143,7 +143,8 @@ static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs)
     if (folds && k->fold == NULL)
         k->fold = pick(k->dtype, k->op); /* (a round made without rows has none) */
     int bad = d->mode < DM_PUSH || d->mode > DM_FOLD_PUSH || d->me < 0 || d->me >= d->n ||
-              d->n < 2 || d->block < 0 || d->own_copy < OWN_CACHED || d->own_copy > OWN_MEMCPY ||
+              d->n < 2 || d->block < 0 || d->own_copy < OWN_CACHED ||
+              d->own_copy > OWN_MEMCPY ||
               (folds && (k->fold == NULL || d->lo < 0 || d->lo > d->hi || d->hi > d->block ||
                          d->piece <= 0 || d->piece % ITEMSIZE[k->dtype]));
     Py_ssize_t top = (k->seg.len >> 3) - 4;

@@ -10,9 +10,9 @@ moves of a 64 KiB all-gather take about 3.5 µs and the segment's whole call 8.9
 
 ``Round.dcall`` (``transports/_direct.h``) runs both calls and the moves in one entry,
 the GIL released: the same words in the same lines, the same moves in the same order
-(all-gather: the push below LL's range, else straight reads; reduce-scatter and
-all-reduce: ``fold_push``'s loop, the same bits), so kernel and Python ranks run one
-job. :func:`prepare` gives an op the entry where its call is one of those
+(all-gather: the push where ``DirectOp.push``, else straight reads; reduce-scatter
+and all-reduce: ``fold_push``'s loop, the same bits), so kernel and Python ranks run
+one job. :func:`prepare` gives an op the entry where its call is one of those
 (:func:`mode`); ``op.run`` is then a :class:`Compiled`, which the general path calls
 and whose :meth:`~Compiled.after` completes a call the kernel handed back:
 
@@ -26,8 +26,9 @@ and whose :meth:`~Compiled.after` completes a call the kernel handed back:
   who could not read or write whom.
 
 The communicator's hot paths (:mod:`ll_hot` for the all-reduce, :mod:`ll_gather` for
-the all-gather and reduce-scatter) call the entry with the flight recorder's entry
-written from C, as for the segment's one-entry calls. The shared copies, bounced reads,
+the all-gather and reduce-scatter) and the async queue (:func:`~.ll_entry.run_queued`)
+call the entry with the flight recorder's entry written from C, as for the segment's
+one-entry calls; :func:`~.ll_entry.paired` completes it there. The shared copies, bounced reads,
 the broadcast, AVG and dtypes or ops the kernel does not fold keep the Python steps.
 """
 

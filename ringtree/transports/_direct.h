@@ -221,10 +221,5 @@ static PyObject *Round_dcall(Round *k, PyObject *const *args, Py_ssize_t nargs) 
     Py_BEGIN_ALLOW_THREADS
     r = direct_body(k, s, h, xb.buf, ob.buf);
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&xb);
-    if (!inplace)
-        PyBuffer_Release(&ob);
-    if (r == -1)
-        fr_done(k, mark, seq);
-    return PyLong_FromLong(r);
+    return entry_end(k, &xb, inplace ? NULL : &ob, mark, seq, r);
 }

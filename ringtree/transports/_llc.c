@@ -653,6 +653,18 @@ static void fr_done(Round *k, int64_t *mark, long long seq) {
         mark[1] = 2, mark[3] = real_ns(), ((int64_t *)k->fr_ctr.buf)[3] = seq;
 }
 
+/* an entry's end: its buffers released (ob NULL: none, in place), call `seq`'s entry
+ * completed if the call was (r == -1); the code, as a Python int */
+static PyObject *entry_end(Round *k, Py_buffer *xb, Py_buffer *ob, int64_t *mark,
+                           long long seq, int r) {
+    PyBuffer_Release(xb);
+    if (ob != NULL)
+        PyBuffer_Release(ob);
+    if (r == -1)
+        fr_done(k, mark, seq);
+    return PyLong_FromLong(r);
+}
+
 /* ---- one rank: no segment, no peers ------------------------------------------------
  * A communicator of one rank folds only its own contribution: every entry (hot, rhot,
  * ghot, shot, bshot) of a Round set alone() checks its buffers as it does for a real
@@ -824,12 +836,7 @@ static PyObject *hot_entry(Round *k, PyObject *const *args, Py_ssize_t nargs, in
     else
         r = round_body(k, (int)(s & 1), s, h, xb.buf, xb.len, out, xb.len);
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&xb);
-    if (!inplace)
-        PyBuffer_Release(&ob);
-    if (r == -1)
-        fr_done(k, mark, seq);
-    return PyLong_FromLong(r);
+    return entry_end(k, &xb, inplace ? NULL : &ob, mark, seq, r);
 }
 
 /* hot(x, out, s, seq, ident): first the issuing thread's check, ident being its owner's
@@ -1932,21 +1939,17 @@ PyMODINIT_FUNC PyInit__llc(void) {
     PyObject *m = rt_module_create(&module);
     if (m == NULL)
         return NULL;
+    static const struct { const char *name; long value; } consts[] = {
+        {"RING", RING}, {"NOBUF", NOBUF}, {"NOTMINE", NOTMINE}, {"SECOND", SECOND},
+        {"REG_LEARN", REG_LEARN}, {"D_GONE", D_GONE}, {"D_FAILED", D_FAILED},
+        {"DM_PUSH", DM_PUSH}, {"DM_READ", DM_READ}, {"DM_FOLD", DM_FOLD},
+        {"DM_FOLD_PUSH", DM_FOLD_PUSH}, {"OWN_MEMCPY", OWN_MEMCPY},
+        {"OWN_STREAM", OWN_STREAM}};
     Py_INCREF(&RoundType);
-    if (PyModule_AddObject(m, "Round", (PyObject *)&RoundType) < 0 ||
-        PyModule_AddIntConstant(m, "RING", RING) < 0 ||
-        PyModule_AddIntConstant(m, "NOBUF", NOBUF) < 0 ||
-        PyModule_AddIntConstant(m, "NOTMINE", NOTMINE) < 0 ||
-        PyModule_AddIntConstant(m, "SECOND", SECOND) < 0 ||
-        PyModule_AddIntConstant(m, "REG_LEARN", REG_LEARN) < 0 ||
-        PyModule_AddIntConstant(m, "D_GONE", D_GONE) < 0 ||
-        PyModule_AddIntConstant(m, "D_FAILED", D_FAILED) < 0 ||
-        PyModule_AddIntConstant(m, "DM_PUSH", DM_PUSH) < 0 ||
-        PyModule_AddIntConstant(m, "DM_READ", DM_READ) < 0 ||
-        PyModule_AddIntConstant(m, "DM_FOLD", DM_FOLD) < 0 ||
-        PyModule_AddIntConstant(m, "DM_FOLD_PUSH", DM_FOLD_PUSH) < 0 ||
-        PyModule_AddIntConstant(m, "OWN_MEMCPY", OWN_MEMCPY) < 0 ||
-        PyModule_AddIntConstant(m, "OWN_STREAM", OWN_STREAM) < 0) {
+    int bad = PyModule_AddObject(m, "Round", (PyObject *)&RoundType) < 0;
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0] && !bad; i++)
+        bad = PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0;
+    if (bad) {
         Py_DECREF(m);
         return NULL;
     }

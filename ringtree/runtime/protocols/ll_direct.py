@@ -242,10 +242,9 @@ class DirectOp:
         self._words = tuple([payload_word(ll, q, p) for q in range(ll.n)] for p in (0, 1))
         # (the reduce-scatter and the all-reduce: ll_direct_fold's subclasses)
         self.run = self._gather if coll is Collective.ALL_GATHER else self._broadcast
-        # an all-gather pushes (:meth:`_push`) below LL's range on 2 ranks, or on more for
-        # blocks of at most a piece; on 2 ranks above it too once the ranks agreed that
-        # offsets in a cache line cost the kernel's copy nothing (Direct.push_large). Decided
-        # here, once: the C entry's mode and these steps must be the same on every rank
+        # an all-gather pushes (_push) below LL's range on 2 ranks, or on more for blocks of
+        # at most a piece; on 2 ranks above it too where agreed (Direct.push_large). Decided
+        # once: the C entry's mode and these steps must be the same on every rank
         n, nb = ll.n, self.nbytes
         self.push = coll is Collective.ALL_GATHER and (
             nb * n < MIN_BYTES[(Collective.ALL_GATHER, n > 2)] and (n == 2 or nb <= SHARE_PIECE)
@@ -299,22 +298,35 @@ class DirectOp:
     # ---- the calls -------------------------------------------------------------------
 
     def _gather(self, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
-        ll, nb, me, d = self.ll, self.nbytes, self.ll.rank, self.direct
+        nb, me = self.nbytes, self.ll.rank
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
         base = cma.address(out)
         own = None
         if cma.address(x) != base + me * nb:  # not in place: the own block while peers read
             own = self._own_copy(x, out[me * self.count:(me + 1) * self.count])
-        straight = d.straight_gather.get((nb * ll.n).bit_length(), d.straight_default)
+        straight = self.straight()
         if self.push:
             status = self._push(x, base, timeout)
-        elif not straight and d.share and 2 <= ll.n <= SHARE_MAX and \
-                nb > SHARE_PIECE and cma.can_claim():
+        elif self.shares(straight):
             status, own = self._shared(x, base, own, timeout)
         else:
             status = self._reads(self._publish(x, timeout), base, straight)
         self._complete(status, timeout, own)
+
+    def straight(self) -> bool:
+        """Does the all-gather read each peer's block straight (else in shared, bounced
+        pieces)? Its octave's measured mode, read at each call (the measuring switches
+        it between its arms), else :attr:`Direct.straight_default`."""
+        d = self.direct
+        return d.straight_gather.get((self.nbytes * self.ll.n).bit_length(),
+                                     d.straight_default)
+
+    def shares(self, straight: bool) -> bool:
+        """Does a call that does not push share its copies (:meth:`_shared`)?"""
+        d, n = self.direct, self.ll.n
+        return not straight and d.share and 2 <= n <= SHARE_MAX and \
+            self.nbytes > SHARE_PIECE and cma.can_claim()
 
     def _reads(self, addrs: list[int], base: int, straight: bool) -> int:
         """Every peer's block read into the output at ``base`` (``addrs``: every rank's

@@ -75,16 +75,14 @@ def mode(op: DirectOp) -> int | None:
     """The moves ``Round.dcall`` makes for ``op``'s calls (:data:`PUSH`, :data:`READ`,
     :data:`FOLD`, :data:`FOLD_PUSH`), or None: the Python steps (no kernel, a broadcast,
     the shared or bounced all-gather, a fold the kernel does not make)."""
-    n, nb, d = op.ll.n, op.nbytes, op.direct
+    n = op.ll.n
     if not available() or n < 2:
         return None
-    if op.coll is Collective.ALL_GATHER:  # (ll_direct's constants as they are now)
+    if op.coll is Collective.ALL_GATHER:  # the choices of DirectOp._gather
         if op.push:
             return PUSH
-        straight = d.straight_gather.get((nb * n).bit_length(), d.straight_default)
-        shared = not straight and d.share and 2 <= n <= direct.SHARE_MAX and \
-            nb > direct.SHARE_PIECE
-        return None if shared or nb * n >= direct.STREAM_MIN else READ
+        return None if op.shares(op.straight()) or op.nbytes * n >= direct.STREAM_MIN \
+            else READ
     if op.coll is Collective.BROADCAST or not getattr(op, "native", False):
         return None
     return FOLD_PUSH if op.coll is Collective.ALL_REDUCE else FOLD

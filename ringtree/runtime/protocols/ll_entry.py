@@ -37,7 +37,7 @@ from ringtree.transports.shm_native import NOBUF
 
 MISS = object()          # a hot path's answer: the call takes the general path
 REDUCE = "reduce_now: the last shape"  # planner.ready's key for it
-BARRIER = (Collective.BARRIER,)  # planner.ready_blocks' key of a barrier planned on LL
+BARRIER = (Collective.BARRIER,)  # ready_blocks' key of a barrier planned on LL, ready's of its entry
 
 
 def timeout_of(timeout) -> float | None:
@@ -145,6 +145,24 @@ def late(runner, comm, op, after: Callable, x: np.ndarray, out, r: int, s: int,
         fr.end_native()
 
 
+def barrier(runner, comm, op, timeout: float | None) -> bool:
+    """Run a barrier planned on LL (``op``, its :class:`~ringtree.runtime.protocols.ll.LLOp`
+    with a C entry) in that entry, ``Round.rhot`` on the op's empty token: this rank's
+    header posted and every peer's waited for (on one rank: the call numbered and its
+    flight-recorder entry written), as :func:`enter` runs a call. False: nothing was
+    done (see :func:`enter`)."""
+    m = comm.planner.ready.get(BARRIER)
+    if m is None or m[3] is not op:  # the token: what the round copies in, no bytes
+        nbytes = op.count * op.dtype.storage.itemsize if op.ll.n == 1 else 0
+        m = comm.planner.ready[BARRIER] = (np.zeros(nbytes, np.uint8), None, None, op,
+                                           op.hot.rhot, _nothing)
+    return enter(runner, comm, m, m[0], None, timeout)
+
+
+def _nothing(x, out, p: int) -> None:
+    """What a barrier does once a late peer's wait completed."""
+
+
 def reduce_now(runner, comm, x: np.ndarray, root, op, out, timeout: float | None):
     """``LLRunner.reduce_now``: a NumPy reduce (``out`` a NumPy array or None) whose shape,
     root and op (matched by identity, as the caller wrote them) ran on a compiled
@@ -191,13 +209,13 @@ def _learn(comm, x: np.ndarray, root, op, out) -> tuple | None:
 
 def alone(op, op_code: int):
     """The one C entry of a one-rank :class:`~ringtree.runtime.protocols.ll.LLOp`
-    (``shm_native.alone_round``), or None (no kernel, a barrier, PREMUL_SUM on float16 or
-    bfloat16: the general path, ``LLOp._alone``). Its rank folds only its own
-    contribution: a copy when out is not x (AVG: x / 1, the same bits), PREMUL_SUM's
-    scale set by :func:`scaled` when a hot path takes the shape."""
+    (``shm_native.alone_round``), or None (no kernel, PREMUL_SUM on float16 or bfloat16:
+    the general path, ``LLOp._alone``). Its rank folds only its own contribution: a copy
+    when out is not x (AVG: x / 1, the same bits), PREMUL_SUM's scale set by
+    :func:`scaled` when a hot path takes the shape; a barrier's entry (in place on its
+    :func:`token`) only numbers the call and writes the flight recorder's entry."""
     dt = op.dtype
-    if op.coll is Collective.BARRIER or not native.enabled() or \
-            op.premul and dt.is_float and dt.itemsize == 2:
+    if not native.enabled() or op.premul and dt.is_float and dt.itemsize == 2:
         return None
     return native.alone_round(op.ll, dt.code, op.count * dt.storage.itemsize)
 

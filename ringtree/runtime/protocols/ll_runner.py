@@ -290,15 +290,18 @@ class LLRunner(AsyncCalls):
 
     def barrier_now(self, comm, timeout: float | None):
         """A blocking barrier once one was planned on LL (``planner.ready_blocks``'s
-        :data:`~.ll_entry.BARRIER`): numbered and run as :meth:`blocks_now` runs its
-        calls, without a CallSpec or the planner (on an Intel Xeon host 2.0-2.3 µs on 1
-        and 2 ranks, against 3.1-3.8 through the general path and 0.45-0.9 for an 8-byte
+        :data:`~.ll_entry.BARRIER`): in its C entry (:func:`~.ll_entry.barrier`), else
+        numbered and run as :meth:`blocks_now` runs its calls, without a CallSpec or the
+        planner (on an Intel Xeon host this Python path took 2.0-2.3 µs on 1 and 2
+        ranks, against 3.1-3.8 through the general path and 0.45-0.9 for an 8-byte
         all-reduce). None, or :data:`MISS` for the general path."""
         hit = comm.planner.ready_blocks.get(ll_entry.BARRIER)
         if hit is None or comm._group is not None or comm.health.broken is not None or \
                 self.pending or comm._closed:
             return MISS
         timeout = ll_entry.timeout_of(timeout)
+        if hit[0].hot is not None and ll_entry.barrier(self, comm, hit[0], timeout):
+            return None
         if comm._owner.ident != get_ident() and not comm.background:
             comm._owner.check(comm.rank)
         comm.seq += 1

@@ -28,6 +28,12 @@ How it measures, so that numbers can be compared:
 - *The limit* is measured in the same rounds: the adds and copies every shared-memory
   algorithm must do (``Limit`` in the worker), by as many processes pinned the same way.
   "of limit" is limit time ÷ the library's time (1.0 = at the machine's limit).
+- *The cross-core floor* too, where the ranks are pinned one a core (``CrossCore`` in
+  the worker): the time each rank takes to read the bytes it must bring from the other
+  cores (2 (n − 1)/n S for an all-reduce) just after they were written there, and nothing
+  else. The limit's buffers are private and stay in a core's caches up to its L2, so at
+  cache sizes the limit is below what any collective can reach; "of floor" is floor
+  time ÷ ringtree's time.
 - ``ratio`` is ringtree's time ÷ the best peer's (below 1: ringtree is faster), for
   ringtree on the caller's own buffers. ``ringtree (registered)`` is the same library on
   buffers from ``Communicator.zeros`` (registered memory the peers read in place, as
@@ -60,7 +66,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "cpu_peers_worker.py")
 SIZES = ["8", "64K", "1M", "16M", "64M"]
 ORDER = ["ringtree", "ringtree-reg", "impi", "mpich", "ompi", "oneccl", "vllm", "deepspeed",
-         "gloo", "limit"]
+         "gloo", "limit", "floor"]
 # ringtree's rows: the plain one is the headline (user buffers as they come, compared with
 # the peers); "ringtree-reg" runs the same calls on registered buffers (Communicator.zeros,
 # nccl-tests' -R 1), an extra row that is never counted as the best peer
@@ -68,7 +74,8 @@ OURS = ("ringtree", "ringtree-reg")
 NAMES = {"ringtree": "ringtree", "ringtree-reg": "ringtree (registered)", "impi": "Intel MPI",
          "mpich": "MPICH", "ompi": "Open MPI",
          "oneccl": "oneCCL", "vllm": "vLLM shm", "deepspeed": "DeepSpeed shm",
-         "gloo": "torch gloo", "limit": "limit"}
+         "gloo": "torch gloo", "limit": "limit", "floor": "cross-core floor"}
+BOUNDS = ("limit", "floor")  # measured beside the libraries, never a peer
 
 
 @dataclass
@@ -85,18 +92,18 @@ class Peer:
     @property
     def per_rank(self) -> bool:
         """Started as one process per rank (else through a launcher of its own)."""
-        return self.name not in (*OURS, "limit") and not self.mpiexec
+        return self.name not in (*OURS, *BOUNDS) and not self.mpiexec
 
     def command(self, n: int, pin: bool, out: str, args) -> list[list[str]]:
-        """One command (an MPI launcher, ``ringtree run``, the limit) or one per rank."""
+        """One command (an MPI launcher, ``ringtree run``, a bound) or one per rank."""
         common = ["--out", out, "--colls", ",".join(args.colls), "--reps", str(args.reps),
                   "--warmup", str(args.warmup), "--sizes", *map(str, args.sizes)]
         if self.name in OURS:
             run = os.path.join(os.path.dirname(self.python), "ringtree")
             return [[run, "run", "-n", str(n), "--bind-to", "core" if pin else "none",
                      self.python, WORKER, self.name, *common]]
-        if self.name == "limit":
-            return [[self.python, WORKER, "limit", *common, "--nranks", str(n),
+        if self.name in BOUNDS:
+            return [[self.python, WORKER, self.name, *common, "--nranks", str(n),
                      *(["--pin"] if pin else [])]]
         if self.mpiexec:
             bind = {"mpich": ["-bind-to", "core" if pin else "none"],
@@ -112,7 +119,7 @@ class Peer:
 def peers(root: str | None) -> dict[str, Peer]:
     """Every library, with ``why_not`` set where it is not installed under ``root``."""
     found = {"ringtree": Peer("ringtree"), "ringtree-reg": Peer("ringtree-reg"),
-             "limit": Peer("limit")}
+             "limit": Peer("limit"), "floor": Peer("floor")}
     try:
         import torch  # noqa: F401
         found["gloo"] = Peer("gloo")
@@ -257,7 +264,8 @@ def run(args) -> dict:
 
 def tables(data: dict, args) -> str:
     """One markdown table per rank count and collective: µs per call (median), the best
-    peer, ringtree ÷ best peer, and each library's fraction of the limit."""
+    peer, ringtree ÷ best peer, ringtree's fraction of the limit and of the cross-core
+    floor, and the registered buffers' of the limit."""
     lines = []
     for n, got in data["ranks"].items():
         for coll in args.colls:
@@ -268,22 +276,24 @@ def tables(data: dict, args) -> str:
             lines += [f"### {coll}, {n} rank{'s' * (n > 1)}", "",
                       "| size | " + " | ".join(NAMES[lib] for lib in libs)
                       + " | best peer | ringtree ÷ best | ringtree of limit |"
-                      + (" registered of limit |" if reg else ""),
-                      "|---" * (len(libs) + 4 + reg) + "|"]
+                      + " ringtree of floor |" + (" registered of limit |" if reg else ""),
+                      "|---" * (len(libs) + 5 + reg) + "|"]
             for s in args.sizes:
                 med = {lib: statistics.median(got[lib][coll][s]) for lib in libs
                        if s in got[lib][coll]}
                 cells = [_us(med.get(lib)) for lib in libs]
-                rt, lim = med.get("ringtree"), med.get("limit")
-                others = {k: v for k, v in med.items() if k not in (*OURS, "limit")}
+                rt, lim, low = med.get("ringtree"), med.get("limit"), med.get("floor")
+                others = {k: v for k, v in med.items() if k not in (*OURS, *BOUNDS)}
                 best = min(others, key=others.get) if others else None
                 ratio = f"{rt / others[best]:.2f}" if rt and best else "—"
                 of_lim = f"{lim / rt:.2f}" if rt and lim and n > 1 else "—"
+                of_low = f"{low / rt:.2f}" if rt and low else "—"
                 rg = med.get("ringtree-reg")
                 of_reg = "" if not reg else \
                     f" {lim / rg:.2f} |" if rg and lim and n > 1 else " — |"
                 lines.append(f"| {show_size(s)} | " + " | ".join(cells) +
-                             f" | {NAMES[best] if best else '—'} | {ratio} | {of_lim} |{of_reg}")
+                             f" | {NAMES[best] if best else '—'} | {ratio} | {of_lim} | {of_low} |"
+                             + of_reg)
             lines.append("")
     return "\n".join(lines)
 

@@ -1,4 +1,5 @@
-"""The single-copy all-reduce's and all-gather's crossover measured on the communicator
+"""The single-copy all-reduce's, all-gather's and broadcast's crossover measured on the
+communicator
 (``runtime/protocols/ll_crossover.py``): once per octave inside the band, the same
 choice on every rank, the rank-order bits whichever path runs, off with
 ``RINGTREE_TUNE=model`` and ``RINGTREE_CMA_MIN``; the rule's margin; a peer dead during
@@ -16,7 +17,7 @@ from hot_entry_cases import KILL_ENV, assert_killed_named
 
 import ringtree
 from ringtree.runtime.protocols import ll_direct_entry, ll_direct_fold, ll_timing
-from ringtree.runtime.protocols.ll_crossover import BAND, GATHER_BAND, GATHER_OWN
+from ringtree.runtime.protocols.ll_crossover import BAND, BCAST_BAND, GATHER_BAND, GATHER_OWN
 from ringtree.runtime.protocols.ll_direct_entry import Compiled
 from ringtree.runtime.protocols.ll_timing import calls_per_sample, choose
 from ringtree.testing import run_ranks
@@ -94,6 +95,36 @@ def test_the_all_gather_is_measured_once_per_octave_and_alike_on_every_rank():
         assert r["bytes"] == [8 * MIB, 16 * MIB], r
         assert r["measured"] == {(8 * MIB).bit_length(): r["chosen"][0],
                                  (16 * MIB).bit_length(): r["chosen"][1]}, r
+    assert res[0]["chosen"] == res[1]["chosen"]
+
+
+def broadcasts(comm) -> dict:
+    """Broadcasts of 64 KiB, 96 KiB (the same octave) and 128 KiB from rank 1, then the
+    64 KiB one again (now planned): the root's bytes on every rank, measured once per
+    octave, the choice taken (the op that runs is the single copy where it was)."""
+    ok, ran = [], []
+    for kib in (64, 96, 128, 64):
+        count = kib * 1024 // 4
+        x = _exact(comm.rank, count)
+        comm.broadcast(x, 1)
+        ok.append(x.tobytes() == _exact(1, count).tobytes())
+        plan = comm.planner._last
+        ran.append(type(plan.ll_op).__name__ if plan is not None else None)
+    log = comm.ll.crossover.log
+    return {"ok": ok, "bytes": [m.nbytes for m in log], "chosen": [m.chose_first for m in log],
+            "measured": dict(comm.ll.direct.measured_bcast), "ran": ran}
+
+
+def test_the_broadcast_is_measured_once_per_octave_and_alike_on_every_rank():
+    assert BCAST_BAND[False][0] <= 64 * 1024 < 128 * 1024 < BCAST_BAND[False][1]
+    res = run_ranks(broadcasts, 2, timeout=120)
+    for r in res:
+        assert r["ok"] == [True] * 4, r
+        assert r["bytes"] == [64 * 1024, 128 * 1024], r
+        assert r["measured"] == {(64 * 1024).bit_length(): r["chosen"][0],
+                                 (128 * 1024).bit_length(): r["chosen"][1]}, r
+        kinds = ["DirectOp" if c else "LLOp" for c in r["chosen"]]
+        assert r["ran"][:3] == [kinds[0], kinds[0], kinds[1]], r
     assert res[0]["chosen"] == res[1]["chosen"]
 
 

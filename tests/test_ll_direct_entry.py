@@ -1,5 +1,6 @@
 """The single copy's whole call in one C entry (``Round.dcall``,
-``ll_direct_entry``): every dtype's bytes and the rank-order fold's bits with the kernel
+``ll_direct_entry``): every dtype's bytes (all-gather, broadcast) and the rank-order
+fold's bits with the kernel
 and without it, on 2 and 3 ranks and 4 ranks on 2 cores, through the hot paths and the
 general one; the flight recorder's entries written from C; a peer late to either of the
 call's two synchronisations (the kernel hands the rest to Python); a kernel rank and a
@@ -50,8 +51,9 @@ def test_the_modes_are_the_kernels():
         pytest.skip("no compiled _llc")
     c = ll_direct_entry._llc
     e = ll_direct_entry
-    assert (e.PUSH, e.READ, e.FOLD, e.FOLD_PUSH, e.OWN_STREAM, e.OWN_MEMCPY) == (
-        c.DM_PUSH, c.DM_READ, c.DM_FOLD, c.DM_FOLD_PUSH, c.OWN_STREAM, c.OWN_MEMCPY)
+    assert (e.PUSH, e.READ, e.FOLD, e.FOLD_PUSH, e.BCAST, e.OWN_STREAM, e.OWN_MEMCPY) == (
+        c.DM_PUSH, c.DM_READ, c.DM_FOLD, c.DM_FOLD_PUSH, c.DM_BCAST, c.OWN_STREAM,
+        c.OWN_MEMCPY)
 
 
 def _spy() -> dict:
@@ -73,9 +75,10 @@ def _spy() -> dict:
 
 
 def calls(comm) -> dict:
-    """All-gathers of every dtype's bytes, reduce-scatters and all-reduces of rounding
-    float32 sums (in place and into ``out``, 6 of each shape: the hot paths after the
-    first), each compared with the bytes or the rank-order fold; inputs untouched."""
+    """All-gathers and broadcasts (from every root in turn) of every dtype's bytes,
+    reduce-scatters and all-reduces of rounding float32 sums (in place and into ``out``,
+    6 of each shape: the hot paths after the first), each compared with the bytes or the
+    rank-order fold; inputs untouched."""
     n, r = comm.size, comm.rank
     seen, wrong = _spy(), []
     cma._offsets[:] = [r % 2 == 1]  # the own copy: memcpy on even ranks, the loop on odd
@@ -89,6 +92,11 @@ def calls(comm) -> dict:
                 want = np.concatenate([_bytes(dtype, q, count, k) for q in range(n)])
                 if got.tobytes() != want.tobytes() or x.tobytes() != keep.tobytes():
                     wrong.append(f"all_gather {dtype} {count} {k}")
+                root = k % n
+                got = comm.broadcast(x, root)
+                if got is not None and got is not x or \
+                        x.tobytes() != _bytes(dtype, root, count, k).tobytes():
+                    wrong.append(f"broadcast {dtype} {count} {k}")
     for count in (5, 3000):
         out = np.empty(count, np.float32)
         for k in range(6):
@@ -116,22 +124,24 @@ def test_every_dtype_and_fold_in_and_out_of_the_kernel(nranks, env):
         assert got["wrong"] == [], (r, got)
         modes = set(got["entries"])
         assert modes == ({ll_direct_entry.PUSH, ll_direct_entry.FOLD,
-                          ll_direct_entry.FOLD_PUSH} if kernel else set()), (r, got)
+                          ll_direct_entry.FOLD_PUSH, ll_direct_entry.BCAST}
+                         if kernel else set()), (r, got)
         assert_recorded(r, got, 6, kernel, 12)
 
 
 def queued(comm) -> dict:
-    """Async all-reduces, all-gathers and reduce-scatters of rounding float32 (several
-    in flight, waited for in order), each against the rank-order fold or the blocks:
-    the queue runs them in the C entry (its flight-recorder entries)."""
+    """Async all-reduces, all-gathers, reduce-scatters and broadcasts of rounding float32
+    (several in flight, waited for in order), each against the rank-order fold or the
+    blocks: the queue runs them in the C entry (its flight-recorder entries)."""
     n, r = comm.size, comm.rank
     seen, wrong, count = _spy(), [], 3000
     for k in range(4):
-        xs = [rounding(r, count, 3 * k + j) for j in range(3)]
+        xs = [rounding(r, count, 3 * k + j) for j in range(4)]
         outs = [np.empty(count * n, np.float32), np.empty(count // n, np.float32)]
         works = [comm.all_reduce(xs[0], async_op=True),
                  comm.all_gather(xs[1], out=outs[0], async_op=True),
-                 comm.reduce_scatter(xs[2][:count // n * n], out=outs[1], async_op=True)]
+                 comm.reduce_scatter(xs[2][:count // n * n], out=outs[1], async_op=True),
+                 comm.broadcast(xs[3], k % n, async_op=True)]
         for w in works:
             w.wait()
         full = np.concatenate([rounding(q, count, 3 * k + 1) for q in range(n)])
@@ -140,7 +150,8 @@ def queued(comm) -> dict:
             ("all_reduce", xs[0].tobytes() == rank_order_sum(n, count, 3 * k).tobytes()),
             ("all_gather", outs[0].tobytes() == full.tobytes()),
             ("reduce_scatter", outs[1].tobytes() == fold[r * (count // n):
-                                                          (r + 1) * (count // n)].tobytes()))
+                                                          (r + 1) * (count // n)].tobytes()),
+            ("broadcast", xs[3].tobytes() == rounding(k % n, count, 3 * k + 3).tobytes()))
             if not ok]
     return {"wrong": wrong, **seen, **recorded(comm, 6)}
 
@@ -153,11 +164,12 @@ def test_async_calls_run_in_the_kernel_from_the_queue(nranks, env):
         assert_recorded(r, got, 6, kernel, 6)
 
 
-def late(comm, first: bool) -> dict:
-    """Rank 1 comes 20 ms late to five all-reduces, either to the call (``first``: rank
-    0's kernel gives up waiting at the first synchronisation and Python makes the moves)
-    or, running the Python steps itself, between its moves and the second (rank 0's
-    kernel hands that wait back); then rank 1 skips a call: rank 0's names it."""
+def late(comm, first: bool, coll: str) -> dict:
+    """Rank 1 comes 20 ms late to five all-reduces (or broadcasts from rank 0), either to
+    the call (``first``: rank 0's kernel gives up waiting at the first synchronisation
+    and Python makes the moves) or, running the Python steps itself, between its moves
+    and the second (rank 0's kernel hands that wait back); then rank 1 skips a call:
+    rank 0's names it."""
     seen = _spy()
     if comm.rank == 1 and not first:
         ll_direct_entry.mode = lambda op: None  # this rank: Python's steps
@@ -173,30 +185,42 @@ def late(comm, first: bool) -> dict:
         if comm.rank == 1 and first and k:
             time.sleep(0.02)
         x[:] = 10 * k + comm.rank
-        comm.all_reduce(x)
-        ok &= x.tolist() == [20 * k + 1] * 1000
+        if coll == "broadcast":
+            comm.broadcast(x, 0)
+            ok &= x.tolist() == [10 * k] * 1000
+        else:
+            comm.all_reduce(x)
+            ok &= x.tolist() == [20 * k + 1] * 1000
     seq = comm.seq + 1
-    got = absent_peer(comm, partial(comm.all_reduce, x), ok)
+    call = partial(comm.broadcast, x, 0) if coll == "broadcast" else \
+        partial(comm.all_reduce, x)
+    got = absent_peer(comm, lambda timeout: call(timeout=timeout), ok)
     return {**got, **seen, "absent_seq": seq}
 
 
+@pytest.mark.parametrize("coll", ["all_reduce", "broadcast"])
 @pytest.mark.parametrize("first", [True, False], ids=["first-sync", "second-sync"])
-def test_a_late_peer_hands_the_call_back_to_python(first):
+def test_a_late_peer_hands_the_call_back_to_python(first, coll):
     if not ll_direct_entry.available():
         pytest.skip("no compiled _llc")
     env = {**ALL_DIRECT, "RINGTREE_LL_YIELD_US": "2000"}
-    res = run_ranks(late, 2, first, timeout=60, env=env)
+    res = run_ranks(late, 2, first, coll, timeout=60, env=env)
     got = assert_absent_named(res, res[0]["absent_seq"])
-    assert set(got["entries"]) == {ll_direct_entry.FOLD_PUSH}, got
+    mode = ll_direct_entry.BCAST if coll == "broadcast" else ll_direct_entry.FOLD_PUSH
+    assert mode in got["entries"], got  # (beside the store mode's measuring all-reduces)
     # rank 1 was 20 ms late five times, past rank 0's 2 ms budgets: at the first sync
     # (Python made the moves) or at the second (Python finished the wait)
     assert got["handed" if first else "second"] >= 3, got
 
 
-def test_a_killed_peer_is_named_by_the_kernels_ranks():
+@pytest.mark.parametrize("coll", ["all_reduce", "broadcast"])
+def test_a_killed_peer_is_named_by_the_kernels_ranks(coll):
     env = {**ALL_DIRECT, **KILL_ENV}
     x = partial(np.arange, 30000, dtype=np.float32)
-    assert_killed_named(run_ranks(lambda c: killed_peer(c, lambda: c.all_reduce(x())), 3,
+
+    def call(c):
+        return c.broadcast(x(), 0) if coll == "broadcast" else c.all_reduce(x())
+    assert_killed_named(run_ranks(lambda c: killed_peer(c, lambda: call(c)), 3,
                                   timeout=60, env=env))
 
 
@@ -207,8 +231,9 @@ def test_signals_while_the_kernel_waits():
 
 
 def many(comm) -> tuple[int, int]:
-    """2,000 all-reduces and all-gathers alternated, each element naming its call and
-    rank: the wrong ones, and how many flight-recorder entries the kernel wrote."""
+    """2,000 all-reduces and all-gathers alternated (and 500 broadcasts from every root in
+    turn), each element naming its call and rank: the wrong ones, and how many
+    flight-recorder entries the kernel wrote."""
     n = comm.size
     x, out = np.empty(1000, np.int32), np.empty(1000 * n, np.int32)
     wrong = 0
@@ -219,6 +244,10 @@ def many(comm) -> tuple[int, int]:
         wrong += int(not (out.reshape(n, -1) == want[:, None]).all())
         comm.all_reduce(x)
         wrong += int(not (x == 16 * k * n + n * (n - 1) // 2).all())
+        if k % 2:
+            x[:] = 16 * k + comm.rank
+            comm.broadcast(x, k % n)
+            wrong += int(not (x == 16 * k + k % n).all())
     return wrong, sum(type(e) is not Entry for e in comm.flight.ring if e is not None)
 
 

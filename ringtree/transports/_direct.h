@@ -19,7 +19,9 @@
 
 #define D_GONE (1 << 26)
 #define D_FAILED (1 << 27)
-enum { DM_PUSH = 1, DM_READ, DM_FOLD, DM_FOLD_PUSH }; /* the moves (direct()'s mode) */
+/* the moves (direct()'s mode): an all-gather's pushes or reads, a reduce-scatter's and an
+ * all-reduce's fold (fold_push's loop), a broadcast's read of the root's buffer */
+enum { DM_PUSH = 1, DM_READ, DM_FOLD, DM_FOLD_PUSH, DM_BCAST };
 enum { DP_STATUS = 0, DP_ADDR = 1, DP_OUT = 3 };      /* inline payload words (ll_direct) */
 /* an all-gather's own copy: the segment's cached loop (cached_copy), streaming stores
  * (large outputs), or glibc's memcpy (where offsets in a cache line cost its rep movsb
@@ -29,7 +31,8 @@ enum { OWN_CACHED = 0, OWN_STREAM, OWN_MEMCPY };
 typedef struct DirectCall {
     int mode, n, me;
     Py_ssize_t block;                  /* gather: a block's bytes; fold: the input's */
-    Py_ssize_t lo, hi;                 /* fold: this rank's block, bytes of the input */
+    Py_ssize_t lo, hi;                 /* fold: this rank's block, bytes of the input;
+                                        * broadcast: the root in lo */
     Py_ssize_t piece;                  /* fold: bytes of a peer's row a move */
     int own_copy;                      /* gather: the own copy's stores (OWN_*) */
     Py_ssize_t pay[2][MAXR];           /* every rank's inline payload word, by parity */
@@ -67,6 +70,15 @@ static long long direct_moves(Round *k, const DirectCall *d, int p, const char *
                          d->piece, d->scratch.buf);
     }
     Py_ssize_t nb = d->block;
+    if (d->mode == DM_BCAST) { /* every rank but the root reads the root's buffer */
+        int root = (int)d->lo;
+        if (d->me == root || nb == 0)
+            return 0;
+        struct iovec lv = {out, (size_t)nb};
+        struct iovec rv = {(void *)in_at[root], (size_t)nb};
+        int err = move_spans((pid_t)d->pid[root], &lv, &rv, 1, 0);
+        return err ? (long long)root << 32 | err : 0;
+    }
     for (int j = 1; j < d->n && nb > 0; j++) {
         int q = (d->me + j) % d->n, write = d->mode == DM_PUSH;
         struct iovec lv = {write ? (char *)x : out + q * nb, (size_t)nb};
@@ -102,6 +114,8 @@ static int direct_body(Round *k, uint64_t s, const uint64_t h[3], const char *x,
             memcpy(own, x, (size_t)d->block);
         else if (own != x)
             copy_out(own, x, d->block, d->own_copy == OWN_STREAM);
+    } else if (d->mode == DM_BCAST && d->me == (int)d->lo && out != x) {
+        memcpy(out, x, (size_t)d->block); /* the root's own copy, while peers read */
     }
     if (r == -1)
         r = wait_peers(k, 1 - p, s2, 0);
@@ -117,7 +131,8 @@ static int direct_body(Round *k, uint64_t s, const uint64_t h[3], const char *x,
  * -> None: this Round runs the single copy's calls (dcall). mode: DM_*; pids, pay0,
  * pay1: by rank, the pid and the inline payload's first word of parity 0 and 1; order:
  * the fold's ranks (folds; else empty); block: a gather's block bytes, a fold's input
- * bytes; lo, hi: a fold's own block; piece, scratch: fold_push's; own_copy: OWN_* */
+ * bytes, a broadcast's buffer bytes; lo, hi: a fold's own block (a broadcast: the root
+ * in lo); piece, scratch: fold_push's; own_copy: OWN_* */
 static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12) {
         PyErr_SetString(PyExc_TypeError, "direct(mode, me, pids, pay0, pay1, order, block, "
@@ -142,7 +157,8 @@ static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs)
     }
     if (folds && k->fold == NULL)
         k->fold = pick(k->dtype, k->op); /* (a round made without rows has none) */
-    int bad = d->mode < DM_PUSH || d->mode > DM_FOLD_PUSH || d->me < 0 || d->me >= d->n ||
+    int bad = d->mode < DM_PUSH || d->mode > DM_BCAST || d->me < 0 || d->me >= d->n ||
+              (d->mode == DM_BCAST && (d->lo < 0 || d->lo >= d->n)) ||
               d->n < 2 || d->block < 0 || d->own_copy < OWN_CACHED ||
               d->own_copy > OWN_MEMCPY ||
               (folds && (k->fold == NULL || d->lo < 0 || d->lo > d->hi || d->hi > d->block ||
@@ -174,9 +190,9 @@ static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs)
 /* dcall(x, out, s, seq[, ident]) -> int: the single copy's call s and s + 1 in one
  * entry (direct_body), recorded as collective `seq` as hot() records (seq < 0: not
  * recorded, the caller records); ident as hot()'s.
- * x and out C-contiguous of one format; an all-reduce's of one length (out may be x),
- * an all-gather's out `ranks` blocks of x's length, a reduce-scatter's x `ranks` blocks
- * of out's, neither overlapping. NOBUF when they are not (nothing done: the general
+ * x and out C-contiguous of one format; an all-reduce's and a broadcast's of one length
+ * (out may be x), an all-gather's out `ranks` blocks of x's length, a reduce-scatter's x
+ * `ranks` blocks of out's, neither overlapping. NOBUF when they are not (nothing done: the general
  * path), NOTMINE from another thread; else -1 or a code (above). */
 static PyObject *Round_dcall(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     int other = not_mine(args, &nargs);
@@ -191,7 +207,8 @@ static PyObject *Round_dcall(Round *k, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_SetString(PyExc_ValueError, "dcall: no direct() set");
         return NULL;
     }
-    int inplace = d->mode == DM_FOLD_PUSH && (args[1] == Py_None || args[1] == args[0]);
+    int inplace = (d->mode == DM_FOLD_PUSH || d->mode == DM_BCAST) &&
+                  (args[1] == Py_None || args[1] == args[0]);
     Py_buffer xb, ob;
     if (inplace) {
         if (take_buffer(args[0], &xb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
@@ -202,9 +219,9 @@ static PyObject *Round_dcall(Round *k, PyObject *const *args, Py_ssize_t nargs) 
     } else if (hot_args("dcall(x, out, s, seq[, ident])", args, 4, &s, &seq, &xb, &ob) != 0) {
         return PyErr_Occurred() ? NULL : PyLong_FromLong(NOBUF);
     }
-    Py_ssize_t want_x = d->mode == DM_FOLD ? d->block : d->mode == DM_FOLD_PUSH ? ob.len
-                        : ob.len / d->n;
-    Py_ssize_t want_o = d->mode == DM_FOLD ? d->hi - d->lo : d->mode == DM_FOLD_PUSH
+    int whole = d->mode == DM_FOLD_PUSH || d->mode == DM_BCAST; /* x and out alike */
+    Py_ssize_t want_x = d->mode == DM_FOLD ? d->block : whole ? ob.len : ob.len / d->n;
+    Py_ssize_t want_o = d->mode == DM_FOLD ? d->hi - d->lo : whole
                         ? d->block : (Py_ssize_t)d->n * d->block;
     int fits = xb.len == want_x && ob.len == want_o &&
                (d->mode == DM_FOLD || d->mode == DM_FOLD_PUSH || xb.len == d->block) &&

@@ -1943,7 +1943,7 @@ PyMODINIT_FUNC PyInit__llc(void) {
         {"RING", RING}, {"NOBUF", NOBUF}, {"NOTMINE", NOTMINE}, {"SECOND", SECOND},
         {"REG_LEARN", REG_LEARN}, {"D_GONE", D_GONE}, {"D_FAILED", D_FAILED},
         {"DM_PUSH", DM_PUSH}, {"DM_READ", DM_READ}, {"DM_FOLD", DM_FOLD},
-        {"DM_FOLD_PUSH", DM_FOLD_PUSH}, {"OWN_MEMCPY", OWN_MEMCPY},
+        {"DM_FOLD_PUSH", DM_FOLD_PUSH}, {"DM_BCAST", DM_BCAST}, {"OWN_MEMCPY", OWN_MEMCPY},
         {"OWN_STREAM", OWN_STREAM}};
     Py_INCREF(&RoundType);
     int bad = PyModule_AddObject(m, "Round", (PyObject *)&RoundType) < 0;

@@ -15,8 +15,9 @@ least on the worst of those hosts; it loses up to 1.25x on each of them somewher
 Since the single copy's whole call became one C entry
 (:mod:`~ringtree.runtime.protocols.ll_direct_entry`) it also wins far below: from 12-16
 KiB on 2 ranks on an Intel Xeon host, where the segment's one-entry fold round wins
-below. The all-gather (:data:`GATHER_BAND`) and the reduce-scatter
-(:data:`SCATTER_BAND`: the single copy or the segment's fold round) are measured alike.
+below. The all-gather (:data:`GATHER_BAND`), the reduce-scatter (:data:`SCATTER_BAND`:
+the single copy or the segment's fold round) and the broadcast (:data:`BCAST_BAND`) are
+measured alike.
 
 So inside :data:`BAND` (the sizes where the hosts measured so far disagreed), the first
 all-reduce of each power-of-two octave of bytes (``2^(k-1) <= bytes < 2^k``) times both
@@ -49,7 +50,7 @@ from ringtree.runtime.protocols.ll import LLOp
 from ringtree.runtime.protocols.ll_timing import ROUNDS, Timed, compare, scratch, scratch_run
 from ringtree.transports import shm_cma as cma
 
-__all__ = ["BAND", "GATHER_BAND", "SCATTER_BAND", "Crossover"]
+__all__ = ["BAND", "BCAST_BAND", "GATHER_BAND", "SCATTER_BAND", "Crossover"]
 
 # bytes of an all-reduce, [low, high), by "more than 2 ranks", where the measured
 # crossovers of the hosts above fell. 2 ranks 768 KiB-8 MiB (the split won below 768 KiB
@@ -92,6 +93,14 @@ GATHER_BAND: dict[bool, tuple[int, int]] = {
 SCATTER_BAND: dict[bool, tuple[int, int]] = {
     False: (8 << 10, ll_direct.MIN_BYTES[(Collective.REDUCE_SCATTER, False)]), True: (0, 0)}
 
+# a broadcast's bytes where its single copy (from its C entry) and the segment's round
+# (the root's copy into its cell, every other rank's copy out) are measured: LL's range
+# from 8 KiB. On 2 ranks on the Intel Xeon host, alternated jobs, µs: 8 KiB 2.69 against
+# 1.97, 64 KiB 4.58 against 8.44, 256 KiB 10.5 against 14.3; on 4 ranks on 2 cores not
+# measured (the single copy's two synchronisations need every rank scheduled)
+BCAST_BAND: dict[bool, tuple[int, int]] = {
+    False: (8 << 10, ll_direct.MIN_BYTES[(Collective.BROADCAST, False)]), True: (0, 0)}
+
 # an all-gather's input bytes from which its measuring runs on the call's own buffers
 # (_own_buffers), not on scratch: glibc maps every array this large on its own (its
 # dynamic mmap threshold stops at 32 MiB), so the next call's buffers lie as this one's
@@ -122,6 +131,8 @@ class Crossover:
             nbytes, (lo, hi), table = block * n, GATHER_BAND[n > 2], direct.measured_gather
         elif spec.coll is Collective.REDUCE_SCATTER and spec.op is not ReduceOp.PREMUL_SUM:
             nbytes, (lo, hi), table = block * n, SCATTER_BAND[n > 2], direct.measured_scatter
+        elif spec.coll is Collective.BROADCAST:
+            nbytes, (lo, hi), table = block, BCAST_BAND[n > 2], direct.measured_bcast
         else:
             return
         comm = self._comm()
@@ -166,6 +177,9 @@ class Crossover:
             x, out = scratch(count * direct.ll.n, dt.storage), scratch(count, dt.storage)
             default = nbytes >= ll_direct.MIN_BYTES[(coll, direct.ll.n > 2)]
             other = "segment"
+        elif coll is Collective.BROADCAST:  # in place, as the hot path's calls
+            x = out = scratch(count, dt.storage)
+            default, other = nbytes >= ll_direct.MIN_BYTES[(coll, direct.ll.n > 2)], "segment"
         else:
             x = scratch(count, dt.storage)
             out = x if spec.in_place else scratch(count, dt.storage)

@@ -35,19 +35,17 @@ failure leaves the inputs as they were.
 
 Whether it may run is probed once per communicator (:mod:`ll_direct_probe`). Where the
 kernel is built, a call's two synchronisations and its moves are one C entry
-(:mod:`ll_direct_entry`); these steps are what it runs, and what runs for the cases it
-leaves to Python (the shared and bounced copies, the broadcast) and after it hands a
-call back (a peer late).
+(:mod:`ll_direct_entry`) that runs these steps; they run in Python for what it leaves
+(shared and bounced copies) and after it hands a call back (a peer late).
 
 Where it runs: from :data:`MIN_BYTES` (the larger buffer; ``RINGTREE_CMA_MIN``), where it
 was measured faster than the path it replaces on this machine (``docs/design-notes.md``,
-"Single-copy all-gather, reduce-scatter and broadcast"): a ``process_vm_readv`` pins the
-peer's pages and moves 5-9 GB/s here, against 15-30 GB/s for a warm ``memcpy``
-(``benchmarks/cma_copy.py``), so it wins only once the staged path's second copy costs
-more than the kernel's pinning. Below, in the octaves
-:mod:`~ringtree.runtime.protocols.ll_crossover` measures on the communicator (from
-8 KiB on 2 ranks), as measured: with the C entry it took about half the segment's time
-at 64 KiB on an Intel Xeon host.
+"Single-copy all-gather, reduce-scatter and broadcast"): ``process_vm_readv`` moves
+5-9 GB/s here against 15-30 for a warm ``memcpy`` (``benchmarks/cma_copy.py``), so it
+wins once the staged path's second copy costs more than the kernel's pinning. Below, in
+the octaves :mod:`~ringtree.runtime.protocols.ll_crossover` measures on the communicator
+(from 8 KiB on 2 ranks), as measured: with the C entry about half the segment's time at
+64 KiB on an Intel Xeon host.
 """
 
 from __future__ import annotations
@@ -70,21 +68,16 @@ from ringtree.tuning.proto import THRESHOLDS
 
 __all__ = ["MIN_BYTES", "Direct", "DirectOp"]
 
-# the larger buffer's bytes from which the direct path runs, by (collective, ranks > 2):
+# the larger buffer's bytes from which the direct path runs, by (collective, ranks > 2),
 # measured against the segment's paths and Simple in the same processes
-# (benchmarks/ll_direct.py); reduce-scatter: from just above LL's cells, where Simple's
-# ring took over 2-4x slower
-_RS_LL = THRESHOLDS[Collective.REDUCE_SCATTER]
+# (benchmarks/ll_direct.py): above LL's range on every count. All-gather, 2 ranks: LL's
+# one C call with streamed stores was 0.6-0.9x the single copy's time from 512 KiB to
+# 4 MiB; reduce-scatter: Simple's ring took 2-4x longer; broadcast, 2 ranks, its C entry
+# against Simple's pipeline (alternated jobs, an Intel Xeon host): 1 MiB 52-70 µs
+# against 212-245, 4 MiB a tie (on another host, before the entry: a tie at 2 MiB)
 MIN_BYTES: dict[tuple[Collective, bool], int] = {
-    # all-gather: above LL's range on any count (2 ranks: LL's one C call with streamed
-    # stores into the cells was 0.6-0.9x the single copy's time from 512 KiB to 4 MiB)
-    (Collective.ALL_GATHER, False): THRESHOLDS[Collective.ALL_GATHER][0] + 1,
-    (Collective.ALL_GATHER, True): THRESHOLDS[Collective.ALL_GATHER][1] + 1,
-    (Collective.REDUCE_SCATTER, False): _RS_LL[0] + 1,
-    (Collective.REDUCE_SCATTER, True): _RS_LL[1] + 1,
-    (Collective.BROADCAST, False): 4 << 20,  # 2 MiB: a tie with Simple's pipeline
-    (Collective.BROADCAST, True): 4 << 20,   # 1 MiB: 0.56x
-}
+    (c, more): THRESHOLDS[c][more] + 1 for more in (False, True) for c in (
+        Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.BROADCAST)}
 # all-gather output bytes from which the own block is copied with streaming stores (as
 # LL's gather in transports/_llc.c): 0.81-0.87x the call's CPU time at 8-64 MiB on 2
 # ranks, a tie at 4.5 MiB, where the output may still serve the caller from the caches;
@@ -138,6 +131,10 @@ class Direct:
         # unmeasured octaves: straight on 2 ranks
         self.straight_gather: dict[int, bool] = {}
         self.measured_scatter: dict[int, bool] = {}  # the reduce-scatter's, by octave
+        self.measured_bcast: dict[int, bool] = {}  # the broadcast's, by octave
+        self._measured = {Collective.ALL_GATHER: self.measured_gather,
+                          Collective.REDUCE_SCATTER: self.measured_scatter,
+                          Collective.BROADCAST: self.measured_bcast}
         # 2 ranks: the all-gather pushes above LL's range too (DirectOp.push); None until
         # the ranks agree on it (ll_crossover), then the same on every rank
         self.push_large: bool | None = None
@@ -147,22 +144,16 @@ class Direct:
 
     def applies(self, coll: Collective, count: int, itemsize: int, op_code: int) -> bool:
         """Run a call of ``count`` elements a block directly? (From :data:`MIN_BYTES` of
-        its larger buffer; an all-gather or reduce-scatter whose octave was measured, as
-        measured.)"""
-        if coll is Collective.REDUCE_SCATTER:
-            if op_code == ReduceOp.PREMUL_SUM.code:  # its factor is each rank's own
-                return False
-        elif coll is not Collective.ALL_GATHER and coll is not Collective.BROADCAST:
+        its larger buffer; in an octave measured on this communicator, as measured.)"""
+        table = self._measured.get(coll)
+        if table is None or coll is Collective.REDUCE_SCATTER and \
+                op_code == ReduceOp.PREMUL_SUM.code:  # (its factor is each rank's own)
             return False
         nbytes = count * itemsize * (1 if coll is Collective.BROADCAST else self.ll.n)
-        least = self.min_bytes if self.min_bytes is not None else \
-            MIN_BYTES[(coll, self.ll.n > 2)]
-        if coll is not Collective.BROADCAST and self.min_bytes is None:  # measured
-            measured = (self.measured_gather if coll is Collective.ALL_GATHER else
-                        self.measured_scatter).get(nbytes.bit_length())
-            if measured is not None:
-                return measured
-        return nbytes >= max(least, 1)
+        if self.min_bytes is not None:
+            return nbytes >= max(self.min_bytes, 1)
+        measured = table.get(nbytes.bit_length())
+        return nbytes >= MIN_BYTES[(coll, self.ll.n > 2)] if measured is None else measured
 
     def gather_measured(self, nbytes: int) -> bool | None:
         """What :mod:`~ringtree.runtime.protocols.ll_crossover` measured for an all-gather
@@ -431,17 +422,21 @@ class DirectOp:
 
     def _broadcast(self, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
         """Every rank but the root reads the root's buffer into its own."""
-        me, root = self.ll.rank, self.root
         addrs = self._publish(x, timeout)
-        status = 0
-        if me == root:
+        self._complete(self._bcast_moves(x, out, addrs), timeout)
+
+    def _bcast_moves(self, x: np.ndarray, out: np.ndarray, addrs: list[int]) -> int:
+        """A broadcast's moves, every rank's address of ``x`` in ``addrs``: the root's own
+        copy (out not x), every other rank's read of the root's buffer; the status."""
+        root = self.root
+        if self.ll.rank == root:
             if out is not x:
                 out[...] = x
         elif self.nbytes:
             e = self.direct.read(root, [(cma.address(out), addrs[root], self.nbytes)],
                                  bounce=self.nbytes >= BOUNCE_BROADCAST)
-            status = root << 32 | e if e else 0
-        self._complete(status, timeout)
+            return root << 32 | e if e else 0
+        return 0
 
     def _buffers(self, m: int, dtype: np.dtype) -> np.ndarray:
         s = self._scratch

@@ -28,8 +28,9 @@ and whose :meth:`~Compiled.after` completes a call the kernel handed back:
 The communicator's hot paths (:mod:`ll_hot` for the all-reduce, :mod:`ll_gather` for
 the all-gather and reduce-scatter) and the async queue (:func:`~.ll_entry.run_queued`)
 call the entry with the flight recorder's entry written from C, as for the segment's
-one-entry calls; :func:`~.ll_entry.paired` completes it there. The shared copies, bounced reads,
-the broadcast, AVG and dtypes or ops the kernel does not fold keep the Python steps.
+one-entry calls; :func:`~.ll_entry.paired` completes it there (the broadcast's hot path,
+``LLRunner.broadcast_now``, too). The shared copies, bounced reads, AVG and dtypes or ops
+the kernel does not fold keep the Python steps.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from ringtree.transports.shm_ll import LL
 __all__ = ["Compiled", "available", "mode", "op_for", "prepare"]
 
 _llc = native._llc
-PUSH, READ, FOLD, FOLD_PUSH = 1, 2, 3, 4  # the entry's modes (_direct.h: DM_*)
+PUSH, READ, FOLD, FOLD_PUSH, BCAST = 1, 2, 3, 4, 5  # the entry's modes (_direct.h: DM_*)
 OWN_CACHED, OWN_STREAM, OWN_MEMCPY = 0, 1, 2  # an all-gather's own copy (_direct.h: OWN_*)
 
 
@@ -73,8 +74,9 @@ def available() -> bool:
 
 def mode(op: DirectOp) -> int | None:
     """The moves ``Round.dcall`` makes for ``op``'s calls (:data:`PUSH`, :data:`READ`,
-    :data:`FOLD`, :data:`FOLD_PUSH`), or None: the Python steps (no kernel, a broadcast,
-    the shared or bounced all-gather, a fold the kernel does not make)."""
+    :data:`FOLD`, :data:`FOLD_PUSH`, :data:`BCAST`), or None: the Python steps (no
+    kernel, the shared or bounced all-gather, a broadcast's bounced read, a fold the
+    kernel does not make)."""
     n = op.ll.n
     if not available() or n < 2:
         return None
@@ -83,7 +85,9 @@ def mode(op: DirectOp) -> int | None:
             return PUSH
         return None if op.shares(op.straight()) or op.nbytes * n >= direct.STREAM_MIN \
             else READ
-    if op.coll is Collective.BROADCAST or not getattr(op, "native", False):
+    if op.coll is Collective.BROADCAST:  # (DirectOp._bcast_moves: its bounce stays there)
+        return BCAST if op.nbytes < direct.BOUNCE_BROADCAST else None
+    if not getattr(op, "native", False):
         return None
     return FOLD_PUSH if op.coll is Collective.ALL_REDUCE else FOLD
 
@@ -105,6 +109,8 @@ def prepare(op: DirectOp) -> None:
         hi = lo + op.nbytes
     elif m == FOLD_PUSH:  # the own block of the all-reduce's input
         lo, hi = op.bounds[ll.rank] * item, op.bounds[ll.rank + 1] * item
+    elif m == BCAST:  # the root's buffer
+        lo = op.root
     if m in (FOLD, FOLD_PUSH):
         piece = native_piece(n, item)
         op._scratch = scratch = np.empty((n - 1) * (piece + 4096), np.uint8)
@@ -183,14 +189,16 @@ class Compiled:
         op, m = self.op, self.mode
         W, words, me = op.ll.W, op._words[p], op.ll.rank
         addrs = [int(W[i + ADDR]) for i in words]
-        x, out = x.reshape(-1), out.reshape(-1)
-        own = None
+        x, out = (x.reshape(-1),) * 2 if out is x else (x.reshape(-1), out.reshape(-1))
+        own = None  # (an in-place call's flat views: one object, as the caller's were)
         if m == PUSH or m == READ:
             block = out[me * op.count:(me + 1) * op.count]
             if not np.may_share_memory(block, x):
                 own = op._own_copy(x, block)
             status = op._pushes(x, words) if m == PUSH else \
                 op._reads(addrs, cma.address(out), True)
+        elif m == BCAST:
+            status = op._bcast_moves(x, out, addrs)
         elif m == FOLD:
             lo = op.block * op.count
             status = op._fold_native(x[lo:lo + op.count], out, addrs, None,

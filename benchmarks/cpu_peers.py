@@ -4,7 +4,7 @@ kernels and torch gloo, next to the machine's own limit.
 
     python benchmarks/cpu_peers.py --peers DIR                       # everything installed
     python benchmarks/cpu_peers.py --peers DIR --ranks 2 --sizes 8 64K 1M --rounds 5
-    python benchmarks/cpu_peers.py --peers DIR --colls all_reduce,all_gather,reduce_scatter
+    python benchmarks/cpu_peers.py --peers DIR --colls all_reduce,all_gather,reduce_scatter,broadcast
 
 ``DIR`` is a folder made by ``benchmarks/cpu_peers_setup.sh DIR`` (every peer from PyPI,
 about 0.5 GB of downloads); a peer missing there is reported and left out, and without

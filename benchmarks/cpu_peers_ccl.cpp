@@ -3,7 +3,8 @@
 // call with exact sums, warm-up calls, then repetitions of back-to-back calls, each after
 // a barrier), writing this rank's per-repetition seconds as JSON to OUT/rank<r>.json.
 //
-//   cpu_peers_ccl OUT REPS WARMUP COLLS SIZE...      (COLLS: all_reduce,all_gather,...)
+//   cpu_peers_ccl OUT REPS WARMUP COLLS SIZE...      (COLLS: all_reduce,all_gather,
+//                                                     reduce_scatter,broadcast)
 //
 // Rank and size come from RANK / WORLD_SIZE. oneCCL's key-value store is bootstrapped
 // through a file (RT_CCL_KVS_FILE): rank 0 writes the main store's address there, the
@@ -88,18 +89,21 @@ int main(int argc, char** argv) {
     js << "{\"info\": \"oneCCL " << v.full << "\", \"times\": {";
     bool first_coll = true;
     for (const auto& coll : colls) {
-        if (coll != "all_reduce" && coll != "all_gather" && coll != "reduce_scatter") continue;
+        bool whole = coll == "all_reduce" || coll == "broadcast";  // one buffer, in place
+        if (!whole && coll != "all_gather" && coll != "reduce_scatter") continue;
         js << (first_coll ? "" : ", ") << "\"" << coll << "\": {";
         first_coll = false;
         bool first_size = true;
         for (size_t nbytes : sizes) {
             size_t count = std::max<size_t>(1, nbytes / 4);
-            if (coll != "all_reduce" && count < size_t(n)) continue;
-            size_t per = coll == "all_reduce" ? count : count / n;
-            std::vector<float> big(coll == "all_reduce" ? count : per * n), small(per);
+            if (!whole && count < size_t(n)) continue;
+            size_t per = whole ? count : count / n;
+            std::vector<float> big(whole ? count : per * n), small(per);
             std::function<void()> call;
             if (coll == "all_reduce")
                 call = [&] { ccl::allreduce(big.data(), big.data(), count, ccl::reduction::sum, comm).wait(); };
+            else if (coll == "broadcast")  // from rank 0
+                call = [&] { ccl::broadcast(big.data(), count, ccl::datatype::float32, 0, comm).wait(); };
             else if (coll == "all_gather")
                 call = [&] {
                     ccl::allgather(small.data(), big.data(), per, ccl::datatype::float32, comm).wait();
@@ -120,6 +124,8 @@ int main(int argc, char** argv) {
             if (coll == "all_reduce") {
                 want = float(n) * float(n + 1) / 2.f;
                 for (float x : big) ok &= x == want;
+            } else if (coll == "broadcast") {
+                for (float x : big) ok &= x == 1.f;
             } else if (coll == "all_gather") {
                 for (size_t k = 0; k < big.size(); ++k) ok &= big[k] == float(k / per + 1);
             } else {
@@ -130,7 +136,7 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "oneCCL: WRONG %s result at %zu B\n", coll.c_str(), nbytes);
                 return 3;
             }
-            std::fill(big.begin(), big.end(), 0.f);
+            std::fill(big.begin(), big.end(), coll == "broadcast" ? 1.f : 0.f);
             std::fill(small.begin(), small.end(), 0.f);
             for (int w = 0; w < warmup; ++w) call();
             int iters = iters_for(nbytes);

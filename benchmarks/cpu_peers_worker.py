@@ -27,7 +27,8 @@ import time
 
 import numpy as np
 
-COLLS = ("all_reduce", "all_gather", "reduce_scatter")
+COLLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+WHOLE = ("all_reduce", "broadcast")  # one buffer of the size, in place (from rank 0)
 
 
 def iters_for(nbytes: int) -> int:
@@ -73,6 +74,7 @@ class Ringtree(Lib):
         self.all_reduce = c.all_reduce
         self.all_gather = lambda x, y: c.all_gather(x, out=y)
         self.reduce_scatter = lambda x, y: c.reduce_scatter(x, out=y)
+        self.broadcast = lambda x: c.broadcast(x, 0)
         self.barrier = c.barrier
 
     def close(self) -> None:
@@ -101,6 +103,7 @@ class Gloo(Lib):
         self.all_reduce = dist.all_reduce
         self.all_gather = lambda x, y: dist.all_gather_into_tensor(y, x)
         self.reduce_scatter = lambda x, y: dist.reduce_scatter_tensor(y, x)
+        self.broadcast = lambda x: dist.broadcast(x, 0)
         self.barrier = dist.barrier
 
     def zeros(self, count: int):
@@ -122,6 +125,7 @@ class Mpi(Lib):
         self.all_reduce = lambda x: c.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
         self.all_gather = lambda x, y: c.Allgather(x, y)
         self.reduce_scatter = lambda x, y: c.Reduce_scatter_block(x, y, op=MPI.SUM)
+        self.broadcast = lambda x: c.Bcast(x, root=0)
         self.barrier = c.Barrier
 
 
@@ -180,8 +184,9 @@ class Limit(Lib):
     speed, with no synchronisation: for an all-reduce of S bytes on n ranks each rank
     reduces its S/n share over the n inputs ((n − 1) adds of S/n) and copies the other
     n − 1 reduced shares ((n − 1) copies of S/n); all-gather is the copies alone,
-    reduce-scatter the adds alone. Run by n processes at once, pinned as the libraries
-    are, so they share the memory bandwidth as a collective's ranks do. Ranks meet at a
+    reduce-scatter the adds alone, a broadcast one copy of S. Run by n processes at once,
+    pinned as the libraries are, so they share the memory bandwidth as a collective's
+    ranks do. Ranks meet at a
     barrier of the process group the driver starts (``multiprocessing``)."""
 
     colls = COLLS
@@ -218,13 +223,19 @@ class Limit(Lib):
     def reduce_scatter(self, x, y) -> None:
         self._passes(x, True, False)
 
+    def broadcast(self, x) -> None:
+        if self.n > 1:
+            a, b = self._pair(x.size)
+            np.copyto(b, a)
+
 
 class CrossCore:
     """The cross-core floor: the bytes a rank must bring from other cores' caches, and only
     that. On n ranks an all-reduce of S bytes has each rank receive 2 (n - 1)/n S (the
     peers' shares of its block to reduce, then the peers' reduced blocks: a bandwidth-
     optimal algorithm's volume, Patarasuk and Yuan 2009), an all-gather of an S-byte
-    output (n - 1)/n S, a reduce-scatter of an S-byte input (n - 1)/n S.
+    output (n - 1)/n S, a reduce-scatter of an S-byte input (n - 1)/n S, a broadcast of S
+    bytes S (every rank but the root).
 
     Ranks share one segment. Each call, every rank rewrites its region of it (the lines
     then sit modified in its core's cache, as a result or input a rank just wrote), the
@@ -244,7 +255,7 @@ class CrossCore:
     @staticmethod
     def crossing(coll: str, nbytes: int, n: int) -> int:
         """Bytes a rank must bring from other cores for ``coll`` of ``nbytes`` on ``n``."""
-        share = nbytes * (n - 1) // n
+        share = nbytes if coll == "broadcast" else nbytes * (n - 1) // n
         return max(4, (2 * share if coll == "all_reduce" else share) // 4 * 4)
 
     def measure(self, colls: list[str], sizes: list[int], reps: int, warmup: int) -> dict:
@@ -281,7 +292,7 @@ class CrossCore:
 
 def _check(lib: Lib, coll: str, count: int) -> bool:
     """One call with rank r contributing r + 1 (reduce-scatter: block j of rank r holds
-    r + 1 + j): every element's sum is an exact small integer."""
+    r + 1 + j): every element's sum is an exact small integer (a broadcast's: 1)."""
     if isinstance(lib, Limit):
         return True
     n, r = lib.n, lib.rank
@@ -290,6 +301,11 @@ def _check(lib: Lib, coll: str, count: int) -> bool:
         x += r + 1
         lib.all_reduce(x)
         return bool((np.asarray(x) == n * (n + 1) / 2).all())
+    if coll == "broadcast":
+        x = lib.zeros(count)
+        x += r + 1
+        lib.broadcast(x)
+        return bool((np.asarray(x) == 1).all())
     per = max(1, count // n)
     if coll == "all_gather":
         x, y = lib.zeros(per), lib.zeros(per * n)
@@ -309,6 +325,10 @@ def _call(lib: Lib, coll: str, count: int):
     if coll == "all_reduce":
         x = lib.zeros(count)
         return lambda: lib.all_reduce(x)
+    if coll == "broadcast":
+        x = lib.zeros(count)
+        x[...] = 1
+        return lambda: lib.broadcast(x)
     per = count // lib.n
     small, big = lib.zeros(per), lib.zeros(per * lib.n)
     # the input written once: an untouched input maps the kernel's zero page, which every
@@ -327,7 +347,7 @@ def measure(lib: Lib, colls: list[str], sizes: list[int], reps: int, warmup: int
         out[coll] = {}
         for nbytes in sizes:
             count = max(1, nbytes // 4)
-            if coll != "all_reduce" and count < lib.n:
+            if coll not in WHOLE and count < lib.n:
                 continue
             if not _check(lib, coll, count):
                 raise SystemExit(f"{lib.version}: WRONG {coll} result at {nbytes} B")

@@ -175,6 +175,23 @@ def test_streamed_copy_is_a_copy():
             cma.stream(np.zeros(3, np.uint8), src[:4])
 
 
+def test_the_last_level_cache_from_sysfs(tmp_path):
+    """``shm_cma.last_level_cache`` (the broadcast's bounce threshold): the highest level's
+    size in sysfs' units, the default where sysfs has none or cannot be read."""
+    for name, level, size in (("index0", 1, "48K"), ("index2", 2, "2048K"),
+                              ("index3", 3, "16M"), ("index1", 1, "32K")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(f"{level}\n")
+        (tmp_path / name / "size").write_text(f"{size}\n")
+    (tmp_path / "uevent").write_text("")
+    assert cma.last_level_cache(7, str(tmp_path)) == 16 << 20
+    (tmp_path / "index3" / "size").write_text("1G\n")
+    assert cma.last_level_cache(7, str(tmp_path)) == 1 << 30
+    (tmp_path / "index3" / "level").write_text("three\n")
+    assert cma.last_level_cache(7, str(tmp_path)) == 7
+    assert cma.last_level_cache(7, str(tmp_path / "absent")) == 7
+
+
 def test_streamed_copy_at_every_page_distance():
     """The streamed copy where its destination lies just above its source modulo 4 KiB
     (a memcpy there up to 1 MiB, against 4 KiB aliasing) and elsewhere (loads leading

@@ -118,6 +118,21 @@ def bounce_buffer() -> np.ndarray | None:
     return np.empty(BOUNCE, np.uint8) if _cma is not None else None
 
 
+def last_level_cache(default: int, base: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """Bytes of this machine's last-level cache as Linux reports it (cpu0's highest cache
+    level in sysfs, under ``base``), or ``default`` where it does not."""
+    best = (0, default)
+    try:
+        for name in (n for n in os.listdir(base) if n.startswith("index")):
+            with open(f"{base}/{name}/level") as f, open(f"{base}/{name}/size") as g:
+                level, size = int(f.read()), g.read().strip()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            best = max(best, (level, int(size.rstrip("KMG")) * scale))
+    except (OSError, ValueError):
+        return default
+    return best[1]
+
+
 def read_into(pid: int, into: np.ndarray, remote: int, nbytes: int) -> None:
     """Copy ``nbytes`` at ``remote`` in process ``pid`` into the contiguous ``into``.
     Raises OSError (ESRCH: the process is gone; EPERM: not allowed; EFAULT: bad address)."""

@@ -86,11 +86,13 @@ MIN_BYTES: dict[tuple[Collective, bool], int] = {
 # alternated in one job (benchmarks/ll_direct.py's "unbounced" arm), straight ÷ bounced:
 # 8 MiB 1.06-1.12, 12 MiB 1.14, 16 MiB 1.16-1.20, 32 MiB 1.13, 64 MiB 1.11
 STREAM_MIN = 8 << 20
-# a broadcast's bytes from which its read bounces: its reader's and root's buffers are
-# all the memory it touches, and up to 12 MiB they stayed in the 16 MiB L3, where the
-# straight read was faster (bounced ÷ straight 1.30-1.37 at 8 MiB, 1.28 at 12 MiB;
-# 16 MiB 0.94-0.96, 32 MiB 0.94, 64 MiB 0.90)
-BOUNCE_BROADCAST = 16 << 20
+# a broadcast's bytes from which its read bounces: the last-level cache's. Its reader's
+# and root's buffers are all the memory it touches; up to 12 MiB they stayed in a 16 MiB
+# L3, where the straight read was faster (bounced ÷ straight 1.30-1.37 at 8 MiB, 1.28 at
+# 12 MiB; 16 MiB 0.94-0.96, 32 MiB 0.94, 64 MiB 0.90); on a host reporting 480 MiB the
+# straight read (the C entry) won at 16 and 32 MiB (1,192-1,283 µs against 1,610-1,630;
+# 2,609-2,760 against 2,987-3,152) and tied at 64 MiB
+BOUNCE_BROADCAST = cma.last_level_cache(16 << 20)
 PID, ADDR, TOKEN = 0, 1, 2  # words of a line's inline payload
 # the all-gather's shared copies (DirectOp._shared): the output's address (the word
 # ll_direct_fold's all-reduce posts it in too), and from COUNT on one piece counter per peer

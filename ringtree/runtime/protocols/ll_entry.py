@@ -37,7 +37,7 @@ from ringtree.transports.shm_native import NOBUF
 
 MISS = object()          # a hot path's answer: the call takes the general path
 REDUCE = "reduce_now: the last shape"  # planner.ready's key for it
-BARRIER = (Collective.BARRIER,)  # ready_blocks' key of a barrier planned on LL, ready's of its entry
+BARRIER = (Collective.BARRIER,)  # ready_blocks' key of a planned barrier, ready's of its entry
 
 
 def timeout_of(timeout) -> float | None:

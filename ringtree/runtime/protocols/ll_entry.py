@@ -212,8 +212,8 @@ def alone(op, op_code: int):
     (``shm_native.alone_round``), or None (no kernel, PREMUL_SUM on float16 or bfloat16:
     the general path, ``LLOp._alone``). Its rank folds only its own contribution: a copy
     when out is not x (AVG: x / 1, the same bits), PREMUL_SUM's scale set by
-    :func:`scaled` when a hot path takes the shape; a barrier's entry (in place on its
-    :func:`token`) only numbers the call and writes the flight recorder's entry."""
+    :func:`scaled` when a hot path takes the shape; a barrier's entry (in place on
+    :func:`barrier`'s token) only numbers the call and writes the flight recorder's entry."""
     dt = op.dtype
     if not native.enabled() or op.premul and dt.is_float and dt.itemsize == 2:
         return None

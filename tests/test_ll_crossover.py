@@ -123,7 +123,7 @@ def test_the_broadcast_is_measured_once_per_octave_and_alike_on_every_rank():
         assert r["bytes"] == [64 * 1024, 128 * 1024], r
         assert r["measured"] == {(64 * 1024).bit_length(): r["chosen"][0],
                                  (128 * 1024).bit_length(): r["chosen"][1]}, r
-        kinds = ["DirectOp" if c else "LLOp" for c in r["chosen"]]
+        kinds = ["BroadcastOp" if c else "LLOp" for c in r["chosen"]]
         assert r["ran"][:3] == [kinds[0], kinds[0], kinds[1]], r
     assert res[0]["chosen"] == res[1]["chosen"]
 

@@ -173,8 +173,8 @@ class Direct:
         except OSError as e:
             if e.errno == errno.ESRCH:
                 raise PeerError(peer, f"rank {peer} died (pid {self.pids[peer]} is gone) "
-                                      f"while rank {self.ll.rank} copied its part of the "
-                                      "all-gather") from None
+                                      f"while rank {self.ll.rank} copied its part of a "
+                                      "shared copy") from None
             return e.errno or errno.EIO, 0
 
     def read(self, peer: int, spans: list[tuple[int, int, int]], write: bool = False,

@@ -43,6 +43,7 @@ from ringtree.dtypes import DType
 from ringtree.ir.program import Collective, Program
 from ringtree.runtime.protocols import ll_direct as direct
 from ringtree.runtime.protocols.ll_direct import ADDR, OUT, Direct, DirectOp
+from ringtree.runtime.protocols.ll_direct_bcast import BroadcastOp
 from ringtree.runtime.protocols.ll_direct_fold import AllReduceOp, ScatterOp, native_piece
 from ringtree.transports import shm_cma as cma
 from ringtree.transports import shm_native as native
@@ -60,8 +61,8 @@ def op_for(ll: LL, direct: Direct, prog: Program, dt: DType, count: int, op_code
     """The single-copy op of ``prog`` (where
     :func:`~ringtree.runtime.protocols.ll_direct_fold.applies`), with its C entry where
     :func:`mode` gives one."""
-    cls = {Collective.ALL_REDUCE: AllReduceOp, Collective.REDUCE_SCATTER: ScatterOp}.get(
-        prog.collective, DirectOp)
+    cls = {Collective.ALL_REDUCE: AllReduceOp, Collective.REDUCE_SCATTER: ScatterOp,
+           Collective.BROADCAST: BroadcastOp}.get(prog.collective, DirectOp)
     op = cls(ll, direct, prog, dt, count, op_code, root)
     prepare(op)
     return op
@@ -85,8 +86,9 @@ def mode(op: DirectOp) -> int | None:
             return PUSH
         return None if op.shares(op.straight()) or op.nbytes * n >= direct.STREAM_MIN \
             else READ
-    if op.coll is Collective.BROADCAST:  # (DirectOp._bcast_moves: its bounce stays there)
-        return BCAST if op.nbytes < direct.BOUNCE_BROADCAST else None
+    if op.coll is Collective.BROADCAST:  # (shared and bounced copies: the Python steps)
+        return None if getattr(op, "shared", False) or \
+            op.nbytes >= direct.BOUNCE_BROADCAST else BCAST
     if not getattr(op, "native", False):
         return None
     return FOLD_PUSH if op.coll is Collective.ALL_REDUCE else FOLD

@@ -221,9 +221,10 @@ declare("RINGTREE_CMA_MIN", integer, None,
         "broadcast read peers' buffers directly (default: the measured crossovers, see "
         "ll_direct.py and ll_direct_fold.py)")
 declare("RINGTREE_CMA_SHARE", flag, True,
-        "large single-copy all-gathers share their copies: pieces drawn from shared "
-        "counters, an early rank writing its input into a late one's output "
-        "(`process_vm_writev`); 0 = every rank reads its own blocks")
+        "large single-copy all-gathers and broadcasts share their copies: pieces drawn "
+        "from shared counters, an early rank writing its input into a late one's output, "
+        "a broadcast's root into its readers' (`process_vm_writev`); 0 = every rank reads "
+        "its own blocks")
 declare("RINGTREE_MSCCL_ALGOS", text, None,
         "a folder of MSCCL-IR files, searched after `MSCCL_ALGO_DIR`'s: a call that names "
         "no algorithm runs the first file that fits it, as MSCCL's executors choose; "

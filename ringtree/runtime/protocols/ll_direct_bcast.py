@@ -8,8 +8,8 @@ idles. From :data:`SHARE_MIN` bytes the copies are shared as a large all-gather'
 :data:`~ringtree.runtime.protocols.ll_direct.SHARE_PIECE` pieces drawn from a counter in
 the reader's line (an atomic add, ``shm_cma.claim``), by the reader reading them from the
 root and by the root writing them into the reader (``process_vm_writev``), so on 2 ranks
-both cores copy at once and every piece is copied once, whoever takes it. A staged
-broadcast through shared memory (Intel MPI's) keeps both cores busy too, with two copies.
+both cores copy at once and every piece is copied once, whoever takes it (a broadcast
+staged through shared memory keeps both cores busy too, with two copies).
 
 A rank that does not share (no atomic add compiled, ``RINGTREE_CMA_SHARE=0``) copies
 every piece itself: the same bytes, so ranks that differ still give the root's bytes.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ringtree.runtime.protocols.ll_direct import COUNT, OUT, SHARE_PIECE, WROTE, DirectOp
+from ringtree.runtime.protocols.ll_direct import ADDR, COUNT, OUT, SHARE_PIECE, WROTE, DirectOp
 from ringtree.transports import shm_cma as cma
 
 __all__ = ["SHARE_MIN", "BroadcastOp"]
@@ -50,7 +50,7 @@ class BroadcastOp(DirectOp):
         status = 0
         if me != root:  # this rank's pieces, from the root
             e, _ = self.direct.claim(root, words[me] + COUNT + root, cma.address(out),
-                                     int(W[words[root] + OUT]), nb, False)
+                                     int(W[words[root] + ADDR]), nb, False)
             status = root << 32 | e if e else 0
         else:  # every reader's, into it: the nearest first
             for q in sorted(range(ll.n), key=lambda q: (q - me) % ll.n)[1:]:

@@ -86,3 +86,20 @@ def test_a_peer_killed_during_the_copies_is_named():
         x = np.zeros(NBYTES // 4, np.float32)
         return killed_peer(comm, lambda: comm.broadcast(x, 0))
     assert_killed_named(run_ranks(call, 3, timeout=60, env=KILL_ENV))
+
+
+def test_more_ranks_than_a_line_has_counters_for():
+    """9 ranks on 2 cores, every root: more ranks than ``SHARE_MAX``, whose counters
+    would lie past a line's inline payload, so the broadcast reads its pieces unshared
+    (sharing there overwrote the next words and hung the call)."""
+    assert ll_direct.SHARE_MAX < 9
+
+    def every_root(comm) -> list:
+        wrong = []
+        for root in range(comm.size):
+            x = _bytes("float32", comm.rank, root)
+            comm.broadcast(x, root, timeout=30.0)
+            if x.tobytes() != _bytes("float32", root, root).tobytes():
+                wrong.append(root)
+        return wrong
+    assert run_ranks(every_root, 9, timeout=240) == [[]] * 9

@@ -152,11 +152,12 @@ def barrier(runner, comm, op, timeout: float | None) -> bool:
     flight-recorder entry written), as :func:`enter` runs a call. False: nothing was
     done (see :func:`enter`)."""
     m = comm.planner.ready.get(BARRIER)
-    if m is None or m[3] is not op:  # the token: what the round copies in, no bytes
-        nbytes = op.count * op.dtype.storage.itemsize if op.ll.n == 1 else 0
-        m = comm.planner.ready[BARRIER] = (np.zeros(nbytes, np.uint8), None, None, op,
-                                           op.hot.rhot, _nothing)
-    return enter(runner, comm, m, m[0], None, timeout)
+    if m is None or m[3] is not op:
+        m = comm.planner.ready[BARRIER] = (_TOKEN, None, None, op, op.hot.rhot, _nothing)
+    return enter(runner, comm, m, _TOKEN, None, timeout)
+
+
+_TOKEN = np.zeros(0, np.uint8)  # what a barrier's round copies in: nothing
 
 
 def _nothing(x, out, p: int) -> None:
@@ -216,8 +217,9 @@ def alone(op, op_code: int):
     :func:`barrier`'s token) only numbers the call and writes the flight recorder's entry."""
     dt = op.dtype
     if not native.enabled() or op.premul and dt.is_float and dt.itemsize == 2:
-        return None
-    return native.alone_round(op.ll, dt.code, op.count * dt.storage.itemsize)
+        return None  # (the input's bytes: a count's, none for a barrier)
+    return native.alone_round(op.ll, dt.code,
+                              op.count * op.coll.blocks(1)[0] * dt.storage.itemsize)
 
 
 def scaled(op, red) -> bool:

@@ -380,7 +380,7 @@ def _limit_rank(rank: int, n: int, barrier, cpu, args, path: str) -> None:
         json.dump({"times": res, "info": lib.version}, f)
 
 
-def _floor_rank(rank: int, n: int, barrier, cpu, args, path: str, seg) -> None:
+def _floor_rank(rank: int, n: int, cpu, args, path: str, seg) -> None:
     os.sched_setaffinity(0, {cpu})
     lib = CrossCore(rank, n, seg, SpinBarrier(seg, n, rank))
     res = lib.measure(args.colls, args.sizes, args.reps, args.warmup)
@@ -422,8 +422,8 @@ def run_limit(args) -> None:
             return
         region = max(CrossCore.crossing(c, s, n) for c in args.colls for s in args.sizes)
         seg = mmap.mmap(-1, n * (region // 4096 + 1) * 4096 + 64 * n)
-        procs = [ctx.Process(target=_floor_rank, args=(r, n, barrier, cpus[r], args,
-                                                        paths[r], seg)) for r in range(n)]
+        procs = [ctx.Process(target=_floor_rank, args=(r, n, cpus[r], args, paths[r], seg))
+                 for r in range(n)]
     else:
         procs = [ctx.Process(target=_limit_rank, args=(
             r, n, barrier, cpus[r % len(cpus)] if args.pin else None, args, paths[r]))

@@ -87,8 +87,7 @@ def mode(op: DirectOp) -> int | None:
         return None if op.shares(op.straight()) or op.nbytes * n >= direct.STREAM_MIN \
             else READ
     if op.coll is Collective.BROADCAST:  # (shared and bounced copies: the Python steps)
-        return None if getattr(op, "shared", False) or \
-            op.nbytes >= direct.BOUNCE_BROADCAST else BCAST
+        return None if op.shared or op.nbytes >= direct.BOUNCE_BROADCAST else BCAST
     if not getattr(op, "native", False):
         return None
     return FOLD_PUSH if op.coll is Collective.ALL_REDUCE else FOLD

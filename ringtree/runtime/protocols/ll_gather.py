@@ -124,10 +124,8 @@ def queued(op) -> tuple[Callable, Callable] | None:
     general round's ``run``)."""
     if op.hot is None or op.premul:  # (one rank: PREMUL_SUM's scale is set per call)
         return None
-    if op.paired:  # the single copy's entry completes its two calls (ll_entry.paired)
-        return op.run.entry, None
-    centry, after = _entry(op)  # (one rank's entry completes every call: no after)
-    return None if after is None and op.ll.n > 1 else (centry, after)
+    centry, after = _entry(op)  # (one rank's entry, the single copy's: no after needed)
+    return None if after is None and op.ll.n > 1 and not op.paired else (centry, after)
 
 
 def _entry(op) -> tuple[Callable, Callable | None]:

@@ -41,12 +41,15 @@ class Collectives:
         """:meth:`all_reduce` on the general path: validate, plan, issue."""
         return self._run(api.for_all_reduce(self, x, op, out, algo), async_op, timeout)
 
-    def broadcast(self, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,
-                  timeout: float | None = None):
-        """Copy root's ``x`` into ``x`` on every rank."""
+    broadcast = ll_hot.broadcast  # the method, its hot path in one frame
+
+    def _broadcast_general(self, x, root, async_op: bool, algo: str | None,
+                           timeout: float | None):
+        """:meth:`broadcast` past its frame's hot path: a call to queue, a shape to learn,
+        or the general path."""
         if algo is None and type(x) is np.ndarray and self.ll is not None:
             done = self.ll.queue(self, Collective.BROADCAST, x, x, root, timeout) \
-                if async_op else self.ll.broadcast_now(self, x, root, timeout)  # hot path
+                if async_op else self.ll.broadcast_now(self, x, root, timeout)
             if done is not MISS:
                 return done
         return self._run(api.for_broadcast(self, x, root, algo), async_op, timeout)
@@ -60,10 +63,11 @@ class Collectives:
                 return done
         return self._run(api.for_reduce(self, x, root, op, out, algo), async_op, timeout)
 
-    def all_gather(self, x, *, out=None, async_op: bool = False, algo: str | None = None,
-                   timeout: float | None = None):
-        """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
-        (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
+    all_gather = ll_hot.all_gather  # the method, its hot path in one frame
+
+    def _all_gather_general(self, x, out, async_op: bool, algo: str | None,
+                            timeout: float | None):
+        """:meth:`all_gather` past its frame's hot path (as :meth:`_broadcast_general`)."""
         if algo is None and type(x) is np.ndarray and self.ll is not None:
             done = self.ll.queue(self, Collective.ALL_GATHER, x, out, None, timeout) \
                 if async_op else self.ll.gather_now(self, x, out, timeout)
@@ -71,10 +75,12 @@ class Collectives:
                 return done
         return self._run(api.for_all_gather(self, x, out, algo), async_op, timeout)
 
-    def reduce_scatter(self, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
-                       algo: str | None = None, timeout: float | None = None):
-        """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
-        r block r of the result, in ``out`` or a new array."""
+    reduce_scatter = ll_hot.reduce_scatter  # the method, its hot path in one frame
+
+    def _reduce_scatter_general(self, x, op, out, async_op: bool, algo: str | None,
+                                timeout: float | None):
+        """:meth:`reduce_scatter` past its frame's hot path (as
+        :meth:`_broadcast_general`)."""
         if algo is None and type(x) is np.ndarray and self.ll is not None:
             done = self.ll.queue(self, Collective.REDUCE_SCATTER, x, out, op,
                                         timeout) if async_op else \

@@ -33,7 +33,8 @@ import numpy as np
 
 from ringtree.ir.program import Collective
 from ringtree.ops import ReduceOp
-from ringtree.runtime.protocols.ll_entry import MISS, bind
+from ringtree.runtime.protocols.ll_entry import MISS, bind, enter
+from ringtree.runtime.protocols.ll_gather import BCAST, GATHER, SCATTER
 from ringtree.runtime.protocols.ll_split import Split
 from ringtree.settings import MIN_TIMEOUT, as_timeout
 from ringtree.transports.shm_native import NOBUF, NOTMINE
@@ -124,4 +125,51 @@ def _now(comm, ll, x: np.ndarray, op, out, timeout: float | None):
     if done is MISS:
         return comm._all_reduce_general(x, op, out, False, None, timeout)
     return done
+
+
+
+def broadcast(comm, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,
+              timeout: float | None = None):
+    """Copy root's ``x`` into ``x`` on every rank."""
+    ll = comm.ll
+    if ll is not None and type(x) is ndarray and algo is None and not async_op:
+        m, reg = comm.planner.ready.get(BCAST), ll.reg
+        if m is not None and x.dtype is m[0] and x.size == m[1] and root is m[2] and \
+                (reg is None or x.nbytes * ll.ll.n < reg.floor_blocks) and \
+                (timeout is None or type(timeout) is float and timeout >= MIN_TIMEOUT) \
+                and enter(ll, comm, m, x, x, timeout):
+            return x
+    return comm._broadcast_general(x, root, async_op, algo, timeout)
+
+
+def all_gather(comm, x, *, out=None, async_op: bool = False, algo: str | None = None,
+               timeout: float | None = None):
+    """Concatenate every rank's ``x``: result shape ``(size, *x.shape)`` unless ``out``
+    (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
+    ll = comm.ll
+    if ll is not None and type(x) is ndarray and type(out) is ndarray and algo is None \
+            and not async_op:
+        m, reg = comm.planner.ready.get(GATHER), ll.reg
+        if m is not None and x.dtype is m[0] and x.size == m[1] and m[2] is None and \
+                (reg is None or x.nbytes * ll.ll.n < reg.floor_blocks) and \
+                (timeout is None or type(timeout) is float and timeout >= MIN_TIMEOUT) \
+                and enter(ll, comm, m, x, out, timeout):
+            return out
+    return comm._all_gather_general(x, out, async_op, algo, timeout)
+
+
+def reduce_scatter(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False,
+                   algo: str | None = None, timeout: float | None = None):
+    """Reduce ``x`` (``size`` equal blocks, or a list of ``size`` arrays) and give rank
+    r block r of the result, in ``out`` or a new array."""
+    ll = comm.ll
+    if ll is not None and type(x) is ndarray and type(out) is ndarray and algo is None \
+            and not async_op:
+        m, reg = comm.planner.ready.get(SCATTER), ll.reg
+        if m is not None and x.dtype is m[0] and x.size == m[1] and op is m[2] and \
+                (reg is None or x.nbytes * ll.ll.n < reg.floor_blocks) and \
+                (timeout is None or type(timeout) is float and timeout >= MIN_TIMEOUT) \
+                and enter(ll, comm, m, x, out, timeout):
+            return out
+    return comm._reduce_scatter_general(x, op, out, async_op, algo, timeout)
 

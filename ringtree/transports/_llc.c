@@ -226,10 +226,10 @@ typedef struct {
     Py_ssize_t skip_lo, skip_hi;       /* scatter: the bytes of the input no peer reads */
     uint64_t head[3];                  /* the call words for `hot` (set_head) */
     /* the flight recorder `hot` writes (record): its ring (a list), the call's Desc
-     * template, the marks rows (seq, state, created, completed), its own counters
-     * (entries made, last enqueued, started, completed) and the recorder, whose `made`
-     * counts the entries Python made; ringtree.prof.flight reads them */
-    PyObject *fr_ring, *fr_desc, *fr_owner;
+     * template, the marks rows (seq, state, created, completed) and the counters
+     * (entries made here, last enqueued, started, completed; entries Python made, read
+     * here for the next slot); ringtree.prof.flight reads them */
+    PyObject *fr_ring, *fr_desc;
     Py_buffer fr_marks, fr_ctr;
     Py_ssize_t fr_size;
     /* split (pair): the all-gather round of this reduce-scatter round and where this
@@ -266,7 +266,6 @@ static void unrecord(Round *k) {
         return;
     Py_CLEAR(k->fr_ring);
     Py_CLEAR(k->fr_desc);
-    Py_CLEAR(k->fr_owner);
     PyBuffer_Release(&k->fr_marks);
     PyBuffer_Release(&k->fr_ctr);
 }
@@ -625,18 +624,8 @@ static int same_shape(const Py_buffer *a, const Py_buffer *b) {
 static int64_t *fr_start(Round *k, long long seq) {
     if (k->fr_ring == NULL || PyList_GET_SIZE(k->fr_ring) != k->fr_size)
         return NULL;
-    static PyObject *made_name = NULL;
-    if (made_name == NULL && (made_name = PyUnicode_InternFromString("made")) == NULL)
-        PyErr_Clear();
-    PyObject *m = made_name ? PyObject_GetAttr(k->fr_owner, made_name) : NULL;
-    long long made = m ? PyLong_AsLongLong(m) : -1;
-    Py_XDECREF(m);
-    if (made < 0) {
-        PyErr_Clear();
-        return NULL;
-    }
-    int64_t *ctr = (int64_t *)k->fr_ctr.buf;
-    Py_ssize_t i = (Py_ssize_t)((made + ctr[0]) % k->fr_size);
+    int64_t *ctr = (int64_t *)k->fr_ctr.buf;  /* ctr[4]: the entries Python made */
+    Py_ssize_t i = (Py_ssize_t)((ctr[4] + ctr[0]) % k->fr_size);
     PyObject *old = PyList_GET_ITEM(k->fr_ring, i);
     Py_INCREF(k->fr_desc);
     PyList_SET_ITEM(k->fr_ring, i, k->fr_desc);
@@ -875,11 +864,11 @@ static PyObject *Round_expect(Round *k, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* record(ring, marks, ctr, desc, recorder) -> None: bind the flight recorder hot
- * writes (ring None: none) */
+/* record(ring, marks, ctr, desc) -> None: bind the flight recorder hot writes (ring
+ * None: none); ctr: the recorder's five counters (ringtree.prof.flight) */
 static PyObject *Round_record(Round *k, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "record(ring, marks, ctr, desc, recorder)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "record(ring, marks, ctr, desc)");
         return NULL;
     }
     unrecord(k);
@@ -896,17 +885,16 @@ static PyObject *Round_record(Round *k, PyObject *const *args, Py_ssize_t nargs)
         PyBuffer_Release(&k->fr_marks);
         return NULL;
     }
-    if (n < 1 || k->fr_marks.len != n * 4 * 8 || k->fr_ctr.len != 4 * 8) {
+    if (n < 1 || k->fr_marks.len != n * 4 * 8 || k->fr_ctr.len != 5 * 8) {
         PyBuffer_Release(&k->fr_marks);
         PyBuffer_Release(&k->fr_ctr);
         PyErr_SetString(PyExc_ValueError, "record: marks must be (len(ring), 4) int64 and "
-                                          "ctr 4 int64");
+                                          "ctr 5 int64");
         return NULL;
     }
     Py_INCREF(args[0]);
     Py_INCREF(args[3]);
-    Py_INCREF(args[4]);
-    k->fr_ring = args[0], k->fr_desc = args[3], k->fr_owner = args[4], k->fr_size = n;
+    k->fr_ring = args[0], k->fr_desc = args[3], k->fr_size = n;
     Py_RETURN_NONE;
 }
 

@@ -120,7 +120,7 @@ def paired(runner, comm, op, x: np.ndarray, out, r: int, s: int,
 def bind(op, fr) -> None:
     """Have ``op``'s C entry write its calls into the flight recorder ``fr`` (None:
     nowhere)."""
-    op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc, fr)
+    op.hot.record(*(fr.lane() if fr is not None else (None,) * 3), op.desc)
     op.rec = fr
 
 

@@ -132,13 +132,9 @@ def broadcast(comm, x, root: int = 0, *, async_op: bool = False, algo: str | Non
               timeout: float | None = None):
     """Copy root's ``x`` into ``x`` on every rank."""
     ll = comm.ll
-    if ll is not None and type(x) is ndarray and algo is None and not async_op:
-        m, reg = comm.planner.ready.get(BCAST), ll.reg
-        if m is not None and x.dtype is m[0] and x.size == m[1] and root is m[2] and \
-                (reg is None or x.nbytes * ll.ll.n < reg.floor_blocks) and \
-                (timeout is None or type(timeout) is float and timeout >= MIN_TIMEOUT) \
-                and enter(ll, comm, m, x, x, timeout):
-            return x
+    if ll is not None and type(x) is ndarray and algo is None and not async_op and \
+            _entered(comm, ll, BCAST, x, x, root, timeout):
+        return x
     return comm._broadcast_general(x, root, async_op, algo, timeout)
 
 
@@ -148,13 +144,8 @@ def all_gather(comm, x, *, out=None, async_op: bool = False, algo: str | None = 
     (an array of size·x.size elements, or a list of ``size`` arrays) is given."""
     ll = comm.ll
     if ll is not None and type(x) is ndarray and type(out) is ndarray and algo is None \
-            and not async_op:
-        m, reg = comm.planner.ready.get(GATHER), ll.reg
-        if m is not None and x.dtype is m[0] and x.size == m[1] and m[2] is None and \
-                (reg is None or x.nbytes * ll.ll.n < reg.floor_blocks) and \
-                (timeout is None or type(timeout) is float and timeout >= MIN_TIMEOUT) \
-                and enter(ll, comm, m, x, out, timeout):
-            return out
+            and not async_op and _entered(comm, ll, GATHER, x, out, None, timeout):
+        return out
     return comm._all_gather_general(x, out, async_op, algo, timeout)
 
 
@@ -164,12 +155,18 @@ def reduce_scatter(comm, x, op=ReduceOp.SUM, *, out=None, async_op: bool = False
     r block r of the result, in ``out`` or a new array."""
     ll = comm.ll
     if ll is not None and type(x) is ndarray and type(out) is ndarray and algo is None \
-            and not async_op:
-        m, reg = comm.planner.ready.get(SCATTER), ll.reg
-        if m is not None and x.dtype is m[0] and x.size == m[1] and op is m[2] and \
-                (reg is None or x.nbytes * ll.ll.n < reg.floor_blocks) and \
-                (timeout is None or type(timeout) is float and timeout >= MIN_TIMEOUT) \
-                and enter(ll, comm, m, x, out, timeout):
-            return out
+            and not async_op and _entered(comm, ll, SCATTER, x, out, op, timeout):
+        return out
     return comm._reduce_scatter_general(x, op, out, async_op, algo, timeout)
 
+
+def _entered(comm, ll, key: str, x: np.ndarray, out: np.ndarray, red,
+             timeout: float | None) -> bool:
+    """Did the shape kept under ``key`` (dtype object, size, root or op by identity) run
+    this call in its C entry (:func:`~.ll_entry.enter`)? Not for a registered buffers'
+    call (``ll_gather``'s way) or a timeout ``_run`` would check first."""
+    m, reg = comm.planner.ready.get(key), ll.reg
+    return m is not None and x.dtype is m[0] and x.size == m[1] and red is m[2] and \
+        (reg is None or x.nbytes * ll.ll.n < reg.floor_blocks) and \
+        (timeout is None or type(timeout) is float and timeout >= MIN_TIMEOUT) and \
+        enter(ll, comm, m, x, out, timeout)

@@ -1,9 +1,8 @@
 """``Communicator.broadcast``, ``all_gather`` and ``reduce_scatter`` are their hot paths in
 one frame (:mod:`ringtree.runtime.protocols.ll_hot`): a blocking NumPy call of the shape
 each ran last enters its C entry from the method itself, without the LL runner's
-``broadcast_now``, ``gather_now`` or ``scatter_now``; anything else (another shape, root
-or op, an open group, an async call, a timeout given as an int) goes past the frame, and
-every result is exact."""
+``broadcast_now``, ``gather_now`` or ``scatter_now``; anything else (here another root, a
+timeout given as an int, an open group) goes past the frame, and every result is exact."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``Communicator.all_reduce`` in one Python frame: the method itself.
+"""``Communicator.all_reduce`` in one Python frame: the method itself (and
+``broadcast``, ``all_gather``, ``reduce_scatter`` in their own frames, below).
 
 A blocking NumPy all-reduce of the last shape the hot path took (``planner.ready[HOT]``,
 matched by identity: the array's dtype object, its size, the op object as the caller
@@ -25,6 +26,12 @@ which raises every refusal's error as before. An async call of a shape the plann
 planned is queued from here too, with the same checks but for pending LL calls
 (``LLRunner.queue``), instead of building its ``CallSpec`` and looking its plan up
 again.
+
+:func:`broadcast`, :func:`all_gather` and :func:`reduce_scatter` are those methods in the
+same way: their argument checks, then the shape each kept last (``ll_gather``'s keys in
+``planner.ready``) and :func:`~.ll_entry.enter`, the C entry; anything else goes the
+communicator's ``_*_general`` (docs/design-notes.md, "The broadcast, all-gather and
+reduce-scatter in one frame too").
 """
 
 from __future__ import annotations
@@ -125,7 +132,6 @@ def _now(comm, ll, x: np.ndarray, op, out, timeout: float | None):
     if done is MISS:
         return comm._all_reduce_general(x, op, out, False, None, timeout)
     return done
-
 
 
 def broadcast(comm, x, root: int = 0, *, async_op: bool = False, algo: str | None = None,

@@ -26,9 +26,10 @@ general path's does. What each call used to rebuild is cached here:
 
 A blocking call's view then enters the communicator's one-call hot path itself
 (``LLRunner.broadcast_now``, ``reduce_now``, ``gather_now``, ``scatter_now``: the C
-entries ``bshot``, ``rhot``, ``ghot``, ``shot`` for a shape seen before), exactly as
-``Communicator.broadcast`` (``reduce``, ``all_gather``, ``reduce_scatter``) does first for
-a blocking NumPy call, one Python layer less; the kernel checks the memory, numbers the
+entries ``bshot``, ``rhot``, ``ghot``, ``shot`` for a shape seen before), as
+``Communicator.reduce`` does first for a blocking NumPy call (``broadcast``,
+``all_gather`` and ``reduce_scatter`` check their kept shape in their own frames, then
+fall back to these), one Python layer less; the kernel checks the memory, numbers the
 call and records it in the flight recorder. A call it does not take (MISS) goes through
 the communicator's method. An all-reduce calls ``Communicator.all_reduce``, whose hot
 path is its own frame (:mod:`ringtree.runtime.protocols.ll_hot`), from ``allreduce``

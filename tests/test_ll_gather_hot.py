@@ -1,7 +1,8 @@
 """The all-gather in one C call (``Round.ghot``, ``LLRunner.gather_now``): every NumPy
 dtype gives its exact bytes with the kernel and without it, on 2 and 3 ranks and 4 ranks
-on 2 cores; arrays it must not take (strided, in place, another dtype, read-only) go the
-general way with its answer or error; the flight recorder's entries are written from C;
+on 2 cores; an output the input is the own block of (in place) gives the same bytes;
+arrays it must not take (strided, another dtype, read-only) go the general way with its
+answer or error; the flight recorder's entries are written from C;
 a late peer (the kernel returns, Python places the blocks) and an absent one (named,
 the entry failed); 8 ranks on 2 cores for 2,000 calls."""
 
@@ -54,7 +55,7 @@ def gathers(comm) -> dict:
     comm.all_gather(base, out=out)  # the warm shape
     inplace = np.zeros(8 * n, np.float32)
     inplace[8 * r:8 * r + 8] = base
-    comm.all_gather(inplace[8 * r:8 * r + 8], out=inplace)     # in place: general path
+    comm.all_gather(inplace[8 * r:8 * r + 8], out=inplace)     # in place
     results.append(inplace.tolist() == full.tolist())
     wide = np.zeros(16, np.float32)
     readonly = np.zeros(8 * n, np.float32)

@@ -1062,10 +1062,13 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* the arguments (x, out, s, seq) of ghot and shot: x and out as C-contiguous buffers
- * of one format (out writable) whose memory does not overlap. 0: both held (release2);
+ * of one format (out writable) whose memory does not overlap, but for x exactly out's
+ * block `own` (own >= 0: an all-gather in place, as nccl-tests' and FSDP's, whose own
+ * block is then not copied and whose peers' blocks miss x). 0: both held (release2);
  * 1: not such buffers (nothing held: NOBUF); -1: an exception (bad call words) */
 static int hot_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
-                    uint64_t *s, long long *seq, Py_buffer *xb, Py_buffer *ob) {
+                    uint64_t *s, long long *seq, Py_buffer *xb, Py_buffer *ob,
+                    Py_ssize_t own) {
     if (entry_words(usage, args, nargs, s, seq) < 0)
         return -1;
     if (take_buffer(args[0], xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
@@ -1078,9 +1081,10 @@ static int hot_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
         return 1;
     }
     const char *x = xb->buf, *o = ob->buf;
+    int in_place = own >= 0 && x == o + own * xb->len && x + xb->len <= o + ob->len;
     if (xb->itemsize != ob->itemsize ||
         strcmp(xb->format ? xb->format : "B", ob->format ? ob->format : "B") != 0 ||
-        !(x + xb->len <= o || o + ob->len <= x)) {
+        !(x + xb->len <= o || o + ob->len <= x || in_place)) {
         release2(xb, ob);
         return 1;
     }
@@ -1089,7 +1093,8 @@ static int hot_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
 
 /* ghot(x, out, s, seq) -> int: the all-gather's one C entry (gather_now): gather(x, out,
  * s, head with s, 0, len(x)) for a call whose output is the places' blocks of len(x)
- * bytes each (out: x's format, not overlapping it), the header from set_head, recorded
+ * bytes each (out: x's format, not overlapping it but where x is out's own block), the
+ * header from set_head, recorded
  * as collective `seq` as hot() records. NOBUF when the arrays are not that (nothing was
  * done: the caller takes the general path); otherwise gather()'s codes (not -1: the
  * entry stays started, the caller places the blocks and completes it). */
@@ -1197,7 +1202,7 @@ static PyObject *blocks_entry(Round *k, PyObject *const *args, Py_ssize_t nargs,
     long long seq;
     Py_buffer xb, ob;
     int a = hot_args(scatter ? "shot(x, out, s, seq)" : "ghot(x, out, s, seq)", args, nargs,
-                     &s, &seq, &xb, &ob);
+                     &s, &seq, &xb, &ob, scatter ? -1 : k->alone >= 0 ? 0 : k->own);
     if (a != 0)
         return a < 0 ? NULL : PyLong_FromLong(NOBUF);
     if (k->alone >= 0)  /* one block: out is x's copy */

@@ -118,8 +118,9 @@ class Planner:
 
     def _remember_ready(self, spec: CallSpec, plan: Plan) -> None:
         """Give :attr:`ready` a NumPy all-reduce planned on LL, :attr:`ready_blocks` a
-        barrier, an all-gather into a NumPy ``out`` (apart, or in place: ``x`` its own
-        block), a reduce-scatter into one apart, a broadcast, or a reduce (not bfloat16, whose storage is not its dtype, nor a user op).
+        barrier, an all-gather or reduce-scatter into a NumPy ``out`` (apart, or in place:
+        ``x`` the all-gather's own block, ``out`` the reduce-scatter's), a broadcast in
+        place, or a reduce (not bfloat16, whose storage is not its dtype, nor a user op).
         PREMUL_SUM's key is the caller's op, ``premul_sum(scalar)``, but for a scalar of 0
         (equal to -0.0, whose products differ) or NaN."""
         x, op, coll, red = spec.result, spec.op, spec.coll, spec.reducer
@@ -140,8 +141,7 @@ class Planner:
         elif coll is Collective.REDUCE:  # key: (REDUCE, dtype, count, op, root, in place)
             self.ready_blocks[(coll, x.dtype, spec.count, op, spec.root, spec.in_place)] = \
                 (plan.ll_op, red)
-        elif coll in BLOCK_HOT and (spec.in_place is (coll is Collective.BROADCAST) or
-                                    coll is Collective.ALL_GATHER) and \
+        elif coll in BLOCK_HOT and (spec.in_place or coll is not Collective.BROADCAST) and \
                 spec.post is None:  # key: (coll, dtype, count, op, or root if op is None)
             self.ready_blocks[(coll, x.dtype, spec.count, op or spec.root)] = (plan.ll_op, red)
 

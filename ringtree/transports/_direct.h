@@ -191,8 +191,9 @@ static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs)
  * entry (direct_body), recorded as collective `seq` as hot() records (seq < 0: not
  * recorded, the caller records); ident as hot()'s.
  * x and out C-contiguous of one format; an all-reduce's and a broadcast's of one length
- * (out may be x), an all-gather's out `ranks` blocks of x's length (x may be its own
- * block: in place), a reduce-scatter's x `ranks` blocks of out's, not overlapping. NOBUF when they are not (nothing done:
+ * (out may be x), an all-gather's out `ranks` blocks of x's length, a reduce-scatter's x
+ * `ranks` blocks of out's, not overlapping but in place (x the all-gather's own block,
+ * out the reduce-scatter's: push_body folds through a tile where its output is its row). NOBUF when they are not (nothing done:
  * the general path), NOTMINE from another thread; else -1 or a code (above). */
 static PyObject *Round_dcall(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     int other = not_mine(args, &nargs);
@@ -217,7 +218,8 @@ static PyObject *Round_dcall(Round *k, PyObject *const *args, Py_ssize_t nargs) 
         }
         ob = xb;
     } else if (hot_args("dcall(x, out, s, seq[, ident])", args, 4, &s, &seq, &xb, &ob,
-                        d->mode == DM_PUSH || d->mode == DM_READ ? d->me : -1) != 0) {
+                        d->mode == DM_PUSH || d->mode == DM_READ || d->mode == DM_FOLD
+                        ? d->me : -1) != 0) {
         return PyErr_Occurred() ? NULL : PyLong_FromLong(NOBUF);
     }
     int whole = d->mode == DM_FOLD_PUSH || d->mode == DM_BCAST; /* x and out alike */

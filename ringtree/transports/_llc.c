@@ -1063,8 +1063,9 @@ static PyObject *Round_gather(Round *k, PyObject *const *args, Py_ssize_t nargs)
 
 /* the arguments (x, out, s, seq) of ghot and shot: x and out as C-contiguous buffers
  * of one format (out writable) whose memory does not overlap, but for x exactly out's
- * block `own` (own >= 0: an all-gather in place, as nccl-tests' and FSDP's, whose own
- * block is then not copied and whose peers' blocks miss x). 0: both held (release2);
+ * block `own` or out exactly x's (own >= 0: an all-gather or a reduce-scatter in place,
+ * as nccl-tests' and FSDP's: the gather's own block is then not copied and its peers'
+ * blocks miss x; the scatter's own row is folded through a tile). 0: both held (release2);
  * 1: not such buffers (nothing held: NOBUF); -1: an exception (bad call words) */
 static int hot_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
                     uint64_t *s, long long *seq, Py_buffer *xb, Py_buffer *ob,
@@ -1081,7 +1082,8 @@ static int hot_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
         return 1;
     }
     const char *x = xb->buf, *o = ob->buf;
-    int in_place = own >= 0 && x == o + own * xb->len && x + xb->len <= o + ob->len;
+    int in_place = own >= 0 && ((x == o + own * xb->len && x + xb->len <= o + ob->len) ||
+                                (o == x + own * ob->len && o + ob->len <= x + xb->len));
     if (xb->itemsize != ob->itemsize ||
         strcmp(xb->format ? xb->format : "B", ob->format ? ob->format : "B") != 0 ||
         !(x + xb->len <= o || o + ob->len <= x || in_place)) {
@@ -1134,6 +1136,8 @@ static PyObject *Round_skips(Round *k, PyObject *const *args, Py_ssize_t nargs) 
  * waited for, the rows folded into out (row_bytes) with the own row read from x (from
  * the segment when staged). Round_run's codes; not -1: out is not written, and unless
  * staged the own block is not in the segment. */
+static void reg_fold(fold_fn f, int item, char *const *rows, int nr, char *dst,
+                     Py_ssize_t len);
 static int scatter_body(Round *k, uint64_t s, const uint64_t h[3], const char *x,
                         char *out, int staged) {
     int p = (int)(s & 1);
@@ -1147,7 +1151,10 @@ static int scatter_body(Round *k, uint64_t s, const uint64_t h[3], const char *x
         row_ptrs(k, p, 0, rows);
         if (!staged)
             rows[k->srow - 1] = (char *)x + k->skip_lo;
-        k->fold(out, rows, k->nrows, k->row_bytes / ITEMSIZE[k->dtype]);
+        if (out == x + k->skip_lo)  /* in place: the own row read before out is written */
+            reg_fold(k->fold, ITEMSIZE[k->dtype], rows, k->nrows, out, k->row_bytes);
+        else
+            k->fold(out, rows, k->nrows, k->row_bytes / ITEMSIZE[k->dtype]);
     }
     return r;
 }
@@ -1202,7 +1209,8 @@ static PyObject *blocks_entry(Round *k, PyObject *const *args, Py_ssize_t nargs,
     long long seq;
     Py_buffer xb, ob;
     int a = hot_args(scatter ? "shot(x, out, s, seq)" : "ghot(x, out, s, seq)", args, nargs,
-                     &s, &seq, &xb, &ob, scatter ? -1 : k->alone >= 0 ? 0 : k->own);
+                     &s, &seq, &xb, &ob, k->alone >= 0 ? 0 : !scatter ? k->own
+                     : k->row_bytes > 0 ? k->skip_lo / k->row_bytes : -1);
     if (a != 0)
         return a < 0 ? NULL : PyLong_FromLong(NOBUF);
     if (k->alone >= 0)  /* one block: out is x's copy */

@@ -44,8 +44,8 @@ class BroadcastOp(DirectOp):
         self.shared = self.shares(False)  # (the all-gather's test, pieces not straight)
 
     def _broadcast(self, x: np.ndarray, out: np.ndarray, red, timeout: float) -> None:
-        if not self.shared:
-            return super()._broadcast(x, out, red, timeout)
+        if not self.shared or not cma.can_claim():  # (asked at each call, as the
+            return super()._broadcast(x, out, red, timeout)  # all-gather's shares())
         ll, W, me, root, nb = self.ll, self.ll.W, self.ll.rank, self.root, self.nbytes
         words = self._posted(x, timeout, cma.address(out))  # (zeroes this rank's counters)
         status = 0

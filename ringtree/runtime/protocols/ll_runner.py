@@ -207,9 +207,9 @@ class LLRunner(AsyncCalls):
         a NumPy call into a separate NumPy ``out`` of ``size`` × (all-gather) or 1/``size``
         (reduce-scatter) the elements of ``x``, whose shape the planner planned on LL
         (:attr:`~ringtree.runtime.planner.Planner.ready_blocks`), with the same O(1)
-        checks; an ``out`` that may share memory with ``x`` goes the general way, but for
-        an all-gather in place (``x`` exactly ``out``'s block ``rank``: nccl-tests' and
-        FSDP's). :data:`MISS` when the call needs the general path. ``queued``: an async
+        checks; an ``out`` that may share memory with ``x`` goes the general way, but in
+        place (``x`` exactly an all-gather's ``out`` block ``rank``, or ``out`` a
+        reduce-scatter's ``x`` block: nccl-tests' and FSDP's). :data:`MISS` when the call needs the general path. ``queued``: an async
         call, queued as :meth:`_now` queues one (its Work)."""
         if type(out) is not np.ndarray:
             return MISS
@@ -224,7 +224,8 @@ class LLRunner(AsyncCalls):
         if (out.size != x.size * comm.size if gather else x.size != out.size * comm.size) \
                 or out.dtype != x.dtype or not x.flags.c_contiguous or not f.c_contiguous \
                 or not f.writeable or np.may_share_memory(x, out) and not (
-                    gather and x.ctypes.data == out.ctypes.data + comm.rank * x.nbytes):
+                    x.ctypes.data == out.ctypes.data + comm.rank * x.nbytes if gather else
+                    out.ctypes.data == x.ctypes.data + comm.rank * out.nbytes):
             return MISS
         if not queued and hit[0].hot is not None and ll_entry.scaled(hit[0], hit[1]):
             comm.planner.ready[ll_gather.GATHER if gather else ll_gather.SCATTER] = \

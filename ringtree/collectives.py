@@ -6,7 +6,9 @@ segment goes to the LL runner's ``*_now`` first (:mod:`ringtree.runtime.protocol
 runs the last shape it saw in one C call (docs/design-notes.md, "The small all-reduce in
 one C entry" and the sections after it) and answers ``MISS`` when the call needs the
 general path. ``all_reduce`` is :func:`ringtree.runtime.protocols.ll_hot.all_reduce`
-itself: its checks and the C call in one frame. An async NumPy call of a shape the
+itself: its checks and the C call in one frame; ``broadcast``, ``all_gather`` and
+``reduce_scatter`` are ``ll_hot``'s too (the kept shape checked in their frames, then
+``_*_general``: the runner's ``*_now``, or the general path). An async NumPy call of a shape the
 planner has planned on LL (all-reduce, all-gather, reduce-scatter, in-place broadcast)
 is queued for the LL thread as it is (``LLRunner.queue``), without its spec.
 """

@@ -193,8 +193,9 @@ static PyObject *Round_direct(Round *k, PyObject *const *args, Py_ssize_t nargs)
  * x and out C-contiguous of one format; an all-reduce's and a broadcast's of one length
  * (out may be x), an all-gather's out `ranks` blocks of x's length, a reduce-scatter's x
  * `ranks` blocks of out's, not overlapping but in place (x the all-gather's own block,
- * out the reduce-scatter's: push_body folds through a tile where its output is its row). NOBUF when they are not (nothing done:
- * the general path), NOTMINE from another thread; else -1 or a code (above). */
+ * out the reduce-scatter's: push_body folds through a tile where its output is its
+ * row). NOBUF when they are not (nothing done: the general path), NOTMINE from another
+ * thread; else -1 or a code (above). */
 static PyObject *Round_dcall(Round *k, PyObject *const *args, Py_ssize_t nargs) {
     int other = not_mine(args, &nargs);
     if (other)

@@ -1208,9 +1208,13 @@ static PyObject *blocks_entry(Round *k, PyObject *const *args, Py_ssize_t nargs,
     uint64_t s;
     long long seq;
     Py_buffer xb, ob;
+    /* the block that may alias in place: one rank's only block, the gather's own place,
+     * the scatter's own row (its input's skipped bytes) */
+    Py_ssize_t own = k->alone >= 0 ? 0 : !scatter ? k->own : -1;
+    if (scatter && k->alone < 0 && k->row_bytes > 0)
+        own = k->skip_lo / k->row_bytes;
     int a = hot_args(scatter ? "shot(x, out, s, seq)" : "ghot(x, out, s, seq)", args, nargs,
-                     &s, &seq, &xb, &ob, k->alone >= 0 ? 0 : !scatter ? k->own
-                     : k->row_bytes > 0 ? k->skip_lo / k->row_bytes : -1);
+                     &s, &seq, &xb, &ob, own);
     if (a != 0)
         return a < 0 ? NULL : PyLong_FromLong(NOBUF);
     if (k->alone >= 0)  /* one block: out is x's copy */

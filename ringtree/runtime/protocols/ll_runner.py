@@ -204,13 +204,14 @@ class LLRunner(AsyncCalls):
     def blocks_now(self, comm, coll: Collective, x: np.ndarray, out, op,
                    timeout: float | None, queued: bool = False):
         """:meth:`_now`'s twin for all_gather (``op`` None) and reduce_scatter:
-        a NumPy call into a separate NumPy ``out`` of ``size`` × (all-gather) or 1/``size``
+        a NumPy call into a NumPy ``out`` of ``size`` × (all-gather) or 1/``size``
         (reduce-scatter) the elements of ``x``, whose shape the planner planned on LL
         (:attr:`~ringtree.runtime.planner.Planner.ready_blocks`), with the same O(1)
-        checks; an ``out`` that may share memory with ``x`` goes the general way, but in
-        place (``x`` exactly an all-gather's ``out`` block ``rank``, or ``out`` a
-        reduce-scatter's ``x`` block: nccl-tests' and FSDP's). :data:`MISS` when the call needs the general path. ``queued``: an async
-        call, queued as :meth:`_now` queues one (its Work)."""
+        checks. An ``out`` that shares memory with ``x`` goes the general way, but in
+        place: ``x`` exactly an all-gather's ``out`` block ``rank``, or ``out`` a
+        reduce-scatter's ``x`` block (nccl-tests' and FSDP's; the record's ``alias``,
+        ``ringtree.ir.collectives``). :data:`MISS` when the call needs the general path.
+        ``queued``: an async call, queued as :meth:`_now` queues one (its Work)."""
         if type(out) is not np.ndarray:
             return MISS
         gather = op is None

@@ -131,6 +131,12 @@ class FlightRecorder:
             e.state, e.error = 3, _error_line(error)
             self.ring[i] = e
 
+    def _keep(self, e: Entry) -> None:
+        """Put an entry Python made in the ring's next slot (after the C entries' ones)."""
+        native = self.native
+        self.ring[(native[4] + native[0]) % self.size] = e
+        native[4] += 1
+
     # ---- hooks (Communicator._run / _submit) ----------------------------------------------
 
     def scheduled(self, call) -> Entry:
@@ -142,9 +148,7 @@ class FlightRecorder:
         else:
             self.enq = d.seq
         e = Entry(d, 0, time.time_ns(), peer=peer)
-        native = self.native
-        self.ring[(native[4] + native[0]) % self.size] = e
-        native[4] += 1
+        self._keep(e)
         call.fr = e
         return e
 
@@ -174,9 +178,7 @@ class FlightRecorder:
         started (``desc`` has the fields of :class:`~ringtree.runtime.plan.Desc`)."""
         t = time.time_ns()
         e = Entry(desc, 1, t, t)
-        native = self.native
-        self.ring[(native[4] + native[0]) % self.size] = e
-        native[4] += 1
+        self._keep(e)
         self.enq = self.sta = desc.seq
         return e
 
